@@ -1,0 +1,245 @@
+//! Admission fast path, side by side with its baselines in one run.
+//!
+//! - `uncontended/no_budget`: `try_acquire` + drop of one permit, against tokio's and
+//!   async-lock's semaphores and a raw `AtomicU64` CAS loop.
+//! - `uncontended/budget`: the same with a token budget (reservation given), against two tokio
+//!   semaphores (slot + `try_acquire_many(tokens)`) and a raw packed-`AtomicU64` CAS loop that
+//!   checks slot and tokens together (the floor: the least work one CAS decision can do).
+//! - `contended_2_threads/*`: both threads hammering one limiter; time per iteration is the
+//!   wall time for one operation on each thread (throughput in elements = operations).
+//! - `rejection/*`: the refusal path (full, closed) against tokio's `try_acquire` on an empty
+//!   semaphore.
+//!
+//! Figures and ratios are recorded in `benches/README.md`.
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+
+/// Reservation used by every budget case: 100 input + 1000 max output.
+const RESERVED: u64 = 1100;
+
+/// The floor: slots (low 16 bits) and tokens (high 48 bits) in one word, decided by one CAS
+/// loop on acquire and one on release.
+struct RawPacked {
+    word: AtomicU64,
+    max_slots: u64,
+    budget: u64,
+}
+
+impl RawPacked {
+    fn new(max_slots: u64, budget: u64) -> Self {
+        RawPacked {
+            word: AtomicU64::new(0),
+            max_slots,
+            budget,
+        }
+    }
+
+    #[inline]
+    fn try_acquire(&self, tokens: u64) -> bool {
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            let (slots, held) = (cur & 0xFFFF, cur >> 16);
+            if slots >= self.max_slots || held + tokens > self.budget {
+                return false;
+            }
+            let next = ((held + tokens) << 16) | (slots + 1);
+            match self
+                .word
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn release(&self, tokens: u64) {
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            let next = (((cur >> 16) - tokens) << 16) | ((cur & 0xFFFF) - 1);
+            match self
+                .word
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+fn bulkhead(budget: bool, max_concurrent: u32) -> LlmBulkhead {
+    let builder = LlmBulkhead::builder("claude-sonnet-4", max_concurrent);
+    let builder = if budget {
+        builder.token_budget(TokenBudget::new(1 << 40))
+    } else {
+        builder
+    };
+    builder.build().expect("valid configuration")
+}
+
+fn budget_options() -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(100, 1000).expect("fits"))
+}
+
+fn uncontended(c: &mut Criterion) {
+    let request = LlmRequest::new();
+
+    let mut group = c.benchmark_group("uncontended/no_budget");
+    group.throughput(Throughput::Elements(1));
+    let ours = bulkhead(false, 1024);
+    group.bench_function("llm_bulkhead", |b| {
+        b.iter(|| drop(black_box(ours.try_acquire(&request, AcquireOptions::new()))))
+    });
+    let tokio_sem = tokio::sync::Semaphore::new(1024);
+    group.bench_function("tokio_semaphore", |b| {
+        b.iter(|| drop(black_box(tokio_sem.try_acquire())))
+    });
+    let lock_sem = async_lock::Semaphore::new(1024);
+    group.bench_function("async_lock_semaphore", |b| {
+        b.iter(|| drop(black_box(lock_sem.try_acquire())))
+    });
+    let raw = RawPacked::new(1024, 0);
+    group.bench_function("raw_cas", |b| {
+        b.iter(|| {
+            assert!(raw.try_acquire(black_box(0)));
+            raw.release(0);
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("uncontended/budget");
+    group.throughput(Throughput::Elements(1));
+    let ours = bulkhead(true, 1024);
+    let opts = budget_options();
+    group.bench_function("llm_bulkhead", |b| {
+        b.iter(|| drop(black_box(ours.try_acquire(&request, black_box(opts)))))
+    });
+    let slots = tokio::sync::Semaphore::new(1024);
+    let tokens = tokio::sync::Semaphore::new(1 << 30);
+    group.bench_function("tokio_two_semaphores", |b| {
+        b.iter(|| {
+            let slot = slots.try_acquire();
+            let held = tokens.try_acquire_many(black_box(RESERVED as u32));
+            drop(black_box((slot, held)));
+        })
+    });
+    let raw = RawPacked::new(1024, 1 << 40);
+    group.bench_function("raw_cas", |b| {
+        b.iter(|| {
+            assert!(raw.try_acquire(black_box(RESERVED)));
+            raw.release(RESERVED);
+        })
+    });
+    group.finish();
+}
+
+/// Runs `op` `iters` times on each of `threads` threads at once; returns the wall time.
+fn on_threads(threads: usize, iters: u64, op: &(impl Fn() + Sync)) -> Duration {
+    let start = Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                start.wait();
+                for _ in 0..iters {
+                    op();
+                }
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        // The scope joins every thread before returning.
+        began
+    })
+    .elapsed()
+}
+
+fn contended(c: &mut Criterion) {
+    const THREADS: usize = 2;
+    let request = LlmRequest::new();
+    let mut group = c.benchmark_group("contended_2_threads");
+    group.throughput(Throughput::Elements(THREADS as u64));
+
+    let ours = bulkhead(false, 1024);
+    group.bench_function(BenchmarkId::new("no_budget", "llm_bulkhead"), |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| {
+                drop(black_box(ours.try_acquire(&request, AcquireOptions::new())))
+            })
+        })
+    });
+    let ours = bulkhead(true, 1024);
+    let opts = budget_options();
+    group.bench_function(BenchmarkId::new("budget", "llm_bulkhead"), |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| {
+                drop(black_box(ours.try_acquire(&request, opts)))
+            })
+        })
+    });
+    let tokio_sem = tokio::sync::Semaphore::new(1024);
+    group.bench_function(BenchmarkId::new("no_budget", "tokio_semaphore"), |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| drop(black_box(tokio_sem.try_acquire())))
+        })
+    });
+    let slots = tokio::sync::Semaphore::new(1024);
+    let tokens = tokio::sync::Semaphore::new(1 << 30);
+    group.bench_function(BenchmarkId::new("budget", "tokio_two_semaphores"), |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| {
+                let slot = slots.try_acquire();
+                let held = tokens.try_acquire_many(RESERVED as u32);
+                drop(black_box((slot, held)));
+            })
+        })
+    });
+    let raw = RawPacked::new(1024, 1 << 40);
+    group.bench_function(BenchmarkId::new("budget", "raw_cas"), |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| {
+                assert!(raw.try_acquire(black_box(RESERVED)));
+                raw.release(RESERVED);
+            })
+        })
+    });
+    group.finish();
+}
+
+fn rejection(c: &mut Criterion) {
+    let request = LlmRequest::new();
+    let mut group = c.benchmark_group("rejection");
+    group.throughput(Throughput::Elements(1));
+    let full = bulkhead(true, 0);
+    let opts = budget_options();
+    group.bench_function("llm_bulkhead_full", |b| {
+        b.iter(|| black_box(full.try_acquire(&request, black_box(opts))).is_err())
+    });
+    let closed = bulkhead(true, 8);
+    closed.close();
+    group.bench_function("llm_bulkhead_closed", |b| {
+        b.iter(|| black_box(closed.try_acquire(&request, black_box(opts))).is_err())
+    });
+    let empty = tokio::sync::Semaphore::new(0);
+    group.bench_function("tokio_semaphore_empty", |b| {
+        b.iter(|| black_box(empty.try_acquire()).is_err())
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(40);
+    targets = uncontended, contended, rejection
+}
+criterion_main!(benches);

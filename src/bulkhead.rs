@@ -1,0 +1,671 @@
+//! [`LlmBulkhead`]: the admission engine that ties the packed state, the published limits, the
+//! pure policy, permits and statistics together.
+
+use core::convert::Infallible;
+use core::fmt;
+
+use crate::config::LlmBulkheadBuilder;
+use crate::error::{AcquireError, LimitsError, RequestError};
+use crate::limits::{self, ApplyOutcome, BudgetLimits, Limits, MAX_REVISION, PublishedLimits};
+use crate::local;
+use crate::options::AcquireOptions;
+use crate::permit::{Grant, OwnedPermit, Permit, ReleaseReport};
+use crate::policy::{self, Ask, Refusal, Verdict};
+use crate::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::request::LlmRequest;
+use crate::reservation::{self, Reservation, TokenUsage};
+use crate::state::{AtomicState, State};
+use crate::stats::{Counter, Hub, Stats, TokenBudgetStats};
+use crate::sync::{Arc, Mutex, lock, unmodeled};
+
+/// Admission control for calls to one LLM: a hard cap on calls in flight and, optionally, on
+/// tokens in flight, decided by one lock-free compare-and-swap per admission.
+///
+/// Cloning is cheap (a reference count) and every clone is the same bulkhead.
+///
+/// # Memory ordering
+///
+/// Admission and release are `AcqRel` read-modify-writes of one atomic word, so they are
+/// totally ordered, and everything a permit holder did before releasing happens-before the
+/// admission that reuses its capacity. Refusals, advisory checks and statistics behave like
+/// `Acquire` loads of that word. `apply_limits`, `set_budget` and `close` are linearizable
+/// with admissions: once they return, no admission decided under the previous limits (or
+/// before the close) can still succeed.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, TokenBudget, TokenUsage};
+///
+/// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 8)
+///     .token_budget(TokenBudget::new(8_000))
+///     .build()?;
+///
+/// let request = LlmRequest::new().user("Explain bulkheads in one line.").max_tokens(200);
+/// let permit = bulkhead.try_acquire(&request, AcquireOptions::new())?;
+/// assert_eq!(permit.held_tokens(), 8 + 200); // ceil(30 chars / 4) input + 200 output
+///
+/// // ... call the provider ...
+/// let report = permit.release(Some(TokenUsage::new(8, 60)?));
+/// assert_eq!(report.refunded_tokens, 140);
+///
+/// // A request that cannot fit is refused at once, with a capacity snapshot.
+/// let huge = LlmRequest::new().user("x".repeat(40_000)).max_tokens(1);
+/// let err = bulkhead.try_acquire(&huge, AcquireOptions::new()).unwrap_err();
+/// assert_eq!(err.rejection().unwrap().reason(), RejectReason::BudgetLimit);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct LlmBulkhead {
+    inner: Arc<Inner>,
+}
+
+/// The shared state behind every clone of a bulkhead and every permit.
+pub(crate) struct Inner {
+    /// The packed admission word (written by every admission and release; cache-padded).
+    state: AtomicState,
+    /// The limits in force, readable without a lock (see `crate::limits`).
+    published: PublishedLimits,
+    /// Serialises limit writers and holds the authoritative copy of the limits in force.
+    writer: Mutex<Limits>,
+    /// Cumulative counters, sharded per thread.
+    hub: unmodeled::Arc<Hub>,
+    model: Box<str>,
+    output_cap: u64,
+    has_budget: bool,
+}
+
+impl LlmBulkhead {
+    /// Starts building a bulkhead for `model` with at most `max_concurrent` calls in flight
+    /// (0 builds a fail-closed bulkhead that refuses everything until limits are raised).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("gpt-4o", 16).build()?;
+    /// assert_eq!(bulkhead.limits().max_concurrent, 16);
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn builder(model: impl Into<String>, max_concurrent: u32) -> LlmBulkheadBuilder {
+        LlmBulkheadBuilder::new(model.into(), max_concurrent)
+    }
+
+    pub(crate) fn from_parts(model: String, limits: Limits, output_cap: u64) -> LlmBulkhead {
+        let has_budget = limits.token_budget.is_some();
+        let inner = Inner {
+            state: AtomicState::new(has_budget),
+            published: PublishedLimits::new(&limits),
+            writer: Mutex::new(limits),
+            hub: unmodeled::Arc::new(Hub::default()),
+            model: model.into_boxed_str(),
+            output_cap,
+            has_budget,
+        };
+        LlmBulkhead {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The model this bulkhead guards (the estimator's default model).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// assert_eq!(bulkhead.model(), "gpt-4o");
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn model(&self) -> &str {
+        &self.inner.model
+    }
+
+    /// Admits the call now or refuses it now; never waits.
+    ///
+    /// The reservation is the options' override, or else the estimate for `request` (only
+    /// when the bulkhead has a token budget; without one nothing is estimated). The checks, in
+    /// order: closed (`shutdown`), the priority-adjusted token budget (`budget_limit`), a free
+    /// slot (`concurrency_limit`). Slot and tokens are taken in one atomic step.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Rejected`] for a capacity refusal (with its snapshot), and
+    /// [`AcquireError::Invalid`] when the estimate cannot be represented; in both cases
+    /// nothing is held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().reason(), RejectReason::ConcurrencyLimit);
+    /// drop(permit);
+    /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Permit<'_>, AcquireError> {
+        let (ask, reservation) = self.inner.resolve(request, options)?;
+        let grant = self.inner.try_admit(ask, reservation)?;
+        Ok(Permit::new(&self.inner, grant))
+    }
+
+    /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
+    /// the bulkhead alive (for spawned tasks and response bodies).
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_acquire`](LlmBulkhead::try_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let permit = bulkhead.try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())?;
+    /// drop(bulkhead); // the permit keeps the bulkhead alive
+    /// drop(permit);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<OwnedPermit, AcquireError> {
+        let (ask, reservation) = self.inner.resolve(request, options)?;
+        let grant = self.inner.try_admit(ask, reservation)?;
+        Ok(OwnedPermit::new(Arc::clone(&self.inner), grant))
+    }
+
+    /// The reservation an admission of `request` would make, without reserving anything:
+    /// `None` when the bulkhead has no token budget. Passing the result back with
+    /// [`AcquireOptions::reservation`] admits exactly this reservation.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError`] when the estimate cannot be represented.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4).token_budget(TokenBudget::new(10_000)).build()?;
+    /// let request = LlmRequest::new().user("x".repeat(401));
+    /// let preview = bulkhead.estimate(&request)?.unwrap();
+    /// assert_eq!(preview, Reservation::new(101, 2048)?);
+    /// let permit = bulkhead.try_acquire(&request, AcquireOptions::new().reservation(preview))?;
+    /// assert_eq!(permit.reservation(), Some(preview));
+    ///
+    /// let unbudgeted = LlmBulkhead::builder("m", 4).build()?;
+    /// assert_eq!(unbudgeted.estimate(&request)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimate(&self, request: &LlmRequest) -> Result<Option<Reservation>, RequestError> {
+        if self.inner.has_budget {
+            reservation::naive_estimate(request, self.inner.output_cap).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Whether `request` would be admitted now, without reserving anything or counting
+    /// anything. A closed bulkhead answers `shutdown` first.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError`] when the estimate cannot be represented (checked before anything else).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Verdict};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build()?;
+    /// let request = LlmRequest::new();
+    /// assert_eq!(bulkhead.would_admit(&request, AcquireOptions::new())?, Verdict::Admit);
+    /// let _held = bulkhead.try_acquire(&request, AcquireOptions::new())?;
+    /// assert_eq!(bulkhead.would_admit(&request, AcquireOptions::new())?, Verdict::Queue);
+    /// bulkhead.close();
+    /// assert_eq!(
+    ///     bulkhead.would_admit(&request, AcquireOptions::new())?,
+    ///     Verdict::Reject(RejectReason::Shutdown),
+    /// );
+    /// assert_eq!(bulkhead.stats().rejected, 0); // advisory checks count nothing
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn would_admit(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Verdict, RequestError> {
+        self.would_admit_with_detail(request, options)
+            .map(|(verdict, _)| verdict)
+    }
+
+    /// [`would_admit`](LlmBulkhead::would_admit), plus the capacity snapshot the verdict was
+    /// made on (for an admit as well as a refusal).
+    ///
+    /// # Errors
+    ///
+    /// As for [`would_admit`](LlmBulkhead::would_admit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, Verdict};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 2).token_budget(TokenBudget::new(1000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(300, 400)?);
+    /// let (verdict, detail) = bulkhead.would_admit_with_detail(&LlmRequest::new(), opts)?;
+    /// assert_eq!(verdict, Verdict::Admit);
+    /// assert_eq!(detail.token_budget.unwrap().requested, 700);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn would_admit_with_detail(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<(Verdict, CapacityDetail), RequestError> {
+        let (ask, _) = self.inner.resolve(request, options)?;
+        let (state, limits) = self.inner.snapshot();
+        let pending = self.inner.pending();
+        Ok((
+            policy::verdict(state, &limits, pending, ask),
+            policy::detail(state, &limits, pending, ask),
+        ))
+    }
+
+    /// The limits in force.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 3)
+    ///     .token_budget(TokenBudget::new(900).high_priority_reserve(100))
+    ///     .build()?;
+    /// assert_eq!(bulkhead.limits(), Limits::new(0, 3).with_token_budget(900, 100));
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn limits(&self) -> Limits {
+        self.inner.snapshot().1
+    }
+
+    /// Installs a new limits snapshot atomically, if its revision is newer.
+    ///
+    /// - A revision not greater than the current one returns [`ApplyOutcome::Stale`] without
+    ///   examining the rest of the snapshot; nothing changes.
+    /// - Otherwise the whole snapshot is validated before anything changes. Whether a token
+    ///   budget exists is fixed at construction. A high-priority reserve above the budget is
+    ///   allowed (normal-priority calls then get no tokens).
+    /// - Lowering a limit never revokes anything: calls in flight keep their capacity and new
+    ///   admissions wait for attrition (shrink by attrition). Raising one takes effect for the
+    ///   very next admission.
+    ///
+    /// Linearizable with admissions: once this returns, every admission decision uses the new
+    /// limits, and each permit keeps the revision that admitted it.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError`] when the revision exceeds 2^53 - 1 (checked first), `max_concurrent`
+    /// exceeds [`MAX_CONCURRENT`](crate::MAX_CONCURRENT), or the token budget's presence does
+    /// not match the construction.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, ApplyOutcome, Limits, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 2).build()?;
+    /// let a = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let b = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    ///
+    /// // Shrink to 1 while 2 are in flight: nothing is revoked, new calls wait for attrition.
+    /// let outcome = bulkhead.apply_limits(Limits::new(1, 1))?;
+    /// assert_eq!(outcome, ApplyOutcome::Applied { previous: Limits::new(0, 2), current: Limits::new(1, 1) });
+    /// drop(a);
+    /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_err());
+    /// drop(b);
+    /// let c = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert_eq!(c.limit_revision(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply_limits(&self, next: Limits) -> Result<ApplyOutcome, LimitsError> {
+        if next.revision > MAX_REVISION {
+            return Err(LimitsError::RevisionTooLarge {
+                value: next.revision,
+                max: MAX_REVISION,
+            });
+        }
+        let mut current = lock(&self.inner.writer);
+        if next.revision <= current.revision {
+            return Ok(ApplyOutcome::Stale { current: *current });
+        }
+        limits::validate(&next, self.inner.has_budget)?;
+        let previous = self.inner.install(&mut current, next);
+        Ok(ApplyOutcome::Applied {
+            previous,
+            current: next,
+        })
+    }
+
+    /// Changes only the token budget, at the next revision, keeping everything else (the
+    /// high-priority reserve included). Lowering it below the tokens in flight is allowed
+    /// (shrink by attrition). Returns the limits now in force.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::TokenBudgetNotConfigured`] without a token budget, and
+    /// [`LimitsError::RevisionExhausted`] when the revision is already 2^53 - 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 2)
+    ///     .token_budget(TokenBudget::new(1000).high_priority_reserve(200))
+    ///     .build()?;
+    /// let now = bulkhead.set_budget(5000)?;
+    /// assert_eq!(now.revision, 1);
+    /// assert_eq!((now.token_budget.unwrap().budget, now.token_budget.unwrap().high_priority_reserve), (5000, 200));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_budget(&self, tokens: u64) -> Result<Limits, LimitsError> {
+        let mut current = lock(&self.inner.writer);
+        let Some(budget) = current.token_budget else {
+            return Err(LimitsError::TokenBudgetNotConfigured);
+        };
+        if current.revision >= MAX_REVISION {
+            return Err(LimitsError::RevisionExhausted {
+                current: current.revision,
+            });
+        }
+        let next = Limits {
+            revision: current.revision + 1,
+            token_budget: Some(BudgetLimits {
+                budget: tokens,
+                ..budget
+            }),
+            ..*current
+        };
+        self.inner.install(&mut current, next);
+        Ok(next)
+    }
+
+    /// Stops admission for good. Idempotent; returns `true` for the call that closed it.
+    ///
+    /// Calls in flight are not interrupted and release normally. Every later admission is
+    /// refused with `shutdown`, before any capacity check; limits and statistics keep working.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert!(bulkhead.close());
+    /// assert!(!bulkhead.close());
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().reason(), RejectReason::Shutdown);
+    /// drop(permit);
+    /// assert_eq!(bulkhead.stats().in_flight, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(&self) -> bool {
+        self.inner
+            .state
+            .update(|s| {
+                if s.is_closed() {
+                    Err(())
+                } else {
+                    Ok((s.with_closed(), ()))
+                }
+            })
+            .is_ok()
+    }
+
+    /// Whether [`close`](LlmBulkhead::close) has been called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).build()?;
+    /// assert!(!bulkhead.is_closed());
+    /// bulkhead.close();
+    /// assert!(bulkhead.is_closed());
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.state.load().is_closed()
+    }
+
+    /// A snapshot of the bulkhead's figures; see [`Stats`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let _permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new());
+    /// let stats = bulkhead.stats();
+    /// assert_eq!((stats.in_flight, stats.admitted, stats.rejected), (1, 1, 1));
+    /// assert_eq!(stats.rejected_by_reason.concurrency_limit, 1);
+    /// assert!(stats.token_budget.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        // Counters first, then the word: an admission whose count we see (Acquire, pairing
+        // with the shard's Release store) has its slot in the word we read after, so
+        // `admitted - in_flight` never counts a call as released before it was; it may lag
+        // calls completing right now, and is exact once the callers are synchronised with us.
+        let totals = self.inner.hub.totals();
+        let (state, limits) = self.inner.snapshot();
+        let admitted = totals.get(Counter::Admitted);
+        let rejected_by_reason = totals.rejections();
+        Stats {
+            limits,
+            closed: state.is_closed(),
+            in_flight: u64::from(state.slots()),
+            pending: self.inner.pending(),
+            admitted,
+            // Every admission either holds a slot or has been settled.
+            released: admitted.saturating_sub(u64::from(state.slots())),
+            rejected: rejected_by_reason.total(),
+            rejected_by_reason,
+            token_budget: limits.token_budget.map(|b| TokenBudgetStats {
+                budget: b.budget,
+                high_priority_reserve: b.high_priority_reserve,
+                in_flight_tokens: state.tokens(),
+                available: b.budget.saturating_sub(state.tokens()),
+                total_reserved: totals.get(Counter::Reserved),
+                total_consumed: totals.get(Counter::Consumed),
+                total_refunded: totals.get(Counter::Refunded),
+                total_overrun: totals.get(Counter::Overrun),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for LlmBulkhead {
+    /// Never blocks: reads the admission word and the published limits only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (state, limits) = self.inner.snapshot();
+        let mut d = f.debug_struct("LlmBulkhead");
+        d.field("model", &self.inner.model)
+            .field("in_flight", &state.slots())
+            .field("closed", &state.is_closed())
+            .field("limits", &limits);
+        if self.inner.has_budget {
+            d.field("in_flight_tokens", &state.tokens());
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// Turns a call's input into what it asks of the bulkhead.
+    #[inline]
+    fn resolve(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<(Ask, Option<Reservation>), RequestError> {
+        let priority = options.get_priority();
+        if !self.has_budget {
+            // No budget: nothing is estimated and an override is ignored.
+            return Ok((
+                Ask {
+                    reserved: 0,
+                    priority,
+                },
+                None,
+            ));
+        }
+        let reservation = match options.get_reservation() {
+            Some(r) => r,
+            None => reservation::naive_estimate(request, self.output_cap)?,
+        };
+        Ok((
+            Ask {
+                reserved: reservation.reserved(),
+                priority,
+            },
+            Some(reservation),
+        ))
+    }
+
+    /// Admits `ask` now or refuses it, counting either outcome.
+    #[inline]
+    fn try_admit(&self, ask: Ask, reservation: Option<Reservation>) -> Result<Grant, Rejection> {
+        match self.decide(ask) {
+            Ok(revision) => {
+                let id = local::with(&self.hub, |sink| sink.admit(ask.reserved));
+                Ok(Grant {
+                    id,
+                    revision,
+                    priority: ask.priority,
+                    reservation,
+                    held: ask.reserved,
+                })
+            }
+            Err((refusal, state, limits)) => {
+                let reason = match refusal {
+                    Refusal::Shutdown => RejectReason::Shutdown,
+                    Refusal::Budget => RejectReason::BudgetLimit,
+                    Refusal::NoSlot => RejectReason::ConcurrencyLimit,
+                };
+                Err(self.reject(reason, state, &limits, ask))
+            }
+        }
+    }
+
+    /// The CAS loop of an immediate admission. Returns the revision that admitted it, or the
+    /// refusal with the state and limits it was decided on.
+    #[inline]
+    fn decide(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
+        loop {
+            let outcome = self.state.update(|s| {
+                let limits = self.published.read(s.epoch());
+                match policy::admit(s, &limits, ask) {
+                    Ok(next) => Ok((next, limits.revision)),
+                    Err(refusal) => Err((refusal, s, limits)),
+                }
+            });
+            match outcome {
+                Ok(revision) => return Ok(revision),
+                Err((refusal, s, limits)) => {
+                    // A refusal has no CAS that would fail on a torn limits read, so confirm
+                    // the epoch did not move since (see `crate::limits`).
+                    if self.state.load().epoch() == s.epoch() {
+                        return Err((refusal, s, limits));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts a refusal and builds its rejection.
+    #[cold]
+    fn reject(&self, reason: RejectReason, state: State, limits: &Limits, ask: Ask) -> Rejection {
+        local::with(&self.hub, |sink| sink.bump(Counter::Rejected(reason), 1));
+        Rejection::new(reason, policy::detail(state, limits, self.pending(), ask))
+    }
+
+    /// A consistent (state, limits) pair, without a lock.
+    fn snapshot(&self) -> (State, Limits) {
+        let mut state = self.state.load();
+        loop {
+            let limits = self.published.read(state.epoch());
+            let again = self.state.load();
+            if again.epoch() == state.epoch() {
+                return (state, limits);
+            }
+            state = again;
+        }
+    }
+
+    /// Calls waiting in the queue. There is no wait queue yet, so nothing can be pending.
+    fn pending(&self) -> u64 {
+        0
+    }
+
+    /// Publishes `next` and makes it current. The caller holds the writer lock (`current` is
+    /// its guard's contents) and has validated `next`. Returns the replaced limits.
+    fn install(&self, current: &mut Limits, next: Limits) -> Limits {
+        // Only writers move the epoch and we hold the writer lock, so it is stable here.
+        let epoch = self.state.load().epoch();
+        self.published.publish(epoch + 1, &next);
+        self.state
+            .update(|s| {
+                debug_assert_eq!(s.epoch(), epoch);
+                Ok::<_, Infallible>((s.with_next_epoch(), ()))
+            })
+            .unwrap_or_else(|never| match never {});
+        core::mem::replace(current, next)
+    }
+
+    /// Settles an admission without usage (a dropped permit): returns its slot and its hold,
+    /// and books nothing (`released` is derived, see `stats`).
+    #[inline]
+    pub(crate) fn settle_unused(&self, grant: &Grant) {
+        self.state.release(grant.held);
+    }
+
+    /// Settles an admission: returns its slot and its hold, and books the usage.
+    #[inline]
+    pub(crate) fn settle(&self, grant: &Grant, usage: Option<TokenUsage>) -> ReleaseReport {
+        let held = grant.held;
+        self.state.release(held);
+        // Releases are not counted: `released` is `admitted - in_flight` (see `stats`). Only
+        // the usage needs booking, so a release without usage touches no counter at all.
+        let mut refunded = 0;
+        if let Some(usage) = usage {
+            let consumed = usage.total();
+            refunded = held.saturating_sub(consumed);
+            local::with(&self.hub, |sink| {
+                // Reported usage always reaches the consumed total, even when the hold is 0.
+                sink.bump(Counter::Consumed, consumed);
+                sink.bump(Counter::Refunded, refunded);
+            });
+        }
+        ReleaseReport {
+            held_tokens: held,
+            refunded_tokens: refunded,
+            usage,
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Building a bulkhead: the validating builder and the token-budget configuration.
+
+use crate::bulkhead::LlmBulkhead;
+use crate::error::ConfigError;
+use crate::limits::{Limits, MAX_CONCURRENT, MAX_REVISION};
+use crate::reservation::DEFAULT_OUTPUT_CAP;
+
+/// Token-budget configuration: the budget, the output cap the estimator assumes when a request
+/// names no `max_tokens`, and the reserve kept for high-priority calls.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::TokenBudget;
+///
+/// let budget = TokenBudget::new(200_000).output_cap(4096).high_priority_reserve(40_000);
+/// assert_eq!(budget.get_budget(), 200_000);
+/// assert_eq!(budget.get_output_cap(), 4096);
+/// assert_eq!(budget.get_high_priority_reserve(), 40_000);
+/// assert_eq!(TokenBudget::new(1).get_output_cap(), 2048);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TokenBudget {
+    budget: u64,
+    output_cap: u64,
+    high_priority_reserve: u64,
+}
+
+impl TokenBudget {
+    /// A budget of `budget` tokens in flight at once (0 is allowed: only 0-token calls fit),
+    /// output cap 2048, no high-priority reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(0).get_budget(), 0);
+    /// ```
+    pub const fn new(budget: u64) -> TokenBudget {
+        TokenBudget {
+            budget,
+            output_cap: DEFAULT_OUTPUT_CAP,
+            high_priority_reserve: 0,
+        }
+    }
+
+    /// Sets the output tokens reserved for a request without `max_tokens`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(10).output_cap(0).get_output_cap(), 0);
+    /// ```
+    pub const fn output_cap(mut self, output_cap: u64) -> TokenBudget {
+        self.output_cap = output_cap;
+        self
+    }
+
+    /// Sets the tokens only high-priority calls may use (at most the budget).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = async_bulkhead_llm::TokenBudget::new(10).high_priority_reserve(4);
+    /// assert_eq!(b.get_high_priority_reserve(), 4);
+    /// ```
+    pub const fn high_priority_reserve(mut self, reserve: u64) -> TokenBudget {
+        self.high_priority_reserve = reserve;
+        self
+    }
+
+    /// The budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(7).get_budget(), 7);
+    /// ```
+    pub const fn get_budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The output cap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(7).get_output_cap(), 2048);
+    /// ```
+    pub const fn get_output_cap(&self) -> u64 {
+        self.output_cap
+    }
+
+    /// The high-priority reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(7).get_high_priority_reserve(), 0);
+    /// ```
+    pub const fn get_high_priority_reserve(&self) -> u64 {
+        self.high_priority_reserve
+    }
+}
+
+/// Builds an [`LlmBulkhead`], validating everything before anything exists.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+///
+/// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 10)
+///     .initial_revision(41)
+///     .token_budget(TokenBudget::new(200_000))
+///     .build()?;
+/// assert_eq!(bulkhead.limits().revision, 41);
+/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build()` is called"]
+pub struct LlmBulkheadBuilder {
+    model: String,
+    max_concurrent: u32,
+    max_queue: u32,
+    initial_revision: u64,
+    token_budget: Option<TokenBudget>,
+}
+
+impl LlmBulkheadBuilder {
+    pub(crate) fn new(model: String, max_concurrent: u32) -> LlmBulkheadBuilder {
+        LlmBulkheadBuilder {
+            model,
+            max_concurrent,
+            max_queue: 0,
+            initial_revision: 0,
+            token_budget: None,
+        }
+    }
+
+    /// Sets the revision of the initial limits (default 0); every applied snapshot must be
+    /// greater.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = async_bulkhead_llm::LlmBulkhead::builder("m", 1).initial_revision(9).build()?;
+    /// assert_eq!(b.limits().revision, 9);
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn initial_revision(mut self, revision: u64) -> LlmBulkheadBuilder {
+        self.initial_revision = revision;
+        self
+    }
+
+    /// Sets how many calls may wait for a slot (default 0: fail fast).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = async_bulkhead_llm::LlmBulkhead::builder("m", 1).max_queue(20).build()?;
+    /// assert_eq!(b.limits().max_queue, 20);
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn max_queue(mut self, max_queue: u32) -> LlmBulkheadBuilder {
+        self.max_queue = max_queue;
+        self
+    }
+
+    /// Adds a token budget. Whether a bulkhead has one is fixed for its lifetime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+    ///
+    /// let b = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(500)).build()?;
+    /// assert_eq!(b.limits().token_budget.unwrap().budget, 500);
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn token_budget(mut self, token_budget: TokenBudget) -> LlmBulkheadBuilder {
+        self.token_budget = Some(token_budget);
+        self
+    }
+
+    /// Validates the configuration and builds the bulkhead.
+    ///
+    /// # Errors
+    ///
+    /// In this order: [`ConfigError::EmptyModel`], [`ConfigError::MaxConcurrentTooLarge`],
+    /// [`ConfigError::InitialRevisionTooLarge`], [`ConfigError::ReserveExceedsBudget`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{ConfigError, LlmBulkhead};
+    ///
+    /// assert!(LlmBulkhead::builder("m", 0).build().is_ok()); // fail-closed start
+    /// assert_eq!(
+    ///     LlmBulkhead::builder("m", 1).initial_revision(1 << 53).build().unwrap_err(),
+    ///     ConfigError::InitialRevisionTooLarge { value: 1 << 53, max: (1 << 53) - 1 },
+    /// );
+    /// ```
+    pub fn build(self) -> Result<LlmBulkhead, ConfigError> {
+        if self.model.trim().is_empty() {
+            return Err(ConfigError::EmptyModel { model: self.model });
+        }
+        if self.max_concurrent > MAX_CONCURRENT {
+            return Err(ConfigError::MaxConcurrentTooLarge {
+                value: self.max_concurrent,
+                max: MAX_CONCURRENT,
+            });
+        }
+        if self.initial_revision > MAX_REVISION {
+            return Err(ConfigError::InitialRevisionTooLarge {
+                value: self.initial_revision,
+                max: MAX_REVISION,
+            });
+        }
+        let mut limits =
+            Limits::new(self.initial_revision, self.max_concurrent).with_max_queue(self.max_queue);
+        let mut output_cap = DEFAULT_OUTPUT_CAP;
+        if let Some(budget) = self.token_budget {
+            if budget.high_priority_reserve > budget.budget {
+                return Err(ConfigError::ReserveExceedsBudget {
+                    reserve: budget.high_priority_reserve,
+                    budget: budget.budget,
+                });
+            }
+            limits = limits.with_token_budget(budget.budget, budget.high_priority_reserve);
+            output_cap = budget.output_cap;
+        }
+        Ok(LlmBulkhead::from_parts(self.model, limits, output_cap))
+    }
+}

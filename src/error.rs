@@ -1,0 +1,320 @@
+//! Errors for input that can never succeed: invalid configuration, invalid limit snapshots,
+//! invalid per-call input and invalid usage. Each names the field and the value it refused.
+//!
+//! Capacity refusals ("not now") are not errors of this kind; they are
+//! [`Rejection`](crate::Rejection)s.
+
+use core::fmt;
+
+use crate::rejection::Rejection;
+
+/// The builder refused a configuration. Nothing was built.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{ConfigError, LlmBulkhead, TokenBudget};
+///
+/// let err = LlmBulkhead::builder("  ", 4).build().unwrap_err();
+/// assert_eq!(err, ConfigError::EmptyModel { model: "  ".into() });
+///
+/// let err = LlmBulkhead::builder("gpt-4o", 4)
+///     .token_budget(TokenBudget::new(100).high_priority_reserve(101))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "token_budget.high_priority_reserve (101) must be <= token_budget.budget (100)");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `model` is empty or only whitespace.
+    EmptyModel {
+        /// The refused model name.
+        model: String,
+    },
+    /// `max_concurrent` exceeds what the admission word can count.
+    MaxConcurrentTooLarge {
+        /// The refused value.
+        value: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
+    /// `initial_revision` exceeds the largest revision (2^53 - 1, so revisions survive JSON).
+    InitialRevisionTooLarge {
+        /// The refused value.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// `token_budget.high_priority_reserve` exceeds `token_budget.budget`.
+    ReserveExceedsBudget {
+        /// The refused reserve.
+        reserve: u64,
+        /// The configured budget.
+        budget: u64,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::EmptyModel { model } => {
+                write!(f, "model must be a non-empty string (got {model:?})")
+            }
+            ConfigError::MaxConcurrentTooLarge { value, max } => {
+                write!(f, "max_concurrent ({value}) must be <= {max}")
+            }
+            ConfigError::InitialRevisionTooLarge { value, max } => {
+                write!(f, "initial_revision ({value}) must be <= {max}")
+            }
+            ConfigError::ReserveExceedsBudget { reserve, budget } => write!(
+                f,
+                "token_budget.high_priority_reserve ({reserve}) must be <= token_budget.budget ({budget})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// `apply_limits` or `set_budget` refused a snapshot. The limits in force did not change.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{LimitsError, LlmBulkhead};
+///
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
+/// let err = bulkhead.set_budget(10).unwrap_err();
+/// assert_eq!(err, LimitsError::TokenBudgetNotConfigured);
+/// assert_eq!(bulkhead.limits().revision, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// `revision` exceeds the largest revision (2^53 - 1).
+    RevisionTooLarge {
+        /// The refused value.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// `max_concurrent` exceeds what the admission word can count.
+    MaxConcurrentTooLarge {
+        /// The refused value.
+        value: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
+    /// The bulkhead was built with a token budget, and the snapshot has none.
+    TokenBudgetRequired,
+    /// The snapshot carries a token budget, or `set_budget` was called, on a bulkhead built
+    /// without one.
+    TokenBudgetNotConfigured,
+    /// `set_budget` cannot advance the revision past 2^53 - 1.
+    RevisionExhausted {
+        /// The current revision.
+        current: u64,
+    },
+}
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitsError::RevisionTooLarge { value, max } => {
+                write!(f, "limits.revision ({value}) must be <= {max}")
+            }
+            LimitsError::MaxConcurrentTooLarge { value, max } => {
+                write!(f, "limits.max_concurrent ({value}) must be <= {max}")
+            }
+            LimitsError::TokenBudgetRequired => f.write_str(
+                "limits.token_budget is required because a token budget was configured at construction",
+            ),
+            LimitsError::TokenBudgetNotConfigured => f.write_str(
+                "limits.token_budget must be omitted because no token budget was configured at construction",
+            ),
+            LimitsError::RevisionExhausted { current } => write!(
+                f,
+                "cannot advance the limit revision beyond {current} (the largest revision)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LimitsError {}
+
+/// A call's input cannot be turned into a reservation. Nothing was reserved or counted.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::RequestError;
+///
+/// let err = RequestError::InputOverflow { text_tokens: 2, extra_input_tokens: u64::MAX };
+/// assert_eq!(
+///     err.to_string(),
+///     "estimated input (2 text tokens + 18446744073709551615 extra input tokens) does not fit in 64 bits",
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// `input + max_output` does not fit in a `u64`.
+    ReservationOverflow {
+        /// Input tokens.
+        input: u64,
+        /// Maximum output tokens.
+        max_output: u64,
+    },
+    /// A reservation's `reserved` differs from `input + max_output`.
+    ReservedMismatch {
+        /// The stated total.
+        reserved: u64,
+        /// Input tokens.
+        input: u64,
+        /// Maximum output tokens.
+        max_output: u64,
+    },
+    /// The estimated text tokens plus `extra_input_tokens` do not fit in a `u64`.
+    InputOverflow {
+        /// `ceil(chars / 4)`.
+        text_tokens: u64,
+        /// The request's `extra_input_tokens`.
+        extra_input_tokens: u64,
+    },
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RequestError::ReservationOverflow { input, max_output } => write!(
+                f,
+                "token reservation ({input} input + {max_output} max output) does not fit in 64 bits"
+            ),
+            RequestError::ReservedMismatch {
+                reserved,
+                input,
+                max_output,
+            } => write!(
+                f,
+                "reservation.reserved ({reserved}) must equal reservation.input + reservation.max_output ({})",
+                u128::from(input) + u128::from(max_output)
+            ),
+            RequestError::InputOverflow {
+                text_tokens,
+                extra_input_tokens,
+            } => write!(
+                f,
+                "estimated input ({text_tokens} text tokens + {extra_input_tokens} extra input tokens) does not fit in 64 bits"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// A usage figure cannot be represented.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{TokenUsage, UsageError};
+///
+/// let err = TokenUsage::new(u64::MAX, u64::MAX).unwrap_err();
+/// assert!(matches!(err, UsageError::TotalOverflow { .. }));
+/// assert!(err.to_string().starts_with("token usage total"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UsageError {
+    /// `input + output` does not fit in a `u64`.
+    TotalOverflow {
+        /// Prompt tokens.
+        input: u64,
+        /// Generated tokens.
+        output: u64,
+    },
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            UsageError::TotalOverflow { input, output } => write!(
+                f,
+                "token usage total ({input} input + {output} output) does not fit in 64 bits"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Why an acquire did not produce a permit: the bulkhead refused it for capacity (retry later
+/// or shed), or its input was invalid (fix the request).
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+///
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 0).build()?;
+/// match bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()) {
+///     Err(AcquireError::Rejected(rejection)) => {
+///         assert_eq!(rejection.reason(), RejectReason::ConcurrencyLimit)
+///     }
+///     other => panic!("expected a rejection, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// Refused for capacity or shutdown; carries the capacity snapshot for a 429/503.
+    Rejected(Rejection),
+    /// The request or its options are invalid; nothing was counted.
+    Invalid(RequestError),
+}
+
+impl AcquireError {
+    /// The rejection, when this is one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireError, RequestError};
+    ///
+    /// let invalid = AcquireError::Invalid(RequestError::ReservationOverflow { input: 1, max_output: u64::MAX });
+    /// assert!(invalid.rejection().is_none());
+    /// ```
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            AcquireError::Rejected(rejection) => Some(rejection),
+            AcquireError::Invalid(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::Rejected(rejection) => rejection.fmt(f),
+            AcquireError::Invalid(error) => write!(f, "invalid request: {error}"),
+        }
+    }
+}
+
+// `Display` already shows the inner error, so `source` stays `None` (no duplicated messages in
+// error chains).
+impl std::error::Error for AcquireError {}
+
+impl From<Rejection> for AcquireError {
+    fn from(rejection: Rejection) -> AcquireError {
+        AcquireError::Rejected(rejection)
+    }
+}
+
+impl From<RequestError> for AcquireError {
+    fn from(error: RequestError) -> AcquireError {
+        AcquireError::Invalid(error)
+    }
+}

@@ -1,0 +1,109 @@
+//! Admission control for LLM calls: should this call run right now?
+//!
+//! An [`LlmBulkhead`] sits between a gateway and its LLM provider. It enforces a hard cap on
+//! calls in flight and, optionally, on tokens in flight (estimated input plus maximum output,
+//! corrected by the usage reported at release), with a high-priority reserve, atomic versioned
+//! limits pushed by a control plane, and an irreversible close. Refusals are immediate, typed,
+//! and carry a capacity snapshot for a 429/503 body.
+//!
+//! - [`LlmBulkhead`]: the bulkhead; built by [`LlmBulkhead::builder`].
+//! - [`Permit`] / [`OwnedPermit`]: RAII admissions; release with usage or drop.
+//! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]).
+//! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
+//! - [`Stats`]: counters and live figures.
+//! - [`LlmRequest`], [`Reservation`], [`TokenUsage`]: what is asked, reserved and used.
+//!
+//! # How a decision is made
+//!
+//! Slots in flight, tokens in flight, a limits epoch and the closed flag share one atomic word.
+//! An admission reads it, reads the limits published for its epoch, decides with a pure function
+//! and commits slot and tokens together with one compare-and-swap: no lock, no allocation, no
+//! transient half-admission that could make another call fail spuriously. A change of limits
+//! advances the epoch, so a decision made under old limits cannot commit after the change
+//! returns. Statistics live in per-thread shards, so no shared counter slows the fast path.
+//!
+//! # Examples
+//!
+//! ```
+//! use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Priority, TokenBudget, TokenUsage};
+//!
+//! let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 10)
+//!     .token_budget(TokenBudget::new(200_000).high_priority_reserve(40_000))
+//!     .build()?;
+//!
+//! let request = LlmRequest::new()
+//!     .system("You are a helpful assistant.")
+//!     .user("Write a haiku about backpressure.")
+//!     .max_tokens(256);
+//!
+//! match bulkhead.try_acquire(&request, AcquireOptions::new().priority(Priority::High)) {
+//!     Ok(permit) => {
+//!         // ... call the provider, then settle with the usage it reported ...
+//!         let report = permit.release(Some(TokenUsage::new(24, 17)?));
+//!         assert_eq!(report.refunded_tokens, report.held_tokens - 41);
+//!     }
+//!     Err(err) => {
+//!         // Respond 429/503 with `err.rejection().map(|r| r.detail())` in the body.
+//!         panic!("unexpected refusal: {err}");
+//!     }
+//! }
+//! assert_eq!(bulkhead.stats().in_flight, 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Features
+//!
+//! - `loom` (unstable, outside semver): builds the crate against loom's model types when
+//!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![doc(test(attr(deny(warnings, rust_2018_idioms), allow(dead_code, unused_variables))))]
+
+mod admission_id;
+mod bulkhead;
+mod config;
+mod error;
+mod limits;
+mod local;
+mod options;
+mod permit;
+mod policy;
+mod rejection;
+mod request;
+mod reservation;
+mod state;
+mod stats;
+mod sync;
+
+pub use admission_id::AdmissionId;
+pub use bulkhead::LlmBulkhead;
+pub use config::{LlmBulkheadBuilder, TokenBudget};
+pub use error::{AcquireError, ConfigError, LimitsError, RequestError, UsageError};
+pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_CONCURRENT, MAX_REVISION};
+pub use options::{AcquireOptions, Priority};
+pub use permit::{OwnedPermit, Permit, ReleaseReport};
+pub use policy::Verdict;
+pub use rejection::{CapacityDetail, RejectReason, Rejection, TokenBudgetDetail};
+pub use request::{Content, ContentBlock, LlmRequest, Message};
+pub use reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
+pub use stats::{RejectionCounts, Stats, TokenBudgetStats};
+
+/// The README's examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+/// Every public type is `Send` and `Sync` (checked at compile time).
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn both<T: Send + Sync>() {}
+    both::<LlmBulkhead>();
+    both::<Permit<'static>>();
+    both::<OwnedPermit>();
+    both::<Rejection>();
+    both::<AcquireError>();
+    both::<Stats>();
+    both::<Limits>();
+    both::<LlmBulkheadBuilder>();
+    both::<AdmissionId>();
+    both::<LlmRequest>();
+}

@@ -1,0 +1,320 @@
+//! Versioned limits: the public snapshot type, its validation, and the double-buffered copy that
+//! admissions read without locking.
+//!
+//! # Publication protocol
+//!
+//! The limits in force live in two slots of atomics; the epoch in the admission word (see
+//! `crate::state`) says which slot is current (`epoch & 1`). Writers are serialised by the
+//! bulkhead's limits mutex. To install a snapshot, a writer
+//!
+//! 1. stores it into the *other* slot (`Release` stores), then
+//! 2. advances the epoch with a CAS on the admission word.
+//!
+//! An admission loads the word (`Acquire`), reads the slot its epoch names (`Acquire` loads),
+//! decides, and CASes the word expecting the epoch it read. Seeing epoch `e` means it also sees
+//! everything stored before the CAS that published `e`, so the slot is complete. The slot it
+//! reads is only overwritten by the writer of epoch `e + 2`, which stores only after the epoch
+//! left `e`. If any of the admission's loads reads such a store, that store's `Release` pairs
+//! with the `Acquire` load, so the epoch change happens-before the admission's CAS, which
+//! therefore sees a different epoch and fails: a torn read is always thrown away. A *refusal*
+//! has no CAS to fail, so the caller re-loads the word after deciding one and retries if the
+//! epoch moved (the seqlock read pattern).
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::LimitsError;
+use crate::options::Priority;
+use crate::state::MAX_SLOTS;
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// The largest limit revision: 2^53 - 1, so revisions survive a round trip through JSON and
+/// JavaScript control planes unchanged.
+pub const MAX_REVISION: u64 = (1 << 53) - 1;
+
+/// The largest `max_concurrent` the admission word can count: 2^22 - 1.
+pub const MAX_CONCURRENT: u32 = MAX_SLOTS;
+
+/// A complete, versioned set of limits: what [`LlmBulkhead::limits`](crate::LlmBulkhead::limits)
+/// returns and what [`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits) installs.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{Limits, LlmBulkhead, TokenBudget};
+///
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 8)
+///     .token_budget(TokenBudget::new(100_000))
+///     .build()?;
+/// let mut next = bulkhead.limits();
+/// next.revision += 1;
+/// next.max_concurrent = 16;
+/// bulkhead.apply_limits(next)?;
+/// assert_eq!(bulkhead.limits(), Limits::new(1, 16).with_token_budget(100_000, 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Version of this snapshot; each applied snapshot must be strictly greater.
+    pub revision: u64,
+    /// Hard ceiling on calls in flight; 0 refuses everything (a fail-closed kill switch).
+    pub max_concurrent: u32,
+    /// How many calls may wait for a slot; 0 means never wait.
+    pub max_queue: u32,
+    /// The token budget, present iff the bulkhead was built with one.
+    pub token_budget: Option<BudgetLimits>,
+}
+
+impl Limits {
+    /// Limits at `revision` with `max_concurrent` slots, no queue and no token budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limits = async_bulkhead_llm::Limits::new(3, 10);
+    /// assert_eq!((limits.revision, limits.max_concurrent, limits.max_queue), (3, 10, 0));
+    /// assert!(limits.token_budget.is_none());
+    /// ```
+    pub const fn new(revision: u64, max_concurrent: u32) -> Limits {
+        Limits {
+            revision,
+            max_concurrent,
+            max_queue: 0,
+            token_budget: None,
+        }
+    }
+
+    /// These limits with a queue of `max_queue` places.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Limits::new(1, 2).with_max_queue(5).max_queue, 5);
+    /// ```
+    pub const fn with_max_queue(mut self, max_queue: u32) -> Limits {
+        self.max_queue = max_queue;
+        self
+    }
+
+    /// These limits with a token budget of `budget` tokens, `high_priority_reserve` of them
+    /// usable only by high-priority calls.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limits = async_bulkhead_llm::Limits::new(1, 2).with_token_budget(1000, 100);
+    /// assert_eq!(limits.token_budget.unwrap().budget, 1000);
+    /// ```
+    pub const fn with_token_budget(mut self, budget: u64, high_priority_reserve: u64) -> Limits {
+        self.token_budget = Some(BudgetLimits {
+            budget,
+            high_priority_reserve,
+        });
+        self
+    }
+
+    /// The budget a call of `priority` may fill: the whole budget for high priority, the budget
+    /// minus the reserve (at least 0) for normal priority; `None` without a token budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, Priority};
+    ///
+    /// let limits = Limits::new(0, 4).with_token_budget(2400, 400);
+    /// assert_eq!(limits.effective_budget(Priority::Normal), Some(2000));
+    /// assert_eq!(limits.effective_budget(Priority::High), Some(2400));
+    /// assert_eq!(Limits::new(0, 4).effective_budget(Priority::High), None);
+    /// ```
+    pub const fn effective_budget(&self, priority: Priority) -> Option<u64> {
+        match self.token_budget {
+            Some(b) => Some(b.effective(priority)),
+            None => None,
+        }
+    }
+}
+
+/// The token-budget part of [`Limits`].
+///
+/// # Examples
+///
+/// ```
+/// let b = async_bulkhead_llm::Limits::new(0, 1).with_token_budget(500, 50).token_budget.unwrap();
+/// assert_eq!((b.budget, b.high_priority_reserve), (500, 50));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct BudgetLimits {
+    /// Ceiling on tokens reserved by calls in flight at the same time.
+    pub budget: u64,
+    /// Tokens of the budget only high-priority calls may use. At runtime it may exceed the
+    /// budget, which leaves normal-priority calls nothing.
+    pub high_priority_reserve: u64,
+}
+
+impl BudgetLimits {
+    #[inline]
+    pub(crate) const fn effective(&self, priority: Priority) -> u64 {
+        match priority {
+            Priority::High => self.budget,
+            Priority::Normal => self.budget.saturating_sub(self.high_priority_reserve),
+        }
+    }
+}
+
+/// What [`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits) did.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{ApplyOutcome, Limits, LlmBulkhead};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1).initial_revision(5).build()?;
+/// let outcome = bulkhead.apply_limits(Limits::new(5, 9))?;
+/// assert_eq!(outcome, ApplyOutcome::Stale { current: Limits::new(5, 1) });
+/// assert!(!outcome.is_applied());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The snapshot is now in force.
+    Applied {
+        /// The limits it replaced.
+        previous: Limits,
+        /// The limits now in force (the snapshot as installed).
+        current: Limits,
+    },
+    /// The snapshot's revision was not greater than the current one; nothing changed and the
+    /// rest of the snapshot was not examined.
+    Stale {
+        /// The limits still in force.
+        current: Limits,
+    },
+}
+
+impl ApplyOutcome {
+    /// Whether the snapshot was installed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// assert!(bulkhead.apply_limits(Limits::new(1, 2))?.is_applied());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_applied(&self) -> bool {
+        matches!(self, ApplyOutcome::Applied { .. })
+    }
+
+    /// The limits in force after the call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// assert_eq!(bulkhead.apply_limits(Limits::new(1, 2))?.current(), Limits::new(1, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn current(&self) -> Limits {
+        match *self {
+            ApplyOutcome::Applied { current, .. } | ApplyOutcome::Stale { current } => current,
+        }
+    }
+}
+
+/// Checks everything but the revision order (which the caller checks first, so a stale
+/// snapshot is reported as stale without being examined).
+pub(crate) fn validate(next: &Limits, has_budget: bool) -> Result<(), LimitsError> {
+    if next.revision > MAX_REVISION {
+        return Err(LimitsError::RevisionTooLarge {
+            value: next.revision,
+            max: MAX_REVISION,
+        });
+    }
+    if next.max_concurrent > MAX_CONCURRENT {
+        return Err(LimitsError::MaxConcurrentTooLarge {
+            value: next.max_concurrent,
+            max: MAX_CONCURRENT,
+        });
+    }
+    match (has_budget, next.token_budget.is_some()) {
+        (true, false) => Err(LimitsError::TokenBudgetRequired),
+        (false, true) => Err(LimitsError::TokenBudgetNotConfigured),
+        _ => Ok(()),
+    }
+}
+
+/// One published copy of the limits, as atomics (see the module docs).
+#[derive(Debug, Default)]
+struct LimitsSlot {
+    revision: AtomicU64,
+    /// `max_concurrent` in the low 32 bits, `max_queue` in the high 32.
+    concurrency: AtomicU64,
+    budget: AtomicU64,
+    reserve: AtomicU64,
+}
+
+/// The double-buffered limits that admissions read without a lock.
+#[derive(Debug)]
+pub(crate) struct PublishedLimits {
+    slots: [CachePadded<LimitsSlot>; 2],
+    has_budget: bool,
+}
+
+impl PublishedLimits {
+    /// Publishes `initial` for epoch 0.
+    pub(crate) fn new(initial: &Limits) -> PublishedLimits {
+        let published = PublishedLimits {
+            slots: [
+                CachePadded::new(LimitsSlot::default()),
+                CachePadded::new(LimitsSlot::default()),
+            ],
+            has_budget: initial.token_budget.is_some(),
+        };
+        published.publish(0, initial);
+        published
+    }
+
+    /// Stores `limits` into the slot of `epoch`. The caller holds the limits mutex and has not
+    /// yet made `epoch` current.
+    pub(crate) fn publish(&self, epoch: u64, limits: &Limits) {
+        let slot = &self.slots[(epoch & 1) as usize];
+        // Release: pairs with the Acquire loads in `read`, see the module docs.
+        slot.revision.store(limits.revision, Ordering::Release);
+        let concurrency = u64::from(limits.max_concurrent) | (u64::from(limits.max_queue) << 32);
+        slot.concurrency.store(concurrency, Ordering::Release);
+        if let Some(b) = limits.token_budget {
+            slot.budget.store(b.budget, Ordering::Release);
+            slot.reserve
+                .store(b.high_priority_reserve, Ordering::Release);
+        }
+    }
+
+    /// Reads the slot of `epoch`. Only trustworthy if the epoch is still current afterwards
+    /// (see the module docs).
+    #[inline]
+    pub(crate) fn read(&self, epoch: u64) -> Limits {
+        let slot = &self.slots[(epoch & 1) as usize];
+        // Acquire: pairs with the Release stores in `publish`, see the module docs.
+        let revision = slot.revision.load(Ordering::Acquire);
+        let concurrency = slot.concurrency.load(Ordering::Acquire);
+        let token_budget = if self.has_budget {
+            Some(BudgetLimits {
+                budget: slot.budget.load(Ordering::Acquire),
+                high_priority_reserve: slot.reserve.load(Ordering::Acquire),
+            })
+        } else {
+            None
+        };
+        Limits {
+            revision,
+            max_concurrent: concurrency as u32,
+            max_queue: (concurrency >> 32) as u32,
+            token_budget,
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Per-call options: priority and reservation override.
+
+use crate::reservation::Reservation;
+
+/// A call's priority. High-priority calls may use the whole token budget; normal ones leave the
+/// high-priority reserve untouched.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::Priority;
+///
+/// assert_eq!(Priority::default(), Priority::Normal);
+/// assert_eq!(Priority::High.as_str(), "high");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// Ordinary traffic (the default).
+    #[default]
+    Normal,
+    /// Traffic that may dip into the high-priority reserve.
+    High,
+}
+
+impl Priority {
+    /// The priority's wire name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Priority::Normal.as_str(), "normal");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+}
+
+/// Options of one acquire or advisory check.
+///
+/// Every option is a valid value by construction: a [`Reservation`] has been checked when it
+/// was built, so options never fail validation.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, Priority, Reservation};
+///
+/// let options = AcquireOptions::new()
+///     .priority(Priority::High)
+///     .reservation(Reservation::new(120, 512)?);
+/// assert_eq!(options.get_priority(), Priority::High);
+/// assert_eq!(options.get_reservation().map(|r| r.reserved()), Some(632));
+/// # Ok::<(), async_bulkhead_llm::RequestError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    priority: Priority,
+    reservation: Option<Reservation>,
+}
+
+impl AcquireOptions {
+    /// Normal priority, reservation from the bulkhead's estimator.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = async_bulkhead_llm::AcquireOptions::new();
+    /// assert!(options.get_reservation().is_none());
+    /// ```
+    pub const fn new() -> AcquireOptions {
+        AcquireOptions {
+            priority: Priority::Normal,
+            reservation: None,
+        }
+    }
+
+    /// Sets the priority.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, Priority};
+    ///
+    /// assert_eq!(AcquireOptions::new().priority(Priority::High).get_priority(), Priority::High);
+    /// ```
+    pub const fn priority(mut self, priority: Priority) -> AcquireOptions {
+        self.priority = priority;
+        self
+    }
+
+    /// Uses `reservation` instead of calling the estimator. Ignored by a bulkhead without a
+    /// token budget (it reserves no tokens).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, Reservation};
+    ///
+    /// let r = Reservation::new(1, 2)?;
+    /// assert_eq!(AcquireOptions::new().reservation(r).get_reservation(), Some(r));
+    /// # Ok::<(), async_bulkhead_llm::RequestError>(())
+    /// ```
+    pub const fn reservation(mut self, reservation: Reservation) -> AcquireOptions {
+        self.reservation = Some(reservation);
+        self
+    }
+
+    /// The priority set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, Priority};
+    ///
+    /// assert_eq!(AcquireOptions::new().get_priority(), Priority::Normal);
+    /// ```
+    pub const fn get_priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// The reservation override, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(async_bulkhead_llm::AcquireOptions::new().get_reservation().is_none());
+    /// ```
+    pub const fn get_reservation(&self) -> Option<Reservation> {
+        self.reservation
+    }
+}
+
+impl From<Priority> for AcquireOptions {
+    fn from(priority: Priority) -> AcquireOptions {
+        AcquireOptions::new().priority(priority)
+    }
+}

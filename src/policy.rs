@@ -1,0 +1,397 @@
+//! The admission policy as pure functions of (state, limits, request): no atomics, no clock, no
+//! allocation, so it can be property-tested against a reference model and reused unchanged by
+//! every path that decides (fail-fast admission, advisory checks, queue hand-off).
+//!
+//! The order of checks is fixed (RUST-DESIGN §4): shutdown, then the priority-adjusted token
+//! budget, then concurrency (a limit of 0 never queues), then the queue length. Admission
+//! classes will slot their ceilings and floors in between budget and concurrency.
+
+use crate::limits::Limits;
+use crate::options::Priority;
+use crate::rejection::{CapacityDetail, RejectReason, TokenBudgetDetail};
+use crate::state::State;
+
+/// What a call asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ask {
+    /// Tokens to reserve (0 without a token budget).
+    pub(crate) reserved: u64,
+    pub(crate) priority: Priority,
+}
+
+/// Why [`admit`] said no.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The bulkhead is closed.
+    Shutdown,
+    /// The reservation does not fit the priority-adjusted budget.
+    Budget,
+    /// Budget fits, but no slot is free for a newcomer: the limit is reached, the limit is 0,
+    /// or callers are already waiting (newcomers never pass them).
+    NoSlot,
+}
+
+/// Decides an immediate admission. On success returns the state with the slot and the tokens
+/// taken, both at once.
+#[inline]
+pub(crate) fn admit(state: State, limits: &Limits, ask: Ask) -> Result<State, Refusal> {
+    if state.is_closed() {
+        return Err(Refusal::Shutdown);
+    }
+    match limits.token_budget {
+        Some(budget) => {
+            let effective = budget.effective(ask.priority);
+            // Strict `>`: an exact fit admits. An overflowing sum cannot fit any budget.
+            match state.tokens().checked_add(ask.reserved) {
+                Some(total) if total <= effective => {}
+                _ => return Err(Refusal::Budget),
+            }
+        }
+        None => debug_assert_eq!(ask.reserved, 0, "no budget, no tokens"),
+    }
+    if state.has_waiters() || state.slots() >= limits.max_concurrent {
+        return Err(Refusal::NoSlot);
+    }
+    Ok(state.with_admission(ask.reserved))
+}
+
+/// What happens to a call that found no free slot, given `pending` callers already waiting:
+/// `Ok(())` means it may join the queue.
+#[inline]
+pub(crate) fn queue_or_refuse(limits: &Limits, pending: u64) -> Result<(), RejectReason> {
+    if limits.max_concurrent == 0 || limits.max_queue == 0 {
+        // Zero concurrency is a kill switch: new work never queues behind it.
+        Err(RejectReason::ConcurrencyLimit)
+    } else if pending >= u64::from(limits.max_queue) {
+        Err(RejectReason::QueueLimit)
+    } else {
+        Ok(())
+    }
+}
+
+/// The capacity snapshot for a decision made on `state` under `limits`.
+pub(crate) fn detail(state: State, limits: &Limits, pending: u64, ask: Ask) -> CapacityDetail {
+    CapacityDetail {
+        limit_revision: limits.revision,
+        in_flight: u64::from(state.slots()),
+        max_concurrent: limits.max_concurrent,
+        pending,
+        max_queue: limits.max_queue,
+        token_budget: limits.token_budget.map(|b| {
+            TokenBudgetDetail::compute(
+                b.budget,
+                b.high_priority_reserve,
+                ask.priority == Priority::High,
+                state.tokens(),
+                ask.reserved,
+            )
+        }),
+    }
+}
+
+/// The answer of an advisory check ([`LlmBulkhead::would_admit`](crate::LlmBulkhead::would_admit)).
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{RejectReason, Verdict};
+///
+/// assert!(Verdict::Admit.is_admit());
+/// assert!(Verdict::Queue.is_admit());
+/// assert_eq!(Verdict::Reject(RejectReason::BudgetLimit).reject_reason(), Some(RejectReason::BudgetLimit));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A slot and the tokens are free now.
+    Admit,
+    /// The call would wait in the queue (a later timeout is not predicted).
+    Queue,
+    /// The call would be refused for this reason.
+    Reject(RejectReason),
+}
+
+impl Verdict {
+    /// Whether the call would get in, now or after queueing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{RejectReason, Verdict};
+    ///
+    /// assert!(!Verdict::Reject(RejectReason::Shutdown).is_admit());
+    /// ```
+    pub fn is_admit(&self) -> bool {
+        !matches!(self, Verdict::Reject(_))
+    }
+
+    /// The refusal reason, if the call would be refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Verdict::Admit.reject_reason(), None);
+    /// ```
+    pub fn reject_reason(&self) -> Option<RejectReason> {
+        match *self {
+            Verdict::Reject(reason) => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// The advisory verdict for `ask` on `state`, `pending` callers waiting.
+pub(crate) fn verdict(state: State, limits: &Limits, pending: u64, ask: Ask) -> Verdict {
+    match admit(state, limits, ask) {
+        Ok(_) => Verdict::Admit,
+        Err(Refusal::Shutdown) => Verdict::Reject(RejectReason::Shutdown),
+        Err(Refusal::Budget) => Verdict::Reject(RejectReason::BudgetLimit),
+        Err(Refusal::NoSlot) => match queue_or_refuse(limits, pending) {
+            Ok(()) => Verdict::Queue,
+            Err(reason) => Verdict::Reject(reason),
+        },
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn state(slots: u32, tokens: u64) -> State {
+        State::for_tests(slots, tokens)
+    }
+
+    fn ask(reserved: u64, priority: Priority) -> Ask {
+        Ask { reserved, priority }
+    }
+
+    #[test]
+    fn shutdown_wins_over_every_capacity_check() {
+        let limits = Limits::new(0, 0).with_token_budget(0, 0);
+        let closed = State::INITIAL.with_closed();
+        assert_eq!(
+            admit(closed, &limits, ask(u64::MAX, Priority::High)),
+            Err(Refusal::Shutdown)
+        );
+    }
+
+    #[test]
+    fn budget_is_checked_before_concurrency() {
+        let limits = Limits::new(0, 0).with_token_budget(10, 0);
+        assert_eq!(
+            admit(State::INITIAL, &limits, ask(11, Priority::Normal)),
+            Err(Refusal::Budget)
+        );
+        assert_eq!(
+            admit(State::INITIAL, &limits, ask(10, Priority::Normal)),
+            Err(Refusal::NoSlot)
+        );
+    }
+
+    #[test]
+    fn exact_fit_admits_and_takes_both_at_once() {
+        let limits = Limits::new(0, 2).with_token_budget(1000, 0);
+        let s = state(1, 400);
+        let next = admit(s, &limits, ask(600, Priority::Normal)).unwrap();
+        assert_eq!((next.slots(), next.tokens()), (2, 1000));
+    }
+
+    #[test]
+    fn reserve_limits_normal_priority_only() {
+        // B=2400, R=400: one 1100 request fits; a second is refused for normal, admitted for high.
+        let limits = Limits::new(0, 4).with_token_budget(2400, 400);
+        let s = state(1, 1100);
+        assert_eq!(
+            admit(s, &limits, ask(1100, Priority::Normal)),
+            Err(Refusal::Budget)
+        );
+        assert_eq!(
+            admit(s, &limits, ask(1100, Priority::High))
+                .unwrap()
+                .tokens(),
+            2200
+        );
+    }
+
+    #[test]
+    fn reserve_above_budget_leaves_normal_nothing() {
+        let limits = Limits::new(0, 4).with_token_budget(100, 500);
+        assert_eq!(
+            admit(State::INITIAL, &limits, ask(1, Priority::Normal)),
+            Err(Refusal::Budget)
+        );
+        assert!(admit(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
+        assert!(admit(State::INITIAL, &limits, ask(100, Priority::High)).is_ok());
+    }
+
+    #[test]
+    fn budget_zero_admits_zero_token_requests_until_overrun() {
+        let limits = Limits::new(0, 4).with_token_budget(0, 0);
+        assert!(admit(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
+        assert_eq!(
+            admit(State::INITIAL, &limits, ask(1, Priority::High)),
+            Err(Refusal::Budget)
+        );
+        // Tokens above the budget (an overrun or a shrink) refuse even 0-token requests.
+        assert_eq!(
+            admit(state(1, 5), &limits, ask(0, Priority::High)),
+            Err(Refusal::Budget)
+        );
+    }
+
+    #[test]
+    fn overflowing_token_sum_is_a_budget_refusal() {
+        let limits = Limits::new(0, 4).with_token_budget(u64::MAX, 0);
+        assert_eq!(
+            admit(state(1, 2), &limits, ask(u64::MAX, Priority::High)),
+            Err(Refusal::Budget)
+        );
+        assert!(admit(state(1, 1), &limits, ask(u64::MAX - 1, Priority::High)).is_ok());
+    }
+
+    #[test]
+    fn waiters_block_newcomers_even_with_free_slots() {
+        let limits = Limits::new(0, 4).with_max_queue(2);
+        assert!(admit(state(1, 0), &limits, ask(0, Priority::Normal)).is_ok());
+        let waiting = state(1, 0).with_waiters_for_tests();
+        assert_eq!(
+            admit(waiting, &limits, ask(0, Priority::Normal)),
+            Err(Refusal::NoSlot)
+        );
+        assert_eq!(
+            verdict(waiting, &limits, 1, ask(0, Priority::Normal)),
+            Verdict::Queue
+        );
+    }
+
+    #[test]
+    fn zero_concurrency_never_queues() {
+        let limits = Limits::new(0, 0).with_max_queue(10);
+        assert_eq!(
+            queue_or_refuse(&limits, 0),
+            Err(RejectReason::ConcurrencyLimit)
+        );
+        let limits = Limits::new(0, 1).with_max_queue(2);
+        assert_eq!(queue_or_refuse(&limits, 1), Ok(()));
+        assert_eq!(queue_or_refuse(&limits, 2), Err(RejectReason::QueueLimit));
+        assert_eq!(
+            queue_or_refuse(&Limits::new(0, 1), 0),
+            Err(RejectReason::ConcurrencyLimit)
+        );
+    }
+
+    #[test]
+    fn detail_matches_the_upstream_example() {
+        let limits = Limits::new(4, 8)
+            .with_token_budget(2400, 400)
+            .with_max_queue(3);
+        let d = detail(state(1, 1100), &limits, 2, ask(1100, Priority::Normal));
+        assert_eq!(
+            (
+                d.limit_revision,
+                d.in_flight,
+                d.max_concurrent,
+                d.pending,
+                d.max_queue
+            ),
+            (4, 1, 8, 2, 3)
+        );
+        let t = d.token_budget.unwrap();
+        assert_eq!(
+            (
+                t.budget,
+                t.in_flight_tokens,
+                t.effective_budget,
+                t.available,
+                t.requested
+            ),
+            (2400, 1100, 2000, 900, 1100)
+        );
+    }
+
+    /// The reference model: the rules written as plainly as possible, in 128-bit arithmetic.
+    fn reference(
+        closed: bool,
+        slots: u32,
+        tokens: u64,
+        limits: &Limits,
+        reserved: u64,
+        high: bool,
+        pending: u64,
+    ) -> Verdict {
+        if closed {
+            return Verdict::Reject(RejectReason::Shutdown);
+        }
+        if let Some(b) = limits.token_budget {
+            let reserve = if high {
+                0
+            } else {
+                i128::from(b.high_priority_reserve)
+            };
+            let effective = (i128::from(b.budget) - reserve).max(0);
+            if i128::from(tokens) + i128::from(reserved) > effective {
+                return Verdict::Reject(RejectReason::BudgetLimit);
+            }
+        }
+        if slots < limits.max_concurrent && pending == 0 {
+            return Verdict::Admit;
+        }
+        if limits.max_concurrent == 0 {
+            Verdict::Reject(RejectReason::ConcurrencyLimit)
+        } else if pending < u64::from(limits.max_queue) {
+            Verdict::Queue
+        } else if limits.max_queue > 0 {
+            Verdict::Reject(RejectReason::QueueLimit)
+        } else {
+            Verdict::Reject(RejectReason::ConcurrencyLimit)
+        }
+    }
+
+    fn edge_u64() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0..4u64,
+            1000..1100u64,
+            (u64::MAX - 3)..=u64::MAX,
+            any::<u64>()
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn policy_agrees_with_the_reference_model(
+            closed in any::<bool>(),
+            slots in 0..6u32,
+            tokens in edge_u64(),
+            max_concurrent in 0..6u32,
+            max_queue in 0..3u32,
+            budget in proptest::option::of((edge_u64(), edge_u64())),
+            reserved in edge_u64(),
+            high in any::<bool>(),
+            pending in 0..4u64,
+        ) {
+            let mut limits = Limits::new(1, max_concurrent).with_max_queue(max_queue);
+            let tokens = if budget.is_some() { tokens } else { 0 };
+            let reserved = if budget.is_some() { reserved } else { 0 };
+            if let Some((b, r)) = budget {
+                limits = limits.with_token_budget(b, r);
+            }
+            let mut s = state(slots, tokens);
+            if closed {
+                s = s.with_closed();
+            }
+            if pending > 0 {
+                s = s.with_waiters_for_tests();
+            }
+            let priority = if high { Priority::High } else { Priority::Normal };
+            let got = verdict(s, &limits, pending, Ask { reserved, priority });
+            prop_assert_eq!(got, reference(closed, slots, tokens, &limits, reserved, high, pending));
+            if let Verdict::Admit = got {
+                let next = admit(s, &limits, Ask { reserved, priority }).unwrap();
+                prop_assert_eq!(next.slots(), slots + 1);
+                prop_assert_eq!(u128::from(next.tokens()), u128::from(tokens) + u128::from(reserved));
+                prop_assert_eq!(next.epoch(), s.epoch());
+            }
+        }
+    }
+}

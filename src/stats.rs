@@ -1,0 +1,314 @@
+//! Statistics: the public snapshot types, and the sharded counters behind them.
+//!
+//! Live figures (slots and tokens in flight, closed) are read from the admission word itself.
+//! Cumulative counters live in per-thread shards: each shard has exactly one writer at a time
+//! (the thread it is attached to, see `crate::local`), which bumps it with a plain load and
+//! store, no locked instruction and no shared cache line. `stats()` sums the shards. A shard
+//! outlives its thread: when the thread exits, the shard goes to a free list and the next
+//! thread to touch the bulkhead adopts it with its counts intact, so the number of shards stays
+//! at the number of threads using the bulkhead at once.
+
+use crossbeam_queue::SegQueue;
+use crossbeam_utils::CachePadded;
+
+use crate::admission_id::{self, IdParts};
+use crate::limits::Limits;
+use crate::rejection::RejectReason;
+use crate::sync::unmodeled::{self, Arc, AtomicU64, Mutex, MutexGuard, Ordering};
+
+/// Everything a [`LlmBulkhead`](crate::LlmBulkhead) can tell about itself, read at one moment.
+///
+/// Live figures come from one reading of the admission word; cumulative counters are summed
+/// from per-thread shards and may lag a call that is completing on another thread at that
+/// very moment. Once every thread that used the bulkhead is joined (or otherwise synchronised
+/// with the reader), every figure is exact.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, TokenUsage};
+///
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).token_budget(TokenBudget::new(10_000)).build()?;
+/// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+/// let permit = bulkhead.try_acquire(&LlmRequest::new(), opts)?;
+/// permit.release(Some(TokenUsage::new(20, 5)?));
+///
+/// let stats = bulkhead.stats();
+/// assert_eq!((stats.admitted, stats.released, stats.in_flight), (1, 1, 0));
+/// let tokens = stats.token_budget.unwrap();
+/// assert_eq!((tokens.total_reserved, tokens.total_consumed, tokens.total_refunded), (1100, 25, 1075));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The limits in force.
+    pub limits: Limits,
+    /// Whether `close()` has been called.
+    pub closed: bool,
+    /// Admissions holding a slot.
+    pub in_flight: u64,
+    /// Calls waiting in the queue.
+    pub pending: u64,
+    /// Successful admissions so far.
+    pub admitted: u64,
+    /// Settled admissions so far (released or dropped).
+    pub released: u64,
+    /// Refusals so far, all reasons.
+    pub rejected: u64,
+    /// Refusals so far, by reason.
+    pub rejected_by_reason: RejectionCounts,
+    /// Token accounting, present iff the bulkhead has a token budget.
+    pub token_budget: Option<TokenBudgetStats>,
+}
+
+/// Refusal counts by reason.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+/// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new());
+/// let counts = bulkhead.stats().rejected_by_reason;
+/// assert_eq!(counts.get(RejectReason::ConcurrencyLimit), 1);
+/// assert_eq!(counts.total(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RejectionCounts {
+    /// Refused because the bulkhead was closed.
+    pub shutdown: u64,
+    /// Refused for lack of a slot.
+    pub concurrency_limit: u64,
+    /// Refused for lack of tokens.
+    pub budget_limit: u64,
+    /// Refused because the queue was full.
+    pub queue_limit: u64,
+    /// Gave up waiting in the queue.
+    pub timeout: u64,
+    /// Cancelled while waiting in the queue.
+    pub aborted: u64,
+}
+
+impl RejectionCounts {
+    /// The count for `reason`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{RejectReason, RejectionCounts};
+    ///
+    /// assert_eq!(RejectionCounts::default().get(RejectReason::Timeout), 0);
+    /// ```
+    pub fn get(&self, reason: RejectReason) -> u64 {
+        match reason {
+            RejectReason::Shutdown => self.shutdown,
+            RejectReason::ConcurrencyLimit => self.concurrency_limit,
+            RejectReason::BudgetLimit => self.budget_limit,
+            RejectReason::QueueLimit => self.queue_limit,
+            RejectReason::Timeout => self.timeout,
+            RejectReason::Aborted => self.aborted,
+        }
+    }
+
+    /// The sum over all reasons.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::RejectionCounts::default().total(), 0);
+    /// ```
+    pub fn total(&self) -> u64 {
+        RejectReason::ALL
+            .iter()
+            .fold(0u64, |sum, &r| sum.saturating_add(self.get(r)))
+    }
+}
+
+/// Token accounting of a bulkhead with a token budget.
+///
+/// Cumulative totals saturate at `u64::MAX` instead of wrapping.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1)
+///     .token_budget(TokenBudget::new(5000).high_priority_reserve(1000))
+///     .build()?;
+/// let t = bulkhead.stats().token_budget.unwrap();
+/// assert_eq!((t.budget, t.high_priority_reserve, t.in_flight_tokens, t.available), (5000, 1000, 0, 5000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TokenBudgetStats {
+    /// The budget in force.
+    pub budget: u64,
+    /// The high-priority reserve in force.
+    pub high_priority_reserve: u64,
+    /// Tokens held by admitted calls.
+    pub in_flight_tokens: u64,
+    /// `budget - in_flight_tokens`, at least 0 (not adjusted for priority).
+    pub available: u64,
+    /// Sum of the reservations of all admissions.
+    pub total_reserved: u64,
+    /// Sum of the usage reported when admissions were settled.
+    pub total_consumed: u64,
+    /// Tokens returned early because the reported usage was below the hold.
+    pub total_refunded: u64,
+    /// Tokens held above an admission's original reservation.
+    pub total_overrun: u64,
+}
+
+/// One cumulative counter of a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counter {
+    Admitted,
+    Reserved,
+    Consumed,
+    Refunded,
+    Overrun,
+    Rejected(RejectReason),
+}
+
+impl Counter {
+    const COUNT: usize = 5 + RejectReason::ALL.len();
+
+    #[inline]
+    fn index(self) -> usize {
+        match self {
+            Counter::Admitted => 0,
+            Counter::Reserved => 1,
+            Counter::Consumed => 2,
+            Counter::Refunded => 3,
+            Counter::Overrun => 4,
+            Counter::Rejected(reason) => 5 + reason as usize,
+        }
+    }
+}
+
+/// One thread's counters for one bulkhead. Its admission count is also the sequence of the
+/// admission ids it mints (see `crate::admission_id`).
+#[derive(Debug)]
+pub(crate) struct Shard {
+    counts: CachePadded<[AtomicU64; Counter::COUNT]>,
+    /// This shard's id tag (immutable).
+    tag: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Shard {
+        Shard {
+            counts: CachePadded::default(),
+            tag: admission_id::new_tag(),
+        }
+    }
+}
+
+impl Shard {
+    /// Counts an admission of `reserved` tokens and mints its id. Single-writer, like `bump`.
+    #[inline]
+    pub(crate) fn admit(&self, reserved: u64) -> IdParts {
+        let admitted = &self.counts[Counter::Admitted.index()];
+        let seq = admitted.load(Ordering::Relaxed);
+        admitted.store(seq + 1, Ordering::Release);
+        if reserved > 0 {
+            self.bump(Counter::Reserved, reserved);
+        }
+        IdParts::new(self.tag, seq)
+    }
+
+    /// Adds `by` to `counter`, saturating.
+    ///
+    /// Single-writer: only the thread the shard is attached to (or a holder of the hub's
+    /// fallback lock) calls this, so the plain load and store cannot lose an update. The load
+    /// is `Relaxed` (the writer reads its own latest value). The store is `Release` so that a
+    /// reader whose `Acquire` load sees a count also sees the admission-word update that came
+    /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
+    #[inline]
+    pub(crate) fn bump(&self, counter: Counter, by: u64) {
+        let cell = &self.counts[counter.index()];
+        cell.store(
+            cell.load(Ordering::Relaxed).saturating_add(by),
+            Ordering::Release,
+        );
+    }
+}
+
+/// All shards of one bulkhead.
+#[derive(Debug, Default)]
+pub(crate) struct Hub {
+    /// Every shard ever created, for summing.
+    all: Mutex<Vec<Arc<Shard>>>,
+    /// Shards whose thread has exited, ready for adoption.
+    free: SegQueue<Arc<Shard>>,
+    /// Used (under its lock) by threads whose thread-local state is already destroyed.
+    fallback: Mutex<Shard>,
+}
+
+impl Hub {
+    /// A shard for the calling thread: a freed one if any, else a new one.
+    pub(crate) fn attach(&self) -> Arc<Shard> {
+        if let Some(shard) = self.free.pop() {
+            return shard;
+        }
+        let shard = Arc::new(Shard::default());
+        self.all
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::clone(&shard));
+        shard
+    }
+
+    /// Returns an exiting thread's shard for adoption.
+    pub(crate) fn detach(&self, shard: Arc<Shard>) {
+        self.free.push(shard);
+    }
+
+    /// The shared fallback shard (for threads whose thread-local state is gone), locked.
+    pub(crate) fn fallback(&self) -> MutexGuard<'_, Shard> {
+        unmodeled::lock(&self.fallback)
+    }
+
+    /// Every counter summed over every shard, in one pass.
+    pub(crate) fn totals(&self) -> Totals {
+        let mut totals = Totals([0; Counter::COUNT]);
+        let mut add = |shard: &Shard| {
+            for (total, cell) in totals.0.iter_mut().zip(shard.counts.iter()) {
+                *total = total.saturating_add(cell.load(Ordering::Acquire));
+            }
+        };
+        add(&self.fallback());
+        for shard in unmodeled::lock(&self.all).iter() {
+            add(shard);
+        }
+        totals
+    }
+}
+
+/// Counter sums at one moment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Totals([u64; Counter::COUNT]);
+
+impl Totals {
+    pub(crate) fn get(&self, counter: Counter) -> u64 {
+        self.0[counter.index()]
+    }
+
+    pub(crate) fn rejections(&self) -> RejectionCounts {
+        let get = |reason| self.get(Counter::Rejected(reason));
+        RejectionCounts {
+            shutdown: get(RejectReason::Shutdown),
+            concurrency_limit: get(RejectReason::ConcurrencyLimit),
+            budget_limit: get(RejectReason::BudgetLimit),
+            queue_limit: get(RejectReason::QueueLimit),
+            timeout: get(RejectReason::Timeout),
+            aborted: get(RejectReason::Aborted),
+        }
+    }
+}

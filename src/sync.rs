@@ -1,0 +1,118 @@
+//! The one place the crate takes atomics, locks, `Arc` and thread-locals from.
+//!
+//! Every protocol the crate's correctness depends on (the packed admission word, the published
+//! limits, the close bit) is built from the items of this module, so that `--cfg loom` swaps them
+//! all for loom's model-checked versions at once. Nothing else in the crate may import
+//! `std::sync::atomic` or `portable_atomic` directly.
+//!
+//! Two groups of items are deliberately *not* modelled, and live in [`unmodeled`]:
+//! statistics shards (single-writer counters whose values no decision ever reads) and the
+//! process-wide counter that numbers threads for admission ids. Keeping them out of the model
+//! keeps loom's state space on the admission protocol itself; their correctness does not depend
+//! on interleavings (each shard has one writer at a time, see `crate::local`).
+
+#[cfg(all(loom, not(feature = "loom")))]
+compile_error!("building with `--cfg loom` requires the `loom` feature of async-bulkhead-llm");
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+
+/// Declares a thread-local: std's, const-initialised, normally; loom's (one value per modelled
+/// thread) under `--cfg loom`.
+#[cfg(not(loom))]
+macro_rules! thread_local_cell {
+    ($name:ident: $t:ty = $init:expr) => {
+        std::thread_local! { static $name: $t = const { $init }; }
+    };
+}
+
+#[cfg(loom)]
+macro_rules! thread_local_cell {
+    ($name:ident: $t:ty = $init:expr) => {
+        loom::thread_local! { static $name: $t = $init; }
+    };
+}
+
+pub(crate) use thread_local_cell;
+
+/// Atomic integers and orderings.
+pub(crate) mod atomic {
+    #[cfg(not(loom))]
+    pub(crate) use portable_atomic::AtomicU128;
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+
+    /// loom has no 128-bit atomic, so under `--cfg loom` the 128-bit admission word is a
+    /// loom mutex around a `u128`. Every operation takes the mutex, which loom models as a
+    /// sequentially consistent synchronisation point: strictly stronger than the `AcqRel` /
+    /// `Acquire` orderings the real `portable_atomic::AtomicU128` is used with, and it still
+    /// gives loom a preemption point at every load and CAS, which is what the models need.
+    #[cfg(loom)]
+    #[derive(Debug)]
+    pub(crate) struct AtomicU128(loom::sync::Mutex<u128>);
+
+    #[cfg(loom)]
+    impl AtomicU128 {
+        pub(crate) fn new(value: u128) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn load(&self, _order: Ordering) -> u128 {
+            *self.0.lock().unwrap()
+        }
+
+        pub(crate) fn fetch_sub(&self, value: u128, _order: Ordering) -> u128 {
+            let mut current = self.0.lock().unwrap();
+            let before = *current;
+            *current = before.wrapping_sub(value);
+            before
+        }
+
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: u128,
+            new: u128,
+            _success: Ordering,
+            _failure: Ordering,
+        ) -> Result<u128, u128> {
+            let mut value = self.0.lock().unwrap();
+            if *value == current {
+                *value = new;
+                Ok(current)
+            } else {
+                Err(*value)
+            }
+        }
+    }
+}
+
+/// Items that are not part of any modelled protocol (see the module docs).
+pub(crate) mod unmodeled {
+    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+    /// Locks `mutex`, ignoring poisoning (see [`super::lock`]).
+    pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Locks `mutex`, ignoring poisoning.
+///
+/// No code of this crate panics while holding one of its locks (user callbacks never run under
+/// them), so a poisoned lock can only come from an allocation failure or similar abort-class
+/// event; the protected data is still consistent and refusing to continue would only turn one
+/// failure into many.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
