@@ -3,6 +3,9 @@
 
 use core::convert::Infallible;
 use core::fmt;
+use std::time::Duration;
+
+use event_listener::Event;
 
 use crate::config::LlmBulkheadBuilder;
 use crate::error::{AcquireError, LimitsError, RequestError};
@@ -10,12 +13,14 @@ use crate::limits::{self, ApplyOutcome, BudgetLimits, Limits, MAX_REVISION, Publ
 use crate::local;
 use crate::options::AcquireOptions;
 use crate::permit::{Grant, OwnedPermit, Permit, ReleaseReport};
-use crate::policy::{self, Ask, Refusal, Verdict};
+use crate::policy::{self, Ask, Refusal, Turn, Verdict};
+use crate::queue::{Arrival, WaitQueue, Waiter};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection};
 use crate::request::LlmRequest;
 use crate::reservation::{self, Reservation, TokenUsage};
 use crate::state::{AtomicState, State};
 use crate::stats::{Counter, Hub, Stats, TokenBudgetStats};
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, lock, unmodeled};
 
 /// Admission control for calls to one LLM: a hard cap on calls in flight and, optionally, on
@@ -57,22 +62,30 @@ use crate::sync::{Arc, Mutex, lock, unmodeled};
 /// ```
 #[derive(Clone)]
 pub struct LlmBulkhead {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// The shared state behind every clone of a bulkhead and every permit.
 pub(crate) struct Inner {
     /// The packed admission word (written by every admission and release; cache-padded).
-    state: AtomicState,
+    pub(crate) state: AtomicState,
     /// The limits in force, readable without a lock (see `crate::limits`).
     published: PublishedLimits,
     /// Serialises limit writers and holds the authoritative copy of the limits in force.
     writer: Mutex<Limits>,
+    /// Calls waiting for a slot, in arrival order (see `crate::queue`).
+    pub(crate) queue: WaitQueue,
+    /// Notified when the bulkhead becomes idle while a drain waits (see `crate::drain`).
+    pub(crate) drained: Event,
+    /// Counts those notifications, so a woken drainer knows an idle moment happened.
+    pub(crate) idle_generation: AtomicU64,
     /// Cumulative counters, sharded per thread.
     hub: unmodeled::Arc<Hub>,
     model: Box<str>,
     output_cap: u64,
     has_budget: bool,
+    /// Queue timeout of calls that set none.
+    default_timeout: Option<Duration>,
 }
 
 impl LlmBulkhead {
@@ -90,16 +103,25 @@ impl LlmBulkhead {
         LlmBulkheadBuilder::new(model.into(), max_concurrent)
     }
 
-    pub(crate) fn from_parts(model: String, limits: Limits, output_cap: u64) -> LlmBulkhead {
+    pub(crate) fn from_parts(
+        model: String,
+        limits: Limits,
+        output_cap: u64,
+        default_timeout: Option<Duration>,
+    ) -> LlmBulkhead {
         let has_budget = limits.token_budget.is_some();
         let inner = Inner {
             state: AtomicState::new(has_budget),
             published: PublishedLimits::new(&limits),
             writer: Mutex::new(limits),
+            queue: WaitQueue::new(),
+            drained: Event::new(),
+            idle_generation: AtomicU64::new(0),
             hub: unmodeled::Arc::new(Hub::default()),
             model: model.into_boxed_str(),
             output_cap,
             has_budget,
+            default_timeout,
         };
         LlmBulkhead {
             inner: Arc::new(inner),
@@ -424,7 +446,8 @@ impl LlmBulkhead {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn close(&self) -> bool {
-        self.inner
+        let closed_now = self
+            .inner
             .state
             .update(|s| {
                 if s.is_closed() {
@@ -433,7 +456,12 @@ impl LlmBulkhead {
                     Ok((s.with_closed(), ()))
                 }
             })
-            .is_ok()
+            .is_ok();
+        if closed_now {
+            // No call can join the queue any more (it would see the flag); empty it.
+            self.inner.refuse_all_waiters();
+        }
+        closed_now
     }
 
     /// Whether [`close`](LlmBulkhead::close) has been called.
@@ -482,8 +510,10 @@ impl LlmBulkhead {
             in_flight: u64::from(state.slots()),
             pending: self.inner.pending(),
             admitted,
-            // Every admission either holds a slot or has been settled.
-            released: admitted.saturating_sub(u64::from(state.slots())),
+            // Every admission either holds a slot or has been settled; slots handed to waiters
+            // that have not picked them up are in flight but not yet admitted.
+            released: admitted
+                .saturating_sub(u64::from(state.slots()).saturating_sub(self.inner.queue.handed())),
             rejected: rejected_by_reason.total(),
             rejected_by_reason,
             token_budget: limits.token_budget.map(|b| TokenBudgetStats {
@@ -519,7 +549,7 @@ impl fmt::Debug for LlmBulkhead {
 impl Inner {
     /// Turns a call's input into what it asks of the bulkhead.
     #[inline]
-    fn resolve(
+    pub(crate) fn resolve(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
@@ -548,65 +578,121 @@ impl Inner {
         ))
     }
 
-    /// Admits `ask` now or refuses it, counting either outcome.
+    /// The queue timeout of a call: its own, else the bulkhead's default.
+    pub(crate) fn timeout(&self, options: AcquireOptions) -> Option<Duration> {
+        options.get_timeout().or(self.default_timeout)
+    }
+
+    /// Runs one decision against the current state and the limits published for its epoch.
+    ///
+    /// `decide` answers `Ok((next, out))` to commit `next` with a CAS (re-deciding from the
+    /// value a failed CAS returns), or `Err(out)` to commit nothing. An answer that commits
+    /// nothing has no CAS to throw away a torn read of the limits, so it is returned only once
+    /// a re-load shows the epoch did not move (see `crate::limits`); otherwise it is decided
+    /// again.
     #[inline]
-    fn try_admit(&self, ask: Ask, reservation: Option<Reservation>) -> Result<Grant, Rejection> {
-        match self.decide(ask) {
-            Ok(revision) => {
-                let id = local::with(&self.hub, |sink| sink.admit(ask.reserved));
-                Ok(Grant {
-                    id,
-                    revision,
-                    priority: ask.priority,
-                    reservation,
-                    held: ask.reserved,
-                })
-            }
-            Err((refusal, state, limits)) => {
-                let reason = match refusal {
-                    Refusal::Shutdown => RejectReason::Shutdown,
-                    Refusal::Budget => RejectReason::BudgetLimit,
-                    Refusal::NoSlot => RejectReason::ConcurrencyLimit,
-                };
-                Err(self.reject(reason, state, &limits, ask))
+    pub(crate) fn decide<T, U>(
+        &self,
+        mut decide: impl FnMut(State, &Limits) -> Result<(State, T), U>,
+    ) -> Result<T, U> {
+        loop {
+            let mut epoch = 0;
+            let outcome = self.state.update(|s| {
+                epoch = s.epoch();
+                decide(s, &self.published.read(epoch))
+            });
+            match outcome {
+                Ok(out) => return Ok(out),
+                Err(out) if self.state.load().epoch() == epoch => return Err(out),
+                Err(_) => {}
             }
         }
     }
 
-    /// The CAS loop of an immediate admission. Returns the revision that admitted it, or the
-    /// refusal with the state and limits it was decided on.
+    /// Admits `ask` now, as a newcomer, or says why not.
     #[inline]
-    fn decide(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
-        loop {
-            let outcome = self.state.update(|s| {
-                let limits = self.published.read(s.epoch());
-                match policy::admit(s, &limits, ask) {
-                    Ok(next) => Ok((next, limits.revision)),
-                    Err(refusal) => Err((refusal, s, limits)),
+    fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
+        self.decide(
+            |s, limits| match policy::admit(s, limits, ask, Turn::Newcomer) {
+                Ok(next) => Ok((next, limits.revision)),
+                Err(refusal) => Err((refusal, s, *limits)),
+            },
+        )
+    }
+
+    /// Admits `ask` now or refuses it, counting either outcome; never queues.
+    #[inline]
+    fn try_admit(&self, ask: Ask, reservation: Option<Reservation>) -> Result<Grant, Rejection> {
+        match self.admit_now(ask) {
+            Ok(revision) => Ok(self.grant(ask, reservation, revision)),
+            Err((refusal, state, limits)) => {
+                Err(self.reject(refusal.reason(), state, &limits, ask))
+            }
+        }
+    }
+
+    /// Admits `ask` now, refuses it, or queues it (to be woken as a blocked thread if
+    /// `blocking`).
+    pub(crate) fn begin(
+        &self,
+        ask: Ask,
+        reservation: Option<Reservation>,
+        blocking: bool,
+    ) -> Begun {
+        match self.admit_now(ask) {
+            Ok(revision) => Begun::Admitted(self.grant(ask, reservation, revision)),
+            Err((Refusal::NoSlot, state, limits)) => {
+                // The limits alone can refuse without the queue lock; the queue length cannot.
+                if let Err(reason) = policy::queue_or_refuse(&limits, 0) {
+                    return Begun::Refused(self.reject(reason, state, &limits, ask));
                 }
-            });
-            match outcome {
-                Ok(revision) => return Ok(revision),
-                Err((refusal, s, limits)) => {
-                    // A refusal has no CAS that would fail on a torn limits read, so confirm
-                    // the epoch did not move since (see `crate::limits`).
-                    if self.state.load().epoch() == s.epoch() {
-                        return Err((refusal, s, limits));
+                match self.arrive(ask, reservation, blocking) {
+                    Arrival::Admitted { revision } => {
+                        Begun::Admitted(self.grant(ask, reservation, revision))
                     }
+                    Arrival::Queued(waiter) => Begun::Queued(waiter),
+                    Arrival::Refused(rejection) => Begun::Refused(rejection),
                 }
             }
+            Err((refusal, state, limits)) => {
+                Begun::Refused(self.reject(refusal.reason(), state, &limits, ask))
+            }
+        }
+    }
+
+    /// Counts an admission and mints its id.
+    #[inline]
+    pub(crate) fn grant(&self, ask: Ask, reservation: Option<Reservation>, revision: u64) -> Grant {
+        let id = local::with(&self.hub, |sink| sink.admit(ask.reserved));
+        Grant {
+            id,
+            revision,
+            priority: ask.priority,
+            reservation,
+            held: ask.reserved,
         }
     }
 
     /// Counts a refusal and builds its rejection.
     #[cold]
-    fn reject(&self, reason: RejectReason, state: State, limits: &Limits, ask: Ask) -> Rejection {
-        local::with(&self.hub, |sink| sink.bump(Counter::Rejected(reason), 1));
+    pub(crate) fn reject(
+        &self,
+        reason: RejectReason,
+        state: State,
+        limits: &Limits,
+        ask: Ask,
+    ) -> Rejection {
+        self.count(Counter::Rejected(reason), 1);
         Rejection::new(reason, policy::detail(state, limits, self.pending(), ask))
     }
 
+    /// Bumps a counter in this thread's shard.
+    pub(crate) fn count(&self, counter: Counter, by: u64) {
+        local::with(&self.hub, |sink| sink.bump(counter, by));
+    }
+
     /// A consistent (state, limits) pair, without a lock.
-    fn snapshot(&self) -> (State, Limits) {
+    pub(crate) fn snapshot(&self) -> (State, Limits) {
         let mut state = self.state.load();
         loop {
             let limits = self.published.read(state.epoch());
@@ -618,9 +704,9 @@ impl Inner {
         }
     }
 
-    /// Calls waiting in the queue. There is no wait queue yet, so nothing can be pending.
-    fn pending(&self) -> u64 {
-        0
+    /// Calls waiting in the queue.
+    pub(crate) fn pending(&self) -> u64 {
+        self.queue.len()
     }
 
     /// Publishes `next` and makes it current. The caller holds the writer lock (`current` is
@@ -629,27 +715,76 @@ impl Inner {
         // Only writers move the epoch and we hold the writer lock, so it is stable here.
         let epoch = self.state.load().epoch();
         self.published.publish(epoch + 1, &next);
-        self.state
+        let after = self
+            .state
             .update(|s| {
                 debug_assert_eq!(s.epoch(), epoch);
-                Ok::<_, Infallible>((s.with_next_epoch(), ()))
+                let next = s.with_next_epoch();
+                Ok::<_, Infallible>((next, next))
             })
             .unwrap_or_else(|never| match never {});
-        core::mem::replace(current, next)
+        let previous = core::mem::replace(current, next);
+        if after.has_waiters() {
+            // Raised limits admit waiters at once, in order.
+            self.pump();
+        }
+        previous
+    }
+
+    /// Returns `held` tokens and one slot, then serves the queue or the drainers if the word
+    /// said someone waits for that.
+    #[inline]
+    pub(crate) fn release_capacity(&self, held: u64) {
+        let before = self.state.release(held);
+        if before.needs_attention_on_release() {
+            self.after_release(before);
+        }
+    }
+
+    #[cold]
+    fn after_release(&self, before: State) {
+        if before.has_waiters() {
+            self.pump();
+        } else if before.is_draining() && before.slots() == 1 {
+            self.notify_drained();
+        }
+    }
+
+    /// Wakes the drainers if `state` (just written) is idle and someone drains.
+    pub(crate) fn idle_check(&self, state: State) {
+        if state.is_idle() && state.is_draining() {
+            self.notify_drained();
+        }
+    }
+
+    #[cold]
+    fn notify_drained(&self) {
+        // Clear the flag first: a drainer that re-arms after the notification waits for the
+        // next idle moment, and one that was armed sees the generation move.
+        let _ = self.state.update(|s| {
+            if s.is_draining() {
+                Ok((s.with_draining(false), ()))
+            } else {
+                Err(())
+            }
+        });
+        // Release: pairs with the drainers' Acquire loads of the generation.
+        self.idle_generation.fetch_add(1, Ordering::Release);
+        self.drained.notify(usize::MAX);
     }
 
     /// Settles an admission without usage (a dropped permit): returns its slot and its hold,
     /// and books nothing (`released` is derived, see `stats`).
     #[inline]
     pub(crate) fn settle_unused(&self, grant: &Grant) {
-        self.state.release(grant.held);
+        self.release_capacity(grant.held);
     }
 
     /// Settles an admission: returns its slot and its hold, and books the usage.
     #[inline]
     pub(crate) fn settle(&self, grant: &Grant, usage: Option<TokenUsage>) -> ReleaseReport {
         let held = grant.held;
-        self.state.release(held);
+        // Book first, so a drainer woken by this release sees the usage in `stats()`.
         // Releases are not counted: `released` is `admitted - in_flight` (see `stats`). Only
         // the usage needs booking, so a release without usage touches no counter at all.
         let mut refunded = 0;
@@ -662,10 +797,19 @@ impl Inner {
                 sink.bump(Counter::Refunded, refunded);
             });
         }
+        self.release_capacity(held);
         ReleaseReport {
             held_tokens: held,
             refunded_tokens: refunded,
             usage,
         }
     }
+}
+
+/// How an acquire started.
+#[derive(Debug)]
+pub(crate) enum Begun {
+    Admitted(Grant),
+    Refused(Rejection),
+    Queued(Arc<Waiter>),
 }

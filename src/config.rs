@@ -1,4 +1,7 @@
-//! Building a bulkhead: the validating builder and the token-budget configuration.
+//! Building a bulkhead: the validating builder, queueing profiles and the token-budget
+//! configuration.
+
+use std::time::Duration;
 
 use crate::bulkhead::LlmBulkhead;
 use crate::error::ConfigError;
@@ -102,6 +105,72 @@ impl TokenBudget {
     }
 }
 
+/// A queueing preset: how many calls may wait for a slot, and for how long by default.
+///
+/// Explicit [`LlmBulkheadBuilder::max_queue`] and [`LlmBulkheadBuilder::queue_timeout`] override
+/// the profile's values, whatever the order of the calls. Profiles only affect waiting for a
+/// slot; a token budget always refuses at once.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm::Profile;
+///
+/// assert_eq!((Profile::Interactive.max_queue(), Profile::Interactive.timeout()), (0, None));
+/// assert_eq!((Profile::Batch.max_queue(), Profile::Batch.timeout()), (20, Some(Duration::from_secs(30))));
+/// let custom = Profile::Custom { max_queue: 5, timeout: Some(Duration::from_secs(5)) };
+/// assert_eq!(custom.max_queue(), 5);
+/// assert_eq!(Profile::default(), Profile::Interactive);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Profile {
+    /// Fail fast: no queue, no timeout (the default).
+    #[default]
+    Interactive,
+    /// A short queue for background work: 20 places, 30 s timeout.
+    Batch,
+    /// Your own values.
+    Custom {
+        /// Places in the queue.
+        max_queue: u32,
+        /// Default queue timeout (`None`: wait until a slot frees or the bulkhead closes).
+        timeout: Option<Duration>,
+    },
+}
+
+impl Profile {
+    /// The profile's queue length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Profile::Batch.max_queue(), 20);
+    /// ```
+    pub const fn max_queue(&self) -> u32 {
+        match self {
+            Profile::Interactive => 0,
+            Profile::Batch => 20,
+            Profile::Custom { max_queue, .. } => *max_queue,
+        }
+    }
+
+    /// The profile's default queue timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Profile::Interactive.timeout(), None);
+    /// ```
+    pub const fn timeout(&self) -> Option<Duration> {
+        match self {
+            Profile::Interactive => None,
+            Profile::Batch => Some(Duration::from_secs(30)),
+            Profile::Custom { timeout, .. } => *timeout,
+        }
+    }
+}
+
 /// Builds an [`LlmBulkhead`], validating everything before anything exists.
 ///
 /// # Examples
@@ -121,7 +190,9 @@ impl TokenBudget {
 pub struct LlmBulkheadBuilder {
     model: String,
     max_concurrent: u32,
-    max_queue: u32,
+    profile: Profile,
+    max_queue: Option<u32>,
+    queue_timeout: Option<Duration>,
     initial_revision: u64,
     token_budget: Option<TokenBudget>,
 }
@@ -131,7 +202,9 @@ impl LlmBulkheadBuilder {
         LlmBulkheadBuilder {
             model,
             max_concurrent,
-            max_queue: 0,
+            profile: Profile::Interactive,
+            max_queue: None,
+            queue_timeout: None,
             initial_revision: 0,
             token_budget: None,
         }
@@ -152,17 +225,62 @@ impl LlmBulkheadBuilder {
         self
     }
 
-    /// Sets how many calls may wait for a slot (default 0: fail fast).
+    /// Sets how many calls may wait for a slot (default: the profile's, 0 for
+    /// [`Profile::Interactive`]).
     ///
     /// # Examples
     ///
     /// ```
-    /// let b = async_bulkhead_llm::LlmBulkhead::builder("m", 1).max_queue(20).build()?;
+    /// use async_bulkhead_llm::{LlmBulkhead, Profile};
+    ///
+    /// let b = LlmBulkhead::builder("m", 1).max_queue(20).build()?;
     /// assert_eq!(b.limits().max_queue, 20);
+    /// // Explicit options win over the profile, in any order.
+    /// let b = LlmBulkhead::builder("m", 1).max_queue(3).profile(Profile::Batch).build()?;
+    /// assert_eq!(b.limits().max_queue, 3);
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
     pub fn max_queue(mut self, max_queue: u32) -> LlmBulkheadBuilder {
-        self.max_queue = max_queue;
+        self.max_queue = Some(max_queue);
+        self
+    }
+
+    /// Chooses a queueing profile (default [`Profile::Interactive`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{LlmBulkhead, Profile};
+    ///
+    /// let b = LlmBulkhead::builder("m", 4).profile(Profile::Batch).build()?;
+    /// assert_eq!(b.limits().max_queue, 20);
+    /// assert_eq!(b.queue_timeout(), Some(Duration::from_secs(30)));
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn profile(mut self, profile: Profile) -> LlmBulkheadBuilder {
+        self.profile = profile;
+        self
+    }
+
+    /// Sets the default queue timeout: how long a call may wait for a slot when it sets no
+    /// timeout of its own (default: the profile's, none for [`Profile::Interactive`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{LlmBulkhead, Profile};
+    ///
+    /// let b = LlmBulkhead::builder("m", 4)
+    ///     .queue_timeout(Duration::from_millis(250))
+    ///     .profile(Profile::Batch)
+    ///     .build()?;
+    /// assert_eq!(b.queue_timeout(), Some(Duration::from_millis(250)));
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn queue_timeout(mut self, timeout: Duration) -> LlmBulkheadBuilder {
+        self.queue_timeout = Some(timeout);
         self
     }
 
@@ -216,8 +334,10 @@ impl LlmBulkheadBuilder {
                 max: MAX_REVISION,
             });
         }
+        let max_queue = self.max_queue.unwrap_or(self.profile.max_queue());
+        let queue_timeout = self.queue_timeout.or(self.profile.timeout());
         let mut limits =
-            Limits::new(self.initial_revision, self.max_concurrent).with_max_queue(self.max_queue);
+            Limits::new(self.initial_revision, self.max_concurrent).with_max_queue(max_queue);
         let mut output_cap = DEFAULT_OUTPUT_CAP;
         if let Some(budget) = self.token_budget {
             if budget.high_priority_reserve > budget.budget {
@@ -229,6 +349,11 @@ impl LlmBulkheadBuilder {
             limits = limits.with_token_budget(budget.budget, budget.high_priority_reserve);
             output_cap = budget.output_cap;
         }
-        Ok(LlmBulkhead::from_parts(self.model, limits, output_cap))
+        Ok(LlmBulkhead::from_parts(
+            self.model,
+            limits,
+            output_cap,
+            queue_timeout,
+        ))
     }
 }

@@ -2,12 +2,19 @@
 //!
 //! An [`LlmBulkhead`] sits between a gateway and its LLM provider. It enforces a hard cap on
 //! calls in flight and, optionally, on tokens in flight (estimated input plus maximum output,
-//! corrected by the usage reported at release), with a high-priority reserve, atomic versioned
-//! limits pushed by a control plane, and an irreversible close. Refusals are immediate, typed,
-//! and carry a capacity snapshot for a 429/503 body.
+//! corrected by the usage reported at release), with a high-priority reserve, an optional
+//! short FIFO queue, atomic versioned limits pushed by a control plane, and a graceful
+//! close/drain. Refusals are immediate, typed, and carry a capacity snapshot for a 429/503
+//! body.
 //!
-//! - [`LlmBulkhead`]: the bulkhead; built by [`LlmBulkhead::builder`].
+//! - [`LlmBulkhead`]: the bulkhead; built by [`LlmBulkhead::builder`], with a queueing
+//!   [`Profile`].
+//! - [`try_acquire`](LlmBulkhead::try_acquire) (never waits), [`acquire`](LlmBulkhead::acquire)
+//!   (may wait in the queue), [`acquire_blocking`](LlmBulkhead::acquire_blocking), and
+//!   [`run`](LlmBulkhead::run) (acquire, call, settle).
 //! - [`Permit`] / [`OwnedPermit`]: RAII admissions; release with usage or drop.
+//! - [`close`](LlmBulkhead::close), [`drain`](LlmBulkhead::drain),
+//!   [`drain_timeout`](LlmBulkhead::drain_timeout): graceful shutdown.
 //! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]).
 //! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
 //! - [`Stats`]: counters and live figures.
@@ -51,6 +58,36 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Waiting
+//!
+//! With `max_queue > 0` (e.g. [`Profile::Batch`]), a call that finds no free slot may wait in
+//! one strictly FIFO queue. Capacity that frees up is *handed* to the queue head (its slot and
+//! its tokens in one step), so nobody barges past a waiter. Tokens never make a call wait: a
+//! call whose tokens do not fit is refused at once. Futures work on any executor (tokio,
+//! smol, async-std, `futures::executor`); queue timeouts need no runtime timer.
+//!
+//! ```
+//! use std::time::Duration;
+//! use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Profile};
+//!
+//! # futures::executor::block_on(async {
+//! let bulkhead = LlmBulkhead::builder("gpt-4o", 8).profile(Profile::Batch).build()?;
+//! let request = LlmRequest::new().user("Classify this ticket.").max_tokens(64);
+//! let options = AcquireOptions::new().timeout(Duration::from_secs(5));
+//! let label = bulkhead
+//!     .run(&request, options, async |ctx| {
+//!         // call the provider with `ctx.admission_id()` in the trace
+//!         Ok::<_, std::io::Error>("billing")
+//!     })
+//!     .await?;
+//! assert_eq!(label, "billing");
+//!
+//! bulkhead.close();
+//! bulkhead.drain().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
 //! # Features
 //!
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
@@ -58,25 +95,38 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![doc(test(attr(deny(warnings, rust_2018_idioms), allow(dead_code, unused_variables))))]
 
+mod acquire;
 mod admission_id;
 mod bulkhead;
 mod config;
+mod drain;
 mod error;
+mod fifo;
 mod limits;
 mod local;
 mod options;
 mod permit;
 mod policy;
+mod queue;
 mod rejection;
 mod request;
 mod reservation;
+mod run;
 mod state;
 mod stats;
 mod sync;
+mod timer;
+
+/// The named futures of the crate.
+pub mod futures {
+    pub use crate::acquire::{Acquire, AcquireOwned};
+    pub use crate::drain::{Drain, DrainTimeout};
+}
 
 pub use admission_id::AdmissionId;
 pub use bulkhead::LlmBulkhead;
-pub use config::{LlmBulkheadBuilder, TokenBudget};
+pub use config::{LlmBulkheadBuilder, Profile, TokenBudget};
+pub use drain::DrainReport;
 pub use error::{AcquireError, ConfigError, LimitsError, RequestError, UsageError};
 pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_CONCURRENT, MAX_REVISION};
 pub use options::{AcquireOptions, Priority};
@@ -85,6 +135,7 @@ pub use policy::Verdict;
 pub use rejection::{CapacityDetail, RejectReason, Rejection, TokenBudgetDetail};
 pub use request::{Content, ContentBlock, LlmRequest, Message};
 pub use reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
+pub use run::{RunContext, RunError};
 pub use stats::{RejectionCounts, Stats, TokenBudgetStats};
 
 /// The README's examples, compiled and run as doc tests.
@@ -106,4 +157,10 @@ fn _assert_send_sync() {
     both::<LlmBulkheadBuilder>();
     both::<AdmissionId>();
     both::<LlmRequest>();
+    both::<futures::Acquire<'static>>();
+    both::<futures::AcquireOwned>();
+    both::<futures::Drain<'static>>();
+    both::<futures::DrainTimeout<'static>>();
+    both::<RunContext<'static>>();
+    both::<RunError<std::io::Error>>();
 }

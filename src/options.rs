@@ -1,4 +1,6 @@
-//! Per-call options: priority and reservation override.
+//! Per-call options: priority, reservation override and queue timeout.
+
+use std::time::Duration;
 
 use crate::reservation::Reservation;
 
@@ -59,6 +61,7 @@ impl Priority {
 pub struct AcquireOptions {
     priority: Priority,
     reservation: Option<Reservation>,
+    timeout: Option<Duration>,
 }
 
 impl AcquireOptions {
@@ -74,6 +77,7 @@ impl AcquireOptions {
         AcquireOptions {
             priority: Priority::Normal,
             reservation: None,
+            timeout: None,
         }
     }
 
@@ -106,6 +110,35 @@ impl AcquireOptions {
     pub const fn reservation(mut self, reservation: Reservation) -> AcquireOptions {
         self.reservation = Some(reservation);
         self
+    }
+
+    /// Bounds how long the call may wait in the queue (overriding the bulkhead's default); it
+    /// never limits the call itself. A zero timeout still queues, and gives up at the first
+    /// check unless a slot was handed over by then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::AcquireOptions;
+    ///
+    /// let options = AcquireOptions::new().timeout(Duration::from_secs(5));
+    /// assert_eq!(options.get_timeout(), Some(Duration::from_secs(5)));
+    /// ```
+    pub const fn timeout(mut self, timeout: Duration) -> AcquireOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The queue timeout set for this call, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::AcquireOptions::new().get_timeout(), None);
+    /// ```
+    pub const fn get_timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// The priority set.

@@ -19,6 +19,15 @@ pub(crate) struct Ask {
     pub(crate) priority: Priority,
 }
 
+/// Whose turn a decision is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// A call arriving now: it may not take a slot while anyone waits (no barging).
+    Newcomer,
+    /// The head of the wait queue, being handed free capacity.
+    Head,
+}
+
 /// Why [`admit`] said no.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -31,28 +40,64 @@ pub(crate) enum Refusal {
     NoSlot,
 }
 
-/// Decides an immediate admission. On success returns the state with the slot and the tokens
-/// taken, both at once.
+impl Refusal {
+    /// The reason a call that may not queue is refused with.
+    pub(crate) fn reason(self) -> RejectReason {
+        match self {
+            Refusal::Shutdown => RejectReason::Shutdown,
+            Refusal::Budget => RejectReason::BudgetLimit,
+            Refusal::NoSlot => RejectReason::ConcurrencyLimit,
+        }
+    }
+}
+
+/// Decides an admission now. On success returns the state with the slot and the tokens taken,
+/// both at once.
+///
+/// A newcomer is judged in the fixed order (closed, budget, slot): its reason matches the
+/// original's whenever several limits bind. The queue head has already waited for a slot, so
+/// it is judged on the slot first: while none is free it keeps its place whatever its tokens
+/// (a budget change must not refuse it before its turn), and once one is free its tokens must
+/// fit too or it is refused `budget_limit` and the turn passes on.
 #[inline]
-pub(crate) fn admit(state: State, limits: &Limits, ask: Ask) -> Result<State, Refusal> {
+pub(crate) fn admit(state: State, limits: &Limits, ask: Ask, turn: Turn) -> Result<State, Refusal> {
     if state.is_closed() {
         return Err(Refusal::Shutdown);
     }
+    match turn {
+        Turn::Newcomer => {
+            fits_budget(state, limits, ask)?;
+            if state.has_waiters() || state.slots() >= limits.max_concurrent {
+                return Err(Refusal::NoSlot);
+            }
+        }
+        Turn::Head => {
+            if state.slots() >= limits.max_concurrent {
+                return Err(Refusal::NoSlot);
+            }
+            fits_budget(state, limits, ask)?;
+        }
+    }
+    Ok(state.with_admission(ask.reserved))
+}
+
+/// Whether `ask`'s tokens fit the priority-adjusted budget on top of those in flight.
+#[inline]
+fn fits_budget(state: State, limits: &Limits, ask: Ask) -> Result<(), Refusal> {
     match limits.token_budget {
         Some(budget) => {
             let effective = budget.effective(ask.priority);
             // Strict `>`: an exact fit admits. An overflowing sum cannot fit any budget.
             match state.tokens().checked_add(ask.reserved) {
-                Some(total) if total <= effective => {}
-                _ => return Err(Refusal::Budget),
+                Some(total) if total <= effective => Ok(()),
+                _ => Err(Refusal::Budget),
             }
         }
-        None => debug_assert_eq!(ask.reserved, 0, "no budget, no tokens"),
+        None => {
+            debug_assert_eq!(ask.reserved, 0, "no budget, no tokens");
+            Ok(())
+        }
     }
-    if state.has_waiters() || state.slots() >= limits.max_concurrent {
-        return Err(Refusal::NoSlot);
-    }
-    Ok(state.with_admission(ask.reserved))
 }
 
 /// What happens to a call that found no free slot, given `pending` callers already waiting:
@@ -141,7 +186,7 @@ impl Verdict {
 
 /// The advisory verdict for `ask` on `state`, `pending` callers waiting.
 pub(crate) fn verdict(state: State, limits: &Limits, pending: u64, ask: Ask) -> Verdict {
-    match admit(state, limits, ask) {
+    match admit(state, limits, ask, Turn::Newcomer) {
         Ok(_) => Verdict::Admit,
         Err(Refusal::Shutdown) => Verdict::Reject(RejectReason::Shutdown),
         Err(Refusal::Budget) => Verdict::Reject(RejectReason::BudgetLimit),
@@ -162,6 +207,10 @@ mod tests {
         State::for_tests(slots, tokens)
     }
 
+    fn admit_new(state: State, limits: &Limits, ask: Ask) -> Result<State, Refusal> {
+        admit(state, limits, ask, Turn::Newcomer)
+    }
+
     fn ask(reserved: u64, priority: Priority) -> Ask {
         Ask { reserved, priority }
     }
@@ -171,7 +220,7 @@ mod tests {
         let limits = Limits::new(0, 0).with_token_budget(0, 0);
         let closed = State::INITIAL.with_closed();
         assert_eq!(
-            admit(closed, &limits, ask(u64::MAX, Priority::High)),
+            admit_new(closed, &limits, ask(u64::MAX, Priority::High)),
             Err(Refusal::Shutdown)
         );
     }
@@ -180,11 +229,11 @@ mod tests {
     fn budget_is_checked_before_concurrency() {
         let limits = Limits::new(0, 0).with_token_budget(10, 0);
         assert_eq!(
-            admit(State::INITIAL, &limits, ask(11, Priority::Normal)),
+            admit_new(State::INITIAL, &limits, ask(11, Priority::Normal)),
             Err(Refusal::Budget)
         );
         assert_eq!(
-            admit(State::INITIAL, &limits, ask(10, Priority::Normal)),
+            admit_new(State::INITIAL, &limits, ask(10, Priority::Normal)),
             Err(Refusal::NoSlot)
         );
     }
@@ -193,7 +242,7 @@ mod tests {
     fn exact_fit_admits_and_takes_both_at_once() {
         let limits = Limits::new(0, 2).with_token_budget(1000, 0);
         let s = state(1, 400);
-        let next = admit(s, &limits, ask(600, Priority::Normal)).unwrap();
+        let next = admit_new(s, &limits, ask(600, Priority::Normal)).unwrap();
         assert_eq!((next.slots(), next.tokens()), (2, 1000));
     }
 
@@ -203,11 +252,11 @@ mod tests {
         let limits = Limits::new(0, 4).with_token_budget(2400, 400);
         let s = state(1, 1100);
         assert_eq!(
-            admit(s, &limits, ask(1100, Priority::Normal)),
+            admit_new(s, &limits, ask(1100, Priority::Normal)),
             Err(Refusal::Budget)
         );
         assert_eq!(
-            admit(s, &limits, ask(1100, Priority::High))
+            admit_new(s, &limits, ask(1100, Priority::High))
                 .unwrap()
                 .tokens(),
             2200
@@ -218,24 +267,24 @@ mod tests {
     fn reserve_above_budget_leaves_normal_nothing() {
         let limits = Limits::new(0, 4).with_token_budget(100, 500);
         assert_eq!(
-            admit(State::INITIAL, &limits, ask(1, Priority::Normal)),
+            admit_new(State::INITIAL, &limits, ask(1, Priority::Normal)),
             Err(Refusal::Budget)
         );
-        assert!(admit(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
-        assert!(admit(State::INITIAL, &limits, ask(100, Priority::High)).is_ok());
+        assert!(admit_new(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
+        assert!(admit_new(State::INITIAL, &limits, ask(100, Priority::High)).is_ok());
     }
 
     #[test]
     fn budget_zero_admits_zero_token_requests_until_overrun() {
         let limits = Limits::new(0, 4).with_token_budget(0, 0);
-        assert!(admit(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
+        assert!(admit_new(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
         assert_eq!(
-            admit(State::INITIAL, &limits, ask(1, Priority::High)),
+            admit_new(State::INITIAL, &limits, ask(1, Priority::High)),
             Err(Refusal::Budget)
         );
         // Tokens above the budget (an overrun or a shrink) refuse even 0-token requests.
         assert_eq!(
-            admit(state(1, 5), &limits, ask(0, Priority::High)),
+            admit_new(state(1, 5), &limits, ask(0, Priority::High)),
             Err(Refusal::Budget)
         );
     }
@@ -244,25 +293,50 @@ mod tests {
     fn overflowing_token_sum_is_a_budget_refusal() {
         let limits = Limits::new(0, 4).with_token_budget(u64::MAX, 0);
         assert_eq!(
-            admit(state(1, 2), &limits, ask(u64::MAX, Priority::High)),
+            admit_new(state(1, 2), &limits, ask(u64::MAX, Priority::High)),
             Err(Refusal::Budget)
         );
-        assert!(admit(state(1, 1), &limits, ask(u64::MAX - 1, Priority::High)).is_ok());
+        assert!(admit_new(state(1, 1), &limits, ask(u64::MAX - 1, Priority::High)).is_ok());
     }
 
     #[test]
     fn waiters_block_newcomers_even_with_free_slots() {
         let limits = Limits::new(0, 4).with_max_queue(2);
-        assert!(admit(state(1, 0), &limits, ask(0, Priority::Normal)).is_ok());
-        let waiting = state(1, 0).with_waiters_for_tests();
+        assert!(admit_new(state(1, 0), &limits, ask(0, Priority::Normal)).is_ok());
+        let waiting = state(1, 0).with_waiters(true);
         assert_eq!(
-            admit(waiting, &limits, ask(0, Priority::Normal)),
+            admit_new(waiting, &limits, ask(0, Priority::Normal)),
             Err(Refusal::NoSlot)
         );
         assert_eq!(
             verdict(waiting, &limits, 1, ask(0, Priority::Normal)),
             Verdict::Queue
         );
+        // The head of the queue is exactly who those free slots are for.
+        let head = admit(waiting, &limits, ask(0, Priority::Normal), Turn::Head);
+        assert_eq!(head.unwrap().slots(), 2);
+    }
+
+    #[test]
+    fn the_head_keeps_its_place_until_a_slot_frees_whatever_its_tokens() {
+        let limits = Limits::new(0, 1)
+            .with_token_budget(300, 0)
+            .with_max_queue(4);
+        // No slot and tokens that do not fit: a newcomer hears about the budget first...
+        let full = state(1, 600).with_waiters(true);
+        assert_eq!(
+            admit_new(full, &limits, ask(400, Priority::Normal)),
+            Err(Refusal::Budget)
+        );
+        // ...the head is told to keep waiting.
+        let head = admit(full, &limits, ask(400, Priority::Normal), Turn::Head);
+        assert_eq!(head, Err(Refusal::NoSlot));
+        // Once a slot is free its tokens decide.
+        let free = state(0, 0).with_waiters(true);
+        let head = admit(free, &limits, ask(400, Priority::Normal), Turn::Head);
+        assert_eq!(head, Err(Refusal::Budget));
+        let head = admit(free, &limits, ask(100, Priority::Normal), Turn::Head);
+        assert_eq!(head.map(|s| (s.slots(), s.tokens())), Ok((1, 100)));
     }
 
     #[test]
@@ -381,13 +455,13 @@ mod tests {
                 s = s.with_closed();
             }
             if pending > 0 {
-                s = s.with_waiters_for_tests();
+                s = s.with_waiters(true);
             }
             let priority = if high { Priority::High } else { Priority::Normal };
             let got = verdict(s, &limits, pending, Ask { reserved, priority });
             prop_assert_eq!(got, reference(closed, slots, tokens, &limits, reserved, high, pending));
             if let Verdict::Admit = got {
-                let next = admit(s, &limits, Ask { reserved, priority }).unwrap();
+                let next = admit_new(s, &limits, Ask { reserved, priority }).unwrap();
                 prop_assert_eq!(next.slots(), slots + 1);
                 prop_assert_eq!(u128::from(next.tokens()), u128::from(tokens) + u128::from(reserved));
                 prop_assert_eq!(next.epoch(), s.epoch());

@@ -6,19 +6,23 @@
 //! The *control half* is 64 bits:
 //!
 //! ```text
-//!   63       62        61 ................. 22   21 ............... 0
-//! +--------+---------+------------------------+--------------------+
-//! | CLOSED | WAITERS |   EPOCH (40 bits)      |  SLOTS (22 bits)   |
-//! +--------+---------+------------------------+--------------------+
+//!   63       62        61         60 ............... 22   21 ............... 0
+//! +--------+---------+----------+----------------------+--------------------+
+//! | CLOSED | WAITERS | DRAINING |   EPOCH (39 bits)    |  SLOTS (22 bits)   |
+//! +--------+---------+----------+----------------------+--------------------+
 //! ```
 //!
 //! - `SLOTS`: admissions holding a concurrency slot (at most [`MAX_SLOTS`]).
 //! - `EPOCH`: which published limits snapshot is current (see `crate::limits`). Every
 //!   `apply_limits` advances it, so an admission whose CAS expected the old epoch fails and is
 //!   re-decided under the new limits: that is what makes `apply_limits` linearizable.
-//! - `WAITERS`: set while the FIFO wait queue is non-empty. Newcomers never take a slot while
-//!   it is set (no barging), and a release only touches the queue when it sees it (so the
-//!   uncontended release never pays for a notification).
+//! - `WAITERS`: set exactly while the FIFO wait queue is non-empty (it only changes under the
+//!   queue lock). Newcomers never take a slot while it is set (no barging), and a release only
+//!   touches the queue when it sees it, so an uncontended release never pays for a lock or a
+//!   notification.
+//! - `DRAINING`: set while a `drain()` waits for the bulkhead to become idle (no slot held, no
+//!   waiter). Whatever makes it idle sees the flag in the same atomic operation, clears it and
+//!   wakes the drainers; without a drainer, becoming idle costs nothing.
 //! - `CLOSED`: set once by `close()`, never cleared.
 //!
 //! Without a token budget the word is exactly the control half (an `AtomicU64`). With a budget
@@ -36,20 +40,21 @@
 //! never wrapped. The budget-less word stays 64 bits because a 128-bit CAS costs about 1.7x a
 //! 64-bit one on x86-64 and a bulkhead without a budget has no tokens to store.
 //!
-//! # Why the epoch has 40 bits
+//! # Why the epoch has 39 bits
 //!
 //! An admission loads the word, reads the limits published for the word's epoch and CASes. If
-//! the epoch wrapped all the way around (2^40 `apply_limits` calls) while one admission sat
+//! the epoch wrapped all the way around (2^39 `apply_limits` calls) while one admission sat
 //! between its load and its CAS, and every other field came back to the same value, the CAS
 //! could succeed with stale limits (ABA). `apply_limits` takes a mutex and validates a snapshot,
-//! so 2^40 of them take more than a day of uninterrupted reconfiguration; no admission stalls
-//! that long between two adjacent instructions of a retry loop.
+//! so 2^39 of them take more than half a day of uninterrupted reconfiguration; no admission
+//! stalls that long between two adjacent instructions of a retry loop.
 //!
 //! # How the rest of the design fits
 //!
-//! - The FIFO wait queue keeps its own length under its lock and publishes only "non-empty" here
-//!   (`WAITERS`); a release that sees the bit hands its slot to the queue head in the same kind
-//!   of CAS, so the head's slot and tokens are taken in one step.
+//! - The FIFO wait queue (`crate::queue`) keeps its own length under its lock and publishes
+//!   only "non-empty" here (`WAITERS`); a release that sees the bit hands free capacity to the
+//!   queue head with the same kind of CAS as any admission, so the head's slot and tokens are
+//!   taken in one step.
 //! - Admission classes add one packed word per class (class slots and class tokens) beside this
 //!   one, and their limits join the published snapshot under the same epoch. The pure policy
 //!   grows class checks in the order RUST-DESIGN §4 fixes; the epoch check keeps class limits as
@@ -76,17 +81,21 @@ pub(crate) const MAX_SLOTS: u32 = SLOT_MASK as u32;
 /// Position of the epoch inside the control half.
 pub(crate) const EPOCH_SHIFT: u32 = SLOT_BITS;
 /// Width of the epoch.
-pub(crate) const EPOCH_BITS: u32 = 40;
+pub(crate) const EPOCH_BITS: u32 = 39;
 /// Mask of the epoch once shifted down.
 pub(crate) const EPOCH_MAX: u64 = (1 << EPOCH_BITS) - 1;
+/// Set while a drain waits for the bulkhead to become idle.
+pub(crate) const DRAINING_BIT: u64 = 1 << 61;
 /// Set while the wait queue is non-empty.
 pub(crate) const WAITERS_BIT: u64 = 1 << 62;
 /// Set once the bulkhead is closed.
 pub(crate) const CLOSED_BIT: u64 = 1 << 63;
 
 // The fields must tile the control half exactly.
-const _: () = assert!(SLOT_BITS + EPOCH_BITS + 2 == 64);
-const _: () = assert!((EPOCH_MAX << EPOCH_SHIFT) & (WAITERS_BIT | CLOSED_BIT | SLOT_MASK) == 0);
+const _: () = assert!(SLOT_BITS + EPOCH_BITS + 3 == 64);
+const _: () = assert!(
+    (EPOCH_MAX << EPOCH_SHIFT) & (DRAINING_BIT | WAITERS_BIT | CLOSED_BIT | SLOT_MASK) == 0
+);
 
 /// A decoded copy of the admission word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +133,39 @@ impl State {
         self.ctl & WAITERS_BIT != 0
     }
 
+    #[inline]
+    pub(crate) fn is_draining(self) -> bool {
+        self.ctl & DRAINING_BIT != 0
+    }
+
+    /// Whether a release that saw this state before it must serve the queue or the drainers.
+    #[inline]
+    pub(crate) fn needs_attention_on_release(self) -> bool {
+        self.ctl & (WAITERS_BIT | DRAINING_BIT) != 0
+    }
+
+    /// Nothing in flight and nobody waiting.
+    #[inline]
+    pub(crate) fn is_idle(self) -> bool {
+        self.ctl & (SLOT_MASK | WAITERS_BIT) == 0
+    }
+
+    #[inline]
+    pub(crate) fn with_waiters(self, waiters: bool) -> State {
+        State {
+            ctl: set_bit(self.ctl, WAITERS_BIT, waiters),
+            tokens: self.tokens,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn with_draining(self, draining: bool) -> State {
+        State {
+            ctl: set_bit(self.ctl, DRAINING_BIT, draining),
+            tokens: self.tokens,
+        }
+    }
+
     /// This state with one more slot and `tokens` more tokens in flight.
     ///
     /// The caller (the policy) has checked that the slot count stays within a limit that is at
@@ -146,7 +188,7 @@ impl State {
         }
     }
 
-    /// This state with the epoch advanced by one (wrapping within its 40 bits).
+    /// This state with the epoch advanced by one (wrapping within its field).
     #[inline]
     pub(crate) fn with_next_epoch(self) -> State {
         let epoch = (self.epoch() + 1) & EPOCH_MAX;
@@ -179,6 +221,11 @@ impl State {
     }
 }
 
+#[inline]
+fn set_bit(ctl: u64, bit: u64, on: bool) -> u64 {
+    if on { ctl | bit } else { ctl & !bit }
+}
+
 #[cfg(test)]
 impl State {
     /// A state with `slots` slots and `tokens` tokens in flight, epoch 0, open, no waiters.
@@ -187,14 +234,6 @@ impl State {
         State {
             ctl: u64::from(slots),
             tokens,
-        }
-    }
-
-    /// This state with the waiters flag set.
-    pub(crate) fn with_waiters_for_tests(self) -> State {
-        State {
-            ctl: self.ctl | WAITERS_BIT,
-            tokens: self.tokens,
         }
     }
 }
@@ -396,15 +435,34 @@ mod tests {
         }
         assert_eq!(s.epoch(), 3);
         let top = State {
-            ctl: (EPOCH_MAX << EPOCH_SHIFT) | 5 | WAITERS_BIT,
+            ctl: (EPOCH_MAX << EPOCH_SHIFT) | 5 | WAITERS_BIT | DRAINING_BIT,
             tokens: 9,
         };
         let wrapped = top.with_next_epoch();
         assert_eq!(wrapped.epoch(), 0);
         assert_eq!(wrapped.slots(), 5);
-        assert!(wrapped.has_waiters());
+        assert!(wrapped.has_waiters() && wrapped.is_draining());
         assert!(!wrapped.is_closed());
         assert_eq!(wrapped.tokens(), 9);
+    }
+
+    #[test]
+    fn flags_are_independent() {
+        let s = State::for_tests(0, 0);
+        assert!(s.is_idle());
+        let waiting = s.with_waiters(true);
+        assert!(waiting.has_waiters() && !waiting.is_idle() && !waiting.is_draining());
+        let draining = waiting.with_draining(true).with_waiters(false);
+        assert!(draining.is_draining() && draining.is_idle() && !draining.has_waiters());
+        assert_eq!(draining.with_draining(false), s);
+        assert!(!State::for_tests(1, 0).is_idle());
+        assert_eq!(
+            State::for_tests(3, 7)
+                .with_closed()
+                .with_waiters(true)
+                .epoch(),
+            0
+        );
     }
 
     #[test]

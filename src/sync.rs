@@ -38,15 +38,39 @@ macro_rules! thread_local_cell {
 
 pub(crate) use thread_local_cell;
 
+/// A waker slot for one task: atomic-waker's, or loom's model of it.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicWaker {
+    #[cfg(not(loom))]
+    inner: atomic_waker::AtomicWaker,
+    #[cfg(loom)]
+    inner: loom::future::AtomicWaker,
+}
+
+impl AtomicWaker {
+    /// Registers `waker` to be woken by the next [`wake`](AtomicWaker::wake).
+    pub(crate) fn register(&self, waker: &core::task::Waker) {
+        #[cfg(not(loom))]
+        self.inner.register(waker);
+        #[cfg(loom)]
+        self.inner.register_by_ref(waker);
+    }
+
+    /// Wakes the registered waker, if any.
+    pub(crate) fn wake(&self) {
+        self.inner.wake();
+    }
+}
+
 /// Atomic integers and orderings.
 pub(crate) mod atomic {
     #[cfg(not(loom))]
     pub(crate) use portable_atomic::AtomicU128;
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
     /// loom has no 128-bit atomic, so under `--cfg loom` the 128-bit admission word is a
     /// loom mutex around a `u128`. Every operation takes the mutex, which loom models as a

@@ -1,0 +1,431 @@
+//! Waiting acquires: the [`Acquire`] and [`AcquireOwned`] futures and the blocking variants.
+//!
+//! An acquire first tries the lock-free fast path. If no slot is free and the queue has room,
+//! it joins the FIFO queue (`crate::queue`) at its first poll and waits to be *handed* a slot
+//! and its tokens; a timeout bounds the wait only. Dropping the future withdraws it from the
+//! queue without losing anything.
+//!
+//! The futures are `Unpin`: they hold no self-reference (the waiter lives in an `Arc`, shared
+//! with the queue), so callers can poll them without pinning, and no `unsafe` pin projection
+//! is needed. Both futures and both blocking variants share one state machine (`Core`).
+
+use core::fmt;
+use core::future::Future;
+use core::ops::Deref;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use event_listener::Listener;
+
+use crate::bulkhead::{Begun, Inner, LlmBulkhead};
+use crate::error::{AcquireError, RequestError};
+use crate::options::AcquireOptions;
+use crate::permit::{Grant, OwnedPermit, Permit};
+use crate::policy::Ask;
+use crate::queue::{Decided, Waiter, Withdrawal};
+use crate::rejection::RejectReason;
+use crate::request::LlmRequest;
+use crate::reservation::Reservation;
+use crate::stats::Counter;
+use crate::sync::Arc;
+use crate::timer::Sleep;
+
+impl LlmBulkhead {
+    /// Admits the call, waiting in the queue for a slot if none is free and the queue has room.
+    ///
+    /// The call is judged like [`try_acquire`](LlmBulkhead::try_acquire) (closed, then the
+    /// priority-adjusted budget, then concurrency), except that when only a slot is missing it
+    /// may wait: it joins the strictly FIFO queue unless `max_concurrent` or `max_queue` is 0
+    /// (`concurrency_limit`) or the queue is full (`queue_limit`). A token budget never makes
+    /// a call wait: tokens that do not fit now are refused now. When the call reaches the head
+    /// and a slot frees, its slot and its tokens are taken together; if its tokens no longer
+    /// fit by then it is refused `budget_limit` and the next waiter gets the turn.
+    ///
+    /// The wait is bounded by the call's [`timeout`](AcquireOptions::timeout), else the
+    /// bulkhead's [`queue_timeout`](LlmBulkhead::queue_timeout) (`timeout`), and ends with
+    /// `shutdown` if the bulkhead closes. Nothing happens until the future is first polled;
+    /// that poll takes the place in the queue.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Rejected`] with `shutdown`, `budget_limit`, `concurrency_limit`,
+    /// `queue_limit` or `timeout`, and [`AcquireError::Invalid`] when the estimate cannot be
+    /// represented.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives up the place in the queue (counted as `aborted`). If a slot
+    /// had already been handed to it, that slot and those tokens are returned at once and go to
+    /// the next waiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Profile};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 1).profile(Profile::Batch).build()?;
+    /// let request = LlmRequest::new().user("hello");
+    /// let first = bulkhead.acquire(&request, AcquireOptions::new()).await?;
+    ///
+    /// let mut second = Box::pin(bulkhead.acquire(&request, AcquireOptions::new()));
+    /// assert!(futures::poll!(second.as_mut()).is_pending()); // queued
+    /// assert_eq!(bulkhead.stats().pending, 1);
+    /// drop(first); // hands the slot to the queue head
+    /// let second = second.await?;
+    /// assert_eq!(bulkhead.stats().in_flight, 1);
+    /// # drop(second);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn acquire(&self, request: &LlmRequest, options: AcquireOptions) -> Acquire<'_> {
+        Acquire {
+            core: Core::new(&*self.inner, request, options),
+        }
+    }
+
+    /// Like [`acquire`](LlmBulkhead::acquire), resolving to an [`OwnedPermit`]; the future
+    /// itself is `'static` and can be spawned.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](LlmBulkhead::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](LlmBulkhead::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 2).build()?;
+    /// let permit = bulkhead.acquire_owned(&LlmRequest::new(), AcquireOptions::new()).await?;
+    /// std::thread::spawn(move || drop(permit)).join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn acquire_owned(&self, request: &LlmRequest, options: AcquireOptions) -> AcquireOwned {
+        AcquireOwned {
+            core: Core::new(Arc::clone(&self.inner), request, options),
+        }
+    }
+
+    /// Like [`acquire`](LlmBulkhead::acquire), blocking the calling thread while it waits.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](LlmBulkhead::acquire).
+    ///
+    /// # Blocking
+    ///
+    /// Parks the thread until a slot is handed over, the timeout passes or the bulkhead
+    /// closes. Do not call it from async code: use [`acquire`](LlmBulkhead::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).max_queue(4).build()?;
+    /// let held = bulkhead.acquire_blocking(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let short = AcquireOptions::new().timeout(Duration::from_millis(10));
+    /// let err = bulkhead.acquire_blocking(&LlmRequest::new(), short).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().reason(), RejectReason::Timeout);
+    /// # drop(held);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Permit<'_>, AcquireError> {
+        let inner = &*self.inner;
+        Core::new(inner, request, options)
+            .wait()
+            .map(|grant| Permit::new(inner, grant))
+    }
+
+    /// Like [`acquire_blocking`](LlmBulkhead::acquire_blocking), returning an [`OwnedPermit`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](LlmBulkhead::acquire).
+    ///
+    /// # Blocking
+    ///
+    /// As for [`acquire_blocking`](LlmBulkhead::acquire_blocking).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let permit = bulkhead.acquire_blocking_owned(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert_eq!(permit.limit_revision(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_owned(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<OwnedPermit, AcquireError> {
+        let inner = Arc::clone(&self.inner);
+        Core::new(Arc::clone(&inner), request, options)
+            .wait()
+            .map(|grant| OwnedPermit::new(inner, grant))
+    }
+
+    /// The bulkhead's default queue timeout (from its profile or
+    /// [`queue_timeout`](crate::LlmBulkheadBuilder::queue_timeout)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).build()?;
+    /// assert_eq!(bulkhead.queue_timeout(), None);
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn queue_timeout(&self) -> Option<Duration> {
+        self.inner.timeout(AcquireOptions::new())
+    }
+}
+
+/// Future returned by [`LlmBulkhead::acquire`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Acquire<'a> {
+    core: Core<&'a Inner>,
+}
+
+impl<'a> Future for Acquire<'a> {
+    type Output = Result<Permit<'a>, AcquireError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.core.inner;
+        self.core
+            .poll_grant(cx)
+            .map_ok(|grant| Permit::new(inner, grant))
+    }
+}
+
+impl fmt::Debug for Acquire<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Acquire { .. }")
+    }
+}
+
+/// Future returned by [`LlmBulkhead::acquire_owned`].
+#[must_use = "futures do nothing unless polled"]
+pub struct AcquireOwned {
+    core: Core<Arc<Inner>>,
+}
+
+impl Future for AcquireOwned {
+    type Output = Result<OwnedPermit, AcquireError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = Arc::clone(&self.core.inner);
+        self.core
+            .poll_grant(cx)
+            .map_ok(|grant| OwnedPermit::new(inner, grant))
+    }
+}
+
+impl fmt::Debug for AcquireOwned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AcquireOwned { .. }")
+    }
+}
+
+/// Where an acquire is.
+enum Step {
+    /// Not polled yet.
+    Start {
+        ask: Ask,
+        reservation: Option<Reservation>,
+        timeout: Option<Duration>,
+    },
+    /// The input was invalid; reported at the first poll.
+    Invalid(RequestError),
+    /// In the queue.
+    Waiting(Waiting),
+    /// Finished (returned a permit or an error).
+    Done,
+}
+
+struct Waiting {
+    waiter: Arc<Waiter>,
+    /// The queue timeout, measured from joining the queue.
+    sleep: Option<Sleep>,
+}
+
+/// The state machine shared by both futures and both blocking variants.
+struct Core<I: Deref<Target = Inner>> {
+    inner: I,
+    step: Step,
+}
+
+impl<I: Deref<Target = Inner>> Core<I> {
+    fn new(inner: I, request: &LlmRequest, options: AcquireOptions) -> Core<I> {
+        let step = match inner.resolve(request, options) {
+            Ok((ask, reservation)) => Step::Start {
+                ask,
+                reservation,
+                timeout: inner.timeout(options),
+            },
+            Err(error) => Step::Invalid(error),
+        };
+        Core { inner, step }
+    }
+
+    /// Leaves `Start`/`Invalid`: either finished, or now `Waiting` (as a blocked thread if
+    /// `blocking`).
+    fn start(&mut self, blocking: bool) -> Option<Result<Grant, AcquireError>> {
+        match core::mem::replace(&mut self.step, Step::Done) {
+            Step::Start {
+                ask,
+                reservation,
+                timeout,
+            } => match self.inner.begin(ask, reservation, blocking) {
+                Begun::Admitted(grant) => Some(Ok(grant)),
+                Begun::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
+                Begun::Queued(waiter) => {
+                    let sleep = timeout.map(|t| {
+                        let now = Instant::now();
+                        // A timeout too large for the clock means no timeout.
+                        now.checked_add(t).map(Sleep::until)
+                    });
+                    self.step = Step::Waiting(Waiting {
+                        waiter,
+                        sleep: sleep.flatten(),
+                    });
+                    None
+                }
+            },
+            Step::Invalid(error) => Some(Err(AcquireError::Invalid(error))),
+            other => {
+                self.step = other;
+                None
+            }
+        }
+    }
+
+    /// The waiter's fate, if decided; finishes the acquire if so.
+    fn pick_up(&mut self) -> Option<Result<Grant, AcquireError>> {
+        let Step::Waiting(waiting) = &self.step else {
+            return None;
+        };
+        let decided = waiting.waiter.take_decided()?;
+        if let Decided::Granted { .. } = decided {
+            self.inner.queue.hand_off_consumed();
+        }
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!()
+        };
+        Some(self.finish(&waiting.waiter, decided))
+    }
+
+    fn finish(&self, waiter: &Waiter, decided: Decided) -> Result<Grant, AcquireError> {
+        match decided {
+            Decided::Granted { revision } => {
+                Ok(self.inner.grant(waiter.ask, waiter.reservation, revision))
+            }
+            Decided::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
+        }
+    }
+
+    /// Gives up waiting because the timeout passed; a hand-off that arrived first wins.
+    fn time_out(&mut self) -> Result<Grant, AcquireError> {
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!("only a waiting acquire times out")
+        };
+        match self.inner.withdraw(&waiting.waiter, RejectReason::Timeout) {
+            Withdrawal::Granted { revision } => {
+                self.finish(&waiting.waiter, Decided::Granted { revision })
+            }
+            Withdrawal::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
+        }
+    }
+
+    fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, AcquireError>> {
+        if let Some(done) = self.start(false) {
+            return Poll::Ready(done);
+        }
+        if let Some(done) = self.pick_up() {
+            return Poll::Ready(done);
+        }
+        let Step::Waiting(waiting) = &mut self.step else {
+            panic!("`Acquire` polled after completion");
+        };
+        // Register, then check again: a hand-off published between the first check and the
+        // registration is caught by the second check, and one published after it wakes us.
+        waiting.waiter.register(cx.waker());
+        if let Some(done) = self.pick_up() {
+            return Poll::Ready(done);
+        }
+        let Step::Waiting(waiting) = &mut self.step else {
+            unreachable!()
+        };
+        if let Some(sleep) = &mut waiting.sleep
+            && sleep.poll_elapsed(cx).is_ready()
+        {
+            return Poll::Ready(self.time_out());
+        }
+        Poll::Pending
+    }
+
+    /// The blocking equivalent of polling to completion.
+    fn wait(mut self) -> Result<Grant, AcquireError> {
+        if let Some(done) = self.start(true) {
+            return done;
+        }
+        loop {
+            if let Some(done) = self.pick_up() {
+                return done;
+            }
+            let Step::Waiting(waiting) = &self.step else {
+                unreachable!()
+            };
+            let listener = waiting.waiter.listen();
+            if let Some(done) = self.pick_up() {
+                return done;
+            }
+            let Step::Waiting(waiting) = &self.step else {
+                unreachable!()
+            };
+            match waiting.sleep.as_ref().map(Sleep::deadline) {
+                None => listener.wait(),
+                Some(deadline) => {
+                    if listener.wait_deadline(deadline).is_none() {
+                        return self.time_out();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<I: Deref<Target = Inner>> Drop for Core<I> {
+    fn drop(&mut self) {
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            return;
+        };
+        match self.inner.withdraw(&waiting.waiter, RejectReason::Aborted) {
+            // Handed a slot nobody will use: the call was still waiting as far as its caller
+            // knew, so it counts as aborted, and the slot and tokens go back (to the next
+            // waiter, if any) as a release would return them.
+            Withdrawal::Granted { .. } => {
+                self.inner
+                    .count(Counter::Rejected(RejectReason::Aborted), 1);
+                self.inner.release_capacity(waiting.waiter.ask.reserved);
+            }
+            // Counted when it was refused.
+            Withdrawal::Refused(_) => {}
+        }
+    }
+}

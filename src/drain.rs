@@ -1,0 +1,219 @@
+//! Waiting for quiescence: [`Drain`] and [`DrainTimeout`].
+//!
+//! # Protocol
+//!
+//! A drain *arms* the `DRAINING` flag of the admission word with a CAS that also reads whether
+//! the bulkhead is idle (no slot held, nobody queued): if it is, the drain is done. Every
+//! operation that can make the bulkhead idle (a release, a waiter leaving the queue by timeout,
+//! cancellation or refusal, `close`) does so with an atomic operation on the same word, so it
+//! sees the flag if the drain armed first, and then clears it, advances the idle generation and
+//! notifies the drainers. A drain that armed, listened and re-checked therefore cannot miss the
+//! idle moment; a woken drainer that finds new work already running still completes, because
+//! the generation moved after it started waiting (an idle moment happened), which is the
+//! upstream semantics and our fix for its Q5 (idle reached by a timeout or cancellation).
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use event_listener::EventListener;
+
+use crate::bulkhead::{Inner, LlmBulkhead};
+use crate::sync::atomic::Ordering;
+use crate::timer::Sleep;
+
+/// What [`LlmBulkhead::drain_timeout`] found.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{DrainReport, LlmBulkhead};
+///
+/// # futures::executor::block_on(async {
+/// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+/// let report = bulkhead.drain_timeout(std::time::Duration::ZERO).await;
+/// assert_eq!(report, DrainReport { drained: true, in_flight: 0, pending: 0 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Whether the bulkhead became idle before the deadline.
+    pub drained: bool,
+    /// Slots still held at the deadline (0 when drained).
+    pub in_flight: u64,
+    /// Calls still queued at the deadline (0 when drained).
+    pub pending: u64,
+}
+
+impl LlmBulkhead {
+    /// Resolves once nothing is in flight and nothing is queued, whatever made it so (releases,
+    /// queue timeouts, cancellations, refusals, `close`).
+    ///
+    /// It does not stop admission: combine it with [`close`](LlmBulkhead::close) for a graceful
+    /// shutdown. Resolves at once when the bulkhead is already idle.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future only stops waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
+    /// let permit = bulkhead.acquire_owned(&LlmRequest::new(), AcquireOptions::new()).await?;
+    /// let worker = std::thread::spawn(move || {
+    ///     std::thread::sleep(std::time::Duration::from_millis(20));
+    ///     drop(permit);
+    /// });
+    /// bulkhead.close(); // stop admitting...
+    /// bulkhead.drain().await; // ...and wait for the call in flight
+    /// assert_eq!(bulkhead.stats().in_flight, 0);
+    /// worker.join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn drain(&self) -> Drain<'_> {
+        Drain {
+            inner: &self.inner,
+            generation: None,
+            listener: None,
+        }
+    }
+
+    /// Like [`drain`](LlmBulkhead::drain), but gives up at `timeout` and reports what was
+    /// still in flight and queued. The deadline cancels nothing and changes no accounting.
+    /// With a zero timeout it answers "is it idle right now?".
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future only stops waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{AcquireOptions, DrainReport, LlmBulkhead, LlmRequest};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
+    /// let stuck = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let report = bulkhead.drain_timeout(Duration::from_millis(10)).await;
+    /// assert_eq!(report, DrainReport { drained: false, in_flight: 1, pending: 0 });
+    /// drop(stuck); // the deadline cancelled nothing: the call still releases normally
+    /// assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
+        DrainTimeout {
+            drain: self.drain(),
+            sleep: Instant::now().checked_add(timeout).map(Sleep::until),
+        }
+    }
+}
+
+/// Future returned by [`LlmBulkhead::drain`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Drain<'a> {
+    inner: &'a Inner,
+    /// The idle generation when the drain started.
+    generation: Option<u64>,
+    listener: Option<EventListener>,
+}
+
+impl Future for Drain<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let inner = self.inner;
+        // Acquire: pairs with the Release increment in `Inner::notify_drained`.
+        let started = *self
+            .generation
+            .get_or_insert_with(|| inner.idle_generation.load(Ordering::Acquire));
+        loop {
+            if inner.idle_generation.load(Ordering::Acquire) != started {
+                return Poll::Ready(());
+            }
+            // Arm: set DRAINING unless idle, in one CAS that also reads whether it is idle.
+            let idle = inner
+                .state
+                .update(|s| {
+                    if s.is_idle() {
+                        Err(true)
+                    } else if s.is_draining() {
+                        Err(false)
+                    } else {
+                        Ok((s.with_draining(true), false))
+                    }
+                })
+                .unwrap_or_else(|idle| idle);
+            if idle {
+                return Poll::Ready(());
+            }
+            match &mut self.listener {
+                None => self.listener = Some(inner.drained.listen()),
+                Some(listener) => {
+                    if Pin::new(listener).poll(cx).is_ready() {
+                        self.listener = None;
+                    } else {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Drain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Drain { .. }")
+    }
+}
+
+/// Future returned by [`LlmBulkhead::drain_timeout`].
+#[must_use = "futures do nothing unless polled"]
+pub struct DrainTimeout<'a> {
+    drain: Drain<'a>,
+    /// `None` when the timeout is beyond what the clock can represent (no deadline).
+    sleep: Option<Sleep>,
+}
+
+impl Future for DrainTimeout<'_> {
+    type Output = DrainReport;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<DrainReport> {
+        // Completion wins over a deadline that passes at the same moment.
+        if Pin::new(&mut self.drain).poll(cx).is_ready() {
+            return Poll::Ready(DrainReport {
+                drained: true,
+                in_flight: 0,
+                pending: 0,
+            });
+        }
+        let expired = match &mut self.sleep {
+            Some(sleep) => sleep.poll_elapsed(cx).is_ready(),
+            None => false,
+        };
+        if !expired {
+            return Poll::Pending;
+        }
+        let inner = self.drain.inner;
+        Poll::Ready(DrainReport {
+            drained: false,
+            in_flight: u64::from(inner.state.load().slots()),
+            pending: inner.pending(),
+        })
+    }
+}
+
+impl fmt::Debug for DrainTimeout<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DrainTimeout { .. }")
+    }
+}
