@@ -216,6 +216,13 @@ fn threads_with_limit_changes_and_a_close_return_everything() {
                     random_call(bulkhead, &mut rng, ledger, tally, None);
                 }
                 done.fetch_add(1, Ordering::AcqRel);
+                // Keep calling until the close, then once more: that call must be refused.
+                while !bulkhead.is_closed() {
+                    random_call(bulkhead, &mut rng, ledger, tally, None);
+                }
+                let shutdowns = tally.rejected[0].load(Ordering::Relaxed);
+                random_call(bulkhead, &mut rng, ledger, tally, None);
+                assert!(tally.rejected[0].load(Ordering::Relaxed) > shutdowns);
             });
         }
         // The control plane: random snapshots (some stale) and budget changes, then a close
