@@ -18,15 +18,13 @@ use std::time::{Duration, Instant};
 
 use event_listener::Listener;
 
-use crate::bulkhead::{Begun, Inner, LlmBulkhead};
+use crate::bulkhead::{Begun, Call, Inner, LlmBulkhead};
 use crate::error::{AcquireError, RequestError};
 use crate::options::AcquireOptions;
 use crate::permit::{Grant, OwnedPermit, Permit};
-use crate::policy::Ask;
 use crate::queue::{Decided, Waiter, Withdrawal};
 use crate::rejection::RejectReason;
 use crate::request::LlmRequest;
-use crate::reservation::Reservation;
 use crate::stats::Counter;
 use crate::sync::Arc;
 use crate::timer::Sleep;
@@ -246,8 +244,7 @@ impl fmt::Debug for AcquireOwned {
 enum Step {
     /// Not polled yet.
     Start {
-        ask: Ask,
-        reservation: Option<Reservation>,
+        call: Call,
         timeout: Option<Duration>,
     },
     /// The input was invalid; reported at the first poll.
@@ -273,9 +270,8 @@ struct Core<I: Deref<Target = Inner>> {
 impl<I: Deref<Target = Inner>> Core<I> {
     fn new(inner: I, request: &LlmRequest, options: AcquireOptions) -> Core<I> {
         let step = match inner.resolve(request, options) {
-            Ok((ask, reservation)) => Step::Start {
-                ask,
-                reservation,
+            Ok(call) => Step::Start {
+                call,
                 timeout: inner.timeout(options),
             },
             Err(error) => Step::Invalid(error),
@@ -287,11 +283,7 @@ impl<I: Deref<Target = Inner>> Core<I> {
     /// `blocking`).
     fn start(&mut self, blocking: bool) -> Option<Result<Grant, AcquireError>> {
         match core::mem::replace(&mut self.step, Step::Done) {
-            Step::Start {
-                ask,
-                reservation,
-                timeout,
-            } => match self.inner.begin(ask, reservation, blocking) {
+            Step::Start { call, timeout } => match self.inner.begin(call, blocking) {
                 Begun::Admitted(grant) => Some(Ok(grant)),
                 Begun::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
                 Begun::Queued(waiter) => {
@@ -332,9 +324,7 @@ impl<I: Deref<Target = Inner>> Core<I> {
 
     fn finish(&self, waiter: &Waiter, decided: Decided) -> Result<Grant, AcquireError> {
         match decided {
-            Decided::Granted { revision } => {
-                Ok(self.inner.grant(waiter.ask, waiter.reservation, revision))
-            }
+            Decided::Granted { revision } => Ok(self.inner.grant(waiter.call, revision)),
             Decided::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
         }
     }
@@ -422,7 +412,8 @@ impl<I: Deref<Target = Inner>> Drop for Core<I> {
             Withdrawal::Granted { .. } => {
                 self.inner
                     .count(Counter::Rejected(RejectReason::Aborted), 1);
-                self.inner.release_capacity(waiting.waiter.ask.reserved);
+                self.inner
+                    .release_capacity(waiting.waiter.call.ask.reserved);
             }
             // Counted when it was refused.
             Withdrawal::Refused(_) => {}

@@ -9,6 +9,7 @@ use event_listener::Event;
 
 use crate::config::LlmBulkheadBuilder;
 use crate::error::{AcquireError, LimitsError, RequestError};
+use crate::estimate::{Estimator, Memo, TokenEstimate};
 use crate::limits::{self, ApplyOutcome, BudgetLimits, Limits, MAX_REVISION, PublishedLimits};
 use crate::local;
 use crate::options::AcquireOptions;
@@ -17,7 +18,7 @@ use crate::policy::{self, Ask, Refusal, Turn, Verdict};
 use crate::queue::{Arrival, WaitQueue, Waiter};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection};
 use crate::request::LlmRequest;
-use crate::reservation::{self, Reservation, TokenUsage};
+use crate::reservation::{Reservation, TokenUsage};
 use crate::state::{AtomicState, State};
 use crate::stats::{Counter, Hub, Stats, TokenBudgetStats};
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -82,7 +83,8 @@ pub(crate) struct Inner {
     /// Cumulative counters, sharded per thread.
     hub: unmodeled::Arc<Hub>,
     model: Box<str>,
-    output_cap: u64,
+    /// Sizes calls that bring no reservation of their own (with a token budget only).
+    estimator: unmodeled::Arc<dyn Estimator>,
     has_budget: bool,
     /// Queue timeout of calls that set none.
     default_timeout: Option<Duration>,
@@ -106,7 +108,7 @@ impl LlmBulkhead {
     pub(crate) fn from_parts(
         model: String,
         limits: Limits,
-        output_cap: u64,
+        estimator: unmodeled::Arc<dyn Estimator>,
         default_timeout: Option<Duration>,
     ) -> LlmBulkhead {
         let has_budget = limits.token_budget.is_some();
@@ -119,7 +121,7 @@ impl LlmBulkhead {
             idle_generation: AtomicU64::new(0),
             hub: unmodeled::Arc::new(Hub::default()),
             model: model.into_boxed_str(),
-            output_cap,
+            estimator,
             has_budget,
             default_timeout,
         };
@@ -173,8 +175,8 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
-        let (ask, reservation) = self.inner.resolve(request, options)?;
-        let grant = self.inner.try_admit(ask, reservation)?;
+        let call = self.inner.resolve(request, options)?;
+        let grant = self.inner.try_admit(call)?;
         Ok(Permit::new(&self.inner, grant))
     }
 
@@ -202,8 +204,8 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
-        let (ask, reservation) = self.inner.resolve(request, options)?;
-        let grant = self.inner.try_admit(ask, reservation)?;
+        let call = self.inner.resolve(request, options)?;
+        let grant = self.inner.try_admit(call)?;
         Ok(OwnedPermit::new(Arc::clone(&self.inner), grant))
     }
 
@@ -233,7 +235,7 @@ impl LlmBulkhead {
     /// ```
     pub fn estimate(&self, request: &LlmRequest) -> Result<Option<Reservation>, RequestError> {
         if self.inner.has_budget {
-            reservation::naive_estimate(request, self.inner.output_cap).map(Some)
+            Ok(Some(self.inner.estimator.estimate(request)?.reservation()?))
         } else {
             Ok(None)
         }
@@ -297,7 +299,7 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<(Verdict, CapacityDetail), RequestError> {
-        let (ask, _) = self.inner.resolve(request, options)?;
+        let ask = self.inner.resolve(request, options)?.ask;
         let (state, limits) = self.inner.snapshot();
         let pending = self.inner.pending();
         Ok((
@@ -553,29 +555,34 @@ impl Inner {
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
-    ) -> Result<(Ask, Option<Reservation>), RequestError> {
+    ) -> Result<Call, RequestError> {
         let priority = options.get_priority();
         if !self.has_budget {
             // No budget: nothing is estimated and an override is ignored.
-            return Ok((
-                Ask {
+            return Ok(Call {
+                ask: Ask {
                     reserved: 0,
                     priority,
                 },
-                None,
-            ));
+                reservation: None,
+                memo: None,
+            });
         }
-        let reservation = match options.get_reservation() {
-            Some(r) => r,
-            None => reservation::naive_estimate(request, self.output_cap)?,
+        let (reservation, memo) = match options.get_reservation() {
+            Some(r) => (r, None),
+            None => {
+                let estimate = self.estimator.estimate(request)?;
+                (estimate.reservation()?, Some(estimate.memo()))
+            }
         };
-        Ok((
-            Ask {
+        Ok(Call {
+            ask: Ask {
                 reserved: reservation.reserved(),
                 priority,
             },
-            Some(reservation),
-        ))
+            reservation: Some(reservation),
+            memo,
+        })
     }
 
     /// The queue timeout of a call: its own, else the bulkhead's default.
@@ -622,54 +629,48 @@ impl Inner {
 
     /// Admits `ask` now or refuses it, counting either outcome; never queues.
     #[inline]
-    fn try_admit(&self, ask: Ask, reservation: Option<Reservation>) -> Result<Grant, Rejection> {
-        match self.admit_now(ask) {
-            Ok(revision) => Ok(self.grant(ask, reservation, revision)),
+    fn try_admit(&self, call: Call) -> Result<Grant, Rejection> {
+        match self.admit_now(call.ask) {
+            Ok(revision) => Ok(self.grant(call, revision)),
             Err((refusal, state, limits)) => {
-                Err(self.reject(refusal.reason(), state, &limits, ask))
+                Err(self.reject(refusal.reason(), state, &limits, call.ask))
             }
         }
     }
 
-    /// Admits `ask` now, refuses it, or queues it (to be woken as a blocked thread if
+    /// Admits `call` now, refuses it, or queues it (to be woken as a blocked thread if
     /// `blocking`).
-    pub(crate) fn begin(
-        &self,
-        ask: Ask,
-        reservation: Option<Reservation>,
-        blocking: bool,
-    ) -> Begun {
-        match self.admit_now(ask) {
-            Ok(revision) => Begun::Admitted(self.grant(ask, reservation, revision)),
+    pub(crate) fn begin(&self, call: Call, blocking: bool) -> Begun {
+        match self.admit_now(call.ask) {
+            Ok(revision) => Begun::Admitted(self.grant(call, revision)),
             Err((Refusal::NoSlot, state, limits)) => {
                 // The limits alone can refuse without the queue lock; the queue length cannot.
                 if let Err(reason) = policy::queue_or_refuse(&limits, 0) {
-                    return Begun::Refused(self.reject(reason, state, &limits, ask));
+                    return Begun::Refused(self.reject(reason, state, &limits, call.ask));
                 }
-                match self.arrive(ask, reservation, blocking) {
-                    Arrival::Admitted { revision } => {
-                        Begun::Admitted(self.grant(ask, reservation, revision))
-                    }
+                match self.arrive(call, blocking) {
+                    Arrival::Admitted { revision } => Begun::Admitted(self.grant(call, revision)),
                     Arrival::Queued(waiter) => Begun::Queued(waiter),
                     Arrival::Refused(rejection) => Begun::Refused(rejection),
                 }
             }
             Err((refusal, state, limits)) => {
-                Begun::Refused(self.reject(refusal.reason(), state, &limits, ask))
+                Begun::Refused(self.reject(refusal.reason(), state, &limits, call.ask))
             }
         }
     }
 
     /// Counts an admission and mints its id.
     #[inline]
-    pub(crate) fn grant(&self, ask: Ask, reservation: Option<Reservation>, revision: u64) -> Grant {
-        let id = local::with(&self.hub, |sink| sink.admit(ask.reserved));
+    pub(crate) fn grant(&self, call: Call, revision: u64) -> Grant {
+        let id = local::with(&self.hub, |sink| sink.admit(call.ask.reserved));
         Grant {
             id,
             revision,
-            priority: ask.priority,
-            reservation,
-            held: ask.reserved,
+            priority: call.ask.priority,
+            reservation: call.reservation,
+            memo: call.memo,
+            held: call.ask.reserved,
         }
     }
 
@@ -796,6 +797,12 @@ impl Inner {
                 sink.bump(Counter::Consumed, consumed);
                 sink.bump(Counter::Refunded, refunded);
             });
+            // Tell the estimator that sized this admission what it really cost.
+            if let (Some(memo), Some(reservation)) = (grant.memo, grant.reservation) {
+                let estimate = TokenEstimate::new(reservation.input(), reservation.max_output())
+                    .with_memo(memo);
+                self.estimator.observe(&estimate, usage);
+            }
         }
         self.release_capacity(held);
         ReleaseReport {
@@ -804,6 +811,15 @@ impl Inner {
             usage,
         }
     }
+}
+
+/// What a call asks for, resolved once: its tokens and priority, the reservation behind them
+/// and the estimator's memo (when the bulkhead's estimator sized it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub(crate) ask: Ask,
+    pub(crate) reservation: Option<Reservation>,
+    pub(crate) memo: Option<Memo>,
 }
 
 /// How an acquire started.

@@ -1,10 +1,13 @@
 //! Building a bulkhead: the validating builder, queueing profiles and the token-budget
 //! configuration.
 
+use core::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bulkhead::LlmBulkhead;
 use crate::error::ConfigError;
+use crate::estimate::{Estimator, ModelAwareEstimator};
 use crate::limits::{Limits, MAX_CONCURRENT, MAX_REVISION};
 use crate::reservation::DEFAULT_OUTPUT_CAP;
 
@@ -185,7 +188,7 @@ impl Profile {
 /// assert_eq!(bulkhead.limits().revision, 41);
 /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[must_use = "a builder does nothing until `build()` is called"]
 pub struct LlmBulkheadBuilder {
     model: String,
@@ -195,6 +198,7 @@ pub struct LlmBulkheadBuilder {
     queue_timeout: Option<Duration>,
     initial_revision: u64,
     token_budget: Option<TokenBudget>,
+    estimator: Option<Arc<dyn Estimator>>,
 }
 
 impl LlmBulkheadBuilder {
@@ -207,6 +211,7 @@ impl LlmBulkheadBuilder {
             queue_timeout: None,
             initial_revision: 0,
             token_budget: None,
+            estimator: None,
         }
     }
 
@@ -300,6 +305,29 @@ impl LlmBulkheadBuilder {
         self
     }
 
+    /// Sizes calls with `estimator` instead of the default, a [`ModelAwareEstimator`] seeded
+    /// with the bulkhead's model and the token budget's output cap. Only a bulkhead with a token
+    /// budget estimates. When an admission the estimator sized settles with usage, the
+    /// estimator observes it (see [`Estimator::observe`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, LlmRequest, NaiveEstimator, Reservation, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 4)
+    ///     .token_budget(TokenBudget::new(10_000))
+    ///     .estimator(NaiveEstimator::new().output_cap(100))
+    ///     .build()?;
+    /// let request = LlmRequest::new().user("x".repeat(390));
+    /// assert_eq!(bulkhead.estimate(&request)?, Some(Reservation::new(98, 100)?)); // chars / 4
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimator(mut self, estimator: impl Estimator + 'static) -> LlmBulkheadBuilder {
+        self.estimator = Some(Arc::new(estimator));
+        self
+    }
+
     /// Validates the configuration and builds the bulkhead.
     ///
     /// # Errors
@@ -339,6 +367,7 @@ impl LlmBulkheadBuilder {
         let mut limits =
             Limits::new(self.initial_revision, self.max_concurrent).with_max_queue(max_queue);
         let mut output_cap = DEFAULT_OUTPUT_CAP;
+        let model = self.model;
         if let Some(budget) = self.token_budget {
             if budget.high_priority_reserve > budget.budget {
                 return Err(ConfigError::ReserveExceedsBudget {
@@ -349,11 +378,36 @@ impl LlmBulkheadBuilder {
             limits = limits.with_token_budget(budget.budget, budget.high_priority_reserve);
             output_cap = budget.output_cap;
         }
+        let estimator = match self.estimator {
+            Some(estimator) => estimator,
+            None => Arc::new(
+                ModelAwareEstimator::builder()
+                    .default_model(model.clone())
+                    .output_cap(output_cap)
+                    .build()
+                    .expect("no ratio overrides to refuse"),
+            ),
+        };
         Ok(LlmBulkhead::from_parts(
-            self.model,
+            model,
             limits,
-            output_cap,
+            estimator,
             queue_timeout,
         ))
+    }
+}
+
+impl fmt::Debug for LlmBulkheadBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmBulkheadBuilder")
+            .field("model", &self.model)
+            .field("max_concurrent", &self.max_concurrent)
+            .field("profile", &self.profile)
+            .field("max_queue", &self.max_queue)
+            .field("queue_timeout", &self.queue_timeout)
+            .field("initial_revision", &self.initial_revision)
+            .field("token_budget", &self.token_budget)
+            .field("estimator", &self.estimator.as_ref().map(|_| ".."))
+            .finish()
     }
 }

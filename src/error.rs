@@ -151,10 +151,10 @@ impl std::error::Error for LimitsError {}
 /// ```
 /// use async_bulkhead_llm::RequestError;
 ///
-/// let err = RequestError::InputOverflow { text_tokens: 2, extra_input_tokens: u64::MAX };
+/// let err = RequestError::InputOverflow { text_tokens: 2, opaque_tokens: 0, extra_input_tokens: u64::MAX };
 /// assert_eq!(
 ///     err.to_string(),
-///     "estimated input (2 text tokens + 18446744073709551615 extra input tokens) does not fit in 64 bits",
+///     "estimated input (2 text tokens + 0 opaque-block tokens + 18446744073709551615 extra input tokens) does not fit in 64 bits",
 /// );
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,12 +176,21 @@ pub enum RequestError {
         /// Maximum output tokens.
         max_output: u64,
     },
-    /// The estimated text tokens plus `extra_input_tokens` do not fit in a `u64`.
+    /// The estimated text tokens, opaque-block surcharge and `extra_input_tokens` do not sum
+    /// within a `u64`.
     InputOverflow {
-        /// `ceil(chars / 4)`.
+        /// `ceil(chars / ratio)`.
         text_tokens: u64,
+        /// The opaque-block surcharge (`u64::MAX` when it overflows on its own).
+        opaque_tokens: u64,
         /// The request's `extra_input_tokens`.
         extra_input_tokens: u64,
+    },
+    /// The text alone estimates to more tokens than a `u64` holds (a tiny chars-per-token
+    /// ratio, or an adaptive correction of a huge estimate).
+    TextTooLarge {
+        /// Characters of text (UTF-16 code units).
+        chars: u64,
     },
 }
 
@@ -203,10 +212,15 @@ impl fmt::Display for RequestError {
             ),
             RequestError::InputOverflow {
                 text_tokens,
+                opaque_tokens,
                 extra_input_tokens,
             } => write!(
                 f,
-                "estimated input ({text_tokens} text tokens + {extra_input_tokens} extra input tokens) does not fit in 64 bits"
+                "estimated input ({text_tokens} text tokens + {opaque_tokens} opaque-block tokens + {extra_input_tokens} extra input tokens) does not fit in 64 bits"
+            ),
+            RequestError::TextTooLarge { chars } => write!(
+                f,
+                "estimated input for {chars} characters does not fit in 64 bits"
             ),
         }
     }
@@ -249,6 +263,90 @@ impl fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
+
+/// An estimator was configured with an invalid option. Nothing was built.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::ModelAwareEstimator;
+///
+/// let err = ModelAwareEstimator::builder().ratio("my-model", -1.0).build().unwrap_err();
+/// assert_eq!(err.to_string(), "ratio override for \"my-model\" must be a finite number > 0 (got -1)");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum EstimatorError {
+    /// A chars-per-token override is not a finite number above 0.
+    InvalidRatio {
+        /// The model the override is for.
+        model: String,
+        /// The refused ratio.
+        ratio: f64,
+    },
+    /// `smoothing` is not a finite number in `(0, 1]`.
+    Smoothing {
+        /// The refused value.
+        value: f64,
+    },
+    /// `min_samples` is 0.
+    MinSamples {
+        /// The refused value.
+        value: u64,
+    },
+    /// `min_correction` is not a finite number above 0.
+    MinCorrection {
+        /// The refused value.
+        value: f64,
+    },
+    /// `max_correction` is not a finite number at least `min_correction`.
+    MaxCorrection {
+        /// The refused value.
+        value: f64,
+        /// The configured `min_correction`.
+        min: f64,
+    },
+    /// `max_models` is 0.
+    MaxModels {
+        /// The refused value.
+        value: usize,
+    },
+}
+
+impl fmt::Display for EstimatorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EstimatorError::InvalidRatio { model, ratio } => write!(
+                f,
+                "ratio override for {model:?} must be a finite number > 0 (got {ratio})"
+            ),
+            EstimatorError::Smoothing { value } => {
+                write!(
+                    f,
+                    "smoothing must be a finite number in (0, 1] (got {value})"
+                )
+            }
+            EstimatorError::MinSamples { value } => {
+                write!(f, "min_samples must be a positive integer (got {value})")
+            }
+            EstimatorError::MinCorrection { value } => {
+                write!(
+                    f,
+                    "min_correction must be a finite number > 0 (got {value})"
+                )
+            }
+            EstimatorError::MaxCorrection { value, min } => write!(
+                f,
+                "max_correction must be a finite number >= min_correction ({min}) (got {value})"
+            ),
+            EstimatorError::MaxModels { value } => {
+                write!(f, "max_models must be a positive integer (got {value})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EstimatorError {}
 
 /// Why an acquire did not produce a permit: the bulkhead refused it for capacity (retry later
 /// or shed), or its input was invalid (fix the request).

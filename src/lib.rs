@@ -18,7 +18,11 @@
 //! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]).
 //! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
 //! - [`Stats`]: counters and live figures.
-//! - [`LlmRequest`], [`Reservation`], [`TokenUsage`]: what is asked, reserved and used.
+//! - [`LlmRequest`], [`Reservation`], [`TokenUsage`]: what is asked, reserved and used; with the
+//!   `serde` feature an `LlmRequest` reads OpenAI and Anthropic request bodies as they come.
+//! - [`Estimator`]: sizes reservations; [`ModelAwareEstimator`] (the default, per-model-family
+//!   chars-per-token ratios), [`NaiveEstimator`], [`AdaptiveEstimator`] (learns a per-model
+//!   correction from reported usage), or any closure.
 //!
 //! # How a decision is made
 //!
@@ -90,6 +94,7 @@
 //!
 //! # Features
 //!
+//! - `serde` (default): `Serialize`/`Deserialize` for [`LlmRequest`] and its parts.
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
 //!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -101,6 +106,7 @@ mod bulkhead;
 mod config;
 mod drain;
 mod error;
+mod estimate;
 mod fifo;
 mod limits;
 mod local;
@@ -110,6 +116,8 @@ mod policy;
 mod queue;
 mod rejection;
 mod request;
+#[cfg(feature = "serde")]
+mod request_json;
 mod reservation;
 mod run;
 mod state;
@@ -127,7 +135,11 @@ pub use admission_id::AdmissionId;
 pub use bulkhead::LlmBulkhead;
 pub use config::{LlmBulkheadBuilder, Profile, TokenBudget};
 pub use drain::DrainReport;
-pub use error::{AcquireError, ConfigError, LimitsError, RequestError, UsageError};
+pub use error::{AcquireError, ConfigError, EstimatorError, LimitsError, RequestError, UsageError};
+pub use estimate::{
+    AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
+    ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
+};
 pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_CONCURRENT, MAX_REVISION};
 pub use options::{AcquireOptions, Priority};
 pub use permit::{OwnedPermit, Permit, ReleaseReport};

@@ -6,6 +6,7 @@ use core::ops::Deref;
 
 use crate::admission_id::{AdmissionId, IdParts};
 use crate::bulkhead::Inner;
+use crate::estimate::Memo;
 use crate::options::Priority;
 use crate::reservation::{Reservation, TokenUsage};
 use crate::sync::Arc;
@@ -17,6 +18,8 @@ pub(crate) struct Grant {
     pub(crate) revision: u64,
     pub(crate) priority: Priority,
     pub(crate) reservation: Option<Reservation>,
+    /// The estimator's memo, when the bulkhead's estimator sized this admission.
+    pub(crate) memo: Option<Memo>,
     /// Tokens this admission currently contributes to the in-flight total.
     pub(crate) held: u64,
 }

@@ -34,11 +34,11 @@
 
 use event_listener::{Event, EventListener};
 
+use crate::bulkhead::Call;
 use crate::fifo::{Fifo, Key};
 use crate::limits::Limits;
-use crate::policy::{self, Ask, Refusal, Turn};
+use crate::policy::{self, Refusal, Turn};
 use crate::rejection::{RejectReason, Rejection};
-use crate::reservation::Reservation;
 use crate::state::State;
 use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use crate::sync::{Arc, AtomicWaker, Mutex, lock};
@@ -90,8 +90,7 @@ impl WaitQueue {
 /// blocked threads park on `event`.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    pub(crate) ask: Ask,
-    pub(crate) reservation: Option<Reservation>,
+    pub(crate) call: Call,
     /// `QUEUED`, `GRANTED`, `REFUSED` or `SETTLED`.
     status: AtomicU8,
     /// The waiter's key in the list, packed; read and written under the queue lock only.
@@ -125,10 +124,9 @@ pub(crate) enum Decided {
 }
 
 impl Waiter {
-    fn new(ask: Ask, reservation: Option<Reservation>, blocking: bool) -> Waiter {
+    fn new(call: Call, blocking: bool) -> Waiter {
         Waiter {
-            ask,
-            reservation,
+            call,
             status: AtomicU8::new(QUEUED),
             key: AtomicU64::new(0),
             revision: AtomicU64::new(0),
@@ -245,12 +243,8 @@ enum Turned {
 impl crate::bulkhead::Inner {
     /// A newcomer found no free slot on the fast path: under the queue lock, decide again
     /// (a slot may have freed meanwhile) and queue it if the queue has room.
-    pub(crate) fn arrive(
-        &self,
-        ask: Ask,
-        reservation: Option<Reservation>,
-        blocking: bool,
-    ) -> Arrival {
+    pub(crate) fn arrive(&self, call: Call, blocking: bool) -> Arrival {
+        let ask = call.ask;
         enum Step {
             Admitted(u64),
             Queue,
@@ -273,7 +267,7 @@ impl crate::bulkhead::Inner {
         match step.unwrap_or_else(|step| step) {
             Step::Admitted(revision) => Arrival::Admitted { revision },
             Step::Queue => {
-                let waiter = Arc::new(Waiter::new(ask, reservation, blocking));
+                let waiter = Arc::new(Waiter::new(call, blocking));
                 let key = list.push_back(Arc::clone(&waiter));
                 waiter.key.store(pack_key(key), Ordering::Relaxed);
                 self.queue.publish_len(&list);
@@ -295,7 +289,7 @@ impl crate::bulkhead::Inner {
         let mut emptied = None;
         {
             let mut list = lock(&self.queue.list);
-            while let Some(ask) = list.front().map(|head| head.ask) {
+            while let Some(ask) = list.front().map(|head| head.call.ask) {
                 let last = list.len() == 1;
                 let turned = self.decide(|s, limits| {
                     match policy::admit(s, limits, ask, Turn::Head) {
@@ -385,7 +379,7 @@ impl crate::bulkhead::Inner {
                     self.idle_check(after);
                 }
                 let (state, limits) = self.snapshot();
-                Withdrawal::Refused(self.reject(reason, state, &limits, waiter.ask))
+                Withdrawal::Refused(self.reject(reason, state, &limits, waiter.call.ask))
             }
             GRANTED => {
                 drop(list);
@@ -411,7 +405,7 @@ impl crate::bulkhead::Inner {
             let (state, limits) = self.snapshot();
             while let Some(waiter) = list.pop_front() {
                 self.queue.publish_len(&list);
-                waiter.refuse(self.reject(RejectReason::Shutdown, state, &limits, waiter.ask));
+                waiter.refuse(self.reject(RejectReason::Shutdown, state, &limits, waiter.call.ask));
                 woken.push(waiter);
             }
             emptied = self.set_waiters_flag(false);

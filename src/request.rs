@@ -1,9 +1,16 @@
-//! The request a bulkhead admits: just enough of an LLM call to estimate its token reservation.
+//! The request a bulkhead admits: the parts of an LLM call that size its reservation, and (with
+//! the `serde` feature) everything else the body carried, kept for fidelity.
+//!
+//! With `serde` (a default feature) an [`LlmRequest`] deserializes straight from the bodies
+//! gateways receive, OpenAI chat-completions and Anthropic messages alike; fields the bulkhead
+//! does not interpret (`temperature`, `tools`, `stream`, a message's `name` or `tool_calls`, an
+//! image block's `source`, ...) are kept in `extra` maps and serialized back. Without `serde`
+//! the same types are built in code with the chaining helpers.
 
-/// An LLM request as the bulkhead sees it: the text that will be sent and the output ceiling.
+/// An LLM request as the bulkhead sees it.
 ///
-/// Only the fields that drive estimation are modelled. Build one in code with the chaining
-/// helpers, or fill the public fields directly.
+/// Only the fields that drive estimation are interpreted. Build one in code with the chaining
+/// helpers, or (feature `serde`) deserialize a provider body.
 ///
 /// # Examples
 ///
@@ -19,19 +26,51 @@
 /// assert_eq!(request.max_tokens, Some(512));
 /// assert_eq!(request.system, Some(Content::from("You are terse.")));
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// From an OpenAI chat-completions body (feature `serde`):
+///
+#[cfg_attr(feature = "serde", doc = "```")]
+#[cfg_attr(not(feature = "serde"), doc = "```ignore")]
+/// use async_bulkhead_llm::LlmRequest;
+///
+/// let body = r#"{
+///     "model": "gpt-4o",
+///     "messages": [
+///         {"role": "system", "content": "You are terse."},
+///         {"role": "user", "content": [
+///             {"type": "text", "text": "What is in this picture?"},
+///             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+///         ]}
+///     ],
+///     "max_completion_tokens": 300,
+///     "temperature": 0.2
+/// }"#;
+/// let request: LlmRequest = serde_json::from_str(body)?;
+/// assert_eq!(request.output_ceiling(), Some(300));
+/// assert_eq!(request.text_len(), 14 + 24);
+/// assert_eq!(request.extra["temperature"], 0.2);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct LlmRequest {
     /// The model this call targets; estimation falls back to the bulkhead's model when absent.
     pub model: Option<String>,
     /// The conversation, in order.
     pub messages: Vec<Message>,
-    /// The system prompt, when sent separately from the messages.
+    /// The system prompt, when sent separately from the messages (Anthropic's `system`).
     pub system: Option<Content>,
-    /// The output ceiling the provider will enforce; the bulkhead's output cap when absent.
+    /// The output ceiling the provider will enforce (`max_tokens`).
     pub max_tokens: Option<u64>,
+    /// OpenAI's newer name for the output ceiling; used when `max_tokens` is absent.
+    pub max_completion_tokens: Option<u64>,
     /// Input tokens the caller has already counted (tool schemas, media priced by the
-    /// provider); added to the estimated input as is.
+    /// provider); added to the estimated input as is. In JSON: `extra_input_tokens` (or the
+    /// JavaScript original's `extraInputTokens`).
     pub extra_input_tokens: Option<u64>,
+    /// Every other top-level field of the body, kept as received.
+    #[cfg(feature = "serde")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl LlmRequest {
@@ -69,10 +108,7 @@ impl LlmRequest {
     /// assert_eq!(request.messages[0].role, "assistant");
     /// ```
     pub fn message(mut self, role: impl Into<String>, content: impl Into<Content>) -> LlmRequest {
-        self.messages.push(Message {
-            role: role.into(),
-            content: content.into(),
-        });
+        self.messages.push(Message::new(role, content));
         self
     }
 
@@ -101,7 +137,7 @@ impl LlmRequest {
         self
     }
 
-    /// Sets the output ceiling.
+    /// Sets the output ceiling (`max_tokens`).
     ///
     /// # Examples
     ///
@@ -127,6 +163,24 @@ impl LlmRequest {
         self
     }
 
+    /// The output ceiling the request states: `max_tokens`, else `max_completion_tokens`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::LlmRequest;
+    ///
+    /// let mut request = LlmRequest::new();
+    /// assert_eq!(request.output_ceiling(), None);
+    /// request.max_completion_tokens = Some(100);
+    /// assert_eq!(request.output_ceiling(), Some(100));
+    /// request.max_tokens = Some(50);
+    /// assert_eq!(request.output_ceiling(), Some(50));
+    /// ```
+    pub fn output_ceiling(&self) -> Option<u64> {
+        self.max_tokens.or(self.max_completion_tokens)
+    }
+
     /// Number of characters of text in the messages and the system prompt, counted in UTF-16
     /// code units exactly as the JavaScript original counts them (so its chars-per-token
     /// ratios keep their meaning). Opaque blocks count nothing.
@@ -142,8 +196,45 @@ impl LlmRequest {
     /// assert_eq!(LlmRequest::new().user("\u{1F600}").text_len(), 2);
     /// ```
     pub fn text_len(&self) -> u64 {
-        let messages: u64 = self.messages.iter().map(|m| m.content.text_len()).sum();
+        let messages: u64 = self
+            .messages
+            .iter()
+            .filter_map(|m| m.content.as_ref())
+            .map(Content::text_len)
+            .sum();
         messages + self.system.as_ref().map_or(0, Content::text_len)
+    }
+
+    /// Calls `f` with every opaque block of the messages and the system prompt, in order (the
+    /// blocks an estimator may charge a per-block surcharge for).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{ContentBlock, LlmRequest};
+    ///
+    /// let request = LlmRequest::new()
+    ///     .user(vec![ContentBlock::text("look"), ContentBlock::opaque("image")])
+    ///     .system(vec![ContentBlock::opaque("document")]);
+    /// let mut kinds = Vec::new();
+    /// request.for_each_opaque_block(|kind| kinds.push(kind.to_owned()));
+    /// assert_eq!(kinds, ["image", "document"]);
+    /// ```
+    pub fn for_each_opaque_block(&self, mut f: impl FnMut(&str)) {
+        let contents = self
+            .messages
+            .iter()
+            .filter_map(|m| m.content.as_ref())
+            .chain(self.system.as_ref());
+        for content in contents {
+            if let Content::Blocks(blocks) = content {
+                for block in blocks {
+                    if let ContentBlock::Opaque { kind, .. } = block {
+                        f(kind);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -152,17 +243,44 @@ impl LlmRequest {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Content, Message};
+/// use async_bulkhead_llm::Message;
 ///
-/// let message = Message { role: "user".into(), content: Content::from("hi") };
-/// assert_eq!(message.content.text_len(), 2);
+/// let message = Message::new("user", "hi");
+/// assert_eq!(message.role, "user");
+/// assert_eq!(message.content.map(|c| c.text_len()), Some(2));
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Message {
-    /// The speaker (`user`, `assistant`, `system`, `tool`, ...).
+    /// The speaker (`user`, `assistant`, `system`, `developer`, `tool`, ...).
     pub role: String,
-    /// What was said.
-    pub content: Content,
+    /// What was said; `None` for a turn with no content (an assistant turn that only calls
+    /// tools: JSON `"content": null`, or no `content` at all, which is written back as
+    /// `null`).
+    pub content: Option<Content>,
+    /// Every other field of the message (`name`, `tool_calls`, `tool_call_id`, ...), as
+    /// received.
+    #[cfg(feature = "serde")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Message {
+    /// A message with the given role and content.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let message = async_bulkhead_llm::Message::new("assistant", "Sure.");
+    /// assert_eq!(message.role, "assistant");
+    /// ```
+    pub fn new(role: impl Into<String>, content: impl Into<Content>) -> Message {
+        Message {
+            role: role.into(),
+            content: Some(content.into()),
+            #[cfg(feature = "serde")]
+            extra: serde_json::Map::new(),
+        }
+    }
 }
 
 /// Message content: plain text, or a list of blocks (text and opaque media).
@@ -178,7 +296,7 @@ pub struct Message {
 /// ]);
 /// assert_eq!(content.text_len(), 19);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Content {
     /// A plain string.
     Text(String),
@@ -203,7 +321,7 @@ impl Content {
             Content::Blocks(blocks) => blocks
                 .iter()
                 .map(|block| match block {
-                    ContentBlock::Text(text) => utf16_len(text),
+                    ContentBlock::Text { text, .. } => utf16_len(text),
                     ContentBlock::Opaque { .. } => 0,
                 })
                 .sum(),
@@ -231,23 +349,38 @@ impl From<Vec<ContentBlock>> for Content {
 
 /// One block of structured content.
 ///
+/// A block is a *text block* when its `type` is `"text"` and its `text` is a string; anything
+/// else (images, documents, tool calls and results, a malformed text block) is *opaque*,
+/// identified by its `type`.
+///
 /// # Examples
 ///
 /// ```
 /// use async_bulkhead_llm::ContentBlock;
 ///
-/// assert_eq!(ContentBlock::text("hi"), ContentBlock::Text("hi".into()));
-/// assert_eq!(ContentBlock::opaque("image"), ContentBlock::Opaque { kind: "image".into() });
+/// assert!(matches!(ContentBlock::text("hi"), ContentBlock::Text { text, .. } if text == "hi"));
+/// assert!(matches!(ContentBlock::opaque("image"), ContentBlock::Opaque { kind, .. } if kind == "image"));
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum ContentBlock {
     /// A text block; its text counts toward the estimate.
-    Text(String),
-    /// Anything else (images, documents, tool results...), identified by its type. A malformed
-    /// text block is opaque too, with kind `"text"`.
+    #[non_exhaustive]
+    Text {
+        /// The text.
+        text: String,
+        /// The block's other fields (e.g. `cache_control`), as received.
+        #[cfg(feature = "serde")]
+        extra: serde_json::Map<String, serde_json::Value>,
+    },
+    /// Any other block, identified by its `type` (an empty string when it has none).
+    #[non_exhaustive]
     Opaque {
         /// The block's `type`.
         kind: String,
+        /// The whole block as received (an object with its `type`, or whatever JSON value
+        /// stood in the content array).
+        #[cfg(feature = "serde")]
+        data: serde_json::Value,
     },
 }
 
@@ -257,10 +390,16 @@ impl ContentBlock {
     /// # Examples
     ///
     /// ```
-    /// assert!(matches!(async_bulkhead_llm::ContentBlock::text("a"), async_bulkhead_llm::ContentBlock::Text(_)));
+    /// use async_bulkhead_llm::{Content, ContentBlock};
+    ///
+    /// assert_eq!(Content::Blocks(vec![ContentBlock::text("abc")]).text_len(), 3);
     /// ```
     pub fn text(text: impl Into<String>) -> ContentBlock {
-        ContentBlock::Text(text.into())
+        ContentBlock::Text {
+            text: text.into(),
+            #[cfg(feature = "serde")]
+            extra: serde_json::Map::new(),
+        }
     }
 
     /// An opaque block of the given type.
@@ -268,23 +407,45 @@ impl ContentBlock {
     /// # Examples
     ///
     /// ```
-    /// let block = async_bulkhead_llm::ContentBlock::opaque("document");
-    /// assert!(matches!(block, async_bulkhead_llm::ContentBlock::Opaque { .. }));
+    /// use async_bulkhead_llm::{Content, ContentBlock};
+    ///
+    /// assert_eq!(Content::Blocks(vec![ContentBlock::opaque("document")]).text_len(), 0);
     /// ```
     pub fn opaque(kind: impl Into<String>) -> ContentBlock {
-        ContentBlock::Opaque { kind: kind.into() }
+        let kind = kind.into();
+        ContentBlock::Opaque {
+            #[cfg(feature = "serde")]
+            data: serde_json::json!({ "type": kind.clone() }),
+            kind,
+        }
     }
 }
 
 /// UTF-16 code units of `text`: every byte that starts a character counts one unit, and a
-/// four-byte sequence (a character outside the BMP, a surrogate pair in UTF-16) one more.
-/// ASCII text takes the `len()` fast path.
-fn utf16_len(text: &str) -> u64 {
+/// four-byte sequence (a character outside the BMP: a surrogate pair in UTF-16) one more.
+///
+/// ASCII text takes the `len()` fast path (`is_ascii` scans a word at a time and stops at the
+/// first non-ASCII byte). Other text is counted in chunks of 254 bytes into a `u8` accumulator,
+/// which lets the compiler count 16 bytes per SIMD instruction (about 5x faster here than
+/// summing into a wider type). It cannot wrap: in valid UTF-8 a chunk of `n` bytes holds at
+/// most `n + 1` units (a 4-byte lead adds 2 but its 3 continuation bytes add nothing, so only a
+/// lead cut off at the chunk's end exceeds one unit per byte), and 254 + 1 fits in a `u8`.
+pub(crate) fn utf16_len(text: &str) -> u64 {
     if text.is_ascii() {
         return text.len() as u64;
     }
-    text.bytes()
-        .map(|b| u64::from((b & 0xC0) != 0x80) + u64::from(b >= 0xF0))
+    text.as_bytes()
+        .chunks(254)
+        .map(|chunk| {
+            let mut units = 0u8;
+            for &b in chunk {
+                // Not a continuation byte (0b10xx_xxxx), plus one for a 4-byte lead (>= 0xF0).
+                units = units
+                    .wrapping_add(u8::from((b as i8) >= -0x40))
+                    .wrapping_add(u8::from(b >= 0xF0));
+            }
+            u64::from(units)
+        })
         .sum()
 }
 
@@ -293,7 +454,21 @@ mod tests {
     use super::utf16_len;
 
     #[test]
+    fn chunk_boundaries_never_wrap_the_counter() {
+        // A 4-byte character cut at every possible chunk boundary, in otherwise ASCII text.
+        for ascii in 240..260 {
+            let text = format!("{}\u{1F600}{}", "a".repeat(ascii), "\u{10FFFF}".repeat(200));
+            assert_eq!(
+                utf16_len(&text),
+                text.encode_utf16().count() as u64,
+                "{ascii}"
+            );
+        }
+    }
+
+    #[test]
     fn utf16_len_matches_encode_utf16() {
+        let long = "aé日\u{1F600}".repeat(40_000);
         for text in [
             "",
             "abc",
@@ -301,6 +476,7 @@ mod tests {
             "日本語",
             "\u{1F600}x",
             "a\u{10FFFF}\u{80}\u{800}",
+            &long,
         ] {
             assert_eq!(
                 utf16_len(text),

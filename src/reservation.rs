@@ -1,10 +1,9 @@
 //! Token reservations (what an admission holds) and token usage (what a call really consumed),
-//! both validated when they are built, plus the built-in naive estimate.
+//! both validated when they are built.
 
 use core::fmt;
 
 use crate::error::{RequestError, UsageError};
-use crate::request::LlmRequest;
 
 /// The default output ceiling when a request names none: 2048 tokens.
 pub const DEFAULT_OUTPUT_CAP: u64 = 2048;
@@ -218,73 +217,5 @@ impl TokenUsage {
     pub const fn total(&self) -> u64 {
         // Cannot overflow: `new` checked the sum.
         self.input + self.output
-    }
-}
-
-/// The built-in estimate: `ceil(chars / 4)` input tokens plus `extra_input_tokens`, and
-/// `max_tokens` (or `output_cap`) output tokens.
-pub(crate) fn naive_estimate(
-    request: &LlmRequest,
-    output_cap: u64,
-) -> Result<Reservation, RequestError> {
-    let text_tokens = request.text_len().div_ceil(4);
-    let extra = request.extra_input_tokens.unwrap_or(0);
-    let input = text_tokens
-        .checked_add(extra)
-        .ok_or(RequestError::InputOverflow {
-            text_tokens,
-            extra_input_tokens: extra,
-        })?;
-    Reservation::new(input, request.max_tokens.unwrap_or(output_cap))
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    fn chars(n: usize) -> LlmRequest {
-        LlmRequest::new().user("x".repeat(n))
-    }
-
-    #[test]
-    fn naive_rounds_up_and_defaults_the_output() {
-        assert_eq!(
-            naive_estimate(&chars(400), 2048).unwrap(),
-            Reservation::new(100, 2048).unwrap()
-        );
-        assert_eq!(naive_estimate(&chars(401), 2048).unwrap().input(), 101);
-        assert_eq!(
-            naive_estimate(&LlmRequest::new(), 2048).unwrap(),
-            Reservation::new(0, 2048).unwrap()
-        );
-        let sys = LlmRequest::new().user("abcd").system("12345678");
-        assert_eq!(naive_estimate(&sys, 2048).unwrap().input(), 3);
-        assert_eq!(
-            naive_estimate(&chars(4).max_tokens(0), 2048)
-                .unwrap()
-                .max_output(),
-            0
-        );
-        assert_eq!(naive_estimate(&chars(4), 77).unwrap().max_output(), 77);
-    }
-
-    #[test]
-    fn naive_rejects_unrepresentable_sums() {
-        let huge_extra = chars(8).extra_input_tokens(u64::MAX);
-        assert_eq!(
-            naive_estimate(&huge_extra, 0),
-            Err(RequestError::InputOverflow {
-                text_tokens: 2,
-                extra_input_tokens: u64::MAX
-            })
-        );
-        let huge_output = chars(8).max_tokens(u64::MAX);
-        assert_eq!(
-            naive_estimate(&huge_output, 0),
-            Err(RequestError::ReservationOverflow {
-                input: 2,
-                max_output: u64::MAX
-            })
-        );
     }
 }

@@ -119,7 +119,7 @@ pub(crate) mod atomic {
 /// Items that are not part of any modelled protocol (see the module docs).
 pub(crate) mod unmodeled {
     pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
-    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, Weak};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
     /// Locks `mutex`, ignoring poisoning (see [`super::lock`]).
     pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

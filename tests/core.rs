@@ -999,6 +999,7 @@ fn input_overflow_is_invalid_everywhere_and_counts_nothing() {
     let request = text(8).extra_input_tokens(u64::MAX);
     let expected = RequestError::InputOverflow {
         text_tokens: 2,
+        opaque_tokens: 0,
         extra_input_tokens: u64::MAX,
     };
 
@@ -1009,7 +1010,7 @@ fn input_overflow_is_invalid_everywhere_and_counts_nothing() {
     assert!(err.rejection().is_none());
     assert_eq!(
         err.to_string(),
-        "invalid request: estimated input (2 text tokens + 18446744073709551615 extra input tokens) does not fit in 64 bits"
+        "invalid request: estimated input (2 text tokens + 0 opaque-block tokens + 18446744073709551615 extra input tokens) does not fit in 64 bits"
     );
     assert_eq!(
         bulkhead
