@@ -20,12 +20,12 @@ use event_listener::Listener;
 
 use crate::bulkhead::{Begun, Call, Inner, LlmBulkhead};
 use crate::error::{AcquireError, RequestError};
+use crate::events::Timing;
 use crate::options::AcquireOptions;
 use crate::permit::{Grant, OwnedPermit, Permit};
 use crate::queue::{Decided, Waiter, Withdrawal};
 use crate::rejection::RejectReason;
 use crate::request::LlmRequest;
-use crate::stats::Counter;
 use crate::sync::Arc;
 use crate::timer::Sleep;
 
@@ -259,6 +259,8 @@ struct Waiting {
     waiter: Arc<Waiter>,
     /// The queue timeout, measured from joining the queue.
     sleep: Option<Sleep>,
+    /// Decision timing, when anyone listens to admit or reject events.
+    timing: Option<Timing>,
 }
 
 /// The state machine shared by both futures and both blocking variants.
@@ -283,22 +285,32 @@ impl<I: Deref<Target = Inner>> Core<I> {
     /// `blocking`).
     fn start(&mut self, blocking: bool) -> Option<Result<Grant, AcquireError>> {
         match core::mem::replace(&mut self.step, Step::Done) {
-            Step::Start { call, timeout } => match self.inner.begin(call, blocking) {
-                Begun::Admitted(grant) => Some(Ok(grant)),
-                Begun::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
-                Begun::Queued(waiter) => {
-                    let sleep = timeout.map(|t| {
-                        let now = Instant::now();
+            Step::Start { call, timeout } => {
+                // Decision timing starts here: after estimation, before the first decision.
+                let timing = self.inner.timing();
+                match self.inner.begin(call, blocking) {
+                    Begun::Admitted(grant) => {
+                        self.inner.announce_admit(&grant, timing, None);
+                        Some(Ok(grant))
+                    }
+                    Begun::Refused(rejection) => {
+                        self.inner.announce_reject(&rejection, timing, None);
+                        Some(Err(AcquireError::Rejected(rejection)))
+                    }
+                    Begun::Queued(waiter) => {
                         // A timeout too large for the clock means no timeout.
-                        now.checked_add(t).map(Sleep::until)
-                    });
-                    self.step = Step::Waiting(Waiting {
-                        waiter,
-                        sleep: sleep.flatten(),
-                    });
-                    None
+                        let sleep = timeout
+                            .and_then(|t| Instant::now().checked_add(t))
+                            .map(Sleep::until);
+                        self.step = Step::Waiting(Waiting {
+                            waiter,
+                            sleep,
+                            timing: timing.map(Timing::queued),
+                        });
+                        None
+                    }
                 }
-            },
+            }
             Step::Invalid(error) => Some(Err(AcquireError::Invalid(error))),
             other => {
                 self.step = other;
@@ -319,13 +331,23 @@ impl<I: Deref<Target = Inner>> Core<I> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()
         };
-        Some(self.finish(&waiting.waiter, decided))
+        Some(self.finish(&waiting, decided))
     }
 
-    fn finish(&self, waiter: &Waiter, decided: Decided) -> Result<Grant, AcquireError> {
+    /// Turns a decided wait into the acquire's result, announcing it.
+    fn finish(&self, waiting: &Waiting, decided: Decided) -> Result<Grant, AcquireError> {
+        let picked_at = waiting.timing.map(|_| Instant::now());
         match decided {
-            Decided::Granted { revision } => Ok(self.inner.grant(waiter.call, revision)),
-            Decided::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
+            Decided::Granted { revision } => {
+                let grant = self.inner.grant(waiting.waiter.call, revision);
+                self.inner.announce_admit(&grant, waiting.timing, picked_at);
+                Ok(grant)
+            }
+            Decided::Refused(rejection) => {
+                self.inner
+                    .announce_reject(&rejection, waiting.timing, picked_at);
+                Err(AcquireError::Rejected(rejection))
+            }
         }
     }
 
@@ -334,12 +356,11 @@ impl<I: Deref<Target = Inner>> Core<I> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!("only a waiting acquire times out")
         };
-        match self.inner.withdraw(&waiting.waiter, RejectReason::Timeout) {
-            Withdrawal::Granted { revision } => {
-                self.finish(&waiting.waiter, Decided::Granted { revision })
-            }
-            Withdrawal::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
-        }
+        let decided = match self.inner.withdraw(&waiting.waiter, RejectReason::Timeout) {
+            Withdrawal::Granted { revision } => Decided::Granted { revision },
+            Withdrawal::Refused(rejection) => Decided::Refused(rejection),
+        };
+        self.finish(&waiting, decided)
     }
 
     fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, AcquireError>> {
@@ -405,18 +426,24 @@ impl<I: Deref<Target = Inner>> Drop for Core<I> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             return;
         };
-        match self.inner.withdraw(&waiting.waiter, RejectReason::Aborted) {
+        let picked_at = waiting.timing.map(|_| Instant::now());
+        let rejection = match self.inner.withdraw(&waiting.waiter, RejectReason::Aborted) {
             // Handed a slot nobody will use: the call was still waiting as far as its caller
             // knew, so it counts as aborted, and the slot and tokens go back (to the next
             // waiter, if any) as a release would return them.
             Withdrawal::Granted { .. } => {
-                self.inner
-                    .count(Counter::Rejected(RejectReason::Aborted), 1);
-                self.inner
-                    .release_capacity(waiting.waiter.call.ask.reserved);
+                let (state, limits) = self.inner.snapshot();
+                let ask = waiting.waiter.call.ask;
+                let rejection = self
+                    .inner
+                    .reject(RejectReason::Aborted, state, &limits, ask);
+                self.inner.release_capacity(ask.reserved);
+                rejection
             }
-            // Counted when it was refused.
-            Withdrawal::Refused(_) => {}
-        }
+            // Counted when it was refused (now, or earlier while it waited).
+            Withdrawal::Refused(rejection) => rejection,
+        };
+        self.inner
+            .announce_reject(&rejection, waiting.timing, picked_at);
     }
 }

@@ -5,20 +5,19 @@ use core::convert::Infallible;
 use core::fmt;
 use std::time::Duration;
 
-use event_listener::Event;
-
 use crate::config::LlmBulkheadBuilder;
 use crate::error::{AcquireError, LimitsError, RequestError};
-use crate::estimate::{Estimator, Memo, TokenEstimate};
+use crate::estimate::{Estimator, Memo};
+use crate::events::{ALL_KINDS, Event, EventKind, Listeners, Subscription, kinds_mask};
 use crate::limits::{self, ApplyOutcome, BudgetLimits, Limits, MAX_REVISION, PublishedLimits};
 use crate::local;
 use crate::options::AcquireOptions;
-use crate::permit::{Grant, OwnedPermit, Permit, ReleaseReport};
+use crate::permit::{Grant, OwnedPermit, Permit};
 use crate::policy::{self, Ask, Refusal, Turn, Verdict};
 use crate::queue::{Arrival, WaitQueue, Waiter};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection};
 use crate::request::LlmRequest;
-use crate::reservation::{Reservation, TokenUsage};
+use crate::reservation::Reservation;
 use crate::state::{AtomicState, State};
 use crate::stats::{Counter, Hub, Stats, TokenBudgetStats};
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -77,14 +76,16 @@ pub(crate) struct Inner {
     /// Calls waiting for a slot, in arrival order (see `crate::queue`).
     pub(crate) queue: WaitQueue,
     /// Notified when the bulkhead becomes idle while a drain waits (see `crate::drain`).
-    pub(crate) drained: Event,
+    pub(crate) drained: event_listener::Event,
     /// Counts those notifications, so a woken drainer knows an idle moment happened.
     pub(crate) idle_generation: AtomicU64,
     /// Cumulative counters, sharded per thread.
-    hub: unmodeled::Arc<Hub>,
+    pub(crate) hub: unmodeled::Arc<Hub>,
+    /// Event listeners (see `crate::events`).
+    pub(crate) listeners: unmodeled::Arc<Listeners>,
     model: Box<str>,
     /// Sizes calls that bring no reservation of their own (with a token budget only).
-    estimator: unmodeled::Arc<dyn Estimator>,
+    pub(crate) estimator: unmodeled::Arc<dyn Estimator>,
     has_budget: bool,
     /// Queue timeout of calls that set none.
     default_timeout: Option<Duration>,
@@ -117,9 +118,10 @@ impl LlmBulkhead {
             published: PublishedLimits::new(&limits),
             writer: Mutex::new(limits),
             queue: WaitQueue::new(),
-            drained: Event::new(),
+            drained: event_listener::Event::new(),
             idle_generation: AtomicU64::new(0),
             hub: unmodeled::Arc::new(Hub::default()),
+            listeners: unmodeled::Arc::new(Listeners::default()),
             model: model.into_boxed_str(),
             estimator,
             has_budget,
@@ -377,6 +379,8 @@ impl LlmBulkhead {
         }
         limits::validate(&next, self.inner.has_budget)?;
         let previous = self.inner.install(&mut current, next);
+        drop(current);
+        self.inner.announce_reconfigure(previous, next);
         Ok(ApplyOutcome::Applied {
             previous,
             current: next,
@@ -423,7 +427,9 @@ impl LlmBulkhead {
             }),
             ..*current
         };
-        self.inner.install(&mut current, next);
+        let previous = self.inner.install(&mut current, next);
+        drop(current);
+        self.inner.announce_reconfigure(previous, next);
         Ok(next)
     }
 
@@ -481,6 +487,63 @@ impl LlmBulkhead {
         self.inner.state.load().is_closed()
     }
 
+    /// Calls `listener` with every lifecycle event until the returned [`Subscription`] is
+    /// dropped. See [`Event`] and `crate::events` for delivery rules: synchronous, in
+    /// registration order, never under a lock of the bulkhead, panics caught and counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use async_bulkhead_llm::{Event, LlmBulkhead, Limits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let revisions = Arc::new(Mutex::new(Vec::new()));
+    /// let seen = revisions.clone();
+    /// let _subscription = bulkhead.on(move |event: &Event<'_>| {
+    ///     if let Event::Reconfigure(e) = event {
+    ///         seen.lock().unwrap().push(e.current.revision);
+    ///     }
+    /// });
+    /// bulkhead.apply_limits(Limits::new(1, 2))?;
+    /// bulkhead.apply_limits(Limits::new(2, 3))?;
+    /// assert_eq!(*revisions.lock().unwrap(), [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on(&self, listener: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Subscription {
+        Subscription::new(&self.inner.listeners, ALL_KINDS, Box::new(listener))
+    }
+
+    /// Like [`on`](LlmBulkhead::on), for the given kinds only: other kinds cost nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use async_bulkhead_llm::{AcquireOptions, Event, EventKind, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+    /// let refused = Arc::new(AtomicU64::new(0));
+    /// let count = refused.clone();
+    /// let _subscription = bulkhead.on_events([EventKind::Reject], move |event| {
+    ///     if let Event::Reject(e) = event {
+    ///         assert_eq!(e.queue_wait, Some(std::time::Duration::ZERO));
+    ///         count.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// });
+    /// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new());
+    /// assert_eq!(refused.load(Ordering::Relaxed), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_events(
+        &self,
+        kinds: impl IntoIterator<Item = EventKind>,
+        listener: impl Fn(&Event<'_>) + Send + Sync + 'static,
+    ) -> Subscription {
+        Subscription::new(&self.inner.listeners, kinds_mask(kinds), Box::new(listener))
+    }
+
     /// A snapshot of the bulkhead's figures; see [`Stats`].
     ///
     /// # Examples
@@ -518,6 +581,7 @@ impl LlmBulkhead {
                 .saturating_sub(u64::from(state.slots()).saturating_sub(self.inner.queue.handed())),
             rejected: rejected_by_reason.total(),
             rejected_by_reason,
+            listener_panics: self.inner.listeners.panics(),
             token_budget: limits.token_budget.map(|b| TokenBudgetStats {
                 budget: b.budget,
                 high_priority_reserve: b.high_priority_reserve,
@@ -525,7 +589,9 @@ impl LlmBulkhead {
                 available: b.budget.saturating_sub(state.tokens()),
                 total_reserved: totals.get(Counter::Reserved),
                 total_consumed: totals.get(Counter::Consumed),
-                total_refunded: totals.get(Counter::Refunded),
+                total_refunded: totals
+                    .get(Counter::Refunded)
+                    .saturating_sub(totals.get(Counter::Reheld)),
                 total_overrun: totals.get(Counter::Overrun),
             }),
         }
@@ -630,10 +696,18 @@ impl Inner {
     /// Admits `ask` now or refuses it, counting either outcome; never queues.
     #[inline]
     fn try_admit(&self, call: Call) -> Result<Grant, Rejection> {
+        // Decision timing starts here: after estimation, before the decision.
+        let timing = self.timing();
         match self.admit_now(call.ask) {
-            Ok(revision) => Ok(self.grant(call, revision)),
+            Ok(revision) => {
+                let grant = self.grant(call, revision);
+                self.announce_admit(&grant, timing, None);
+                Ok(grant)
+            }
             Err((refusal, state, limits)) => {
-                Err(self.reject(refusal.reason(), state, &limits, call.ask))
+                let rejection = self.reject(refusal.reason(), state, &limits, call.ask);
+                self.announce_reject(&rejection, timing, None);
+                Err(rejection)
             }
         }
     }
@@ -671,6 +745,8 @@ impl Inner {
             reservation: call.reservation,
             memo: call.memo,
             held: call.ask.reserved,
+            reported: None,
+            sequence: 0,
         }
     }
 
@@ -772,44 +848,6 @@ impl Inner {
         // Release: pairs with the drainers' Acquire loads of the generation.
         self.idle_generation.fetch_add(1, Ordering::Release);
         self.drained.notify(usize::MAX);
-    }
-
-    /// Settles an admission without usage (a dropped permit): returns its slot and its hold,
-    /// and books nothing (`released` is derived, see `stats`).
-    #[inline]
-    pub(crate) fn settle_unused(&self, grant: &Grant) {
-        self.release_capacity(grant.held);
-    }
-
-    /// Settles an admission: returns its slot and its hold, and books the usage.
-    #[inline]
-    pub(crate) fn settle(&self, grant: &Grant, usage: Option<TokenUsage>) -> ReleaseReport {
-        let held = grant.held;
-        // Book first, so a drainer woken by this release sees the usage in `stats()`.
-        // Releases are not counted: `released` is `admitted - in_flight` (see `stats`). Only
-        // the usage needs booking, so a release without usage touches no counter at all.
-        let mut refunded = 0;
-        if let Some(usage) = usage {
-            let consumed = usage.total();
-            refunded = held.saturating_sub(consumed);
-            local::with(&self.hub, |sink| {
-                // Reported usage always reaches the consumed total, even when the hold is 0.
-                sink.bump(Counter::Consumed, consumed);
-                sink.bump(Counter::Refunded, refunded);
-            });
-            // Tell the estimator that sized this admission what it really cost.
-            if let (Some(memo), Some(reservation)) = (grant.memo, grant.reservation) {
-                let estimate = TokenEstimate::new(reservation.input(), reservation.max_output())
-                    .with_memo(memo);
-                self.estimator.observe(&estimate, usage);
-            }
-        }
-        self.release_capacity(held);
-        ReleaseReport {
-            held_tokens: held,
-            refunded_tokens: refunded,
-            usage,
-        }
     }
 }
 

@@ -249,6 +249,15 @@ pub enum UsageError {
         /// Generated tokens.
         output: u64,
     },
+    /// A progressive report's remaining output exceeds the reservation's maximum output.
+    RemainingExceedsCap {
+        /// The reported remaining output.
+        remaining: u64,
+        /// The reservation's maximum output.
+        cap: u64,
+    },
+    /// The hold the report implies, or the tokens in flight with it, does not fit in a `u64`.
+    HoldOverflow,
 }
 
 impl fmt::Display for UsageError {
@@ -258,6 +267,13 @@ impl fmt::Display for UsageError {
                 f,
                 "token usage total ({input} input + {output} output) does not fit in 64 bits"
             ),
+            UsageError::RemainingExceedsCap { remaining, cap } => write!(
+                f,
+                "progressive reconciliation remaining_output_tokens ({remaining}) must not exceed the reserved output cap ({cap})"
+            ),
+            UsageError::HoldOverflow => {
+                f.write_str("the hold this usage implies does not fit in 64 bits")
+            }
         }
     }
 }

@@ -107,6 +107,7 @@ mod config;
 mod drain;
 mod error;
 mod estimate;
+mod events;
 mod fifo;
 mod limits;
 mod local;
@@ -124,6 +125,7 @@ mod state;
 mod stats;
 mod sync;
 mod timer;
+mod usage;
 
 /// The named futures of the crate.
 pub mod futures {
@@ -140,6 +142,11 @@ pub use estimate::{
     AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
     ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
 };
+pub use events::{
+    AbandonCause, AdmitEvent, BorrowedConcurrencyAbandonEvent, BypassEvent, BypassReleaseEvent,
+    BypassUsageEvent, DedupEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent,
+    Subscription, UsageEvent,
+};
 pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_CONCURRENT, MAX_REVISION};
 pub use options::{AcquireOptions, Priority};
 pub use permit::{OwnedPermit, Permit, ReleaseReport};
@@ -149,6 +156,7 @@ pub use request::{Content, ContentBlock, LlmRequest, Message};
 pub use reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
 pub use run::{RunContext, RunError};
 pub use stats::{RejectionCounts, Stats, TokenBudgetStats};
+pub use usage::{Progressive, UsageReport};
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]

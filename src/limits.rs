@@ -53,6 +53,7 @@ pub const MAX_CONCURRENT: u32 = MAX_SLOTS;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Limits {
     /// Version of this snapshot; each applied snapshot must be strictly greater.
@@ -60,8 +61,10 @@ pub struct Limits {
     /// Hard ceiling on calls in flight; 0 refuses everything (a fail-closed kill switch).
     pub max_concurrent: u32,
     /// How many calls may wait for a slot; 0 means never wait.
+    #[cfg_attr(feature = "serde", serde(default))]
     pub max_queue: u32,
     /// The token budget, present iff the bulkhead was built with one.
+    #[cfg_attr(feature = "serde", serde(default))]
     pub token_budget: Option<BudgetLimits>,
 }
 
@@ -143,6 +146,7 @@ impl Limits {
 /// assert_eq!((b.budget, b.high_priority_reserve), (500, 50));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct BudgetLimits {
     /// Ceiling on tokens reserved by calls in flight at the same time.

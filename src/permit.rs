@@ -6,10 +6,12 @@ use core::ops::Deref;
 
 use crate::admission_id::{AdmissionId, IdParts};
 use crate::bulkhead::Inner;
+use crate::error::UsageError;
 use crate::estimate::Memo;
 use crate::options::Priority;
 use crate::reservation::{Reservation, TokenUsage};
 use crate::sync::Arc;
+use crate::usage::{Progressive, UsageReport};
 
 /// What one admission holds. Shared by both permit types.
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +24,10 @@ pub(crate) struct Grant {
     pub(crate) memo: Option<Memo>,
     /// Tokens this admission currently contributes to the in-flight total.
     pub(crate) held: u64,
+    /// Cumulative usage reported so far (per-field maximum).
+    pub(crate) reported: Option<TokenUsage>,
+    /// Effective reports so far.
+    pub(crate) sequence: u64,
 }
 
 /// What settling a permit did.
@@ -42,9 +48,11 @@ pub(crate) struct Grant {
 pub struct ReleaseReport {
     /// Tokens the admission held just before release (all returned to the budget now).
     pub held_tokens: u64,
-    /// Part of the hold the reported usage did not consume: `held - usage`, or 0 when the
-    /// usage reached the hold or no usage was given.
+    /// Part of the hold the usage did not consume: `held - usage`, or 0 when the usage reached
+    /// the hold or no usage was known.
     pub refunded_tokens: u64,
+    /// Part of the usage above both the hold and the reservation (booked as overrun).
+    pub overrun_tokens: u64,
     /// The usage the release was settled with.
     pub usage: Option<TokenUsage>,
 }
@@ -70,6 +78,14 @@ impl<I: Deref<Target = Inner>> Held<I> {
         self.settled = true;
         self.inner.settle(&self.grant, usage)
     }
+
+    fn report(
+        &mut self,
+        usage: TokenUsage,
+        progressive: Option<Progressive>,
+    ) -> Result<UsageReport, UsageError> {
+        self.inner.report(&mut self.grant, usage, progressive)
+    }
 }
 
 impl<I: Deref<Target = Inner>> Drop for Held<I> {
@@ -94,6 +110,76 @@ impl<I: Deref<Target = Inner>> fmt::Debug for Held<I> {
 
 macro_rules! permit_accessors {
     ($acquire:literal) => {
+        /// Reports the call's cumulative usage so far (for example from a streaming response's
+        /// usage fields), moving the hold at once: an input over-estimate is refunded to the
+        /// budget, output beyond the reservation expands the hold (and so holds back new
+        /// admissions until release). Each field only grows: a stale or duplicate report
+        /// changes nothing and emits nothing. Without a token budget the report is recorded
+        /// (and settles the release) but holds nothing.
+        ///
+        /// A release without explicit usage (or a drop) settles with the last reported usage.
+        ///
+        /// # Errors
+        ///
+        /// [`UsageError`] when the clamped usage or the hold it implies cannot be represented;
+        /// nothing changes.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// # use async_bulkhead_llm::*;
+        /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+        /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+        #[doc = concat!("let mut permit = bulkhead.", $acquire, "(&LlmRequest::new(), opts)?;")]
+        /// // The prompt was 20 tokens, not 100: 80 go back to the budget now.
+        /// assert_eq!(permit.report_usage(TokenUsage::new(20, 5)?)?.held, 1020);
+        /// // The output runs past the reservation: the hold grows with it.
+        /// let report = permit.report_usage(TokenUsage::new(20, 1400)?)?;
+        /// assert_eq!((report.held, report.sequence, report.over_reservation), (1420, 2, true));
+        /// // A stale report changes nothing.
+        /// assert_eq!(permit.report_usage(TokenUsage::new(10, 10)?)?.sequence, 2);
+        /// assert_eq!(bulkhead.stats().token_budget.unwrap().in_flight_tokens, 1420);
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        pub fn report_usage(&mut self, usage: TokenUsage) -> Result<UsageReport, UsageError> {
+            self.held.report(usage, None)
+        }
+
+        /// Reports cumulative usage with a progressive reconciliation: the hold becomes
+        /// `remaining + safety margin + output beyond the reservation`, so processed input
+        /// and generated output stop being held. Use it once prefill is known complete, with
+        /// `remaining` from an authoritative output cap.
+        ///
+        /// # Errors
+        ///
+        /// [`UsageError::RemainingExceedsCap`] when `remaining` exceeds the reservation's
+        /// maximum output, and the errors of [`report_usage`](Self::report_usage); nothing
+        /// changes.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// # use async_bulkhead_llm::*;
+        /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+        /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+        #[doc = concat!("let mut permit = bulkhead.", $acquire, "(&LlmRequest::new(), opts)?;")]
+        /// let progress = Progressive::new(900).safety_margin(50);
+        /// assert_eq!(permit.report_usage_progressive(TokenUsage::new(20, 100)?, progress)?.held, 950);
+        /// let progress = Progressive::new(600).safety_margin(50);
+        /// assert_eq!(permit.report_usage_progressive(TokenUsage::new(20, 400)?, progress)?.held, 650);
+        /// assert_eq!(bulkhead.stats().token_budget.unwrap().total_refunded, 450);
+        /// let too_much = Progressive::new(1001);
+        /// assert!(permit.report_usage_progressive(TokenUsage::new(20, 400)?, too_much).is_err());
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        pub fn report_usage_progressive(
+            &mut self,
+            usage: TokenUsage,
+            progressive: Progressive,
+        ) -> Result<UsageReport, UsageError> {
+            self.held.report(usage, Some(progressive))
+        }
+
         /// The admission's unique id.
         ///
         /// # Examples
@@ -213,8 +299,24 @@ impl<'a> Permit<'a> {
 
     permit_accessors!("try_acquire");
 
-    /// Settles the admission: returns its slot and its whole hold, and books `usage` (when
-    /// given) as consumed and the unused part of the hold as refunded.
+    /// The bulkhead and the grant, for a [`RunContext`](crate::RunContext) to report through.
+    pub(crate) fn parts(&mut self) -> (&Inner, &mut Grant) {
+        (self.held.inner, &mut self.held.grant)
+    }
+
+    /// Settles the admission: returns its slot and its whole hold, and books `usage` (else
+    /// the last reported usage, if any) as consumed, the unused part of the hold as refunded
+    /// and usage beyond the hold and the reservation as overrun.
+    ///
+    /// Consuming the permit makes reporting after release impossible:
+    ///
+    /// ```compile_fail
+    /// # use async_bulkhead_llm::*;
+    /// # let bulkhead = LlmBulkhead::builder("m", 1).build().unwrap();
+    /// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap();
+    /// permit.release(None);
+    /// permit.report_usage(TokenUsage::new(1, 1).unwrap()); // error: use of moved value
+    /// ```
     ///
     /// # Examples
     ///

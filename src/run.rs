@@ -5,13 +5,14 @@ use core::future::Future;
 use core::ops::AsyncFnOnce;
 
 use crate::admission_id::AdmissionId;
-use crate::bulkhead::LlmBulkhead;
-use crate::error::{AcquireError, RequestError};
+use crate::bulkhead::{Inner, LlmBulkhead};
+use crate::error::{AcquireError, RequestError, UsageError};
 use crate::options::{AcquireOptions, Priority};
-use crate::permit::Permit;
+use crate::permit::Grant;
 use crate::rejection::Rejection;
 use crate::request::LlmRequest;
 use crate::reservation::{Reservation, TokenUsage};
+use crate::usage::{Progressive, UsageReport};
 
 /// What a [`run`](LlmBulkhead::run) callback knows about its admission.
 ///
@@ -33,12 +34,91 @@ use crate::reservation::{Reservation, TokenUsage};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Clone, Copy)]
 pub struct RunContext<'a> {
-    permit: &'a Permit<'a>,
+    inner: &'a Inner,
+    grant: &'a mut Grant,
 }
 
 impl RunContext<'_> {
+    /// Reports the call's cumulative usage so far; see [`Permit::report_usage`](crate::Permit::report_usage).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Permit::report_usage`](crate::Permit::report_usage); nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+    /// let held = bulkhead.run(&LlmRequest::new(), opts, async |mut ctx| {
+    ///     // A streamed chunk carried the provider's running usage.
+    ///     let report = ctx.report_usage(TokenUsage::new(20, 5)?)?;
+    ///     Ok::<_, UsageError>(report.held)
+    /// }).await?;
+    /// assert_eq!(held, 1020);
+    /// // Released with the last reported usage: 25 consumed, the rest of the hold refunded.
+    /// let t = bulkhead.stats().token_budget.unwrap();
+    /// assert_eq!((t.total_consumed, t.total_refunded, t.in_flight_tokens), (25, 1075, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn report_usage(&mut self, usage: TokenUsage) -> Result<UsageReport, UsageError> {
+        self.inner.report(self.grant, usage, None)
+    }
+
+    /// Reports cumulative usage with a progressive reconciliation; see
+    /// [`Permit::report_usage_progressive`](crate::Permit::report_usage_progressive).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Permit::report_usage_progressive`](crate::Permit::report_usage_progressive); nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+    /// let held = bulkhead.run(&LlmRequest::new(), opts, async |mut ctx| {
+    ///     let progress = Progressive::new(900).safety_margin(50);
+    ///     Ok::<_, UsageError>(ctx.report_usage_progressive(TokenUsage::new(20, 100)?, progress)?.held)
+    /// }).await?;
+    /// assert_eq!(held, 950);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn report_usage_progressive(
+        &mut self,
+        usage: TokenUsage,
+        progressive: Progressive,
+    ) -> Result<UsageReport, UsageError> {
+        self.inner.report(self.grant, usage, Some(progressive))
+    }
+
+    /// Tokens the admission currently holds against the budget (0 without a budget).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(10, 90)?);
+    /// let held = bulkhead.run(&LlmRequest::new(), opts, async |ctx| {
+    ///     Ok::<_, std::io::Error>(ctx.held_tokens())
+    /// }).await?;
+    /// assert_eq!(held, 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn held_tokens(&self) -> u64 {
+        self.grant.held
+    }
+
     /// The admission's unique id.
     ///
     /// # Examples
@@ -55,7 +135,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn admission_id(&self) -> AdmissionId {
-        self.permit.admission_id()
+        self.grant.id.id()
     }
 
     /// Revision of the limits that admitted the call.
@@ -74,7 +154,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn limit_revision(&self) -> u64 {
-        self.permit.limit_revision()
+        self.grant.revision
     }
 
     /// The reservation admitted (`None` without a token budget).
@@ -94,7 +174,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn reservation(&self) -> Option<Reservation> {
-        self.permit.reservation()
+        self.grant.reservation
     }
 
     /// The priority the call was admitted with.
@@ -113,7 +193,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn priority(&self) -> Priority {
-        self.permit.priority()
+        self.grant.priority
     }
 }
 
@@ -124,6 +204,7 @@ impl fmt::Debug for RunContext<'_> {
             .field("limit_revision", &self.limit_revision())
             .field("priority", &self.priority())
             .field("reservation", &self.reservation())
+            .field("held_tokens", &self.held_tokens())
             .finish()
     }
 }
@@ -196,9 +277,10 @@ impl<E: std::error::Error> std::error::Error for RunError<E> {}
 
 impl LlmBulkhead {
     /// Acquires (waiting in the queue if allowed, as [`acquire`](LlmBulkhead::acquire)), runs
-    /// `f` with the admission's [`RunContext`], and settles the admission when `f` finishes:
-    /// with no usage (the whole hold returns, nothing is booked) on success or failure. Use
-    /// [`run_with_usage`](LlmBulkhead::run_with_usage) to settle with the provider's usage.
+    /// `f` with the admission's [`RunContext`], and settles the admission when `f` finishes,
+    /// on success or failure: with the last usage `f` reported through the context, else with
+    /// no usage (the whole hold returns, nothing is booked). Use
+    /// [`run_with_usage`](LlmBulkhead::run_with_usage) to settle with the usage in `f`'s result.
     ///
     /// # Errors
     ///
@@ -248,7 +330,8 @@ impl LlmBulkhead {
     }
 
     /// Like [`run`](LlmBulkhead::run), settling a successful call with the usage `usage`
-    /// extracts from its result (`None`: no usage). A failed call settles with no usage.
+    /// extracts from its result (`None`: the last usage reported through the context, if any).
+    /// A failed call settles with the last reported usage, if any.
     ///
     /// # Errors
     ///
@@ -296,9 +379,10 @@ impl LlmBulkhead {
         // Resolved now, so the future does not borrow the request.
         let acquire = self.acquire(request, options);
         async move {
-            let permit = acquire.await?;
+            let mut permit = acquire.await?;
             // The permit lives in this future: dropping the future settles it.
-            let result = f(RunContext { permit: &permit }).await;
+            let (inner, grant) = permit.parts();
+            let result = f(RunContext { inner, grant }).await;
             match result {
                 Ok(value) => {
                     let usage = usage(&value);

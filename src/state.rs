@@ -199,6 +199,15 @@ impl State {
         }
     }
 
+    /// This state with `tokens` tokens in flight.
+    #[inline]
+    pub(crate) fn with_tokens(self, tokens: u64) -> State {
+        State {
+            ctl: self.ctl,
+            tokens,
+        }
+    }
+
     #[inline]
     pub(crate) fn with_closed(self) -> State {
         State {

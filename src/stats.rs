@@ -23,6 +23,15 @@ use crate::sync::unmodeled::{self, Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 /// very moment. Once every thread that used the bulkhead is joined (or otherwise synchronised
 /// with the reader), every figure is exact.
 ///
+/// The JavaScript original reports a base-gate block and an LLM block because its slot gate and
+/// its token check are separate steps; here one decision takes both, so the two blocks agree
+/// and are one: `in_flight`, `pending`, `closed`, `admitted`, `released`, `rejected` and
+/// `rejected_by_reason` (with `aborted` and `timeout` among the reasons) cover both, the limits
+/// (`max_concurrent`, `max_queue`) are in `limits`, and `listener_panics` is the original's
+/// `hookErrors` (which it never incremented).
+///
+/// With the `serde` feature it serializes as a plain JSON object (for a `/stats` endpoint).
+///
 /// # Examples
 ///
 /// ```
@@ -40,6 +49,7 @@ use crate::sync::unmodeled::{self, Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Stats {
     /// The limits in force.
@@ -60,6 +70,8 @@ pub struct Stats {
     pub rejected_by_reason: RejectionCounts,
     /// Token accounting, present iff the bulkhead has a token budget.
     pub token_budget: Option<TokenBudgetStats>,
+    /// Panics of event listeners, caught and counted.
+    pub listener_panics: u64,
 }
 
 /// Refusal counts by reason.
@@ -77,6 +89,7 @@ pub struct Stats {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RejectionCounts {
     /// Refused because the bulkhead was closed.
@@ -145,6 +158,7 @@ impl RejectionCounts {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct TokenBudgetStats {
     /// The budget in force.
@@ -159,9 +173,13 @@ pub struct TokenBudgetStats {
     pub total_reserved: u64,
     /// Sum of the usage reported when admissions were settled.
     pub total_consumed: u64,
-    /// Tokens returned early because the reported usage was below the hold.
+    /// Tokens returned to the budget before their admission's reservation ended: removed from
+    /// holds by usage reports and at settlement (a hold above the usage), net of tokens a later
+    /// report or the final usage took back below the reservation.
     pub total_refunded: u64,
-    /// Tokens held above an admission's original reservation.
+    /// Tokens held above admissions' original reservations (output beyond the reservation,
+    /// input above the estimate, a final usage above the hold): only tokens above the
+    /// reservation count (the original counted any increase of a hold).
     pub total_overrun: u64,
 }
 
@@ -171,13 +189,17 @@ pub(crate) enum Counter {
     Admitted,
     Reserved,
     Consumed,
+    /// Tokens removed from holds (gross).
     Refunded,
+    /// Tokens added to holds above their reservations.
     Overrun,
+    /// Tokens added back to holds below their reservations (subtracted from the refunds).
+    Reheld,
     Rejected(RejectReason),
 }
 
 impl Counter {
-    const COUNT: usize = 5 + RejectReason::ALL.len();
+    const COUNT: usize = 6 + RejectReason::ALL.len();
 
     #[inline]
     fn index(self) -> usize {
@@ -187,7 +209,8 @@ impl Counter {
             Counter::Consumed => 2,
             Counter::Refunded => 3,
             Counter::Overrun => 4,
-            Counter::Rejected(reason) => 5 + reason as usize,
+            Counter::Reheld => 5,
+            Counter::Rejected(reason) => 6 + reason as usize,
         }
     }
 }

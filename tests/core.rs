@@ -1176,8 +1176,11 @@ fn release_with_usage_above_the_hold_refunds_nothing() {
     let permit = bulkhead.try_acquire_owned(&req(), opts(100, 1000)).unwrap();
     let report = permit.release(Some(usage(100, 1400)));
     assert_eq!(report_figures(&report), (1100, 0, Some(usage(100, 1400))));
+    // The 400 tokens used beyond the reservation are booked as overrun at release (as a
+    // report would have), so reserved + overrun == consumed + refunded.
+    assert_eq!(report.overrun_tokens, 400);
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (1100, 1500, 0, 0));
+    assert_eq!(totals(&t), (1100, 1500, 0, 400));
     assert_eq!(t.in_flight_tokens, 0);
 }
 
@@ -1241,15 +1244,16 @@ fn usage_reaches_total_consumed_even_with_a_zero_token_hold() {
     assert_eq!(permit.held_tokens(), 0);
     let report = permit.release(Some(usage(7, 3)));
     assert_eq!(report_figures(&report), (0, 0, Some(usage(7, 3))));
+    assert_eq!(report.overrun_tokens, 10); // all of it beyond the zero reservation
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (0, 10, 0, 0));
+    assert_eq!(totals(&t), (0, 10, 0, 10));
     assert_eq!(t.in_flight_tokens, 0);
 
     // Same on a zero budget, with the owned flavour.
     let zero = budgeted(1, 0, 0);
     let owned = zero.try_acquire_owned(&req(), opts(0, 0)).unwrap();
     owned.release(Some(usage(7, 3)));
-    assert_eq!(totals(&tokens(&zero)), (0, 10, 0, 0));
+    assert_eq!(totals(&tokens(&zero)), (0, 10, 0, 10));
 }
 
 #[test]

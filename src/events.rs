@@ -1,0 +1,663 @@
+//! Typed lifecycle events and their listeners.
+//!
+//! # Delivery
+//!
+//! Listeners are called synchronously, on the thread where the event happens, in registration
+//! order, and never while the bulkhead holds a lock of its own: a listener may call
+//! `stats()`, `apply_limits()` or even acquire. A panicking listener is caught; the panic is
+//! counted in [`Stats::listener_panics`](crate::Stats::listener_panics) and the other listeners
+//! and the operation carry on. For a call that waited in the queue, its admit or reject event is
+//! delivered where its acquire is polled (or dropped).
+//!
+//! # Cost
+//!
+//! Each event kind has a bit in one atomic mask, set while at least one listener wants that
+//! kind. Emitting an event nobody listens to is one relaxed load and a branch: no allocation,
+//! no lock, and no clock read (admission timing is measured only while someone listens to admit
+//! or reject events).
+
+use core::fmt;
+use core::panic::AssertUnwindSafe;
+use std::panic::catch_unwind;
+use std::time::Duration;
+
+use crate::admission_id::AdmissionId;
+use crate::limits::Limits;
+use crate::options::Priority;
+use crate::rejection::{CapacityDetail, RejectReason};
+use crate::reservation::{Reservation, TokenUsage};
+use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
+use crate::usage::Progressive;
+
+/// The kinds of events, to subscribe to some of them.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::EventKind;
+///
+/// assert_eq!(EventKind::ALL.len(), 10);
+/// assert_eq!(EventKind::Admit.as_str(), "admit");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// A call was admitted.
+    Admit,
+    /// A call was refused.
+    Reject,
+    /// An admission reported usage that changed its cumulative usage or its hold.
+    Usage,
+    /// An admission was settled.
+    Release,
+    /// New limits were applied.
+    Reconfigure,
+    /// An observe-mode call ran without admission (emitted once observe mode lands).
+    Bypass,
+    /// A bypassed call reported usage (emitted once observe mode lands).
+    BypassUsage,
+    /// A bypassed call finished (emitted once observe mode lands).
+    BypassRelease,
+    /// A call joined an identical call in flight (emitted once deduplication lands).
+    Dedup,
+    /// An admission gave back a borrowed slot before settling (emitted once admission classes
+    /// land).
+    BorrowedConcurrencyAbandon,
+}
+
+impl EventKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [EventKind; 10] = [
+        EventKind::Admit,
+        EventKind::Reject,
+        EventKind::Usage,
+        EventKind::Release,
+        EventKind::Reconfigure,
+        EventKind::Bypass,
+        EventKind::BypassUsage,
+        EventKind::BypassRelease,
+        EventKind::Dedup,
+        EventKind::BorrowedConcurrencyAbandon,
+    ];
+
+    /// The kind's name, as the JavaScript original spells it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::EventKind::BypassUsage.as_str(), "bypassUsage");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Admit => "admit",
+            EventKind::Reject => "reject",
+            EventKind::Usage => "usage",
+            EventKind::Release => "release",
+            EventKind::Reconfigure => "reconfigure",
+            EventKind::Bypass => "bypass",
+            EventKind::BypassUsage => "bypassUsage",
+            EventKind::BypassRelease => "bypassRelease",
+            EventKind::Dedup => "dedup",
+            EventKind::BorrowedConcurrencyAbandon => "borrowedConcurrencyAbandon",
+        }
+    }
+
+    #[inline]
+    pub(crate) const fn bit(self) -> u64 {
+        1 << self as u32
+    }
+}
+
+/// A lifecycle event, as a listener receives it.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use async_bulkhead_llm::{AcquireOptions, Event, LlmBulkhead, LlmRequest};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let log = seen.clone();
+/// let _subscription = bulkhead.on(move |event: &Event<'_>| log.lock().unwrap().push(event.kind()));
+///
+/// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+/// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()); // refused
+/// drop(permit);
+/// use async_bulkhead_llm::EventKind::*;
+/// assert_eq!(*seen.lock().unwrap(), [Admit, Reject, Release]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// See [`AdmitEvent`].
+    Admit(&'a AdmitEvent),
+    /// See [`RejectEvent`].
+    Reject(&'a RejectEvent),
+    /// See [`UsageEvent`].
+    Usage(&'a UsageEvent),
+    /// See [`ReleaseEvent`].
+    Release(&'a ReleaseEvent),
+    /// See [`ReconfigureEvent`].
+    Reconfigure(&'a ReconfigureEvent),
+    /// See [`BypassEvent`].
+    Bypass(&'a BypassEvent),
+    /// See [`BypassUsageEvent`].
+    BypassUsage(&'a BypassUsageEvent),
+    /// See [`BypassReleaseEvent`].
+    BypassRelease(&'a BypassReleaseEvent),
+    /// See [`DedupEvent`].
+    Dedup(&'a DedupEvent),
+    /// See [`BorrowedConcurrencyAbandonEvent`].
+    BorrowedConcurrencyAbandon(&'a BorrowedConcurrencyAbandonEvent),
+}
+
+impl Event<'_> {
+    /// The event's kind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let kinds = Arc::new(Mutex::new(Vec::new()));
+    /// let seen = kinds.clone();
+    /// let _subscription = bulkhead.on(move |event| seen.lock().unwrap().push(event.kind()));
+    /// bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?.release(None);
+    /// assert_eq!(*kinds.lock().unwrap(), [EventKind::Admit, EventKind::Release]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::Admit(_) => EventKind::Admit,
+            Event::Reject(_) => EventKind::Reject,
+            Event::Usage(_) => EventKind::Usage,
+            Event::Release(_) => EventKind::Release,
+            Event::Reconfigure(_) => EventKind::Reconfigure,
+            Event::Bypass(_) => EventKind::Bypass,
+            Event::BypassUsage(_) => EventKind::BypassUsage,
+            Event::BypassRelease(_) => EventKind::BypassRelease,
+            Event::Dedup(_) => EventKind::Dedup,
+            Event::BorrowedConcurrencyAbandon(_) => EventKind::BorrowedConcurrencyAbandon,
+        }
+    }
+}
+
+/// A call was admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdmitEvent {
+    /// The admission's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits that admitted it.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Tokens reserved (0 without a token budget).
+    pub reserved_tokens: u64,
+    /// Time spent deciding, queue wait excluded (estimation excluded too).
+    pub decision_duration: Duration,
+    /// Time spent waiting in the queue (zero for a call admitted at once).
+    pub queue_wait: Duration,
+}
+
+/// A call was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RejectEvent {
+    /// Why.
+    pub reason: RejectReason,
+    /// Revision of the limits in force at the decision.
+    pub limit_revision: u64,
+    /// The capacity snapshot of the decision.
+    pub detail: Option<CapacityDetail>,
+    /// Time spent deciding, queue wait excluded.
+    pub decision_duration: Option<Duration>,
+    /// Time spent waiting in the queue (zero for a refusal decided before any wait).
+    pub queue_wait: Option<Duration>,
+}
+
+/// An admission reported usage that changed its cumulative usage or its hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UsageEvent {
+    /// The admission's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits that admitted it.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// 1 for the first effective report, then +1 for each.
+    pub sequence: u64,
+    /// Tokens originally reserved (0 without a token budget).
+    pub reserved_tokens: u64,
+    /// The hold before this report.
+    pub previous_held_tokens: u64,
+    /// The hold now.
+    pub held_tokens: u64,
+    /// `held_tokens - previous_held_tokens`.
+    pub delta_tokens: i128,
+    /// The cumulative usage (per-field maximum of every report).
+    pub usage: TokenUsage,
+    /// The reservation's maximum output (`None` without a token budget).
+    pub output_cap: Option<u64>,
+    /// `output_cap - usage.output`, at least 0 (`None` without a token budget).
+    pub output_remaining: Option<u64>,
+    /// Whether the usage already exceeds the reservation.
+    pub over_reservation: bool,
+    /// The progressive reconciliation of this report, if it was one.
+    pub progressive: Option<Progressive>,
+}
+
+/// An admission was settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReleaseEvent {
+    /// The admission's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits that admitted it.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Tokens originally reserved (0 without a token budget).
+    pub reserved_tokens: u64,
+    /// The hold just before release (all returned now).
+    pub held_tokens: u64,
+    /// Part of the hold the usage did not consume (refunded at release).
+    pub refunded_tokens: u64,
+    /// Number of effective usage reports before release.
+    pub usage_sequence: u64,
+    /// The usage it was settled with: explicit, else the last reported, else none.
+    pub usage: Option<TokenUsage>,
+}
+
+/// New limits were applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReconfigureEvent {
+    /// The limits replaced.
+    pub previous: Limits,
+    /// The limits now in force.
+    pub current: Limits,
+}
+
+/// An observe-mode call ran without taking capacity (observe mode is a later feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BypassEvent {
+    /// The bypassed execution's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits in force.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// What enforcement would have refused it for.
+    pub reason: RejectReason,
+    /// The capacity snapshot behind that verdict.
+    pub detail: Option<CapacityDetail>,
+    /// The reservation it would have made.
+    pub reservation: Option<Reservation>,
+    /// Whether the call was admissible in advance but lost a race for capacity.
+    pub raced: bool,
+}
+
+/// A bypassed call reported usage (observe mode is a later feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BypassUsageEvent {
+    /// The bypassed execution's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits in force at the bypass.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Why it was bypassed.
+    pub reason: RejectReason,
+    /// 1 for the first effective report, then +1 for each.
+    pub sequence: u64,
+    /// The reservation it would have made.
+    pub reservation: Option<Reservation>,
+    /// The cumulative usage.
+    pub usage: TokenUsage,
+    /// The would-be reservation's maximum output.
+    pub output_cap: Option<u64>,
+    /// `output_cap - usage.output`, at least 0.
+    pub output_remaining: Option<u64>,
+    /// Whether the usage exceeds the would-be reservation.
+    pub over_reservation: bool,
+    /// The progressive reconciliation of this report, if it was one.
+    pub progressive: Option<Progressive>,
+}
+
+/// A bypassed call finished (observe mode is a later feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BypassReleaseEvent {
+    /// The bypassed execution's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits in force at the bypass.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Why it was bypassed.
+    pub reason: RejectReason,
+    /// The reservation it would have made.
+    pub reservation: Option<Reservation>,
+    /// Number of effective usage reports.
+    pub usage_sequence: u64,
+    /// Its final usage, if known.
+    pub usage: Option<TokenUsage>,
+}
+
+/// A call joined an identical call in flight instead of running (deduplication is a later
+/// feature).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DedupEvent {
+    /// The follower's admission class (`None` without admission classes).
+    pub admission_class: Option<String>,
+}
+
+/// Why a borrowed slot was given back before settling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AbandonCause {
+    /// The caller gave it back.
+    Manual,
+    /// Its borrowed-slot deadline expired.
+    Deadline,
+}
+
+/// An admission gave back a borrowed slot before settling; its tokens stay held until release
+/// (admission classes are a later feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BorrowedConcurrencyAbandonEvent {
+    /// The admission's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits that admitted it.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Why the slot was given back.
+    pub cause: AbandonCause,
+    /// Tokens still held.
+    pub held_tokens: u64,
+    /// Tokens it borrowed from the shared pool at admission.
+    pub borrowed_tokens: u64,
+}
+
+type Listener = Box<dyn Fn(&Event<'_>) + Send + Sync>;
+
+struct Entry {
+    id: u64,
+    kinds: u64,
+    listener: Listener,
+}
+
+/// The listeners of one bulkhead.
+#[derive(Default)]
+pub(crate) struct Listeners {
+    /// One bit per [`EventKind`] with at least one listener.
+    active: AtomicU64,
+    /// The listeners, in registration order. Emitters clone the `Arc` under the lock and call
+    /// the listeners after releasing it; writers replace the whole list.
+    entries: Mutex<Arc<[Arc<Entry>]>>,
+    next_id: AtomicU64,
+    panics: AtomicU64,
+}
+
+impl Listeners {
+    /// Whether anyone listens to `kind`.
+    ///
+    /// `Relaxed`: a listener registered concurrently with an event may or may not see it;
+    /// one registered before the event (happens-before) is seen because registration and the
+    /// event's own synchronisation (the caller's) order them.
+    #[inline]
+    pub(crate) fn wants(&self, kind: EventKind) -> bool {
+        self.active.load(Ordering::Relaxed) & kind.bit() != 0
+    }
+
+    /// Whether anyone listens to any of `kinds`.
+    #[inline]
+    pub(crate) fn wants_any(&self, kinds: u64) -> bool {
+        self.active.load(Ordering::Relaxed) & kinds != 0
+    }
+
+    /// Delivers `event` to its listeners (the caller checked [`wants`](Listeners::wants)).
+    #[cold]
+    pub(crate) fn emit(&self, event: &Event<'_>) {
+        let bit = event.kind().bit();
+        let entries = Arc::clone(&lock(&self.entries));
+        for entry in entries.iter().filter(|e| e.kinds & bit != 0) {
+            // A listener's panic must not unwind into the bulkhead's bookkeeping.
+            if catch_unwind(AssertUnwindSafe(|| (entry.listener)(event))).is_err() {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Listener panics caught so far.
+    pub(crate) fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, kinds: u64, listener: Listener) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut entries = lock(&self.entries);
+        let mut next: Vec<Arc<Entry>> = entries.iter().cloned().collect();
+        next.push(Arc::new(Entry {
+            id,
+            kinds,
+            listener,
+        }));
+        *entries = next.into();
+        self.active.store(mask(&entries), Ordering::Relaxed);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        let mut entries = lock(&self.entries);
+        let next: Vec<Arc<Entry>> = entries.iter().filter(|e| e.id != id).cloned().collect();
+        *entries = next.into();
+        self.active.store(mask(&entries), Ordering::Relaxed);
+    }
+}
+
+fn mask(entries: &[Arc<Entry>]) -> u64 {
+    entries.iter().fold(0, |m, e| m | e.kinds)
+}
+
+impl fmt::Debug for Listeners {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listeners")
+            .field("active", &self.active.load(Ordering::Relaxed))
+            .field("panics", &self.panics())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A registered listener. Dropping it unsubscribes (so keep it for as long as you listen);
+/// [`detach`](Subscription::detach) keeps the listener for the bulkhead's lifetime.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, LlmRequest};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
+/// let admits = Arc::new(AtomicU64::new(0));
+/// let count = admits.clone();
+/// let subscription = bulkhead.on_events([EventKind::Admit], move |_| {
+///     count.fetch_add(1, Ordering::Relaxed);
+/// });
+/// drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+/// drop(subscription); // unsubscribed
+/// drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+/// assert_eq!(admits.load(Ordering::Relaxed), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "dropping a subscription unsubscribes at once"]
+pub struct Subscription {
+    listeners: Weak<Listeners>,
+    id: Option<u64>,
+}
+
+impl Subscription {
+    pub(crate) fn new(listeners: &Arc<Listeners>, kinds: u64, listener: Listener) -> Subscription {
+        let id = listeners.add(kinds, listener);
+        Subscription {
+            listeners: Arc::downgrade(listeners),
+            id: Some(id),
+        }
+    }
+
+    /// Keeps the listener registered for as long as the bulkhead lives.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).build()?;
+    /// bulkhead.on(|_| {}).detach();
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn detach(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let (Some(id), Some(listeners)) = (self.id, self.listeners.upgrade()) {
+            listeners.remove(id);
+        }
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// The kinds an iterator names, as a mask.
+pub(crate) fn kinds_mask(kinds: impl IntoIterator<Item = EventKind>) -> u64 {
+    kinds.into_iter().fold(0, |m, k| m | k.bit())
+}
+
+/// Every kind's bit.
+pub(crate) const ALL_KINDS: u64 = (1 << EventKind::ALL.len()) - 1;
+
+/// When a decision started and, for a call that waited, when it joined the queue. Taken only
+/// while someone listens to admit or reject events (no clock read otherwise).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    started: std::time::Instant,
+    queued_at: Option<std::time::Instant>,
+}
+
+impl Timing {
+    /// The same decision, which joined the queue now.
+    pub(crate) fn queued(self) -> Timing {
+        Timing {
+            queued_at: Some(std::time::Instant::now()),
+            ..self
+        }
+    }
+
+    /// `(decision, queue_wait)` for a decision that ends now, picked up from the queue at
+    /// `picked_at` if it waited.
+    fn durations(self, picked_at: std::time::Instant) -> (Duration, Duration) {
+        let now = std::time::Instant::now();
+        match self.queued_at {
+            None => (now - self.started, Duration::ZERO),
+            Some(queued_at) => {
+                let before = queued_at - self.started;
+                let wait = picked_at.saturating_duration_since(queued_at);
+                (before + now.saturating_duration_since(picked_at), wait)
+            }
+        }
+    }
+}
+
+const DECISION_KINDS: u64 = EventKind::Admit.bit() | EventKind::Reject.bit();
+
+impl crate::bulkhead::Inner {
+    /// Starts timing a decision if anyone listens to its outcome.
+    #[inline]
+    pub(crate) fn timing(&self) -> Option<Timing> {
+        if self.listeners.wants_any(DECISION_KINDS) {
+            Some(Timing {
+                started: std::time::Instant::now(),
+                queued_at: None,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Emits the admit event of `grant` (no-op unless timing was started and anyone listens).
+    #[inline]
+    pub(crate) fn announce_admit(
+        &self,
+        grant: &crate::permit::Grant,
+        timing: Option<Timing>,
+        picked_at: Option<std::time::Instant>,
+    ) {
+        let Some(timing) = timing else { return };
+        if !self.listeners.wants(EventKind::Admit) {
+            return;
+        }
+        let (decision_duration, queue_wait) =
+            timing.durations(picked_at.unwrap_or_else(std::time::Instant::now));
+        let event = AdmitEvent {
+            admission_id: grant.id.id(),
+            limit_revision: grant.revision,
+            priority: grant.priority,
+            reserved_tokens: grant.held,
+            decision_duration,
+            queue_wait,
+        };
+        self.listeners.emit(&Event::Admit(&event));
+    }
+
+    /// Emits the reject event of `rejection` (no-op unless timing was started and anyone
+    /// listens).
+    #[inline]
+    pub(crate) fn announce_reject(
+        &self,
+        rejection: &crate::rejection::Rejection,
+        timing: Option<Timing>,
+        picked_at: Option<std::time::Instant>,
+    ) {
+        let Some(timing) = timing else { return };
+        if !self.listeners.wants(EventKind::Reject) {
+            return;
+        }
+        let (decision_duration, queue_wait) =
+            timing.durations(picked_at.unwrap_or_else(std::time::Instant::now));
+        let event = RejectEvent {
+            reason: rejection.reason(),
+            limit_revision: rejection.limit_revision(),
+            detail: Some(*rejection.detail()),
+            decision_duration: Some(decision_duration),
+            queue_wait: Some(queue_wait),
+        };
+        self.listeners.emit(&Event::Reject(&event));
+    }
+
+    /// Emits a reconfigure event. The caller holds no lock.
+    pub(crate) fn announce_reconfigure(&self, previous: Limits, current: Limits) {
+        if self.listeners.wants(EventKind::Reconfigure) {
+            self.listeners
+                .emit(&Event::Reconfigure(&ReconfigureEvent { previous, current }));
+        }
+    }
+}
