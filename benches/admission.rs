@@ -9,6 +9,12 @@
 //!   wall time for one operation on each thread (throughput in elements = operations).
 //! - `rejection/*`: the refusal path (full, closed) against tokio's `try_acquire` on an empty
 //!   semaphore.
+//! - `events/*`: the budget cycle with no listener, with a listener for another kind only
+//!   (must cost the same: one relaxed load per event), and with a no-op listener on every kind
+//!   (two events and two clock reads per cycle); `events_2_threads/*`: the same on two threads
+//!   at once (listening threads must not serialise on the listener list).
+//! - `usage/*`: one cycle with a streamed usage report before release, against the same cycle
+//!   settled with usage at release only.
 //!
 //! Figures and ratios are recorded in `benches/README.md`.
 
@@ -17,7 +23,10 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+use async_bulkhead_llm::{
+    AcquireOptions, EventKind, LlmBulkhead, LlmRequest, Progressive, Reservation, TokenBudget,
+    TokenUsage,
+};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 /// Reservation used by every budget case: 100 input + 1000 max output.
@@ -234,12 +243,99 @@ fn rejection(c: &mut Criterion) {
     group.finish();
 }
 
+fn events(c: &mut Criterion) {
+    let request = LlmRequest::new();
+    let opts = budget_options();
+    let mut group = c.benchmark_group("events");
+    group.throughput(Throughput::Elements(1));
+    let silent = bulkhead(true, 1024);
+    group.bench_function("no_listener", |b| {
+        b.iter(|| drop(black_box(silent.try_acquire(&request, black_box(opts)))))
+    });
+    let other = bulkhead(true, 1024);
+    let _other = other.on_events([EventKind::Reconfigure], |event| {
+        black_box(event);
+    });
+    group.bench_function("listener_for_another_kind", |b| {
+        b.iter(|| drop(black_box(other.try_acquire(&request, black_box(opts)))))
+    });
+    let heard = bulkhead(true, 1024);
+    let _heard = heard.on(|event| {
+        black_box(event);
+    });
+    group.bench_function("noop_listener_on_every_kind", |b| {
+        b.iter(|| drop(black_box(heard.try_acquire(&request, black_box(opts)))))
+    });
+    group.finish();
+
+    // Listening threads must not serialise on the listener list.
+    const THREADS: usize = 2;
+    let mut group = c.benchmark_group("events_2_threads");
+    group.throughput(Throughput::Elements(THREADS as u64));
+    group.bench_function("no_listener", |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| {
+                drop(black_box(silent.try_acquire(&request, opts)))
+            })
+        })
+    });
+    group.bench_function("noop_listener_on_every_kind", |b| {
+        b.iter_custom(|iters| {
+            on_threads(THREADS, iters, &|| {
+                drop(black_box(heard.try_acquire(&request, opts)))
+            })
+        })
+    });
+    group.finish();
+}
+
+fn usage(c: &mut Criterion) {
+    let request = LlmRequest::new();
+    let opts = budget_options();
+    let used = TokenUsage::new(80, 200).expect("fits");
+    let mut group = c.benchmark_group("usage");
+    group.throughput(Throughput::Elements(1));
+    let ours = bulkhead(true, 1024);
+    group.bench_function("release_with_usage", |b| {
+        b.iter(|| {
+            let permit = ours
+                .try_acquire(&request, black_box(opts))
+                .expect("admitted");
+            black_box(permit.release(Some(black_box(used))))
+        })
+    });
+    group.bench_function("report_then_release", |b| {
+        b.iter(|| {
+            let mut permit = ours
+                .try_acquire(&request, black_box(opts))
+                .expect("admitted");
+            black_box(permit.report_usage(black_box(used)).expect("valid"));
+            black_box(permit.release(None))
+        })
+    });
+    let progress = Progressive::new(800).safety_margin(32);
+    group.bench_function("progressive_report_then_release", |b| {
+        b.iter(|| {
+            let mut permit = ours
+                .try_acquire(&request, black_box(opts))
+                .expect("admitted");
+            black_box(
+                permit
+                    .report_usage_progressive(black_box(used), black_box(progress))
+                    .expect("valid"),
+            );
+            black_box(permit.release(None))
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(40);
-    targets = uncontended, contended, rejection
+    targets = uncontended, contended, rejection, events, usage
 }
 criterion_main!(benches);

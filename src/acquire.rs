@@ -298,14 +298,17 @@ impl<I: Deref<Target = Inner>> Core<I> {
                         Some(Err(AcquireError::Rejected(rejection)))
                     }
                     Begun::Queued(waiter) => {
+                        // The wait is timed from the instant its deadline counts from.
+                        let queued_at = (timeout.is_some() || timing.is_some()).then(Instant::now);
                         // A timeout too large for the clock means no timeout.
                         let sleep = timeout
-                            .and_then(|t| Instant::now().checked_add(t))
+                            .zip(queued_at)
+                            .and_then(|(t, at)| at.checked_add(t))
                             .map(Sleep::until);
                         self.step = Step::Waiting(Waiting {
                             waiter,
                             sleep,
-                            timing: timing.map(Timing::queued),
+                            timing: timing.zip(queued_at).map(|(t, at)| t.queued(at)),
                         });
                         None
                     }

@@ -738,16 +738,14 @@ impl Inner {
     #[inline]
     pub(crate) fn grant(&self, call: Call, revision: u64) -> Grant {
         let id = local::with(&self.hub, |sink| sink.admit(call.ask.reserved));
-        Grant {
+        Grant::new(
             id,
             revision,
-            priority: call.ask.priority,
-            reservation: call.reservation,
-            memo: call.memo,
-            held: call.ask.reserved,
-            reported: None,
-            sequence: 0,
-        }
+            call.ask.priority,
+            call.reservation,
+            call.memo,
+            call.ask.reserved,
+        )
     }
 
     /// Counts a refusal and builds its rejection.

@@ -21,6 +21,8 @@ use core::panic::AssertUnwindSafe;
 use std::panic::catch_unwind;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+
 use crate::admission_id::AdmissionId;
 use crate::limits::Limits;
 use crate::options::Priority;
@@ -399,13 +401,18 @@ struct Entry {
 }
 
 /// The listeners of one bulkhead.
+///
+/// Emitting reads the current list through an [`ArcSwap`]: no lock and no write to a shared
+/// cache line, so listening threads do not serialise on each other. Subscribing and
+/// unsubscribing (rare) copy the list under `writer` and swap the copy in.
 #[derive(Default)]
 pub(crate) struct Listeners {
     /// One bit per [`EventKind`] with at least one listener.
     active: AtomicU64,
-    /// The listeners, in registration order. Emitters clone the `Arc` under the lock and call
-    /// the listeners after releasing it; writers replace the whole list.
-    entries: Mutex<Arc<[Arc<Entry>]>>,
+    /// The listeners, in registration order.
+    entries: ArcSwap<Vec<Arc<Entry>>>,
+    /// Serialises subscribing and unsubscribing.
+    writer: Mutex<()>,
     next_id: AtomicU64,
     panics: AtomicU64,
 }
@@ -431,7 +438,7 @@ impl Listeners {
     #[cold]
     pub(crate) fn emit(&self, event: &Event<'_>) {
         let bit = event.kind().bit();
-        let entries = Arc::clone(&lock(&self.entries));
+        let entries = self.entries.load();
         for entry in entries.iter().filter(|e| e.kinds & bit != 0) {
             // A listener's panic must not unwind into the bulkhead's bookkeeping.
             if catch_unwind(AssertUnwindSafe(|| (entry.listener)(event))).is_err() {
@@ -447,23 +454,33 @@ impl Listeners {
 
     fn add(&self, kinds: u64, listener: Listener) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut entries = lock(&self.entries);
-        let mut next: Vec<Arc<Entry>> = entries.iter().cloned().collect();
+        let _writer = lock(&self.writer);
+        let mut next: Vec<Arc<Entry>> = self.entries.load().iter().cloned().collect();
         next.push(Arc::new(Entry {
             id,
             kinds,
             listener,
         }));
-        *entries = next.into();
-        self.active.store(mask(&entries), Ordering::Relaxed);
+        self.publish(next);
         id
     }
 
     fn remove(&self, id: u64) {
-        let mut entries = lock(&self.entries);
-        let next: Vec<Arc<Entry>> = entries.iter().filter(|e| e.id != id).cloned().collect();
-        *entries = next.into();
-        self.active.store(mask(&entries), Ordering::Relaxed);
+        let _writer = lock(&self.writer);
+        let next = self
+            .entries
+            .load()
+            .iter()
+            .filter(|e| e.id != id)
+            .cloned()
+            .collect();
+        self.publish(next);
+    }
+
+    /// Installs `next` (the caller holds `writer`).
+    fn publish(&self, next: Vec<Arc<Entry>>) {
+        self.active.store(mask(&next), Ordering::Relaxed);
+        self.entries.store(Arc::new(next));
     }
 }
 
@@ -564,10 +581,10 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    /// The same decision, which joined the queue now.
-    pub(crate) fn queued(self) -> Timing {
+    /// The same decision, which joined the queue at `at`.
+    pub(crate) fn queued(self, at: std::time::Instant) -> Timing {
         Timing {
-            queued_at: Some(std::time::Instant::now()),
+            queued_at: Some(at),
             ..self
         }
     }

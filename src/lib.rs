@@ -2,9 +2,9 @@
 //!
 //! An [`LlmBulkhead`] sits between a gateway and its LLM provider. It enforces a hard cap on
 //! calls in flight and, optionally, on tokens in flight (estimated input plus maximum output,
-//! corrected by the usage reported at release), with a high-priority reserve, an optional
-//! short FIFO queue, atomic versioned limits pushed by a control plane, and a graceful
-//! close/drain. Refusals are immediate, typed, and carry a capacity snapshot for a 429/503
+//! corrected by the usage the call reports as it streams and at release), with a
+//! high-priority reserve, an optional short FIFO queue, atomic versioned limits pushed by a
+//! control plane, typed lifecycle events, and a graceful close/drain. Refusals are immediate, typed, and carry a capacity snapshot for a 429/503
 //! body.
 //!
 //! - [`LlmBulkhead`]: the bulkhead; built by [`LlmBulkhead::builder`], with a queueing
@@ -12,12 +12,14 @@
 //! - [`try_acquire`](LlmBulkhead::try_acquire) (never waits), [`acquire`](LlmBulkhead::acquire)
 //!   (may wait in the queue), [`acquire_blocking`](LlmBulkhead::acquire_blocking), and
 //!   [`run`](LlmBulkhead::run) (acquire, call, settle).
-//! - [`Permit`] / [`OwnedPermit`]: RAII admissions; release with usage or drop.
+//! - [`Permit`] / [`OwnedPermit`]: RAII admissions; report streamed usage
+//!   ([`Permit::report_usage`], [`Progressive`]), release with usage or drop.
 //! - [`close`](LlmBulkhead::close), [`drain`](LlmBulkhead::drain),
 //!   [`drain_timeout`](LlmBulkhead::drain_timeout): graceful shutdown.
 //! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]).
 //! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
 //! - [`Stats`]: counters and live figures.
+//! - [`Event`]: lifecycle events for [`LlmBulkhead::on`], with admission timing.
 //! - [`LlmRequest`], [`Reservation`], [`TokenUsage`]: what is asked, reserved and used; with the
 //!   `serde` feature an `LlmRequest` reads OpenAI and Anthropic request bodies as they come.
 //! - [`Estimator`]: sizes reservations; [`ModelAwareEstimator`] (the default, per-model-family
@@ -62,6 +64,62 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Streaming usage
+//!
+//! A streamed response reports the provider's cumulative usage as it arrives; each report
+//! moves the admission's hold at once, so the budget reflects what calls really use while they
+//! run, not only after they finish.
+//!
+//! ```
+//! use async_bulkhead_llm::*;
+//!
+//! let bulkhead = LlmBulkhead::builder("gpt-4o", 4).token_budget(TokenBudget::new(5_000)).build()?;
+//! let request = LlmRequest::new().user("x".repeat(3_700)).max_tokens(1_000);
+//! let mut permit = bulkhead.try_acquire(&request, AcquireOptions::new())?;
+//! assert_eq!(permit.held_tokens(), 2_000); // 1,000 estimated input + 1,000 output
+//!
+//! // First chunk: the prompt was 700 tokens; 300 go back to the budget now.
+//! permit.report_usage(TokenUsage::new(700, 12)?)?;
+//! assert_eq!(bulkhead.stats().token_budget.unwrap().in_flight_tokens, 1_700);
+//! // Later: with the cap known, hold only what may still come (plus a margin).
+//! permit.report_usage_progressive(TokenUsage::new(700, 600)?, Progressive::new(400).safety_margin(50))?;
+//! assert_eq!(permit.held_tokens(), 450);
+//!
+//! let report = permit.release(None); // settles with the last reported usage
+//! assert_eq!(report.usage, Some(TokenUsage::new(700, 600)?));
+//! let tokens = bulkhead.stats().token_budget.unwrap();
+//! assert_eq!((tokens.total_consumed, tokens.total_refunded, tokens.in_flight_tokens), (1_300, 700, 0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Events
+//!
+//! [`LlmBulkhead::on`] subscribes a listener to typed [`Event`]s (admit, reject, usage,
+//! release, reconfigure), delivered synchronously where they happen, in registration order,
+//! never under a lock of the bulkhead. Admit and reject events carry the decision time and the
+//! queue wait. With no listener, an event costs one relaxed atomic load.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
+//! use async_bulkhead_llm::*;
+//!
+//! let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
+//! let admitted = Arc::new(AtomicU64::new(0));
+//! let counter = admitted.clone();
+//! let subscription = bulkhead.on_events([EventKind::Admit], move |event| {
+//!     if let Event::Admit(admit) = event {
+//!         assert_eq!(admit.queue_wait, std::time::Duration::ZERO); // admitted at once
+//!         counter.fetch_add(1, Ordering::Relaxed);
+//!     }
+//! });
+//! drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+//! drop(subscription); // unsubscribes
+//! drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+//! assert_eq!(admitted.load(Ordering::Relaxed), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Waiting
 //!
 //! With `max_queue > 0` (e.g. [`Profile::Batch`]), a call that finds no free slot may wait in
@@ -94,7 +152,8 @@
 //!
 //! # Features
 //!
-//! - `serde` (default): `Serialize`/`Deserialize` for [`LlmRequest`] and its parts.
+//! - `serde` (default): `Serialize`/`Deserialize` for [`LlmRequest`] and its parts and for
+//!   [`Limits`]; `Serialize` for [`Stats`].
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
 //!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

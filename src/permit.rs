@@ -14,20 +14,88 @@ use crate::sync::Arc;
 use crate::usage::{Progressive, UsageReport};
 
 /// What one admission holds. Shared by both permit types.
+///
+/// Kept compact (it is moved into every permit on the fast path): the optional parts are plain
+/// values qualified by bits of `flags`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grant {
     pub(crate) id: IdParts,
     pub(crate) revision: u64,
-    pub(crate) priority: Priority,
-    pub(crate) reservation: Option<Reservation>,
-    /// The estimator's memo, when the bulkhead's estimator sized this admission.
-    pub(crate) memo: Option<Memo>,
     /// Tokens this admission currently contributes to the in-flight total.
     pub(crate) held: u64,
-    /// Cumulative usage reported so far (per-field maximum).
-    pub(crate) reported: Option<TokenUsage>,
+    /// The reservation admitted (meaningful with `HAS_RESERVATION`).
+    reservation: Reservation,
+    /// The estimator's memo (meaningful with `HAS_MEMO`).
+    memo: Memo,
+    /// Cumulative usage reported so far, per-field maximum (meaningful with `REPORTED`).
+    reported: TokenUsage,
     /// Effective reports so far.
     pub(crate) sequence: u64,
+    pub(crate) priority: Priority,
+    flags: u8,
+}
+
+/// The admission has a reservation (the bulkhead has a token budget).
+const HAS_RESERVATION: u8 = 1;
+/// The bulkhead's estimator sized the admission (its memo goes back at settlement).
+const HAS_MEMO: u8 = 1 << 1;
+/// Usage was reported.
+const REPORTED: u8 = 1 << 2;
+
+impl Grant {
+    #[inline]
+    pub(crate) fn new(
+        id: IdParts,
+        revision: u64,
+        priority: Priority,
+        reservation: Option<Reservation>,
+        memo: Option<Memo>,
+        held: u64,
+    ) -> Grant {
+        let mut flags = 0;
+        if reservation.is_some() {
+            flags |= HAS_RESERVATION;
+        }
+        if memo.is_some() {
+            flags |= HAS_MEMO;
+        }
+        Grant {
+            id,
+            revision,
+            held,
+            reservation: reservation.unwrap_or(Reservation::ZERO),
+            memo: memo.unwrap_or(Memo::EMPTY),
+            reported: TokenUsage::ZERO,
+            sequence: 0,
+            priority,
+            flags,
+        }
+    }
+
+    /// The reservation admitted, `None` without a token budget.
+    #[inline]
+    pub(crate) fn reservation(&self) -> Option<Reservation> {
+        (self.flags & HAS_RESERVATION != 0).then_some(self.reservation)
+    }
+
+    /// The estimator's memo, when the bulkhead's estimator sized this admission.
+    #[inline]
+    pub(crate) fn memo(&self) -> Option<Memo> {
+        (self.flags & HAS_MEMO != 0).then_some(self.memo)
+    }
+
+    /// The cumulative usage reported so far, if any.
+    #[inline]
+    pub(crate) fn reported(&self) -> Option<TokenUsage> {
+        (self.flags & REPORTED != 0).then_some(self.reported)
+    }
+
+    /// Records the cumulative usage reported so far.
+    #[inline]
+    pub(crate) fn set_reported(&mut self, usage: TokenUsage) {
+        self.reported = usage;
+        self.flags |= REPORTED;
+    }
 }
 
 /// What settling a permit did.
@@ -102,7 +170,7 @@ impl<I: Deref<Target = Inner>> fmt::Debug for Held<I> {
             .field("id", &self.grant.id.id())
             .field("limit_revision", &self.grant.revision)
             .field("priority", &self.grant.priority)
-            .field("reservation", &self.grant.reservation)
+            .field("reservation", &self.grant.reservation())
             .field("held_tokens", &self.grant.held)
             .finish_non_exhaustive()
     }
@@ -241,7 +309,7 @@ macro_rules! permit_accessors {
         /// # Ok::<(), Box<dyn std::error::Error>>(())
         /// ```
         pub fn reservation(&self) -> Option<Reservation> {
-            self.held.grant.reservation
+            self.held.grant.reservation()
         }
 
         /// Tokens this admission currently holds against the budget (0 without a budget).

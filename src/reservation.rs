@@ -32,6 +32,12 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// The empty reservation (what a grant without a token budget stores).
+    pub(crate) const ZERO: Reservation = Reservation {
+        input: 0,
+        max_output: 0,
+    };
+
     /// A reservation of `input + max_output` tokens.
     ///
     /// # Errors
@@ -161,6 +167,12 @@ pub struct TokenUsage {
 }
 
 impl TokenUsage {
+    /// No usage (what a grant stores before its first report).
+    pub(crate) const ZERO: TokenUsage = TokenUsage {
+        input: 0,
+        output: 0,
+    };
+
     /// Usage of `input` prompt tokens and `output` generated tokens.
     ///
     /// # Errors

@@ -174,7 +174,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn reservation(&self) -> Option<Reservation> {
-        self.grant.reservation
+        self.grant.reservation()
     }
 
     /// The priority the call was admitted with.

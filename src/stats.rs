@@ -177,9 +177,12 @@ pub struct TokenBudgetStats {
     /// holds by usage reports and at settlement (a hold above the usage), net of tokens a later
     /// report or the final usage took back below the reservation.
     pub total_refunded: u64,
-    /// Tokens held above admissions' original reservations (output beyond the reservation,
-    /// input above the estimate, a final usage above the hold): only tokens above the
-    /// reservation count (the original counted any increase of a hold).
+    /// Tokens ever held above admissions' original reservations (output beyond the
+    /// reservation, input above the estimate, a final usage above the hold): only tokens above
+    /// the reservation count (the original counted any increase of a hold). Gross: a hold that
+    /// rises above its reservation and falls back books the rise here and the fall as a
+    /// refund, so `total_reserved + total_overrun == total_consumed + total_refunded` once
+    /// every admission has settled with usage.
     pub total_overrun: u64,
 }
 

@@ -140,7 +140,7 @@ impl Inner {
         usage: TokenUsage,
         progressive: Option<Progressive>,
     ) -> Result<UsageReport, UsageError> {
-        let reservation = grant.reservation;
+        let reservation = grant.reservation();
         if let (Some(p), Some(r)) = (progressive, reservation)
             && p.remaining_output_tokens > r.max_output()
         {
@@ -149,14 +149,14 @@ impl Inner {
                 cap: r.max_output(),
             });
         }
-        let reported = match grant.reported {
+        let reported = match grant.reported() {
             None => usage,
             Some(prev) => TokenUsage::new(
                 prev.input().max(usage.input()),
                 prev.output().max(usage.output()),
             )?,
         };
-        let usage_changed = grant.reported != Some(reported);
+        let usage_changed = grant.reported() != Some(reported);
         let previous_hold = grant.held;
         let hold = match reservation {
             None => 0,
@@ -185,7 +185,7 @@ impl Inner {
             });
         }
         grant.held = hold;
-        grant.reported = Some(reported);
+        grant.set_reported(reported);
         if usage_changed || hold != previous_hold {
             grant.sequence += 1;
         }
@@ -229,7 +229,7 @@ impl Inner {
     /// its slot and its hold and books nothing (`released` is derived, see `stats`).
     #[inline]
     pub(crate) fn settle_unused(&self, grant: &Grant) {
-        if grant.reported.is_some() || self.listeners.wants(EventKind::Release) {
+        if grant.reported().is_some() || self.listeners.wants(EventKind::Release) {
             self.settle(grant, None);
         } else {
             self.release_capacity(grant.held);
@@ -241,16 +241,16 @@ impl Inner {
     /// the slot and the hold.
     pub(crate) fn settle(&self, grant: &Grant, usage: Option<TokenUsage>) -> ReleaseReport {
         let held = grant.held;
-        let usage = usage.or(grant.reported);
+        let usage = usage.or(grant.reported());
         let mut refunded = 0;
         let mut overrun = 0;
         // Book before returning capacity, so a drainer woken by this release sees the books
         // complete. Releases themselves are not counted: `released` is derived.
         if let Some(usage) = usage {
             let consumed = usage.total();
-            let r = grant.reservation.map_or(0, |r| r.reserved());
+            let r = grant.reservation().map_or(0, |r| r.reserved());
             let reheld;
-            if grant.reservation.is_some() {
+            if grant.reservation().is_some() {
                 (overrun, refunded, reheld) = book(r, held, consumed);
             } else {
                 reheld = 0;
@@ -263,7 +263,7 @@ impl Inner {
                 sink.bump(Counter::Reheld, reheld);
             });
             // Tell the estimator that sized this admission what it really cost.
-            if let (Some(memo), Some(reservation)) = (grant.memo, grant.reservation) {
+            if let (Some(memo), Some(reservation)) = (grant.memo(), grant.reservation()) {
                 let estimate = TokenEstimate::new(reservation.input(), reservation.max_output())
                     .with_memo(memo);
                 self.estimator.observe(&estimate, usage);
@@ -275,7 +275,7 @@ impl Inner {
                 admission_id: grant.id.id(),
                 limit_revision: grant.revision,
                 priority: grant.priority,
-                reserved_tokens: grant.reservation.map_or(0, |r| r.reserved()),
+                reserved_tokens: grant.reservation().map_or(0, |r| r.reserved()),
                 held_tokens: held,
                 refunded_tokens: refunded,
                 usage_sequence: grant.sequence,
@@ -294,8 +294,8 @@ impl Inner {
 
 /// The report of `grant` after `reported` was applied.
 fn snapshot(grant: &Grant, reported: TokenUsage) -> UsageReport {
-    let reserved = grant.reservation.map_or(0, |r| r.reserved());
-    let output_cap = grant.reservation.map(|r| r.max_output());
+    let reserved = grant.reservation().map_or(0, |r| r.reserved());
+    let output_cap = grant.reservation().map(|r| r.max_output());
     UsageReport {
         admission_id: grant.id.id(),
         limit_revision: grant.revision,
@@ -305,7 +305,7 @@ fn snapshot(grant: &Grant, reported: TokenUsage) -> UsageReport {
         consumed: reported.total(),
         output_cap,
         output_remaining: output_cap.map(|cap| cap.saturating_sub(reported.output())),
-        over_reservation: grant.reservation.is_some() && reported.total() > reserved,
+        over_reservation: grant.reservation().is_some() && reported.total() > reserved,
     }
 }
 
