@@ -87,7 +87,7 @@ impl RawPacked {
 fn bulkhead(budget: bool, max_concurrent: u32) -> LlmBulkhead {
     let builder = LlmBulkhead::builder("claude-sonnet-4", max_concurrent);
     let builder = if budget {
-        builder.token_budget(TokenBudget::new(1 << 40))
+        builder.token_budget(TokenBudget::new(1 << 34))
     } else {
         builder
     };

@@ -73,7 +73,7 @@ fn waiting(c: &mut Criterion) {
 
     let budgeted = LlmBulkhead::builder("m", SLOTS)
         .max_queue(TASKS as u32)
-        .token_budget(TokenBudget::new(1 << 40))
+        .token_budget(TokenBudget::new(1 << 34))
         .build()
         .expect("valid");
     let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000).expect("fits"));

@@ -9,7 +9,9 @@ use crate::config::LlmBulkheadBuilder;
 use crate::error::{AcquireError, LimitsError, RequestError};
 use crate::estimate::{Estimator, Memo};
 use crate::events::{ALL_KINDS, Event, EventKind, Listeners, Subscription, kinds_mask};
-use crate::limits::{self, ApplyOutcome, BudgetLimits, Limits, MAX_REVISION, PublishedLimits};
+use crate::limits::{
+    self, ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION, PublishedLimits,
+};
 use crate::local;
 use crate::options::AcquireOptions;
 use crate::permit::{Grant, OwnedPermit, Permit};
@@ -18,10 +20,11 @@ use crate::queue::{Arrival, WaitQueue, Waiter};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection};
 use crate::request::LlmRequest;
 use crate::reservation::Reservation;
-use crate::state::{AtomicState, State};
+use crate::state::{AtomicState, EPOCH_BITS, State};
 use crate::stats::{Counter, Hub, Stats, TokenBudgetStats};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, lock, unmodeled};
+use crossbeam_utils::Backoff;
 
 /// Admission control for calls to one LLM: a hard cap on calls in flight and, optionally, on
 /// tokens in flight, decided by one lock-free compare-and-swap per admission.
@@ -114,7 +117,7 @@ impl LlmBulkhead {
     ) -> LlmBulkhead {
         let has_budget = limits.token_budget.is_some();
         let inner = Inner {
-            state: AtomicState::new(has_budget),
+            state: AtomicState::new(),
             published: PublishedLimits::new(&limits),
             writer: Mutex::new(limits),
             queue: WaitQueue::new(),
@@ -344,8 +347,9 @@ impl LlmBulkhead {
     /// # Errors
     ///
     /// [`LimitsError`] when the revision exceeds 2^53 - 1 (checked first), `max_concurrent`
-    /// exceeds [`MAX_CONCURRENT`](crate::MAX_CONCURRENT), or the token budget's presence does
-    /// not match the construction.
+    /// exceeds [`MAX_CONCURRENT`](crate::MAX_CONCURRENT), the budget exceeds
+    /// [`MAX_BUDGET`](crate::MAX_BUDGET), or the token budget's presence does not match the
+    /// construction.
     ///
     /// # Examples
     ///
@@ -393,8 +397,9 @@ impl LlmBulkhead {
     ///
     /// # Errors
     ///
-    /// [`LimitsError::TokenBudgetNotConfigured`] without a token budget, and
-    /// [`LimitsError::RevisionExhausted`] when the revision is already 2^53 - 1.
+    /// [`LimitsError::TokenBudgetNotConfigured`] without a token budget,
+    /// [`LimitsError::RevisionExhausted`] when the revision is already 2^53 - 1, and
+    /// [`LimitsError::BudgetTooLarge`] above [`MAX_BUDGET`](crate::MAX_BUDGET).
     ///
     /// # Examples
     ///
@@ -417,6 +422,12 @@ impl LlmBulkhead {
         if current.revision >= MAX_REVISION {
             return Err(LimitsError::RevisionExhausted {
                 current: current.revision,
+            });
+        }
+        if tokens > MAX_BUDGET {
+            return Err(LimitsError::BudgetTooLarge {
+                value: tokens,
+                max: MAX_BUDGET,
             });
         }
         let next = Limits {
@@ -656,41 +667,102 @@ impl Inner {
         options.get_timeout().or(self.default_timeout)
     }
 
-    /// Runs one decision against the current state and the limits published for its epoch.
+    /// Runs one decision against the current state and the limits in force, linearizably
+    /// with `apply_limits` (see `crate::limits` for the protocol and why it is sound).
     ///
     /// `decide` answers `Ok((next, out))` to commit `next` with a CAS (re-deciding from the
-    /// value a failed CAS returns), or `Err(out)` to commit nothing. An answer that commits
-    /// nothing has no CAS to throw away a torn read of the limits, so it is returned only once
-    /// a re-load shows the epoch did not move (see `crate::limits`); otherwise it is decided
-    /// again.
+    /// value a failed CAS returns), or `Err(out)` to commit nothing. A refusal is returned only
+    /// if no limit change overlapped the reading of the limits. A commit is kept unless
+    /// 2^`EPOCH_BITS` limit changes overlapped it (then the word's epoch bits cannot tell
+    /// whether it used stale limits): such a commit is undone (`undo` restores the state it
+    /// replaced, see [`undo_commit`](Inner::undo_commit)) and the decision starts over.
+    /// `queue_locked` says whether the caller holds the queue lock.
     #[inline]
     pub(crate) fn decide<T, U>(
         &self,
+        queue_locked: bool,
         mut decide: impl FnMut(State, &Limits) -> Result<(State, T), U>,
     ) -> Result<T, U> {
-        loop {
-            let mut epoch = 0;
-            let outcome = self.state.update(|s| {
-                epoch = s.epoch();
-                decide(s, &self.published.read(epoch))
-            });
-            match outcome {
-                Ok(out) => return Ok(out),
-                Err(out) if self.state.load().epoch() == epoch => return Err(out),
-                Err(_) => {}
+        let backoff = Backoff::new();
+        'start: loop {
+            let mut before = self.published.epoch();
+            let mut current = self.state.load();
+            loop {
+                let epoch = self.published.epoch();
+                if epoch != before || !current.matches_epoch(epoch) {
+                    // A writer is between publishing and advancing the word: let it finish.
+                    crate::sync::wait_for_progress(&backoff);
+                    continue 'start;
+                }
+                let limits = self.published.read(epoch);
+                match decide(current, &limits) {
+                    Err(out) => {
+                        if self.published.epoch() == epoch {
+                            return Err(out);
+                        }
+                        continue 'start;
+                    }
+                    Ok((next, out)) => match self.state.compare_exchange(current, next) {
+                        Ok(()) => {
+                            let after = self.published.epoch();
+                            if after.wrapping_sub(epoch) < 1 << EPOCH_BITS {
+                                return Ok(out);
+                            }
+                            self.undo_commit(current, next, queue_locked);
+                            continue 'start;
+                        }
+                        Err(actual) => {
+                            current = actual;
+                            before = epoch;
+                            backoff.spin();
+                        }
+                    },
+                }
             }
         }
+    }
+
+    /// Reverts a commit from `current` to `next` that [`decide`](Inner::decide) could not
+    /// vouch for: takes back the slot and tokens it added and restores the queue flag it
+    /// changed (only the queue, under its lock, changes that flag, and the queue's commits are
+    /// made under that lock). Returning capacity is a release: it serves the drainers, and the
+    /// queue unless the caller holds the queue lock (then it is the pump, or a newcomer that
+    /// found the queue empty, and decides again itself).
+    #[cold]
+    fn undo_commit(&self, current: State, next: State, queue_locked: bool) {
+        let added_slot = next.slots() != current.slots();
+        let added_tokens = next.tokens() - current.tokens();
+        let restore_waiters =
+            (next.has_waiters() != current.has_waiters()).then_some(current.has_waiters());
+        let after = self
+            .state
+            .update(|s| {
+                let mut undone = if added_slot {
+                    s.without_admission(added_tokens)
+                } else {
+                    s
+                };
+                if let Some(waiters) = restore_waiters {
+                    undone = undone.with_waiters(waiters);
+                }
+                Ok::<_, Infallible>((undone, undone))
+            })
+            .unwrap_or_else(|never| match never {});
+        if after.has_waiters() && !queue_locked {
+            self.pump();
+        }
+        self.idle_check(after);
     }
 
     /// Admits `ask` now, as a newcomer, or says why not.
     #[inline]
     fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
-        self.decide(
-            |s, limits| match policy::admit(s, limits, ask, Turn::Newcomer) {
+        self.decide(false, |s, limits| {
+            match policy::admit(s, limits, ask, Turn::Newcomer) {
                 Ok(next) => Ok((next, limits.revision)),
                 Err(refusal) => Err((refusal, s, *limits)),
-            },
-        )
+            }
+        })
     }
 
     /// Admits `ask` now or refuses it, counting either outcome; never queues.
@@ -766,16 +838,21 @@ impl Inner {
         local::with(&self.hub, |sink| sink.bump(counter, by));
     }
 
-    /// A consistent (state, limits) pair, without a lock.
+    /// A consistent (state, limits) pair, without a lock: the state at one moment and the
+    /// limits in force at that moment.
     pub(crate) fn snapshot(&self) -> (State, Limits) {
-        let mut state = self.state.load();
+        let backoff = Backoff::new();
         loop {
-            let limits = self.published.read(state.epoch());
-            let again = self.state.load();
-            if again.epoch() == state.epoch() {
-                return (state, limits);
+            let before = self.published.epoch();
+            let state = self.state.load();
+            let epoch = self.published.epoch();
+            if epoch == before && state.matches_epoch(epoch) {
+                let limits = self.published.read(epoch);
+                if self.published.epoch() == epoch {
+                    return (state, limits);
+                }
             }
-            state = again;
+            crate::sync::wait_for_progress(&backoff);
         }
     }
 
@@ -788,12 +865,13 @@ impl Inner {
     /// its guard's contents) and has validated `next`. Returns the replaced limits.
     fn install(&self, current: &mut Limits, next: Limits) -> Limits {
         // Only writers move the epoch and we hold the writer lock, so it is stable here.
-        let epoch = self.state.load().epoch();
+        let epoch = self.published.epoch();
         self.published.publish(epoch + 1, &next);
+        // The linearization point: admissions that read the word before this fail their CAS.
         let after = self
             .state
             .update(|s| {
-                debug_assert_eq!(s.epoch(), epoch);
+                debug_assert!(s.matches_epoch(epoch));
                 let next = s.with_next_epoch();
                 Ok::<_, Infallible>((next, next))
             })

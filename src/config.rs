@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::bulkhead::LlmBulkhead;
 use crate::error::ConfigError;
 use crate::estimate::{Estimator, ModelAwareEstimator};
-use crate::limits::{Limits, MAX_CONCURRENT, MAX_REVISION};
+use crate::limits::{Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
 use crate::reservation::DEFAULT_OUTPUT_CAP;
 
 /// Token-budget configuration: the budget, the output cap the estimator assumes when a request
@@ -333,7 +333,8 @@ impl LlmBulkheadBuilder {
     /// # Errors
     ///
     /// In this order: [`ConfigError::EmptyModel`], [`ConfigError::MaxConcurrentTooLarge`],
-    /// [`ConfigError::InitialRevisionTooLarge`], [`ConfigError::ReserveExceedsBudget`].
+    /// [`ConfigError::InitialRevisionTooLarge`], [`ConfigError::BudgetTooLarge`],
+    /// [`ConfigError::ReserveExceedsBudget`].
     ///
     /// # Examples
     ///
@@ -369,6 +370,12 @@ impl LlmBulkheadBuilder {
         let mut output_cap = DEFAULT_OUTPUT_CAP;
         let model = self.model;
         if let Some(budget) = self.token_budget {
+            if budget.budget > MAX_BUDGET {
+                return Err(ConfigError::BudgetTooLarge {
+                    value: budget.budget,
+                    max: MAX_BUDGET,
+                });
+            }
             if budget.high_priority_reserve > budget.budget {
                 return Err(ConfigError::ReserveExceedsBudget {
                     reserve: budget.high_priority_reserve,

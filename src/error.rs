@@ -46,6 +46,14 @@ pub enum ConfigError {
         /// The largest accepted value.
         max: u64,
     },
+    /// `token_budget.budget` exceeds what the admission word can count
+    /// ([`MAX_BUDGET`](crate::MAX_BUDGET)).
+    BudgetTooLarge {
+        /// The refused value.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
     /// `token_budget.high_priority_reserve` exceeds `token_budget.budget`.
     ReserveExceedsBudget {
         /// The refused reserve.
@@ -66,6 +74,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::InitialRevisionTooLarge { value, max } => {
                 write!(f, "initial_revision ({value}) must be <= {max}")
+            }
+            ConfigError::BudgetTooLarge { value, max } => {
+                write!(f, "token_budget.budget ({value}) must be <= {max}")
             }
             ConfigError::ReserveExceedsBudget { reserve, budget } => write!(
                 f,
@@ -107,6 +118,14 @@ pub enum LimitsError {
         /// The largest accepted value.
         max: u32,
     },
+    /// The budget exceeds what the admission word can count
+    /// ([`MAX_BUDGET`](crate::MAX_BUDGET)).
+    BudgetTooLarge {
+        /// The refused value.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
     /// The bulkhead was built with a token budget, and the snapshot has none.
     TokenBudgetRequired,
     /// The snapshot carries a token budget, or `set_budget` was called, on a bulkhead built
@@ -127,6 +146,9 @@ impl fmt::Display for LimitsError {
             }
             LimitsError::MaxConcurrentTooLarge { value, max } => {
                 write!(f, "limits.max_concurrent ({value}) must be <= {max}")
+            }
+            LimitsError::BudgetTooLarge { value, max } => {
+                write!(f, "limits.token_budget.budget ({value}) must be <= {max}")
             }
             LimitsError::TokenBudgetRequired => f.write_str(
                 "limits.token_budget is required because a token budget was configured at construction",

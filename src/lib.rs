@@ -206,7 +206,7 @@ pub use events::{
     BypassUsageEvent, DedupEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent,
     Subscription, UsageEvent,
 };
-pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_CONCURRENT, MAX_REVISION};
+pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
 pub use options::{AcquireOptions, Priority};
 pub use permit::{OwnedPermit, Permit, ReleaseReport};
 pub use policy::Verdict;

@@ -3,28 +3,37 @@
 //!
 //! # Publication protocol
 //!
-//! The limits in force live in two slots of atomics; the epoch in the admission word (see
-//! `crate::state`) says which slot is current (`epoch & 1`). Writers are serialised by the
-//! bulkhead's limits mutex. To install a snapshot, a writer
+//! The limits in force live in two slots of atomics; the *epoch*, a 64-bit counter stored
+//! beside them, says which slot is current (`epoch & 1`), and the admission word (see
+//! `crate::state`) carries the epoch's low bits. Writers are serialised by the bulkhead's limits
+//! mutex. To install a snapshot, a writer
 //!
-//! 1. stores it into the *other* slot (`Release` stores), then
-//! 2. advances the epoch with a CAS on the admission word.
+//! 1. stores it into the *other* slot (`Release` stores),
+//! 2. stores the next epoch (`Release`), then
+//! 3. advances the word's epoch bits with a CAS: the linearization point of the change.
 //!
-//! An admission loads the word (`Acquire`), reads the slot its epoch names (`Acquire` loads),
-//! decides, and CASes the word expecting the epoch it read. Seeing epoch `e` means it also sees
-//! everything stored before the CAS that published `e`, so the slot is complete. The slot it
-//! reads is only overwritten by the writer of epoch `e + 2`, which stores only after the epoch
-//! left `e`. If any of the admission's loads reads such a store, that store's `Release` pairs
-//! with the `Acquire` load, so the epoch change happens-before the admission's CAS, which
-//! therefore sees a different epoch and fails: a torn read is always thrown away. A *refusal*
-//! has no CAS to fail, so the caller re-loads the word after deciding one and retries if the
-//! epoch moved (the seqlock read pattern).
+//! A reader (see `Inner::decide`) loads the epoch, the word and the epoch again, and goes on only
+//! if both loads agree and match the word's bits (otherwise a writer is between steps 2 and 3:
+//! it retries). Seeing epoch `e` (`Acquire`) means seeing the slot stored before it. The reader
+//! then reads that slot (`Acquire` loads) and decides:
+//!
+//! - A *commit* is a CAS of the word expecting the value it read, then one more load of the
+//!   epoch. A writer whose step 3 came between the reader's load and its CAS changed the word,
+//!   so the CAS fails and the reader decides again, unless so many writers passed that the
+//!   word's bits wrapped around to the same value; the epoch load after the CAS rules that out
+//!   unless 2^`EPOCH_BITS` writers moved the epoch meanwhile, and in that case the reader undoes
+//!   its commit and decides again. A torn read of the slot needs the writer of `e + 2`, which
+//!   starts only after the writer of `e + 1` finished step 3, so it always comes with a failed
+//!   CAS or that undo.
+//! - A *refusal* commits nothing, so it is returned only if the epoch is still `e` after the
+//!   slot was read: no writer passed step 2, so the slot was neither current-but-replaced nor
+//!   torn while the reader used it (the seqlock read pattern).
 
 use crossbeam_utils::CachePadded;
 
 use crate::error::LimitsError;
 use crate::options::Priority;
-use crate::state::MAX_SLOTS;
+use crate::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The largest limit revision: 2^53 - 1, so revisions survive a round trip through JSON and
@@ -33,6 +42,10 @@ pub const MAX_REVISION: u64 = (1 << 53) - 1;
 
 /// The largest `max_concurrent` the admission word can count: 2^22 - 1.
 pub const MAX_CONCURRENT: u32 = MAX_SLOTS;
+
+/// The largest token budget the admission word can count: 2^35 - 1 (about 34 billion tokens in
+/// flight). Usage reports cannot push the tokens in flight past it either.
+pub const MAX_BUDGET: u64 = MAX_TOKENS;
 
 /// A complete, versioned set of limits: what [`LlmBulkhead::limits`](crate::LlmBulkhead::limits)
 /// returns and what [`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits) installs.
@@ -245,9 +258,13 @@ pub(crate) fn validate(next: &Limits, has_budget: bool) -> Result<(), LimitsErro
             max: MAX_CONCURRENT,
         });
     }
-    match (has_budget, next.token_budget.is_some()) {
-        (true, false) => Err(LimitsError::TokenBudgetRequired),
-        (false, true) => Err(LimitsError::TokenBudgetNotConfigured),
+    match (has_budget, next.token_budget) {
+        (true, None) => Err(LimitsError::TokenBudgetRequired),
+        (false, Some(_)) => Err(LimitsError::TokenBudgetNotConfigured),
+        (true, Some(b)) if b.budget > MAX_BUDGET => Err(LimitsError::BudgetTooLarge {
+            value: b.budget,
+            max: MAX_BUDGET,
+        }),
         _ => Ok(()),
     }
 }
@@ -262,9 +279,11 @@ struct LimitsSlot {
     reserve: AtomicU64,
 }
 
-/// The double-buffered limits that admissions read without a lock.
+/// The double-buffered limits that admissions read without a lock, and the full epoch.
 #[derive(Debug)]
 pub(crate) struct PublishedLimits {
+    /// Which slot is current: `epoch & 1`. Its low bits are also in the admission word.
+    epoch: CachePadded<AtomicU64>,
     slots: [CachePadded<LimitsSlot>; 2],
     has_budget: bool,
 }
@@ -273,19 +292,33 @@ impl PublishedLimits {
     /// Publishes `initial` for epoch 0.
     pub(crate) fn new(initial: &Limits) -> PublishedLimits {
         let published = PublishedLimits {
+            epoch: CachePadded::new(AtomicU64::new(0)),
             slots: [
                 CachePadded::new(LimitsSlot::default()),
                 CachePadded::new(LimitsSlot::default()),
             ],
             has_budget: initial.token_budget.is_some(),
         };
-        published.publish(0, initial);
+        published.store(0, initial);
         published
     }
 
-    /// Stores `limits` into the slot of `epoch`. The caller holds the limits mutex and has not
-    /// yet made `epoch` current.
+    /// The current epoch (`Acquire`: pairs with the `Release` store in `publish`, so the slot
+    /// it names is complete).
+    #[inline]
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Stores `limits` into the slot of `epoch`, then makes `epoch` current (steps 1 and 2 of
+    /// the module docs; the caller then advances the word's epoch bits). The caller holds the
+    /// limits mutex and `epoch` is the current epoch plus one.
     pub(crate) fn publish(&self, epoch: u64, limits: &Limits) {
+        self.store(epoch, limits);
+        self.epoch.store(epoch, Ordering::Release);
+    }
+
+    fn store(&self, epoch: u64, limits: &Limits) {
         let slot = &self.slots[(epoch & 1) as usize];
         // Release: pairs with the Acquire loads in `read`, see the module docs.
         slot.revision.store(limits.revision, Ordering::Release);

@@ -9,7 +9,7 @@
 use crate::limits::Limits;
 use crate::options::Priority;
 use crate::rejection::{CapacityDetail, RejectReason, TokenBudgetDetail};
-use crate::state::State;
+use crate::state::{MAX_TOKENS, State};
 
 /// What a call asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,9 +87,11 @@ fn fits_budget(state: State, limits: &Limits, ask: Ask) -> Result<(), Refusal> {
     match limits.token_budget {
         Some(budget) => {
             let effective = budget.effective(ask.priority);
-            // Strict `>`: an exact fit admits. An overflowing sum cannot fit any budget.
+            // Strict `>`: an exact fit admits. An overflowing sum cannot fit any budget, nor
+            // can one the word cannot count (budgets are validated against `MAX_TOKENS`; the
+            // second bound only matters to callers of this pure function that do not).
             match state.tokens().checked_add(ask.reserved) {
-                Some(total) if total <= effective => Ok(()),
+                Some(total) if total <= effective && total <= MAX_TOKENS => Ok(()),
                 _ => Err(Refusal::Budget),
             }
         }
@@ -291,12 +293,29 @@ mod tests {
 
     #[test]
     fn overflowing_token_sum_is_a_budget_refusal() {
-        let limits = Limits::new(0, 4).with_token_budget(u64::MAX, 0);
+        let limits = Limits::new(0, 4).with_token_budget(MAX_TOKENS, 0);
         assert_eq!(
             admit_new(state(1, 2), &limits, ask(u64::MAX, Priority::High)),
             Err(Refusal::Budget)
         );
-        assert!(admit_new(state(1, 1), &limits, ask(u64::MAX - 1, Priority::High)).is_ok());
+        assert_eq!(
+            admit_new(state(1, 2), &limits, ask(MAX_TOKENS - 1, Priority::High)),
+            Err(Refusal::Budget)
+        );
+        let full = admit_new(state(1, 1), &limits, ask(MAX_TOKENS - 1, Priority::High)).unwrap();
+        assert_eq!((full.slots(), full.tokens()), (2, MAX_TOKENS));
+    }
+
+    #[test]
+    fn a_total_the_word_cannot_count_is_refused_even_under_a_larger_budget() {
+        // Budgets are validated against MAX_TOKENS; the pure policy still never produces a
+        // state the word cannot hold.
+        let limits = Limits::new(0, 4).with_token_budget(u64::MAX, 0);
+        assert_eq!(
+            admit_new(state(0, 0), &limits, ask(MAX_TOKENS + 1, Priority::High)),
+            Err(Refusal::Budget)
+        );
+        assert!(admit_new(state(0, 0), &limits, ask(MAX_TOKENS, Priority::High)).is_ok());
     }
 
     #[test]
@@ -422,6 +441,16 @@ mod tests {
         }
     }
 
+    /// Token counts and budgets the word can hold, biased to the edges.
+    fn edge_tokens() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0..4u64,
+            1000..1100u64,
+            (MAX_TOKENS - 3)..=MAX_TOKENS,
+            0..=MAX_TOKENS
+        ]
+    }
+
     fn edge_u64() -> impl Strategy<Value = u64> {
         prop_oneof![
             0..4u64,
@@ -436,10 +465,10 @@ mod tests {
         fn policy_agrees_with_the_reference_model(
             closed in any::<bool>(),
             slots in 0..6u32,
-            tokens in edge_u64(),
+            tokens in edge_tokens(),
             max_concurrent in 0..6u32,
             max_queue in 0..3u32,
-            budget in proptest::option::of((edge_u64(), edge_u64())),
+            budget in proptest::option::of((edge_tokens(), edge_u64())),
             reserved in edge_u64(),
             high in any::<bool>(),
             pending in 0..4u64,
@@ -464,7 +493,7 @@ mod tests {
                 let next = admit_new(s, &limits, Ask { reserved, priority }).unwrap();
                 prop_assert_eq!(next.slots(), slots + 1);
                 prop_assert_eq!(u128::from(next.tokens()), u128::from(tokens) + u128::from(reserved));
-                prop_assert_eq!(next.epoch(), s.epoch());
+                prop_assert_eq!(next.epoch_bits(), s.epoch_bits());
             }
         }
     }

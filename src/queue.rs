@@ -252,8 +252,8 @@ impl crate::bulkhead::Inner {
         }
         let mut list = lock(&self.queue.list);
         let pending = list.len() as u64;
-        let step = self.decide(
-            |s, limits| match policy::admit(s, limits, ask, Turn::Newcomer) {
+        let step = self.decide(true, |s, limits| {
+            match policy::admit(s, limits, ask, Turn::Newcomer) {
                 Ok(next) => Ok((next, Step::Admitted(limits.revision))),
                 // Setting the flag is a CAS even when it is already set: it confirms that the
                 // limits which allowed queueing are still the ones in force.
@@ -262,8 +262,8 @@ impl crate::bulkhead::Inner {
                     Err(reason) => Err(Step::Refused(reason, s, *limits)),
                 },
                 Err(refusal) => Err(Step::Refused(refusal.reason(), s, *limits)),
-            },
-        );
+            }
+        });
         match step.unwrap_or_else(|step| step) {
             Step::Admitted(revision) => Arrival::Admitted { revision },
             Step::Queue => {
@@ -291,7 +291,7 @@ impl crate::bulkhead::Inner {
             let mut list = lock(&self.queue.list);
             while let Some(ask) = list.front().map(|head| head.call.ask) {
                 let last = list.len() == 1;
-                let turned = self.decide(|s, limits| {
+                let turned = self.decide(true, |s, limits| {
                     match policy::admit(s, limits, ask, Turn::Head) {
                         // The last waiter leaves the queue: clear the flag in the same CAS.
                         Ok(next) => Ok((

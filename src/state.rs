@@ -1,21 +1,25 @@
-//! The packed admission word: slots in flight, tokens in flight, the limits epoch and two flags,
-//! updated together by one compare-and-swap.
+//! The packed admission word: slots in flight, tokens in flight, the low bits of the limits
+//! epoch and three flags, in one `AtomicU64` updated by compare-and-swap.
 //!
 //! # Layout
 //!
-//! The *control half* is 64 bits:
-//!
 //! ```text
-//!   63       62        61         60 ............... 22   21 ............... 0
-//! +--------+---------+----------+----------------------+--------------------+
-//! | CLOSED | WAITERS | DRAINING |   EPOCH (39 bits)    |  SLOTS (22 bits)   |
-//! +--------+---------+----------+----------------------+--------------------+
+//!   63       62        61         60 .. 57     56 ............ 35   34 ................. 0
+//! +--------+---------+----------+------------+------------------+----------------------+
+//! | CLOSED | WAITERS | DRAINING | EPOCH (4)  |  SLOTS (22 bits) |   TOKENS (35 bits)   |
+//! +--------+---------+----------+------------+------------------+----------------------+
 //! ```
 //!
+//! - `TOKENS`: tokens held by admissions (always 0 without a token budget), at most
+//!   [`MAX_TOKENS`] (2^35 - 1, about 34 billion): budgets are validated against it and a usage
+//!   report that would push the total past it is refused.
 //! - `SLOTS`: admissions holding a concurrency slot (at most [`MAX_SLOTS`]).
-//! - `EPOCH`: which published limits snapshot is current (see `crate::limits`). Every
-//!   `apply_limits` advances it, so an admission whose CAS expected the old epoch fails and is
-//!   re-decided under the new limits: that is what makes `apply_limits` linearizable.
+//! - `EPOCH`: the low bits of the limits epoch (the full 64-bit epoch lives beside the published
+//!   limits, see `crate::limits`). Every `apply_limits` advances it with a CAS, so an admission
+//!   that read the word before the change fails its own CAS and is re-decided under the new
+//!   limits. Four bits are enough because they are not the only guard: an admission also checks
+//!   the full epoch after committing and undoes its commit in the one case the low bits cannot
+//!   settle (16 or more limit changes inside its few-instruction window; see `Inner::decide`).
 //! - `WAITERS`: set exactly while the FIFO wait queue is non-empty (it only changes under the
 //!   queue lock). Newcomers never take a slot while it is set (no barging), and a release only
 //!   touches the queue when it sees it, so an uncontended release never pays for a lock or a
@@ -25,29 +29,11 @@
 //!   wakes the drainers; without a drainer, becoming idle costs nothing.
 //! - `CLOSED`: set once by `close()`, never cleared.
 //!
-//! Without a token budget the word is exactly the control half (an `AtomicU64`). With a budget
-//! it is 128 bits, control half high and in-flight tokens low (an `AtomicU128`):
-//!
-//! ```text
-//!   127 ............................. 64   63 ............................... 0
-//! +---------------------------------------+-----------------------------------+
-//! |            control half               |     TOKENS in flight (u64)        |
-//! +---------------------------------------+-----------------------------------+
-//! ```
-//!
-//! Tokens get the full 64 bits, so any budget a `u64` can express is representable; a
-//! reservation that would overflow the in-flight total is rejected (it cannot fit any budget),
-//! never wrapped. The budget-less word stays 64 bits because a 128-bit CAS costs about 1.7x a
-//! 64-bit one on x86-64 and a bulkhead without a budget has no tokens to store.
-//!
-//! # Why the epoch has 39 bits
-//!
-//! An admission loads the word, reads the limits published for the word's epoch and CASes. If
-//! the epoch wrapped all the way around (2^39 `apply_limits` calls) while one admission sat
-//! between its load and its CAS, and every other field came back to the same value, the CAS
-//! could succeed with stale limits (ABA). `apply_limits` takes a mutex and validates a snapshot,
-//! so 2^39 of them take more than half a day of uninterrupted reconfiguration; no admission
-//! stalls that long between two adjacent instructions of a retry loop.
+//! Slots and tokens sharing one 64-bit word (rather than a 128-bit one) is what makes the
+//! budgeted fast path as cheap as the budget-less one: one 64-bit CAS to admit and one
+//! `fetch_sub` (a single wait-free `lock xadd` on x86-64) to release both the slot and the
+//! tokens. A 128-bit word needs `cmpxchg16b` loops both ways, which cost 1.5x on one thread and
+//! cut two-thread throughput by a third.
 //!
 //! # How the rest of the design fits
 //!
@@ -62,253 +48,223 @@
 //!
 //! # Memory ordering
 //!
-//! Every successful update is a `compare_exchange_weak(AcqRel, Acquire)`: a release's CAS is a
-//! release operation that the next admission's CAS (or load) acquires, so whatever a permit
-//! holder did before releasing happens-before the work of the admission that reuses its
-//! capacity. Failed CASes and plain loads are `Acquire`, which also makes the limits published
-//! before an epoch bump visible to whoever observes the bumped epoch.
+//! Every successful update is a `compare_exchange_weak(AcqRel, Acquire)` and a release is a
+//! `fetch_sub(AcqRel)`: a release is a release operation that the next admission's CAS (or
+//! load) acquires, so whatever a permit holder did before releasing happens-before the work of
+//! the admission that reuses its capacity. Failed CASes and plain loads are `Acquire`, which
+//! also makes the limits published before an epoch bump visible to whoever observes it.
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::sync::atomic::{AtomicU64, AtomicU128, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// Bits of the control half that count slots.
+/// Bits that count tokens in flight.
+pub(crate) const TOKEN_BITS: u32 = 35;
+/// Mask of the token count.
+const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
+/// Largest representable number of tokens in flight, and so the largest budget.
+pub(crate) const MAX_TOKENS: u64 = TOKEN_MASK;
+/// Position of the slot count.
+const SLOT_SHIFT: u32 = TOKEN_BITS;
+/// Bits that count slots.
 pub(crate) const SLOT_BITS: u32 = 22;
-/// Mask of the slot count inside the control half.
-pub(crate) const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+/// Mask of the slot count once shifted down.
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 /// Largest representable number of slots in flight, and so the largest `max_concurrent`.
 pub(crate) const MAX_SLOTS: u32 = SLOT_MASK as u32;
-/// Position of the epoch inside the control half.
-pub(crate) const EPOCH_SHIFT: u32 = SLOT_BITS;
-/// Width of the epoch.
-pub(crate) const EPOCH_BITS: u32 = 39;
-/// Mask of the epoch once shifted down.
-pub(crate) const EPOCH_MAX: u64 = (1 << EPOCH_BITS) - 1;
+/// One slot, in place.
+const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
+/// Position of the epoch's low bits.
+const EPOCH_SHIFT: u32 = SLOT_SHIFT + SLOT_BITS;
+/// How many low bits of the epoch the word carries. Under loom, one: so that two limit changes
+/// already wrap it and the models reach the undo path.
+#[cfg(not(loom))]
+pub(crate) const EPOCH_BITS: u32 = 4;
+#[cfg(loom)]
+pub(crate) const EPOCH_BITS: u32 = 1;
+/// Mask of the epoch's low bits once shifted down.
+pub(crate) const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
 /// Set while a drain waits for the bulkhead to become idle.
-pub(crate) const DRAINING_BIT: u64 = 1 << 61;
+const DRAINING_BIT: u64 = 1 << 61;
 /// Set while the wait queue is non-empty.
-pub(crate) const WAITERS_BIT: u64 = 1 << 62;
+const WAITERS_BIT: u64 = 1 << 62;
 /// Set once the bulkhead is closed.
-pub(crate) const CLOSED_BIT: u64 = 1 << 63;
+const CLOSED_BIT: u64 = 1 << 63;
 
-// The fields must tile the control half exactly.
-const _: () = assert!(SLOT_BITS + EPOCH_BITS + 3 == 64);
+// The fields must not overlap and must fit below the flags.
+const _: () = assert!(EPOCH_SHIFT + EPOCH_BITS <= 61);
 const _: () = assert!(
-    (EPOCH_MAX << EPOCH_SHIFT) & (DRAINING_BIT | WAITERS_BIT | CLOSED_BIT | SLOT_MASK) == 0
+    (EPOCH_MASK << EPOCH_SHIFT) & (SLOT_MASK << SLOT_SHIFT) == 0
+        && (SLOT_MASK << SLOT_SHIFT) & TOKEN_MASK == 0
 );
 
 /// A decoded copy of the admission word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct State {
-    ctl: u64,
-    tokens: u64,
-}
+pub(crate) struct State(u64);
 
 impl State {
     /// The state of a new bulkhead: nothing in flight, epoch 0, open.
-    pub(crate) const INITIAL: State = State { ctl: 0, tokens: 0 };
+    pub(crate) const INITIAL: State = State(0);
 
     #[inline]
     pub(crate) fn slots(self) -> u32 {
-        (self.ctl & SLOT_MASK) as u32
+        ((self.0 >> SLOT_SHIFT) & SLOT_MASK) as u32
     }
 
     #[inline]
     pub(crate) fn tokens(self) -> u64 {
-        self.tokens
+        self.0 & TOKEN_MASK
     }
 
+    /// The low [`EPOCH_BITS`] bits of the limits epoch.
     #[inline]
-    pub(crate) fn epoch(self) -> u64 {
-        (self.ctl >> EPOCH_SHIFT) & EPOCH_MAX
+    pub(crate) fn epoch_bits(self) -> u64 {
+        (self.0 >> EPOCH_SHIFT) & EPOCH_MASK
+    }
+
+    /// Whether this word was written under the full epoch `epoch` (as far as its low bits can
+    /// tell).
+    #[inline]
+    pub(crate) fn matches_epoch(self, epoch: u64) -> bool {
+        self.epoch_bits() == epoch & EPOCH_MASK
     }
 
     #[inline]
     pub(crate) fn is_closed(self) -> bool {
-        self.ctl & CLOSED_BIT != 0
+        self.0 & CLOSED_BIT != 0
     }
 
     #[inline]
     pub(crate) fn has_waiters(self) -> bool {
-        self.ctl & WAITERS_BIT != 0
+        self.0 & WAITERS_BIT != 0
     }
 
     #[inline]
     pub(crate) fn is_draining(self) -> bool {
-        self.ctl & DRAINING_BIT != 0
+        self.0 & DRAINING_BIT != 0
     }
 
     /// Whether a release that saw this state before it must serve the queue or the drainers.
     #[inline]
     pub(crate) fn needs_attention_on_release(self) -> bool {
-        self.ctl & (WAITERS_BIT | DRAINING_BIT) != 0
+        self.0 & (WAITERS_BIT | DRAINING_BIT) != 0
     }
 
     /// Nothing in flight and nobody waiting.
     #[inline]
     pub(crate) fn is_idle(self) -> bool {
-        self.ctl & (SLOT_MASK | WAITERS_BIT) == 0
+        self.0 & ((SLOT_MASK << SLOT_SHIFT) | WAITERS_BIT) == 0
     }
 
     #[inline]
     pub(crate) fn with_waiters(self, waiters: bool) -> State {
-        State {
-            ctl: set_bit(self.ctl, WAITERS_BIT, waiters),
-            tokens: self.tokens,
-        }
+        State(set_bit(self.0, WAITERS_BIT, waiters))
     }
 
     #[inline]
     pub(crate) fn with_draining(self, draining: bool) -> State {
-        State {
-            ctl: set_bit(self.ctl, DRAINING_BIT, draining),
-            tokens: self.tokens,
-        }
+        State(set_bit(self.0, DRAINING_BIT, draining))
     }
 
     /// This state with one more slot and `tokens` more tokens in flight.
     ///
     /// The caller (the policy) has checked that the slot count stays within a limit that is at
-    /// most [`MAX_SLOTS`] and that the token sum does not overflow.
+    /// most [`MAX_SLOTS`] and the token total within [`MAX_TOKENS`].
     #[inline]
     pub(crate) fn with_admission(self, tokens: u64) -> State {
         debug_assert!(self.slots() < MAX_SLOTS, "slot count overflow");
-        State {
-            ctl: self.ctl + 1,
-            tokens: self.tokens.checked_add(tokens).expect("token overflow"),
-        }
+        debug_assert!(
+            self.tokens()
+                .checked_add(tokens)
+                .is_some_and(|t| t <= MAX_TOKENS),
+            "token count overflow"
+        );
+        State(self.0 + ONE_SLOT + tokens)
     }
 
-    /// This state with one slot and `tokens` tokens fewer in flight.
-    #[cfg(test)]
-    pub(crate) fn with_release(self, tokens: u64) -> State {
-        State {
-            ctl: self.ctl - 1,
-            tokens: self.tokens - tokens,
-        }
+    /// This state without the admission `with_admission(tokens)` added.
+    #[inline]
+    pub(crate) fn without_admission(self, tokens: u64) -> State {
+        debug_assert!(self.slots() > 0 && self.tokens() >= tokens, "underflow");
+        State(self.0 - ONE_SLOT - tokens)
     }
 
-    /// This state with the epoch advanced by one (wrapping within its field).
+    /// This state with the epoch's low bits advanced by one (wrapping within their field).
     #[inline]
     pub(crate) fn with_next_epoch(self) -> State {
-        let epoch = (self.epoch() + 1) & EPOCH_MAX;
-        let ctl = (self.ctl & !(EPOCH_MAX << EPOCH_SHIFT)) | (epoch << EPOCH_SHIFT);
-        State {
-            ctl,
-            tokens: self.tokens,
-        }
+        let bits = (self.epoch_bits() + 1) & EPOCH_MASK;
+        State((self.0 & !(EPOCH_MASK << EPOCH_SHIFT)) | (bits << EPOCH_SHIFT))
     }
 
-    /// This state with `tokens` tokens in flight.
+    /// This state with `tokens` tokens in flight, or `None` if that cannot be represented.
     #[inline]
-    pub(crate) fn with_tokens(self, tokens: u64) -> State {
-        State {
-            ctl: self.ctl,
-            tokens,
-        }
+    pub(crate) fn with_tokens(self, tokens: u64) -> Option<State> {
+        (tokens <= MAX_TOKENS).then_some(State((self.0 & !TOKEN_MASK) | tokens))
     }
 
     #[inline]
     pub(crate) fn with_closed(self) -> State {
-        State {
-            ctl: self.ctl | CLOSED_BIT,
-            tokens: self.tokens,
-        }
-    }
-
-    #[inline]
-    fn pack(self) -> u128 {
-        (u128::from(self.ctl) << 64) | u128::from(self.tokens)
-    }
-
-    #[inline]
-    fn unpack(raw: u128) -> State {
-        State {
-            ctl: (raw >> 64) as u64,
-            tokens: raw as u64,
-        }
+        State(self.0 | CLOSED_BIT)
     }
 }
 
 #[inline]
-fn set_bit(ctl: u64, bit: u64, on: bool) -> u64 {
-    if on { ctl | bit } else { ctl & !bit }
+fn set_bit(word: u64, bit: u64, on: bool) -> u64 {
+    if on { word | bit } else { word & !bit }
 }
 
 #[cfg(test)]
 impl State {
     /// A state with `slots` slots and `tokens` tokens in flight, epoch 0, open, no waiters.
     pub(crate) fn for_tests(slots: u32, tokens: u64) -> State {
-        assert!(slots <= MAX_SLOTS);
-        State {
-            ctl: u64::from(slots),
-            tokens,
-        }
+        assert!(slots <= MAX_SLOTS && tokens <= MAX_TOKENS);
+        State((u64::from(slots) << SLOT_SHIFT) | tokens)
     }
 }
 
-/// The atomic cell holding a [`State`]: 64 bits without a token budget, 128 with one.
-///
-/// Which variant a bulkhead uses is fixed at construction (the "feature shape"), so the match
-/// in every operation is perfectly predicted.
+/// The atomic cell holding a [`State`], alone on its cache line.
 #[derive(Debug)]
-pub(crate) enum AtomicState {
-    /// Control half only; the token count is always zero.
-    Slots(CachePadded<AtomicU64>),
-    /// Control half and token count.
-    SlotsAndTokens(CachePadded<AtomicU128>),
-}
+pub(crate) struct AtomicState(CachePadded<AtomicU64>);
 
 impl AtomicState {
-    pub(crate) fn new(with_tokens: bool) -> AtomicState {
-        let initial = State::INITIAL;
-        if with_tokens {
-            AtomicState::SlotsAndTokens(CachePadded::new(AtomicU128::new(initial.pack())))
-        } else {
-            AtomicState::Slots(CachePadded::new(AtomicU64::new(initial.ctl)))
-        }
+    pub(crate) fn new() -> AtomicState {
+        AtomicState(CachePadded::new(AtomicU64::new(State::INITIAL.0)))
     }
 
     /// Loads the current state (`Acquire`).
     #[inline]
     pub(crate) fn load(&self) -> State {
-        match self {
-            AtomicState::Slots(word) => State {
-                ctl: word.load(Ordering::Acquire),
-                tokens: 0,
-            },
-            AtomicState::SlotsAndTokens(word) => State::unpack(word.load(Ordering::Acquire)),
-        }
+        State(self.0.load(Ordering::Acquire))
+    }
+
+    /// One compare-and-swap from `current` to `next`: `Err` carries the value found instead.
+    /// `AcqRel` / `Acquire` (see "Memory ordering" in the module docs).
+    #[inline]
+    pub(crate) fn compare_exchange(&self, current: State, next: State) -> Result<(), State> {
+        self.0
+            .compare_exchange_weak(current.0, next.0, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(State)
     }
 
     /// Returns one slot and `tokens` tokens; returns the state before.
     ///
-    /// A release decides nothing, so it is a plain `fetch_sub` rather than a CAS loop. It
-    /// cannot borrow across fields: the releasing permit's slot and its `tokens` are part of
+    /// A release decides nothing, so it is one `fetch_sub` (wait-free) rather than a CAS loop.
+    /// It cannot borrow across fields: the releasing permit's slot and its `tokens` are part of
     /// the counts it subtracts from. `AcqRel` for the same reason as a CAS (module docs).
     #[inline]
     pub(crate) fn release(&self, tokens: u64) -> State {
-        match self {
-            AtomicState::Slots(word) => {
-                debug_assert_eq!(tokens, 0, "a budget-less word cannot hold tokens");
-                let before = State {
-                    ctl: word.fetch_sub(1, Ordering::AcqRel),
-                    tokens: 0,
-                };
-                debug_assert!(before.slots() > 0, "slot count underflow");
-                before
-            }
-            AtomicState::SlotsAndTokens(word) => {
-                let one = State { ctl: 1, tokens }.pack();
-                let before = State::unpack(word.fetch_sub(one, Ordering::AcqRel));
-                debug_assert!(before.slots() > 0 && before.tokens() >= tokens, "underflow");
-                before
-            }
-        }
+        let before = State(self.0.fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel));
+        debug_assert!(
+            before.slots() > 0 && before.tokens() >= tokens,
+            "slot or token count underflow"
+        );
+        before
     }
 
-    /// The generic CAS loop: `decide` maps the current state to the next one (plus a value to
-    /// return) or to an error, which ends the loop without writing anything.
+    /// A CAS loop for updates that do not depend on the limits: `decide` maps the current
+    /// state to the next one (plus a value to return) or to an error, which ends the loop
+    /// without writing anything.
     ///
     /// A failed CAS hands back the value it found, and the loop re-decides from that value; it
     /// never re-loads separately. After a failure it backs off briefly (exponential spinning,
@@ -317,96 +273,18 @@ impl AtomicState {
     #[inline]
     pub(crate) fn update<T, E>(
         &self,
-        decide: impl FnMut(State) -> Result<(State, T), E>,
+        mut decide: impl FnMut(State) -> Result<(State, T), E>,
     ) -> Result<T, E> {
-        match self {
-            AtomicState::Slots(word) => cas_loop(&**word, decide),
-            AtomicState::SlotsAndTokens(word) => cas_loop(&**word, decide),
-        }
-    }
-}
-
-/// The two physical words a [`State`] is stored in.
-trait Word {
-    type Raw: Copy;
-    fn load(&self) -> Self::Raw;
-    fn compare_exchange_weak(
-        &self,
-        current: Self::Raw,
-        new: Self::Raw,
-    ) -> Result<Self::Raw, Self::Raw>;
-    fn decode(raw: Self::Raw) -> State;
-    fn encode(state: State) -> Self::Raw;
-}
-
-impl Word for AtomicU64 {
-    type Raw = u64;
-
-    #[inline]
-    fn load(&self) -> u64 {
-        AtomicU64::load(self, Ordering::Acquire)
-    }
-
-    #[inline]
-    fn compare_exchange_weak(&self, current: u64, new: u64) -> Result<u64, u64> {
-        // AcqRel: see "Memory ordering" in the module docs.
-        AtomicU64::compare_exchange_weak(self, current, new, Ordering::AcqRel, Ordering::Acquire)
-    }
-
-    #[inline]
-    fn decode(raw: u64) -> State {
-        State {
-            ctl: raw,
-            tokens: 0,
-        }
-    }
-
-    #[inline]
-    fn encode(state: State) -> u64 {
-        debug_assert_eq!(state.tokens, 0, "a budget-less word cannot hold tokens");
-        state.ctl
-    }
-}
-
-impl Word for AtomicU128 {
-    type Raw = u128;
-
-    #[inline]
-    fn load(&self) -> u128 {
-        AtomicU128::load(self, Ordering::Acquire)
-    }
-
-    #[inline]
-    fn compare_exchange_weak(&self, current: u128, new: u128) -> Result<u128, u128> {
-        // AcqRel: see "Memory ordering" in the module docs.
-        AtomicU128::compare_exchange_weak(self, current, new, Ordering::AcqRel, Ordering::Acquire)
-    }
-
-    #[inline]
-    fn decode(raw: u128) -> State {
-        State::unpack(raw)
-    }
-
-    #[inline]
-    fn encode(state: State) -> u128 {
-        state.pack()
-    }
-}
-
-#[inline]
-fn cas_loop<W: Word, T, E>(
-    word: &W,
-    mut decide: impl FnMut(State) -> Result<(State, T), E>,
-) -> Result<T, E> {
-    let backoff = Backoff::new();
-    let mut current = word.load();
-    loop {
-        let (next, out) = decide(W::decode(current))?;
-        match word.compare_exchange_weak(current, W::encode(next)) {
-            Ok(_) => return Ok(out),
-            Err(actual) => {
-                current = actual;
-                backoff.spin();
+        let backoff = Backoff::new();
+        let mut current = self.load();
+        loop {
+            let (next, out) = decide(current)?;
+            match self.compare_exchange(current, next) {
+                Ok(()) => return Ok(out),
+                Err(actual) => {
+                    current = actual;
+                    backoff.spin();
+                }
             }
         }
     }
@@ -425,34 +303,36 @@ mod tests {
             .with_closed();
         assert_eq!(s.slots(), 2);
         assert_eq!(s.tokens(), 10);
-        assert_eq!(s.epoch(), 1);
+        assert_eq!(s.epoch_bits(), 1);
+        assert!(s.matches_epoch(1) && s.matches_epoch(17) && !s.matches_epoch(2));
         assert!(s.is_closed());
         assert!(!s.has_waiters());
-        assert_eq!(State::unpack(s.pack()), s);
-        let r = s.with_release(7);
+        let r = s.without_admission(7);
         assert_eq!(
-            (r.slots(), r.tokens(), r.epoch(), r.is_closed()),
+            (r.slots(), r.tokens(), r.epoch_bits(), r.is_closed()),
             (1, 3, 1, true)
         );
     }
 
     #[test]
-    fn epoch_wraps_inside_its_field() {
+    fn epoch_bits_wrap_inside_their_field() {
         let mut s = State::INITIAL;
         for _ in 0..3 {
             s = s.with_next_epoch();
         }
-        assert_eq!(s.epoch(), 3);
-        let top = State {
-            ctl: (EPOCH_MAX << EPOCH_SHIFT) | 5 | WAITERS_BIT | DRAINING_BIT,
-            tokens: 9,
-        };
-        let wrapped = top.with_next_epoch();
-        assert_eq!(wrapped.epoch(), 0);
-        assert_eq!(wrapped.slots(), 5);
-        assert!(wrapped.has_waiters() && wrapped.is_draining());
-        assert!(!wrapped.is_closed());
-        assert_eq!(wrapped.tokens(), 9);
+        assert_eq!(s.epoch_bits(), 3);
+        let top = State::for_tests(5, 9)
+            .with_waiters(true)
+            .with_draining(true);
+        let mut wrapped = top;
+        for _ in 0..=EPOCH_MASK {
+            wrapped = wrapped.with_next_epoch();
+        }
+        assert_eq!(wrapped, top, "2^EPOCH_BITS steps come back");
+        let once = top.with_next_epoch();
+        assert_eq!(once.epoch_bits(), 1);
+        assert_eq!((once.slots(), once.tokens()), (5, 9));
+        assert!(once.has_waiters() && once.is_draining() && !once.is_closed());
     }
 
     #[test]
@@ -465,36 +345,34 @@ mod tests {
         assert!(draining.is_draining() && draining.is_idle() && !draining.has_waiters());
         assert_eq!(draining.with_draining(false), s);
         assert!(!State::for_tests(1, 0).is_idle());
+        assert!(
+            State::for_tests(0, 5).is_idle(),
+            "tokens alone do not make it busy"
+        );
         assert_eq!(
             State::for_tests(3, 7)
                 .with_closed()
                 .with_waiters(true)
-                .epoch(),
+                .epoch_bits(),
             0
         );
     }
 
     #[test]
-    fn max_slots_fills_the_slot_field() {
-        let full = State {
-            ctl: u64::from(MAX_SLOTS),
-            tokens: 0,
-        };
-        assert_eq!(full.slots(), MAX_SLOTS);
-        assert_eq!(full.epoch(), 0);
+    fn field_maxima_fill_their_fields() {
+        let full = State::for_tests(MAX_SLOTS, MAX_TOKENS);
+        assert_eq!((full.slots(), full.tokens()), (MAX_SLOTS, MAX_TOKENS));
+        assert_eq!(full.epoch_bits(), 0);
+        assert!(!full.is_closed() && !full.has_waiters() && !full.is_draining());
         assert_eq!(MAX_SLOTS, 4_194_303);
-    }
-
-    #[test]
-    fn tokens_use_all_64_bits() {
-        let s = State::INITIAL.with_admission(u64::MAX);
-        assert_eq!(State::unpack(s.pack()).tokens(), u64::MAX);
-        assert_eq!(s.with_release(u64::MAX).tokens(), 0);
+        assert_eq!(MAX_TOKENS, 34_359_738_367);
+        assert_eq!(full.with_tokens(MAX_TOKENS + 1), None);
+        assert_eq!(full.with_tokens(0).map(State::slots), Some(MAX_SLOTS));
     }
 
     #[test]
     fn update_reuses_the_failed_value() {
-        let cell = AtomicState::new(true);
+        let cell = AtomicState::new();
         let out: Result<u32, ()> = cell.update(|s| Ok((s.with_admission(4), s.slots())));
         assert_eq!(out, Ok(0));
         let err: Result<(), u64> = cell.update(|s| Err(s.tokens()));
@@ -504,17 +382,24 @@ mod tests {
 
     #[test]
     fn release_subtracts_both_fields_without_borrowing() {
-        for with_tokens in [false, true] {
-            let cell = AtomicState::new(with_tokens);
-            let t = if with_tokens { u64::MAX } else { 0 };
-            cell.update(|s| {
-                Ok::<_, ()>((s.with_next_epoch().with_admission(t).with_admission(0), ()))
-            })
-            .unwrap();
-            let before = cell.release(t);
-            assert_eq!((before.slots(), before.tokens()), (2, t));
-            let after = cell.load();
-            assert_eq!((after.slots(), after.tokens(), after.epoch()), (1, 0, 1));
-        }
+        let cell = AtomicState::new();
+        cell.update(|s| {
+            Ok::<_, ()>((
+                s.with_next_epoch()
+                    .with_admission(MAX_TOKENS)
+                    .with_admission(0),
+                (),
+            ))
+        })
+        .unwrap();
+        let before = cell.release(MAX_TOKENS);
+        assert_eq!((before.slots(), before.tokens()), (2, MAX_TOKENS));
+        let after = cell.load();
+        assert_eq!(
+            (after.slots(), after.tokens(), after.epoch_bits()),
+            (1, 0, 1)
+        );
+        assert_eq!(cell.release(0).slots(), 1);
+        assert!(cell.load().is_idle());
     }
 }

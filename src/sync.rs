@@ -3,7 +3,7 @@
 //! Every protocol the crate's correctness depends on (the packed admission word, the published
 //! limits, the close bit) is built from the items of this module, so that `--cfg loom` swaps them
 //! all for loom's model-checked versions at once. Nothing else in the crate may import
-//! `std::sync::atomic` or `portable_atomic` directly.
+//! `std::sync::atomic` directly.
 //!
 //! Two groups of items are deliberately *not* modelled, and live in [`unmodeled`]:
 //! statistics shards (single-writer counters whose values no decision ever reads) and the
@@ -62,58 +62,27 @@ impl AtomicWaker {
     }
 }
 
+/// Waits a moment for another thread to finish a short step (a limits writer between its two
+/// stores): crossbeam's snooze normally, a yield that lets the model schedule the other thread
+/// under loom (which would otherwise see an endless spin).
+#[inline]
+pub(crate) fn wait_for_progress(backoff: &crossbeam_utils::Backoff) {
+    #[cfg(not(loom))]
+    backoff.snooze();
+    #[cfg(loom)]
+    {
+        let _ = backoff;
+        loom::thread::yield_now();
+    }
+}
+
 /// Atomic integers and orderings.
 pub(crate) mod atomic {
-    #[cfg(not(loom))]
-    pub(crate) use portable_atomic::AtomicU128;
     #[cfg(not(loom))]
     pub(crate) use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
     #[cfg(loom)]
     pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-
-    /// loom has no 128-bit atomic, so under `--cfg loom` the 128-bit admission word is a
-    /// loom mutex around a `u128`. Every operation takes the mutex, which loom models as a
-    /// sequentially consistent synchronisation point: strictly stronger than the `AcqRel` /
-    /// `Acquire` orderings the real `portable_atomic::AtomicU128` is used with, and it still
-    /// gives loom a preemption point at every load and CAS, which is what the models need.
-    #[cfg(loom)]
-    #[derive(Debug)]
-    pub(crate) struct AtomicU128(loom::sync::Mutex<u128>);
-
-    #[cfg(loom)]
-    impl AtomicU128 {
-        pub(crate) fn new(value: u128) -> Self {
-            Self(loom::sync::Mutex::new(value))
-        }
-
-        pub(crate) fn load(&self, _order: Ordering) -> u128 {
-            *self.0.lock().unwrap()
-        }
-
-        pub(crate) fn fetch_sub(&self, value: u128, _order: Ordering) -> u128 {
-            let mut current = self.0.lock().unwrap();
-            let before = *current;
-            *current = before.wrapping_sub(value);
-            before
-        }
-
-        pub(crate) fn compare_exchange_weak(
-            &self,
-            current: u128,
-            new: u128,
-            _success: Ordering,
-            _failure: Ordering,
-        ) -> Result<u128, u128> {
-            let mut value = self.0.lock().unwrap();
-            if *value == current {
-                *value = new;
-                Ok(current)
-            } else {
-                Err(*value)
-            }
-        }
-    }
 }
 
 /// Items that are not part of any modelled protocol (see the module docs).

@@ -215,13 +215,15 @@ impl Inner {
     fn move_hold(&self, from: u64, to: u64) -> Result<(), UsageError> {
         self.state.update(|s| {
             let tokens = if to >= from {
-                s.tokens()
-                    .checked_add(to - from)
-                    .ok_or(UsageError::HoldOverflow)?
+                s.tokens().checked_add(to - from)
             } else {
-                s.tokens() - (from - to)
+                Some(s.tokens() - (from - to))
             };
-            Ok((s.with_tokens(tokens), ()))
+            // The tokens in flight must stay within what the word counts (`MAX_BUDGET`).
+            let next = tokens
+                .and_then(|t| s.with_tokens(t))
+                .ok_or(UsageError::HoldOverflow)?;
+            Ok((next, ()))
         })
     }
 

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, AdmissionId, ApplyOutcome, CapacityDetail, ConfigError, Content,
     ContentBlock, DEFAULT_OUTPUT_CAP, Limits, LimitsError, LlmBulkhead, LlmBulkheadBuilder,
-    LlmRequest, MAX_CONCURRENT, MAX_REVISION, OwnedPermit, Permit, Priority, RejectReason,
-    Rejection, RejectionCounts, ReleaseReport, RequestError, Reservation, Stats, TokenBudget,
-    TokenBudgetDetail, TokenBudgetStats, TokenUsage, UsageError, Verdict,
+    LlmRequest, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, OwnedPermit, Permit, Priority,
+    RejectReason, Rejection, RejectionCounts, ReleaseReport, RequestError, Reservation, Stats,
+    TokenBudget, TokenBudgetDetail, TokenBudgetStats, TokenUsage, UsageError, Verdict,
 };
 
 // ===== helpers =====
@@ -432,21 +432,61 @@ fn initial_revision_at_the_maximum_is_accepted() {
 }
 
 #[test]
-fn budget_zero_and_budget_u64_max_are_accepted() {
+fn budget_zero_and_the_largest_budget_are_accepted_and_above_is_refused() {
     let zero = budgeted(1, 0, 0);
     assert_eq!(zero.limits(), Limits::new(0, 1).with_token_budget(0, 0));
     let t = tokens(&zero);
     assert_eq!((t.budget, t.available, t.in_flight_tokens), (0, 0, 0));
 
-    let max = budgeted(1, u64::MAX, 0);
+    assert_eq!(MAX_BUDGET, (1 << 35) - 1);
+    let max = budgeted(1, MAX_BUDGET, 0);
     assert_eq!(
         max.limits(),
-        Limits::new(0, 1).with_token_budget(u64::MAX, 0)
+        Limits::new(0, 1).with_token_budget(MAX_BUDGET, 0)
     );
     let t = tokens(&max);
     assert_eq!(
         (t.budget, t.available, t.in_flight_tokens),
-        (u64::MAX, u64::MAX, 0)
+        (MAX_BUDGET, MAX_BUDGET, 0)
+    );
+    // The whole budget can be held at once.
+    let permit = max.try_acquire(&req(), opts(MAX_BUDGET - 1, 1)).unwrap();
+    assert_eq!(tokens(&max).in_flight_tokens, MAX_BUDGET);
+    drop(permit);
+
+    // Above it: a typed error, at build, apply_limits and set_budget, and nothing changes.
+    let err = LlmBulkhead::builder("m", 1)
+        .token_budget(TokenBudget::new(MAX_BUDGET + 1))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::BudgetTooLarge {
+            value: MAX_BUDGET + 1,
+            max: MAX_BUDGET
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "token_budget.budget (34359738368) must be <= 34359738367"
+    );
+    let too_large = LimitsError::BudgetTooLarge {
+        value: u64::MAX,
+        max: MAX_BUDGET,
+    };
+    assert_eq!(max.set_budget(u64::MAX).unwrap_err(), too_large);
+    assert_eq!(
+        max.apply_limits(Limits::new(1, 1).with_token_budget(u64::MAX, 0))
+            .unwrap_err(),
+        too_large
+    );
+    assert_eq!(
+        too_large.to_string(),
+        "limits.token_budget.budget (18446744073709551615) must be <= 34359738367"
+    );
+    assert_eq!(
+        max.limits(),
+        Limits::new(0, 1).with_token_budget(MAX_BUDGET, 0)
     );
 }
 
@@ -695,33 +735,39 @@ fn reserve_above_a_shrunken_budget_leaves_normal_nothing_and_high_everything() {
 
 #[test]
 fn token_sum_overflow_is_a_budget_refusal_not_a_panic() {
-    let bulkhead = budgeted(8, u64::MAX, 0);
+    const M: u64 = MAX_BUDGET;
+    let bulkhead = budgeted(8, M, 0);
     let small = bulkhead.try_acquire(&req(), opts(0, 2)).unwrap();
 
-    for o in [opts(0, u64::MAX), high(u64::MAX, 0)] {
+    for (o, requested) in [
+        (opts(0, u64::MAX), u64::MAX),
+        (high(u64::MAX, 0), u64::MAX),
+        (opts(M, 0), M),
+    ] {
         let rejection = rejected(bulkhead.try_acquire(&req(), o));
         assert_eq!(rejection.reason(), RejectReason::BudgetLimit);
         assert_eq!(
             budget_figures(rejection.detail()),
-            (u64::MAX, 2, u64::MAX, u64::MAX - 2, u64::MAX)
-        );
-        assert_eq!(
-            rejection.to_string(),
-            "bulkhead rejected: budget_limit (requested 18446744073709551615 tokens, \
-             18446744073709551613 of effective budget 18446744073709551615 available, 2 in flight)"
+            (M, 2, M, M - 2, requested)
         );
     }
+    let rejection = rejected(bulkhead.try_acquire(&req(), opts(0, u64::MAX)));
+    assert_eq!(
+        rejection.to_string(),
+        "bulkhead rejected: budget_limit (requested 18446744073709551615 tokens, \
+         34359738365 of effective budget 34359738367 available, 2 in flight)"
+    );
     assert_eq!(
         bulkhead.would_admit(&req(), opts(0, u64::MAX)).unwrap(),
         Verdict::Reject(RejectReason::BudgetLimit)
     );
 
-    // Filling the budget exactly to u64::MAX works; then only 0-token requests fit.
-    let rest = bulkhead.try_acquire(&req(), opts(u64::MAX - 3, 1)).unwrap();
+    // Filling the budget exactly to the largest one works; then only 0-token requests fit.
+    let rest = bulkhead.try_acquire(&req(), opts(M - 3, 1)).unwrap();
     let t = tokens(&bulkhead);
     assert_eq!(
         (t.in_flight_tokens, t.available, t.total_reserved),
-        (u64::MAX, 0, u64::MAX)
+        (M, 0, M)
     );
     let zero = bulkhead.try_acquire(&req(), opts(0, 0)).unwrap();
     assert_eq!(
@@ -730,8 +776,8 @@ fn token_sum_overflow_is_a_budget_refusal_not_a_panic() {
     );
     drop((small, rest, zero));
     let t = tokens(&bulkhead);
-    assert_eq!((t.in_flight_tokens, t.available), (0, u64::MAX));
-    assert_eq!(bulkhead.stats().rejected_by_reason.budget_limit, 3);
+    assert_eq!((t.in_flight_tokens, t.available), (0, M));
+    assert_eq!(bulkhead.stats().rejected_by_reason.budget_limit, 5);
 }
 
 #[test]
@@ -1040,7 +1086,7 @@ fn input_overflow_is_invalid_everywhere_and_counts_nothing() {
 
 #[test]
 fn reservation_overflow_is_invalid_everywhere_and_counts_nothing() {
-    let bulkhead = budgeted(2, u64::MAX, 0);
+    let bulkhead = budgeted(2, MAX_BUDGET, 0);
     let fresh = bulkhead.stats();
     let request = text(8).max_tokens(u64::MAX);
     let expected = RequestError::ReservationOverflow {
@@ -1071,7 +1117,7 @@ fn reservation_overflow_is_invalid_everywhere_and_counts_nothing() {
 
     // The output cap can overflow too, when the request names no max_tokens.
     let capped = LlmBulkhead::builder("m", 1)
-        .token_budget(TokenBudget::new(u64::MAX).output_cap(u64::MAX))
+        .token_budget(TokenBudget::new(MAX_BUDGET).output_cap(u64::MAX))
         .build()
         .unwrap();
     assert_eq!(capped.estimate(&req()).unwrap(), Some(res(0, u64::MAX)));
@@ -1873,10 +1919,10 @@ fn set_budget_keeps_the_rest_and_advances_the_revision() {
             .with_token_budget(0, 200)
     );
     assert_eq!(
-        bulkhead.set_budget(u64::MAX).unwrap(),
+        bulkhead.set_budget(MAX_BUDGET).unwrap(),
         Limits::new(11, 3)
             .with_max_queue(2)
-            .with_token_budget(u64::MAX, 200)
+            .with_token_budget(MAX_BUDGET, 200)
     );
     // A stale apply after set_budget sees the new revision.
     assert_eq!(

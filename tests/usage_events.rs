@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, AdaptiveEstimator, AdmitEvent, ApplyOutcome, Correction, Event,
-    EventKind, Limits, LimitsError, LlmBulkhead, LlmRequest, ModelAwareEstimator, OwnedPermit,
-    Permit, Priority, Progressive, ReconfigureEvent, RejectEvent, RejectReason, Rejection,
-    ReleaseEvent, ReleaseReport, Reservation, RunError, Stats, Subscription, TokenBudget,
-    TokenBudgetStats, TokenUsage, UsageError, UsageEvent, UsageReport,
+    EventKind, Limits, LimitsError, LlmBulkhead, LlmRequest, MAX_BUDGET, ModelAwareEstimator,
+    OwnedPermit, Permit, Priority, Progressive, ReconfigureEvent, RejectEvent, RejectReason,
+    Rejection, ReleaseEvent, ReleaseReport, Reservation, RunError, Stats, Subscription,
+    TokenBudget, TokenBudgetStats, TokenUsage, UsageError, UsageEvent, UsageReport,
 };
 use futures::executor::block_on;
 
@@ -992,16 +992,17 @@ fn overflowing_holds_are_refused_and_change_nothing() {
 
 #[test]
 fn a_hold_that_would_overflow_the_tokens_in_flight_is_refused_and_changes_nothing() {
-    let bulkhead = budgeted(4, u64::MAX);
+    // The word counts at most MAX_BUDGET tokens in flight (2^35 - 1).
+    let bulkhead = budgeted(4, MAX_BUDGET);
     let events = Recorder::only(&bulkhead, &[EventKind::Usage]);
     let _big = bulkhead
-        .try_acquire(&req(), opts(0, u64::MAX - 2000))
+        .try_acquire(&req(), opts(0, MAX_BUDGET - 2000))
         .unwrap();
     let mut permit = bulkhead.try_acquire(&req(), fixed()).unwrap();
-    assert_eq!(tokens(&bulkhead).in_flight_tokens, u64::MAX - 900);
+    assert_eq!(tokens(&bulkhead).in_flight_tokens, MAX_BUDGET - 900);
     let before = bulkhead.stats();
 
-    // 1100 -> 2100 needs 1000 more tokens in flight; only 900 fit in a u64.
+    // 1100 -> 2100 needs 1000 more tokens in flight; only 900 more can be counted.
     assert_eq!(
         permit.report_usage(usage(100, 2000)).unwrap_err(),
         UsageError::HoldOverflow
@@ -1013,7 +1014,7 @@ fn a_hold_that_would_overflow_the_tokens_in_flight_is_refused_and_changes_nothin
     // 1100 -> 1900 fits.
     let r = permit.report_usage(usage(100, 1800)).unwrap();
     assert_eq!((r.sequence, r.held), (1, 1900));
-    assert_eq!(tokens(&bulkhead).in_flight_tokens, u64::MAX - 100);
+    assert_eq!(tokens(&bulkhead).in_flight_tokens, MAX_BUDGET - 100);
     assert_eq!(tokens(&bulkhead).total_overrun, 800);
 }
 

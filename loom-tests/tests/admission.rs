@@ -547,3 +547,62 @@ fn refusals_never_mix_two_revisions() {
         assert_eq!(bulkhead.stats().rejected, 1);
     });
 }
+
+/// The case the word's epoch bits cannot settle alone: two limit changes (a full wrap of the
+/// one bit loom builds with) and an admission plus release by a third thread all land between
+/// an admission's read of the word and its CAS, so the word holds exactly the value it read.
+/// Its CAS succeeds; the epoch check after it must catch the stale limits and undo the commit,
+/// or the admission would keep revision 0 although a call admitted after the first change ran
+/// while it "held" the only slot.
+#[test]
+fn a_full_wrap_of_the_epoch_bits_cannot_admit_under_stale_limits() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1)
+            .token_budget(TokenBudget::new(100))
+            .build()
+            .unwrap();
+        let first_applied = Arc::new(AtomicBool::new(false));
+
+        let writer = {
+            let (bulkhead, first_applied) = (bulkhead.clone(), first_applied.clone());
+            thread::spawn(move || {
+                for revision in 1..=2 {
+                    let next = Limits::new(revision, 1).with_token_budget(100, 0);
+                    assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+                    first_applied.store(true, Release);
+                }
+            })
+        };
+        let late = {
+            let (bulkhead, first_applied) = (bulkhead.clone(), first_applied.clone());
+            thread::spawn(move || {
+                if !first_applied.load(Acquire) {
+                    return None;
+                }
+                // Admitted (and released) only after the first change returned.
+                let admitted = bulkhead
+                    .try_acquire_owned(&LlmRequest::new(), with_tokens(10, 0))
+                    .ok()
+                    .map(|permit| permit.limit_revision());
+                admitted
+            })
+        };
+        let early = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), with_tokens(10, 0))
+            .ok();
+        let early_revision = early.as_ref().map(OwnedPermit::limit_revision);
+        writer.join().unwrap();
+        let late_revision = late.join().unwrap();
+        if let (Some(0), Some(late)) = (early_revision, late_revision) {
+            // Admitted under revision 0, the early call held the only slot from before the
+            // first change; a call admitted after that change could not have got one.
+            panic!("stale admission: early call at revision 0, late call at revision {late}");
+        }
+        drop(early);
+        assert_eq!(
+            bulkhead.limits(),
+            Limits::new(2, 1).with_token_budget(100, 0)
+        );
+        assert_idle(&bulkhead);
+    });
+}
