@@ -26,6 +26,7 @@ use crate::permit::{Grant, OwnedPermit, Permit};
 use crate::queue::{Decided, Waiter, Withdrawal};
 use crate::rejection::RejectReason;
 use crate::request::LlmRequest;
+use crate::stats::Counter;
 use crate::sync::Arc;
 use crate::timer::Sleep;
 
@@ -329,7 +330,7 @@ impl<I: Deref<Target = Inner>> Core<I> {
         };
         let decided = waiting.waiter.take_decided()?;
         if let Decided::Granted { .. } = decided {
-            self.inner.queue.hand_off_consumed();
+            self.inner.count(Counter::HandedBack, 1);
         }
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()

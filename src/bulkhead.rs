@@ -588,8 +588,13 @@ impl LlmBulkhead {
             admitted,
             // Every admission either holds a slot or has been settled; slots handed to waiters
             // that have not picked them up are in flight but not yet admitted.
-            released: admitted
-                .saturating_sub(u64::from(state.slots()).saturating_sub(self.inner.queue.handed())),
+            released: admitted.saturating_sub(
+                u64::from(state.slots()).saturating_sub(
+                    totals
+                        .get(Counter::HandedOut)
+                        .saturating_sub(totals.get(Counter::HandedBack)),
+                ),
+            ),
             rejected: rejected_by_reason.total(),
             rejected_by_reason,
             listener_panics: self.inner.listeners.panics(),
@@ -820,8 +825,9 @@ impl Inner {
         )
     }
 
-    /// Counts a refusal and builds its rejection.
-    #[cold]
+    /// Counts a refusal and builds its rejection. Inlined: refusing fast is a goal of its own,
+    /// and inlining lets the rejection be built where the caller returns it.
+    #[inline]
     pub(crate) fn reject(
         &self,
         reason: RejectReason,

@@ -1,60 +1,72 @@
-//! Per-thread fast-path state: this thread's statistics shard for each bulkhead it uses (which
-//! also mints its admission ids). Nothing here is written by two threads at once.
+//! Per-thread fast-path state: the calling thread's *slot*, a small number that picks its
+//! statistics shard in every bulkhead (and so the shard that mints its admission ids).
+//!
+//! A thread takes a slot the first time it counts something and gives it back when it exits;
+//! slots are reused, so they stay as few as the threads alive at once. Holding a slot makes a
+//! thread the only writer of that slot's shard in every hub, which is what lets a shard be
+//! bumped with a plain load and store. The hot path reads one thread-local `Cell` (no
+//! destructor, so no registration check), and indexes the hub's chunk array: no lock, no
+//! `RefCell`, no search.
 
-use core::cell::RefCell;
+use core::cell::Cell;
 
 use crate::admission_id::IdParts;
-use crate::stats::{Counter, Hub, Shard};
-use crate::sync::unmodeled::{Arc, Weak};
+use crate::stats::{Counter, Hub, SLOTS, Shard};
+use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, lock};
 
-/// A shard attached to this thread, and the hub to return it to when the thread exits.
-#[derive(Debug)]
-struct Attached {
-    /// The hub's address, for a cheap lookup. A live `Weak` keeps its allocation, so the
-    /// address cannot be reused by a new hub while this entry exists.
-    key: usize,
-    hub: Weak<Hub>,
-    shard: Arc<Shard>,
-}
+/// No slot taken yet.
+const UNASSIGNED: u32 = u32::MAX;
+/// The thread gave its slot back (it is exiting): count through the fallback shard.
+const RELEASED: u32 = u32::MAX - 1;
 
-impl Drop for Attached {
+crate::sync::thread_local_cell!(SLOT: Cell<u32> = Cell::new(UNASSIGNED));
+// Separate from `SLOT` so that the hot path reads a thread-local without a destructor.
+crate::sync::thread_local_cell!(OWNER: SlotOwner = SlotOwner(Cell::new(UNASSIGNED)));
+
+/// Gives the thread's slot back when the thread exits.
+struct SlotOwner(Cell<u32>);
+
+impl Drop for SlotOwner {
     fn drop(&mut self) {
-        // The thread is exiting (or the bulkhead is gone and we are pruning): hand the shard
-        // back so the next thread adopts it, counts intact.
-        if let Some(hub) = self.hub.upgrade() {
-            hub.detach(Arc::clone(&self.shard));
+        let slot = self.0.get();
+        if slot < SLOTS {
+            // Stop using the slot before anyone else can take it: later counts on this
+            // thread (other thread-locals' destructors) go to the fallback shard.
+            let _ = SLOT.try_with(|s| s.set(RELEASED));
+            // The lock orders this thread's last writes to its shards before the next
+            // owner's first ones.
+            lock(&FREE_SLOTS).push(slot);
         }
     }
 }
 
-/// This thread's shard for `hub`, attaching one on first use.
-#[inline]
-fn shard_for<'a>(attached: &'a mut Vec<Attached>, hub: &Arc<Hub>) -> &'a Shard {
-    let key = Arc::as_ptr(hub) as usize;
-    match attached.iter().position(|a| a.key == key) {
-        Some(i) => &attached[i].shard,
-        None => attach(attached, hub),
-    }
-}
+/// Slots given back by exited threads.
+static FREE_SLOTS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// The next never-used slot.
+static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
 
+/// Takes a slot for this thread (a freed one if any); `RELEASED` if none can be had.
 #[cold]
-fn attach<'a>(attached: &'a mut Vec<Attached>, hub: &Arc<Hub>) -> &'a Shard {
-    // Forget bulkheads that no longer exist, so the list stays as short as the set of live
-    // bulkheads this thread uses.
-    attached.retain(|a| a.hub.strong_count() > 0);
-    let key = Arc::as_ptr(hub) as usize;
-    attached.push(Attached {
-        key,
-        hub: Arc::downgrade(hub),
-        shard: hub.attach(),
+fn assign() -> u32 {
+    let recycled = lock(&FREE_SLOTS).pop();
+    let slot = recycled.unwrap_or_else(|| {
+        let next = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
+        u32::try_from(next).unwrap_or(RELEASED).min(RELEASED)
     });
-    &attached[attached.len() - 1].shard
+    // Register the destructor that gives it back; if thread-locals are already being torn
+    // down, do not take a slot at all.
+    let owned = OWNER.try_with(|owner| owner.0.set(slot)).is_ok();
+    let slot = if owned || slot >= SLOTS {
+        slot
+    } else {
+        lock(&FREE_SLOTS).push(slot);
+        RELEASED
+    };
+    let _ = SLOT.try_with(|s| s.set(slot));
+    slot
 }
 
-crate::sync::thread_local_cell!(LOCAL: RefCell<Vec<Attached>> = RefCell::new(Vec::new()));
-
-/// Where a counter update goes: this thread's own shard, or the hub's locked fallback shard
-/// when the thread-local state is unavailable (the thread is being torn down).
+/// Where a counter update goes: this slot's own shard, or the hub's locked fallback shard.
 #[derive(Debug)]
 pub(crate) enum Sink<'a> {
     Own(&'a Shard),
@@ -81,22 +93,21 @@ impl Sink<'_> {
 }
 
 /// Runs `f` with this thread's counter sink for `hub`.
-///
-/// `f` must not call `with` again (it never does: the callers pass tiny closures that only
-/// bump counters and mint ids).
 #[inline]
-pub(crate) fn with<R>(hub: &Arc<Hub>, f: impl FnOnce(Sink<'_>) -> R) -> R {
-    let mut f = Some(f);
-    let done = LOCAL.try_with(|cell| {
-        let mut attached = cell.try_borrow_mut().ok()?;
-        let f = f.take()?;
-        Some(f(Sink::Own(shard_for(&mut attached, hub))))
-    });
-    match (done, f) {
-        (Ok(Some(out)), _) => out,
-        // Thread-local state destroyed (thread teardown) or, defensively, already borrowed:
-        // use the hub's locked fallback shard.
-        (_, Some(f)) => f(Sink::Fallback(hub)),
-        (_, None) => unreachable!("`f` ran but produced no value"),
+pub(crate) fn with<R>(hub: &Hub, f: impl FnOnce(Sink<'_>) -> R) -> R {
+    let slot = SLOT.try_with(Cell::get).unwrap_or(RELEASED);
+    match hub.shard(slot) {
+        Some(shard) => f(Sink::Own(shard)),
+        None => with_slow(hub, slot, f),
+    }
+}
+
+/// [`with`] for a thread without a slot yet, or whose slot's chunk does not exist yet.
+#[cold]
+fn with_slow<R>(hub: &Hub, slot: u32, f: impl FnOnce(Sink<'_>) -> R) -> R {
+    let slot = if slot == UNASSIGNED { assign() } else { slot };
+    match hub.shard_or_init(slot) {
+        Some(shard) => f(Sink::Own(shard)),
+        None => f(Sink::Fallback(hub)),
     }
 }

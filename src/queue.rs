@@ -40,6 +40,7 @@ use crate::limits::Limits;
 use crate::policy::{self, Refusal, Turn};
 use crate::rejection::{RejectReason, Rejection};
 use crate::state::State;
+use crate::stats::Counter;
 use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use crate::sync::{Arc, AtomicWaker, Mutex, lock};
 
@@ -49,9 +50,6 @@ pub(crate) struct WaitQueue {
     list: Mutex<Fifo<Arc<Waiter>>>,
     /// `list.len()`, written under the lock and read without it (capacity details, stats).
     len: AtomicU64,
-    /// Slots handed to waiters that have not picked them up yet. They are in flight (they
-    /// hold a slot in the word) but not yet admitted (an admission is counted at pick-up).
-    handed: AtomicU64,
 }
 
 impl WaitQueue {
@@ -59,18 +57,7 @@ impl WaitQueue {
         WaitQueue {
             list: Mutex::new(Fifo::new()),
             len: AtomicU64::new(0),
-            handed: AtomicU64::new(0),
         }
-    }
-
-    /// Slots handed over and not yet picked up. `Relaxed`: a statistic.
-    pub(crate) fn handed(&self) -> u64 {
-        self.handed.load(Ordering::Relaxed)
-    }
-
-    /// A waiter consumed its hand-off (picked it up, or gave it back).
-    pub(crate) fn hand_off_consumed(&self) {
-        self.handed.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Waiters in the queue. `Relaxed`: a statistic; decisions read the list under its lock.
@@ -204,6 +191,30 @@ fn unpack_key(packed: u64) -> Key {
     Key::from_parts(packed as u32, (packed >> 32) as u32)
 }
 
+/// Waiters to wake once the queue lock is released. A pump usually hands over one slot, so
+/// the first waiter is kept inline: no allocation under the lock in the common case.
+#[derive(Default)]
+struct Woken {
+    first: Option<Arc<Waiter>>,
+    rest: Vec<Arc<Waiter>>,
+}
+
+impl Woken {
+    fn push(&mut self, waiter: Arc<Waiter>) {
+        if self.first.is_none() {
+            self.first = Some(waiter);
+        } else {
+            self.rest.push(waiter);
+        }
+    }
+
+    fn wake_all(self) {
+        for waiter in self.first.into_iter().chain(self.rest) {
+            waiter.wake();
+        }
+    }
+}
+
 /// What a newcomer got from the queue's slow path.
 #[derive(Debug)]
 pub(crate) enum Arrival {
@@ -250,6 +261,9 @@ impl crate::bulkhead::Inner {
             Queue,
             Refused(RejectReason, State, Limits),
         }
+        // Allocated before taking the lock, to keep the critical section short: a newcomer
+        // that reached this slow path almost always queues.
+        let waiter = Arc::new(Waiter::new(call, blocking));
         let mut list = lock(&self.queue.list);
         let pending = list.len() as u64;
         let step = self.decide(true, |s, limits| {
@@ -267,7 +281,6 @@ impl crate::bulkhead::Inner {
         match step.unwrap_or_else(|step| step) {
             Step::Admitted(revision) => Arrival::Admitted { revision },
             Step::Queue => {
-                let waiter = Arc::new(Waiter::new(call, blocking));
                 let key = list.push_back(Arc::clone(&waiter));
                 waiter.key.store(pack_key(key), Ordering::Relaxed);
                 self.queue.publish_len(&list);
@@ -285,7 +298,7 @@ impl crate::bulkhead::Inner {
     /// capacity while the queue was non-empty.
     #[cold]
     pub(crate) fn pump(&self) {
-        let mut woken = Vec::new();
+        let mut woken = Woken::default();
         let mut emptied = None;
         {
             let mut list = lock(&self.queue.list);
@@ -324,7 +337,8 @@ impl crate::bulkhead::Inner {
                     Turned::Granted { revision, more } => {
                         let head = list.pop_front().expect("the head");
                         self.queue.publish_len(&list);
-                        self.queue.handed.fetch_add(1, Ordering::Relaxed);
+                        // Counted in this thread's shard: no shared counter under the lock.
+                        self.count(Counter::HandedOut, 1);
                         head.grant(revision);
                         if !more {
                             // The next head would find no slot: skip deciding it. Whatever
@@ -353,9 +367,7 @@ impl crate::bulkhead::Inner {
             }
             self.queue.publish_len(&list);
         }
-        for waiter in woken {
-            waiter.wake();
-        }
+        woken.wake_all();
         if let Some(after) = emptied {
             self.idle_check(after);
         }
@@ -383,7 +395,7 @@ impl crate::bulkhead::Inner {
             }
             GRANTED => {
                 drop(list);
-                self.queue.hand_off_consumed();
+                self.count(Counter::HandedBack, 1);
                 Withdrawal::Granted {
                     revision: waiter.revision.load(Ordering::Relaxed),
                 }

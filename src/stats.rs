@@ -1,20 +1,21 @@
 //! Statistics: the public snapshot types, and the sharded counters behind them.
 //!
 //! Live figures (slots and tokens in flight, closed) are read from the admission word itself.
-//! Cumulative counters live in per-thread shards: each shard has exactly one writer at a time
-//! (the thread it is attached to, see `crate::local`), which bumps it with a plain load and
-//! store, no locked instruction and no shared cache line. `stats()` sums the shards. A shard
-//! outlives its thread: when the thread exits, the shard goes to a free list and the next
-//! thread to touch the bulkhead adopts it with its counts intact, so the number of shards stays
-//! at the number of threads using the bulkhead at once.
+//! Cumulative counters live in per-thread shards: every thread that uses the crate holds a
+//! small *slot* number (see `crate::local`), and each bulkhead keeps one shard per slot, so a
+//! shard has exactly one writer at a time, which bumps it with a plain load and store, no locked
+//! instruction and no shared cache line. `stats()` sums the shards. Slots are reused when
+//! threads exit, and a shard keeps its counts across owners, so the number of shards stays at
+//! the number of threads that used the crate at once.
 
-use crossbeam_queue::SegQueue;
+use std::sync::OnceLock;
+
 use crossbeam_utils::CachePadded;
 
 use crate::admission_id::{self, IdParts};
 use crate::limits::Limits;
 use crate::rejection::RejectReason;
-use crate::sync::unmodeled::{self, Arc, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::unmodeled::{self, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Everything a [`LlmBulkhead`](crate::LlmBulkhead) can tell about itself, read at one moment.
 ///
@@ -198,11 +199,15 @@ pub(crate) enum Counter {
     Overrun,
     /// Tokens added back to holds below their reservations (subtracted from the refunds).
     Reheld,
+    /// Slots the queue handed to waiters.
+    HandedOut,
+    /// Hand-offs their waiters consumed (picked up, or gave back).
+    HandedBack,
     Rejected(RejectReason),
 }
 
 impl Counter {
-    const COUNT: usize = 6 + RejectReason::ALL.len();
+    const COUNT: usize = 8 + RejectReason::ALL.len();
 
     #[inline]
     fn index(self) -> usize {
@@ -213,26 +218,31 @@ impl Counter {
             Counter::Refunded => 3,
             Counter::Overrun => 4,
             Counter::Reheld => 5,
-            Counter::Rejected(reason) => 6 + reason as usize,
+            Counter::HandedOut => 6,
+            Counter::HandedBack => 7,
+            Counter::Rejected(reason) => 8 + reason as usize,
         }
     }
 }
 
-/// One thread's counters for one bulkhead. Its admission count is also the sequence of the
+/// One slot's counters for one bulkhead. Its admission count is also the sequence of the
 /// admission ids it mints (see `crate::admission_id`).
 #[derive(Debug)]
-pub(crate) struct Shard {
-    counts: CachePadded<[AtomicU64; Counter::COUNT]>,
+pub(crate) struct Shard(CachePadded<ShardCells>);
+
+#[derive(Debug)]
+struct ShardCells {
+    counts: [AtomicU64; Counter::COUNT],
     /// This shard's id tag (immutable).
     tag: u64,
 }
 
 impl Default for Shard {
     fn default() -> Shard {
-        Shard {
-            counts: CachePadded::default(),
+        Shard(CachePadded::new(ShardCells {
+            counts: Default::default(),
             tag: admission_id::new_tag(),
-        }
+        }))
     }
 }
 
@@ -240,13 +250,13 @@ impl Shard {
     /// Counts an admission of `reserved` tokens and mints its id. Single-writer, like `bump`.
     #[inline]
     pub(crate) fn admit(&self, reserved: u64) -> IdParts {
-        let admitted = &self.counts[Counter::Admitted.index()];
+        let admitted = &self.0.counts[Counter::Admitted.index()];
         let seq = admitted.load(Ordering::Relaxed);
         admitted.store(seq + 1, Ordering::Release);
         if reserved > 0 {
             self.bump(Counter::Reserved, reserved);
         }
-        IdParts::new(self.tag, seq)
+        IdParts::new(self.0.tag, seq)
     }
 
     /// Adds `by` to `counter`, saturating.
@@ -258,7 +268,7 @@ impl Shard {
     /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
     #[inline]
     pub(crate) fn bump(&self, counter: Counter, by: u64) {
-        let cell = &self.counts[counter.index()];
+        let cell = &self.0.counts[counter.index()];
         cell.store(
             cell.load(Ordering::Relaxed).saturating_add(by),
             Ordering::Release,
@@ -266,37 +276,53 @@ impl Shard {
     }
 }
 
-/// All shards of one bulkhead.
-#[derive(Debug, Default)]
+/// Shards per chunk of a hub.
+const CHUNK: usize = 64;
+/// Chunks per hub: slots `0..CHUNK * CHUNKS` have a shard of their own.
+const CHUNKS: usize = 64;
+/// The number of slots with a shard of their own; threads beyond it share the locked fallback.
+pub(crate) const SLOTS: u32 = (CHUNK * CHUNKS) as u32;
+
+/// All shards of one bulkhead: one per slot, allocated a chunk at a time when a slot of the
+/// chunk first counts something, and read without a lock.
+#[derive(Debug)]
 pub(crate) struct Hub {
-    /// Every shard ever created, for summing.
-    all: Mutex<Vec<Arc<Shard>>>,
-    /// Shards whose thread has exited, ready for adoption.
-    free: SegQueue<Arc<Shard>>,
-    /// Used (under its lock) by threads whose thread-local state is already destroyed.
+    chunks: [OnceLock<Box<[Shard; CHUNK]>>; CHUNKS],
+    /// Used (under its lock) by threads without a slot (their thread-local state is being
+    /// torn down, or more than `SLOTS` threads use the crate at once).
     fallback: Mutex<Shard>,
 }
 
-impl Hub {
-    /// A shard for the calling thread: a freed one if any, else a new one.
-    pub(crate) fn attach(&self) -> Arc<Shard> {
-        if let Some(shard) = self.free.pop() {
-            return shard;
+impl Default for Hub {
+    fn default() -> Hub {
+        Hub {
+            chunks: core::array::from_fn(|_| OnceLock::new()),
+            fallback: Mutex::default(),
         }
-        let shard = Arc::new(Shard::default());
-        self.all
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::clone(&shard));
-        shard
+    }
+}
+
+impl Hub {
+    /// The shard of `slot`, if its chunk exists (`None` for slots without a shard).
+    #[inline]
+    pub(crate) fn shard(&self, slot: u32) -> Option<&Shard> {
+        let slot = slot as usize;
+        let chunk = self.chunks.get(slot / CHUNK)?.get()?;
+        Some(&chunk[slot % CHUNK])
     }
 
-    /// Returns an exiting thread's shard for adoption.
-    pub(crate) fn detach(&self, shard: Arc<Shard>) {
-        self.free.push(shard);
+    /// The shard of `slot`, allocating its chunk if needed (`None` for slots without one).
+    #[cold]
+    pub(crate) fn shard_or_init(&self, slot: u32) -> Option<&Shard> {
+        let slot = slot as usize;
+        let chunk = self
+            .chunks
+            .get(slot / CHUNK)?
+            .get_or_init(|| Box::new(core::array::from_fn(|_| Shard::default())));
+        Some(&chunk[slot % CHUNK])
     }
 
-    /// The shared fallback shard (for threads whose thread-local state is gone), locked.
+    /// The shared fallback shard, locked.
     pub(crate) fn fallback(&self) -> MutexGuard<'_, Shard> {
         unmodeled::lock(&self.fallback)
     }
@@ -305,13 +331,13 @@ impl Hub {
     pub(crate) fn totals(&self) -> Totals {
         let mut totals = Totals([0; Counter::COUNT]);
         let mut add = |shard: &Shard| {
-            for (total, cell) in totals.0.iter_mut().zip(shard.counts.iter()) {
+            for (total, cell) in totals.0.iter_mut().zip(shard.0.counts.iter()) {
                 *total = total.saturating_add(cell.load(Ordering::Acquire));
             }
         };
         add(&self.fallback());
-        for shard in unmodeled::lock(&self.all).iter() {
-            add(shard);
+        for chunk in self.chunks.iter().filter_map(OnceLock::get) {
+            chunk.iter().for_each(&mut add);
         }
         totals
     }
@@ -336,5 +362,32 @@ impl Totals {
             timeout: get(RejectReason::Timeout),
             aborted: get(RejectReason::Aborted),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_below_the_limit_has_its_own_shard_and_the_rest_share_the_fallback() {
+        let hub = Hub::default();
+        assert!(hub.shard(0).is_none(), "chunks are allocated on first use");
+        for slot in [0, 63, 64, SLOTS - 1] {
+            hub.shard_or_init(slot).unwrap().bump(Counter::Consumed, 1);
+            assert!(hub.shard(slot).is_some());
+        }
+        assert!(hub.shard(SLOTS).is_none() && hub.shard_or_init(SLOTS).is_none());
+        assert!(hub.shard_or_init(u32::MAX).is_none());
+        hub.fallback().bump(Counter::Consumed, 10);
+        assert_eq!(hub.totals().get(Counter::Consumed), 14);
+        // Distinct shards, distinct id tags.
+        let a = hub.shard(0).unwrap().admit(0);
+        let b = hub
+            .shard(1)
+            .unwrap_or_else(|| hub.shard_or_init(1).unwrap())
+            .admit(0);
+        assert_ne!(a.id(), b.id());
+        assert_eq!(hub.totals().get(Counter::Admitted), 2);
     }
 }
