@@ -5,8 +5,10 @@
 //! - `uncontended/budget`: the same with a token budget (reservation given), against two tokio
 //!   semaphores (slot + `try_acquire_many(tokens)`) and a raw packed-`AtomicU64` CAS loop that
 //!   checks slot and tokens together (the floor: the least work one CAS decision can do).
-//! - `contended_2_threads/*`: both threads hammering one limiter; time per iteration is the
-//!   wall time for one operation on each thread (throughput in elements = operations).
+//! - `scaling/<case>/<threads>`: 1, 2 and 4 threads hammering one limiter; time per iteration
+//!   is the wall time for one operation on each thread (throughput in elements = operations).
+//! - `vs_js/*`: `acquire().await` + release in a loop, like for like with the JavaScript
+//!   original's async `acquire` (`benches/js/bench.mjs`).
 //! - `rejection/*`: the refusal path (full, closed) against tokio's `try_acquire` on an empty
 //!   semaphore.
 //! - `events/*`: the budget cycle with no listener, with a listener for another kind only
@@ -170,55 +172,92 @@ fn on_threads(threads: usize, iters: u64, op: &(impl Fn() + Sync)) -> Duration {
     .elapsed()
 }
 
-fn contended(c: &mut Criterion) {
-    const THREADS: usize = 2;
+/// Throughput at 1, 2 and 4 threads hammering one limiter (4 oversubscribes this 2-vCPU
+/// machine). Time per iteration is one operation on every thread, so throughput in elements
+/// is operations per second in all.
+fn scaling(c: &mut Criterion) {
     let request = LlmRequest::new();
-    let mut group = c.benchmark_group("contended_2_threads");
-    group.throughput(Throughput::Elements(THREADS as u64));
-
-    let ours = bulkhead(false, 1024);
-    group.bench_function(BenchmarkId::new("no_budget", "llm_bulkhead"), |b| {
-        b.iter_custom(|iters| {
-            on_threads(THREADS, iters, &|| {
-                drop(black_box(ours.try_acquire(&request, AcquireOptions::new())))
-            })
-        })
-    });
-    let ours = bulkhead(true, 1024);
     let opts = budget_options();
-    group.bench_function(BenchmarkId::new("budget", "llm_bulkhead"), |b| {
-        b.iter_custom(|iters| {
-            on_threads(THREADS, iters, &|| {
-                drop(black_box(ours.try_acquire(&request, opts)))
-            })
-        })
-    });
+    let plain = bulkhead(false, 1024);
+    let budgeted = bulkhead(true, 1024);
     let tokio_sem = tokio::sync::Semaphore::new(1024);
-    group.bench_function(BenchmarkId::new("no_budget", "tokio_semaphore"), |b| {
-        b.iter_custom(|iters| {
-            on_threads(THREADS, iters, &|| drop(black_box(tokio_sem.try_acquire())))
-        })
-    });
     let slots = tokio::sync::Semaphore::new(1024);
     let tokens = tokio::sync::Semaphore::new(1 << 30);
-    group.bench_function(BenchmarkId::new("budget", "tokio_two_semaphores"), |b| {
-        b.iter_custom(|iters| {
-            on_threads(THREADS, iters, &|| {
-                let slot = slots.try_acquire();
-                let held = tokens.try_acquire_many(RESERVED as u32);
-                drop(black_box((slot, held)));
+    let raw = RawPacked::new(1024, 1 << 34);
+    let mut group = c.benchmark_group("scaling");
+    // Multi-thread figures swing with how the VM schedules the threads: sample longer.
+    group
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for threads in [1usize, 2, 4] {
+        group.throughput(Throughput::Elements(threads as u64));
+        group.bench_function(BenchmarkId::new("llm_bulkhead_no_budget", threads), |b| {
+            b.iter_custom(|iters| {
+                on_threads(threads, iters, &|| {
+                    drop(black_box(
+                        plain.try_acquire(&request, AcquireOptions::new()),
+                    ))
+                })
             })
-        })
-    });
-    let raw = RawPacked::new(1024, 1 << 40);
-    group.bench_function(BenchmarkId::new("budget", "raw_cas"), |b| {
-        b.iter_custom(|iters| {
-            on_threads(THREADS, iters, &|| {
-                assert!(raw.try_acquire(black_box(RESERVED)));
-                raw.release(RESERVED);
+        });
+        group.bench_function(BenchmarkId::new("llm_bulkhead_budget", threads), |b| {
+            b.iter_custom(|iters| {
+                on_threads(threads, iters, &|| {
+                    drop(black_box(budgeted.try_acquire(&request, opts)))
+                })
             })
-        })
-    });
+        });
+        group.bench_function(BenchmarkId::new("tokio_semaphore", threads), |b| {
+            b.iter_custom(|iters| {
+                on_threads(threads, iters, &|| drop(black_box(tokio_sem.try_acquire())))
+            })
+        });
+        group.bench_function(BenchmarkId::new("tokio_two_semaphores", threads), |b| {
+            b.iter_custom(|iters| {
+                on_threads(threads, iters, &|| {
+                    let slot = slots.try_acquire();
+                    let held = tokens.try_acquire_many(RESERVED as u32);
+                    drop(black_box((slot, held)));
+                })
+            })
+        });
+        group.bench_function(BenchmarkId::new("raw_cas_budget", threads), |b| {
+            b.iter_custom(|iters| {
+                on_threads(threads, iters, &|| {
+                    assert!(raw.try_acquire(black_box(RESERVED)));
+                    raw.release(RESERVED);
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Like for like with the JavaScript original, whose `acquire` is async: `acquire().await` +
+/// release in a loop inside one `block_on`, with the same request and reservation as
+/// `benches/js/bench.mjs`.
+fn vs_js(c: &mut Criterion) {
+    let request = LlmRequest::new();
+    let mut group = c.benchmark_group("vs_js");
+    group.throughput(Throughput::Elements(1));
+    for (case, budget, opts) in [
+        ("acquire_await_budget", true, budget_options()),
+        ("acquire_await_no_budget", false, AcquireOptions::new()),
+    ] {
+        let ours = bulkhead(budget, 1024);
+        group.bench_function(case, |b| {
+            b.iter_custom(|iters| {
+                futures::executor::block_on(async {
+                    let started = Instant::now();
+                    for _ in 0..iters {
+                        let permit = ours.acquire(&request, black_box(opts)).await;
+                        drop(black_box(permit.expect("admitted")));
+                    }
+                    started.elapsed()
+                })
+            })
+        });
+    }
     group.finish();
 }
 
@@ -336,6 +375,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(40);
-    targets = uncontended, contended, rejection, events, usage
+    targets = uncontended, scaling, rejection, events, usage, vs_js
 }
 criterion_main!(benches);

@@ -20,9 +20,10 @@ use event_listener::Listener;
 
 use crate::bulkhead::{Begun, Call, Inner, LlmBulkhead};
 use crate::error::{AcquireError, RequestError};
-use crate::events::Timing;
+use crate::events::{DECISION_KINDS, Timing};
 use crate::options::AcquireOptions;
 use crate::permit::{Grant, OwnedPermit, Permit};
+use crate::policy::{self, Refusal};
 use crate::queue::{Decided, Waiter, Withdrawal};
 use crate::rejection::RejectReason;
 use crate::request::LlmRequest;
@@ -206,6 +207,10 @@ impl<'a> Future for Acquire<'a> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let inner = self.core.inner;
+        // The fast path first, inlined here so the permit is built in place.
+        if let Some(done) = self.core.start_fast() {
+            return Poll::Ready(done.map(|grant| Permit::new(inner, grant)));
+        }
         self.core
             .poll_grant(cx)
             .map_ok(|grant| Permit::new(inner, grant))
@@ -285,8 +290,11 @@ impl<I: Deref<Target = Inner>> Core<I> {
     /// Leaves `Start`/`Invalid`: either finished, or now `Waiting` (as a blocked thread if
     /// `blocking`).
     fn start(&mut self, blocking: bool) -> Option<Result<Grant, AcquireError>> {
-        match core::mem::replace(&mut self.step, Step::Done) {
-            Step::Start { call, timeout } => {
+        // Matched by reference and left as it is unless it changes: moving the whole `Step`
+        // out and back costs more than the decision on the fast path.
+        match &self.step {
+            &Step::Start { call, timeout } => {
+                self.step = Step::Done;
                 // Decision timing starts here: after estimation, before the first decision.
                 let timing = self.inner.timing();
                 match self.inner.begin(call, blocking) {
@@ -315,11 +323,11 @@ impl<I: Deref<Target = Inner>> Core<I> {
                     }
                 }
             }
-            Step::Invalid(error) => Some(Err(AcquireError::Invalid(error))),
-            other => {
-                self.step = other;
-                None
-            }
+            Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
+                Step::Invalid(error) => Some(Err(AcquireError::Invalid(error))),
+                _ => unreachable!(),
+            },
+            Step::Waiting(_) | Step::Done => None,
         }
     }
 
@@ -367,7 +375,38 @@ impl<I: Deref<Target = Inner>> Core<I> {
         self.finish(&waiting, decided)
     }
 
+    /// The first poll's fast path: a call admitted, or refused without a chance to queue, at
+    /// once, as `try_acquire` decides it. Anything else (a call that may queue, or one whose
+    /// decision someone listens to and so must be timed) takes [`start`](Core::start).
+    #[inline(always)]
+    fn start_fast(&mut self) -> Option<Result<Grant, AcquireError>> {
+        let Step::Start { call, .. } = self.step else {
+            return None;
+        };
+        if self.inner.listeners.wants_any(DECISION_KINDS) {
+            return None;
+        }
+        let (refusal, state, limits) = match self.inner.admit_now(call.ask) {
+            Ok(revision) => {
+                self.step = Step::Done;
+                return Some(Ok(self.inner.grant(call, revision)));
+            }
+            Err(refused) => refused,
+        };
+        let reason = match refusal {
+            // No slot: it may queue, which the general path decides under the queue lock.
+            Refusal::NoSlot => policy::queue_or_refuse(&limits, 0).err()?,
+            _ => refusal.reason(),
+        };
+        self.step = Step::Done;
+        let rejection = self.inner.reject(reason, state, &limits, call.ask);
+        Some(Err(AcquireError::Rejected(rejection)))
+    }
+
     fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, AcquireError>> {
+        if let Some(done) = self.start_fast() {
+            return Poll::Ready(done);
+        }
         if let Some(done) = self.start(false) {
             return Poll::Ready(done);
         }
@@ -396,6 +435,9 @@ impl<I: Deref<Target = Inner>> Core<I> {
 
     /// The blocking equivalent of polling to completion.
     fn wait(mut self) -> Result<Grant, AcquireError> {
+        if let Some(done) = self.start_fast() {
+            return done;
+        }
         if let Some(done) = self.start(true) {
             return done;
         }
@@ -427,8 +469,11 @@ impl<I: Deref<Target = Inner>> Core<I> {
 
 impl<I: Deref<Target = Inner>> Drop for Core<I> {
     fn drop(&mut self) {
-        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+        if !matches!(self.step, Step::Waiting(_)) {
             return;
+        }
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!()
         };
         let picked_at = waiting.timing.map(|_| Instant::now());
         let rejection = match self.inner.withdraw(&waiting.waiter, RejectReason::Aborted) {

@@ -682,7 +682,7 @@ impl Inner {
     /// whether it used stale limits): such a commit is undone (`undo` restores the state it
     /// replaced, see [`undo_commit`](Inner::undo_commit)) and the decision starts over.
     /// `queue_locked` says whether the caller holds the queue lock.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn decide<T, U>(
         &self,
         queue_locked: bool,
@@ -761,7 +761,7 @@ impl Inner {
 
     /// Admits `ask` now, as a newcomer, or says why not.
     #[inline]
-    fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
+    pub(crate) fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
         self.decide(false, |s, limits| {
             match policy::admit(s, limits, ask, Turn::Newcomer) {
                 Ok(next) => Ok((next, limits.revision)),

@@ -604,7 +604,7 @@ impl Timing {
     }
 }
 
-const DECISION_KINDS: u64 = EventKind::Admit.bit() | EventKind::Reject.bit();
+pub(crate) const DECISION_KINDS: u64 = EventKind::Admit.bit() | EventKind::Reject.bit();
 
 impl crate::bulkhead::Inner {
     /// Starts timing a decision if anyone listens to its outcome.

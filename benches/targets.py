@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Runs the side-by-side benches and checks every performance target of RUST-DESIGN.md §5.
+
+One command (about 5 minutes on a 2-vCPU machine):
+
+    python3 benches/targets.py
+
+It runs the criterion benches (single-thread groups in a quick mode, the multi-thread groups
+with their own longer sampling), the JavaScript original in several fresh Node processes, and
+the counting-allocator test, then prints the raw medians and one line per target:
+
+    TARGET <name> ratio=<measured> goal=<goal> PASS|FAIL
+
+Every ratio compares figures measured in the same run. Options:
+
+    --no-run    only summarise the criterion results already under target/criterion
+    --no-js     skip the JavaScript original (no Node.js or npm registry at hand)
+
+Exits with status 1 if a target fails.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CRITERION = os.path.join(ROOT, "target", "criterion")
+JS_DIR = os.path.join(ROOT, "benches", "js")
+QUICK = ["--warm-up-time", "0.3", "--measurement-time", "1", "--sample-size", "20", "--noplot"]
+JS_PROCESSES = 5
+
+
+def run(cmd, **kwargs):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, **kwargs)
+
+
+def run_benches():
+    shutil.rmtree(CRITERION, ignore_errors=True)
+    # The multi-thread groups (scaling, events_2_threads) set their own sampling in code.
+    run(["cargo", "bench", "--bench", "admission", "--bench", "estimate", "--"] + QUICK,
+        stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
+
+
+def medians():
+    found = {}
+    for path in glob.glob(os.path.join(CRITERION, "**", "new", "estimates.json"), recursive=True):
+        bench = os.path.relpath(os.path.dirname(os.path.dirname(path)), CRITERION)
+        with open(path) as f:
+            found[bench] = json.load(f)["median"]["point_estimate"]
+    return found
+
+
+def run_js():
+    """Median ns per acquire + release of the JavaScript original, per case, over fresh
+    processes (Node's figures vary up to 2x between processes)."""
+    run(["sh", os.path.join(JS_DIR, "fetch.sh")])
+    results = {}
+    for case in ["budget", "no_budget"]:
+        samples = []
+        for _ in range(JS_PROCESSES):
+            out = subprocess.run(["node", "bench.mjs", case], cwd=JS_DIR, check=True,
+                                 capture_output=True, text=True).stdout
+            samples.append(json.loads(out.strip().splitlines()[-1])["ns_per_cycle"])
+        results[case] = (statistics.median(samples), samples)
+    return results
+
+
+def allocations_test():
+    result = subprocess.run(["cargo", "test", "--release", "--quiet", "--test", "alloc"],
+                            cwd=ROOT, capture_output=True, text=True)
+    return result.returncode == 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-run", action="store_true")
+    parser.add_argument("--no-js", action="store_true")
+    args = parser.parse_args()
+
+    if not args.no_run:
+        run_benches()
+    m = medians()
+    js = None if args.no_js else run_js()
+    allocation_free = None if args.no_run else allocations_test()
+
+    print("\nMedians (ns per iteration; multi-thread cases: per operation on every thread)")
+    for bench in sorted(m):
+        print(f"  {bench:62s} {m[bench]:10.2f}")
+    if js:
+        for case, (median, samples) in js.items():
+            listed = ", ".join(f"{s:.0f}" for s in samples)
+            print(f"  {'js/acquire_release_' + case:62s} {median:10.2f}  ({listed})")
+    print()
+
+    failed = []
+
+    def target(name, ratio, goal, at_most, note=""):
+        ok = ratio <= goal if at_most else ratio >= goal
+        sign = "<=" if at_most else ">="
+        print(f"TARGET {name} ratio={ratio:.2f} goal={sign}{goal} {'PASS' if ok else 'FAIL'}"
+              + (f"  ({note})" if note else ""))
+        if not ok:
+            failed.append(name)
+
+    def have(*names):
+        missing = [n for n in names if n not in m]
+        if missing:
+            print(f"TARGET ? missing results: {', '.join(missing)}")
+        return not missing
+
+    a = "uncontended_no_budget/"
+    b = "uncontended_budget/"
+    if have(a + "llm_bulkhead", a + "tokio_semaphore"):
+        ours, theirs = m[a + "llm_bulkhead"], m[a + "tokio_semaphore"]
+        target("no_budget_1_thread_vs_tokio_semaphore", ours / theirs, 1.0, True,
+               f"{ours:.1f} vs {theirs:.1f} ns")
+    if have(b + "llm_bulkhead", b + "tokio_two_semaphores", b + "raw_cas"):
+        ours = m[b + "llm_bulkhead"]
+        target("budget_1_thread_vs_two_tokio_semaphores", ours / m[b + "tokio_two_semaphores"],
+               0.8, True, f"{ours:.1f} vs {m[b + 'tokio_two_semaphores']:.1f} ns")
+        target("budget_1_thread_vs_raw_cas_floor", ours / m[b + "raw_cas"], 2.0, True,
+               f"{ours:.1f} vs {m[b + 'raw_cas']:.1f} ns")
+    s = "scaling/"
+    if have(s + "llm_bulkhead_budget/2", s + "tokio_semaphore/2"):
+        ours, theirs = m[s + "llm_bulkhead_budget/2"], m[s + "tokio_semaphore/2"]
+        target("budget_2_threads_throughput_vs_tokio_semaphore", theirs / ours, 1.5, False,
+               f"{ours:.1f} vs {theirs:.1f} ns per iteration")
+    if have("rejection/llm_bulkhead_full", "rejection/llm_bulkhead_closed",
+            a + "raw_cas"):
+        worst = max(m["rejection/llm_bulkhead_full"], m["rejection/llm_bulkhead_closed"])
+        target("rejection_vs_raw_cas_cycle", worst / m[a + "raw_cas"], 1.0, True,
+               f"{worst:.1f} ns; the 20 ns class is one CAS acquire + release: "
+               f"{m[a + 'raw_cas']:.1f} ns")
+    e = "estimate_ascii_2000/model_aware/default_model"
+    if have(e):
+        target("estimate_2000_chars_vs_100ns_class", m[e] / 100.0, 1.0, True,
+               f"{m[e]:.1f} ns for a 2,000-character prompt, default estimator")
+    w = "waiting_64_tasks_4_slots/"
+    for case in ["no_budget", "budget"]:
+        if have(w + "llm_bulkhead/" + case, w + "tokio_semaphore/acquire"):
+            ours, theirs = m[w + "llm_bulkhead/" + case], m[w + "tokio_semaphore/acquire"]
+            target(f"waiting_{case}_throughput_vs_tokio_acquire", theirs / ours, 0.75, False,
+                   f"{ours:.0f} vs {theirs:.0f} ns per operation")
+    if js is not None and have(b + "llm_bulkhead", "vs_js/acquire_await_budget"):
+        # The admission call of each API: JS `await acquire()` (a Promise is its only form),
+        # Rust `try_acquire` (the same decision, synchronously). The async Rust path is shown
+        # too: it adds the future's state machine, not more admission work.
+        theirs = js["budget"][0]
+        ours = m[b + "llm_bulkhead"]
+        target("vs_js", theirs / ours, 50, False,
+               f"admission + release with a budget: try_acquire {ours:.1f} ns vs {theirs:.0f} ns")
+        awaited = m["vs_js/acquire_await_budget"]
+        print(f"INFO vs_js_acquire_await ratio={theirs / awaited:.2f}  "
+              f"(acquire().await + release {awaited:.1f} ns vs {theirs:.0f} ns)")
+    if allocation_free is not None:
+        target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
+               "tests/alloc.rs: admission, report, release, drop and refusal")
+
+    if failed:
+        print(f"\n{len(failed)} target(s) failed: {', '.join(failed)}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
