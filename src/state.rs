@@ -32,8 +32,8 @@
 //! Slots and tokens sharing one 64-bit word (rather than a 128-bit one) is what makes the
 //! budgeted fast path as cheap as the budget-less one: one 64-bit CAS to admit and one
 //! `fetch_sub` (a single wait-free `lock xadd` on x86-64) to release both the slot and the
-//! tokens. A 128-bit word needs `cmpxchg16b` loops both ways, which cost 1.5x on one thread and
-//! cut two-thread throughput by a third.
+//! tokens. The 128-bit word this replaced needed `cmpxchg16b` loops both ways: 1.5x the cost on
+//! one thread and about 40 % less throughput on two (benches/README.md).
 //!
 //! # How the rest of the design fits
 //!
