@@ -614,6 +614,26 @@ impl LlmBulkhead {
     }
 }
 
+/// The full epoch of the limits `word` was written under, from two loads of the published
+/// epoch made just before (`before`) and just after (`seen`) the word was read; `None` if a
+/// writer finished a change between them.
+///
+/// Writers advance the word's epoch bits and only then store the next epoch, so while the two
+/// loads agree the word's epoch is `seen` or, if a writer is between its two steps, `seen + 1`;
+/// the bits tell which. Nothing waits for that writer: its new slot was complete before it
+/// advanced the bits.
+#[inline]
+fn word_epoch(before: u64, seen: u64, word: State) -> Option<u64> {
+    if before != seen {
+        None
+    } else if word.matches_epoch(seen) {
+        Some(seen)
+    } else {
+        debug_assert!(word.matches_epoch(seen + 1));
+        Some(seen + 1)
+    }
+}
+
 impl fmt::Debug for LlmBulkhead {
     /// Never blocks: reads the admission word and the published limits only.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -693,16 +713,17 @@ impl Inner {
             let mut before = self.published.epoch();
             let mut current = self.state.load();
             loop {
-                let epoch = self.published.epoch();
-                if epoch != before || !current.matches_epoch(epoch) {
-                    // A writer is between publishing and advancing the word: let it finish.
-                    crate::sync::wait_for_progress(&backoff);
+                let seen = self.published.epoch();
+                let Some(epoch) = word_epoch(before, seen, current) else {
+                    // A writer finished a change between the two loads: read again.
+                    backoff.spin();
                     continue 'start;
-                }
+                };
                 let limits = self.published.read(epoch);
                 match decide(current, &limits) {
                     Err(out) => {
-                        if self.published.epoch() == epoch {
+                        // No later writer began overwriting the slot we read.
+                        if self.published.epoch() <= epoch {
                             return Err(out);
                         }
                         continue 'start;
@@ -710,7 +731,10 @@ impl Inner {
                     Ok((next, out)) => match self.state.compare_exchange(current, next) {
                         Ok(()) => {
                             let after = self.published.epoch();
-                            if after.wrapping_sub(epoch) < 1 << EPOCH_BITS {
+                            // Fewer than 2^EPOCH_BITS - 1 later epochs published: the epoch
+                            // bits cannot have wrapped back to ours, so no limit change
+                            // landed between our read of the word and our CAS.
+                            if (after as i64).wrapping_sub(epoch as i64) < (1 << EPOCH_BITS) - 1 {
                                 return Ok(out);
                             }
                             self.undo_commit(current, next, queue_locked);
@@ -718,7 +742,7 @@ impl Inner {
                         }
                         Err(actual) => {
                             current = actual;
-                            before = epoch;
+                            before = seen;
                             backoff.spin();
                         }
                     },
@@ -851,14 +875,14 @@ impl Inner {
         loop {
             let before = self.published.epoch();
             let state = self.state.load();
-            let epoch = self.published.epoch();
-            if epoch == before && state.matches_epoch(epoch) {
+            let seen = self.published.epoch();
+            if let Some(epoch) = word_epoch(before, seen, state) {
                 let limits = self.published.read(epoch);
-                if self.published.epoch() == epoch {
+                if self.published.epoch() <= epoch {
                     return (state, limits);
                 }
             }
-            crate::sync::wait_for_progress(&backoff);
+            backoff.spin();
         }
     }
 
@@ -872,8 +896,9 @@ impl Inner {
     fn install(&self, current: &mut Limits, next: Limits) -> Limits {
         // Only writers move the epoch and we hold the writer lock, so it is stable here.
         let epoch = self.published.epoch();
-        self.published.publish(epoch + 1, &next);
-        // The linearization point: admissions that read the word before this fail their CAS.
+        self.published.store(epoch + 1, &next);
+        // The linearization point: admissions that read the word before this fail their CAS,
+        // and those that read it after see the new epoch's bits (and so read the new slot).
         let after = self
             .state
             .update(|s| {
@@ -882,6 +907,7 @@ impl Inner {
                 Ok::<_, Infallible>((next, next))
             })
             .unwrap_or_else(|never| match never {});
+        self.published.set_epoch(epoch + 1);
         let previous = core::mem::replace(current, next);
         if after.has_waiters() {
             // Raised limits admit waiters at once, in order.

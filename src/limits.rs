@@ -9,25 +9,27 @@
 //! mutex. To install a snapshot, a writer
 //!
 //! 1. stores it into the *other* slot (`Release` stores),
-//! 2. stores the next epoch (`Release`), then
-//! 3. advances the word's epoch bits with a CAS: the linearization point of the change.
+//! 2. advances the word's epoch bits with a CAS: the linearization point of the change, then
+//! 3. stores the next epoch (`Release`).
 //!
-//! A reader (see `Inner::decide`) loads the epoch, the word and the epoch again, and goes on only
-//! if both loads agree and match the word's bits (otherwise a writer is between steps 2 and 3:
-//! it retries). Seeing epoch `e` (`Acquire`) means seeing the slot stored before it. The reader
-//! then reads that slot (`Acquire` loads) and decides:
+//! A reader (see `Inner::decide`) loads the epoch, the word and the epoch again. If the two
+//! epoch loads differ, a writer finished meanwhile and it reads again; otherwise the word's
+//! epoch is that value, or that value plus one if a writer is between steps 2 and 3 (the word's
+//! bits tell which), and the reader never waits for that writer: the slot it names was complete
+//! before step 2, which the reader's `Acquire` load of the word saw. It reads that slot
+//! (`Acquire` loads) and decides:
 //!
 //! - A *commit* is a CAS of the word expecting the value it read, then one more load of the
-//!   epoch. A writer whose step 3 came between the reader's load and its CAS changed the word,
+//!   epoch. A writer whose step 2 came between the reader's load and its CAS changed the word,
 //!   so the CAS fails and the reader decides again, unless so many writers passed that the
-//!   word's bits wrapped around to the same value; the epoch load after the CAS rules that out
-//!   unless 2^`EPOCH_BITS` writers moved the epoch meanwhile, and in that case the reader undoes
-//!   its commit and decides again. A torn read of the slot needs the writer of `e + 2`, which
-//!   starts only after the writer of `e + 1` finished step 3, so it always comes with a failed
-//!   CAS or that undo.
-//! - A *refusal* commits nothing, so it is returned only if the epoch is still `e` after the
-//!   slot was read: no writer passed step 2, so the slot was neither current-but-replaced nor
-//!   torn while the reader used it (the seqlock read pattern).
+//!   word's bits wrapped around to the same value. That takes 2^`EPOCH_BITS` writers, all but
+//!   the last of which stored their epoch before the CAS could see the word again, so the epoch
+//!   load after the CAS rules it out unless it moved that far; then the reader undoes its commit
+//!   and decides again. A torn read of the slot needs the writer two epochs on, which starts
+//!   only after the next writer's step 2, so it always comes with a failed CAS or that undo.
+//! - A *refusal* commits nothing, so it is returned only if no later epoch was stored after the
+//!   slot was read: the writer that would overwrite that slot had not started (the seqlock read
+//!   pattern).
 
 use crossbeam_utils::CachePadded;
 
@@ -300,6 +302,7 @@ impl PublishedLimits {
             has_budget: initial.token_budget.is_some(),
         };
         published.store(0, initial);
+        published.set_epoch(0);
         published
     }
 
@@ -310,15 +313,9 @@ impl PublishedLimits {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// Stores `limits` into the slot of `epoch`, then makes `epoch` current (steps 1 and 2 of
-    /// the module docs; the caller then advances the word's epoch bits). The caller holds the
-    /// limits mutex and `epoch` is the current epoch plus one.
-    pub(crate) fn publish(&self, epoch: u64, limits: &Limits) {
-        self.store(epoch, limits);
-        self.epoch.store(epoch, Ordering::Release);
-    }
-
-    fn store(&self, epoch: u64, limits: &Limits) {
+    /// Stores `limits` into the slot of `epoch` (step 1 of the module docs). The caller holds
+    /// the limits mutex and `epoch` is the current epoch plus one.
+    pub(crate) fn store(&self, epoch: u64, limits: &Limits) {
         let slot = &self.slots[(epoch & 1) as usize];
         // Release: pairs with the Acquire loads in `read`, see the module docs.
         slot.revision.store(limits.revision, Ordering::Release);
@@ -329,6 +326,11 @@ impl PublishedLimits {
             slot.reserve
                 .store(b.high_priority_reserve, Ordering::Release);
         }
+    }
+
+    /// Stores the full epoch (step 3 of the module docs), after the word's bits advanced.
+    pub(crate) fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Release);
     }
 
     /// Reads the slot of `epoch`. Only trustworthy if the epoch is still current afterwards

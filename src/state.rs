@@ -19,7 +19,7 @@
 //!   that read the word before the change fails its own CAS and is re-decided under the new
 //!   limits. Four bits are enough because they are not the only guard: an admission also checks
 //!   the full epoch after committing and undoes its commit in the one case the low bits cannot
-//!   settle (16 or more limit changes inside its few-instruction window; see `Inner::decide`).
+//!   settle (15 or more limit changes inside its few-instruction window; see `Inner::decide`).
 //! - `WAITERS`: set exactly while the FIFO wait queue is non-empty (it only changes under the
 //!   queue lock). Newcomers never take a slot while it is set (no barging), and a release only
 //!   touches the queue when it sees it, so an uncontended release never pays for a lock or a

@@ -62,20 +62,6 @@ impl AtomicWaker {
     }
 }
 
-/// Waits a moment for another thread to finish a short step (a limits writer between its two
-/// stores): crossbeam's snooze normally, a yield that lets the model schedule the other thread
-/// under loom (which would otherwise see an endless spin).
-#[inline]
-pub(crate) fn wait_for_progress(backoff: &crossbeam_utils::Backoff) {
-    #[cfg(not(loom))]
-    backoff.snooze();
-    #[cfg(loom)]
-    {
-        let _ = backoff;
-        loom::thread::yield_now();
-    }
-}
-
 /// Atomic integers and orderings.
 pub(crate) mod atomic {
     #[cfg(not(loom))]
