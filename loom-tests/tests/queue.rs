@@ -2,67 +2,20 @@
 //! interleaving of the threads involved. Futures are polled by hand; wakers record whether they
 //! were woken, so a lost wake-up fails the model.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release`.
+//! Run: see `loom-tests/README.md`.
 #![cfg(loom)]
 
+mod common;
+
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc as StdArc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use async_bulkhead_llm::futures::AcquireOwned;
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, RejectReason, Reservation,
-    TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget,
 };
-use loom::sync::atomic::AtomicBool;
-use loom::sync::atomic::Ordering::{AcqRel, Acquire};
+use common::{Queued, assert_idle, flag, poll, queued, reason};
 use loom::thread;
-
-/// A waker that remembers being woken (the flag is a loom atomic, so loom sees it).
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: StdArc<Self>) {
-        self.0.store(true, AcqRel);
-    }
-}
-
-fn flag() -> (StdArc<Flag>, Waker) {
-    let flag = StdArc::new(Flag(AtomicBool::new(false)));
-    (flag.clone(), Waker::from(flag))
-}
-
-fn poll<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(future).poll(&mut Context::from_waker(waker))
-}
-
-fn queued(bulkhead: &LlmBulkhead, options: AcquireOptions) -> AcquireOwned {
-    let mut waiter = bulkhead.acquire_owned(&LlmRequest::new(), options);
-    assert!(
-        poll(&mut waiter, Waker::noop()).is_pending(),
-        "joins the queue"
-    );
-    waiter
-}
-
-fn reason(result: Result<OwnedPermit, AcquireError>) -> Result<OwnedPermit, RejectReason> {
-    result.map_err(|e| e.rejection().unwrap().reason())
-}
-
-fn assert_idle(bulkhead: &LlmBulkhead) {
-    let stats = bulkhead.stats();
-    assert_eq!(
-        (stats.in_flight, stats.pending),
-        (0, 0),
-        "slots and places returned"
-    );
-    if let Some(tokens) = stats.token_budget {
-        assert_eq!(tokens.in_flight_tokens, 0, "tokens returned");
-    }
-    assert_eq!(stats.admitted, stats.released);
-}
 
 /// A release hands the slot to the head while the head's future is being dropped: the slot and
 /// the tokens must reach the next waiter, and the dropped one counts as aborted.
@@ -78,10 +31,11 @@ fn waiter_cancelled_while_a_release_hands_it_the_slot() {
         let held = bulkhead
             .try_acquire_owned(&LlmRequest::new(), opts)
             .unwrap();
-        let first = queued(&bulkhead, opts);
-        let mut second = queued(&bulkhead, opts);
-        let (woken, waker) = flag();
-        assert!(poll(&mut second, &waker).is_pending());
+        let first = queued(&bulkhead, opts).future;
+        let Queued {
+            future: mut second,
+            flag: woken,
+        } = queued(&bulkhead, opts);
 
         let releaser = thread::spawn(move || drop(held));
         let canceller = thread::spawn(move || drop(first));
@@ -89,7 +43,7 @@ fn waiter_cancelled_while_a_release_hands_it_the_slot() {
         canceller.join().unwrap();
 
         // Whatever the order, the slot ended with the second waiter, which was woken.
-        assert!(woken.0.load(Acquire), "the next waiter was woken");
+        assert!(woken.woken(), "the next waiter was woken");
         let permit = match poll(&mut second, Waker::noop()) {
             Poll::Ready(result) => result.expect("the slot passed to the next waiter"),
             Poll::Pending => panic!("the second waiter was left waiting with a free slot"),
@@ -149,12 +103,14 @@ fn close_races_waiters() {
         let held = bulkhead
             .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
             .unwrap();
-        let mut first = queued(&bulkhead, AcquireOptions::new());
-        let mut second = queued(&bulkhead, AcquireOptions::new());
-        let (first_woken, first_waker) = flag();
-        let (second_woken, second_waker) = flag();
-        assert!(poll(&mut first, &first_waker).is_pending());
-        assert!(poll(&mut second, &second_waker).is_pending());
+        let Queued {
+            future: mut first,
+            flag: first_woken,
+        } = queued(&bulkhead, AcquireOptions::new());
+        let Queued {
+            future: mut second,
+            flag: second_woken,
+        } = queued(&bulkhead, AcquireOptions::new());
 
         let closer = {
             let bulkhead = bulkhead.clone();
@@ -164,10 +120,7 @@ fn close_races_waiters() {
         closer.join().unwrap();
         releaser.join().unwrap();
 
-        assert!(
-            first_woken.0.load(Acquire) && second_woken.0.load(Acquire),
-            "both woken"
-        );
+        assert!(first_woken.woken() && second_woken.woken(), "both woken");
         let Poll::Ready(first) = poll(&mut first, Waker::noop()) else {
             panic!("first waits")
         };
@@ -199,9 +152,7 @@ fn close_races_waiters() {
 /// exactly them: the third keeps its place and is not woken.
 #[test]
 fn releases_wake_exactly_the_heads() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
+    loom::model(|| {
         let bulkhead = LlmBulkhead::builder("m", 2).max_queue(3).build().unwrap();
         let one = bulkhead
             .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
@@ -209,28 +160,20 @@ fn releases_wake_exactly_the_heads() {
         let two = bulkhead
             .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
             .unwrap();
-        let mut waiters: Vec<_> = (0..3)
-            .map(|_| queued(&bulkhead, AcquireOptions::new()))
-            .collect();
-        let flags: Vec<_> = waiters
-            .iter_mut()
-            .map(|w| {
-                let (woken, waker) = flag();
-                assert!(poll(w, &waker).is_pending());
-                woken
+        let (mut waiters, flags): (Vec<_>, Vec<_>) = (0..3)
+            .map(|_| {
+                let Queued { future, flag } = queued(&bulkhead, AcquireOptions::new());
+                (future, flag)
             })
-            .collect();
+            .unzip();
 
         let a = thread::spawn(move || drop(one));
         let b = thread::spawn(move || drop(two));
         a.join().unwrap();
         b.join().unwrap();
 
-        assert!(
-            flags[0].0.load(Acquire) && flags[1].0.load(Acquire),
-            "the heads were woken"
-        );
-        assert!(!flags[2].0.load(Acquire), "the third waiter was not woken");
+        assert!(flags[0].woken() && flags[1].woken(), "the heads were woken");
+        assert!(!flags[2].woken(), "the third waiter was not woken");
         let mut third = waiters.pop().unwrap();
         let permits: Vec<_> = waiters
             .iter_mut()
@@ -272,7 +215,7 @@ fn drain_races_the_last_release() {
                     Poll::Ready(()) => true,
                     Poll::Pending => {
                         // Only the release can complete it now: wait until it wakes us.
-                        while !woken.0.load(Acquire) {
+                        while !woken.woken() {
                             thread::yield_now();
                         }
                         drain
@@ -298,7 +241,7 @@ fn drain_completes_when_the_last_waiter_leaves() {
         let held = bulkhead
             .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
             .unwrap();
-        let waiter = queued(&bulkhead, AcquireOptions::new());
+        let waiter = queued(&bulkhead, AcquireOptions::new()).future;
         // The kill switch: no slot will ever be handed to the waiter.
         bulkhead
             .apply_limits(async_bulkhead_llm::Limits::new(1, 0).with_max_queue(1))
@@ -318,7 +261,7 @@ fn drain_completes_when_the_last_waiter_leaves() {
                 {
                     return;
                 }
-                while !woken.0.load(Acquire) {
+                while !woken.woken() {
                     thread::yield_now();
                 }
                 assert!(

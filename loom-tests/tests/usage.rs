@@ -4,7 +4,7 @@
 //! refused, even above the budget), no update is lost, and the books balance exactly:
 //! `reserved + overrun == consumed + refunded` once every admission is settled with usage.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release`.
+//! Run: see `loom-tests/README.md`.
 #![cfg(loom)]
 
 use async_bulkhead_llm::{
