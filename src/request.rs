@@ -68,7 +68,12 @@ pub struct LlmRequest {
     /// provider); added to the estimated input as is. In JSON: `extra_input_tokens` (or the
     /// JavaScript original's `extraInputTokens`).
     pub extra_input_tokens: Option<u64>,
-    /// Every other top-level field of the body, kept as received.
+    /// Every other top-level field of the body, kept as `serde_json` parsed it. A float
+    /// (`temperature`, `top_p`, ...) is the number `serde_json`'s parser produced: without
+    /// its `float_roundtrip` feature that parser may be one unit in the last place off for
+    /// some inputs (e.g. `3.45905613326231408e-193`), so writing the request back may change
+    /// such a number exactly as a round trip through `serde_json::Value` would. Enable
+    /// `serde_json/float_roundtrip` in your application if you need bit-exact floats.
     #[cfg(feature = "serde")]
     pub extra: serde_json::Map<String, serde_json::Value>,
 }

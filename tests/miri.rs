@@ -1,0 +1,191 @@
+//! Small end-to-end runs of every path that goes through a dependency's `unsafe` code, sized to
+//! finish under Miri in minutes: the crate itself has no `unsafe` (`unsafe_code = "forbid"`),
+//! but `event-listener` (the queue's and the blocking wait's wake-ups), `atomic-waker` (async
+//! wake-ups), `arc-swap` (the listener list) and `crossbeam-utils` (padded counters) do.
+//!
+//! They are ordinary tests too (plain `cargo test` runs them in milliseconds). Under Miri:
+//!
+//! ```sh
+//! MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR=target/miri \
+//!   cargo +nightly miri test --test miri
+//! ```
+//!
+//! (`-Zmiri-disable-isolation`: the queue timeouts and event timing read the clock.)
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use async_bulkhead_llm::{
+    AcquireOptions, Event, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget,
+    TokenUsage,
+};
+use futures::executor::block_on;
+
+fn tokens(input: u64, output: u64) -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(input, output).unwrap())
+}
+
+fn bulkhead(max_concurrent: u32, max_queue: u32, budget: u64) -> LlmBulkhead {
+    LlmBulkhead::builder("gpt-4o", max_concurrent)
+        .max_queue(max_queue)
+        .token_budget(TokenBudget::new(budget))
+        .build()
+        .unwrap()
+}
+
+fn assert_idle(bulkhead: &LlmBulkhead) {
+    let stats = bulkhead.stats();
+    assert_eq!((stats.in_flight, stats.pending), (0, 0));
+    assert_eq!(stats.token_budget.unwrap().in_flight_tokens, 0);
+    assert_eq!(stats.admitted, stats.released);
+}
+
+#[test]
+fn admit_report_release_and_refuse() {
+    let b = bulkhead(2, 0, 100);
+    let mut first = b.try_acquire(&LlmRequest::new(), tokens(30, 30)).unwrap();
+    let second = b.try_acquire(&LlmRequest::new(), tokens(10, 10)).unwrap();
+    let refused = b.try_acquire(&LlmRequest::new(), tokens(1, 1)).unwrap_err();
+    assert_eq!(
+        refused.rejection().unwrap().reason(),
+        RejectReason::ConcurrencyLimit
+    );
+    let report = first.report_usage(TokenUsage::new(10, 5).unwrap()).unwrap();
+    // Input 10 of 30 reported: 20 refunded at once, the output reservation still held.
+    assert_eq!(report.held, 40);
+    let released = first.release(Some(TokenUsage::new(10, 20).unwrap()));
+    assert_eq!(released.refunded_tokens, 10);
+    drop(second);
+    let booked = b.stats().token_budget.unwrap();
+    assert_eq!((booked.total_consumed, booked.total_refunded), (30, 30));
+    assert_idle(&b);
+}
+
+/// Owned permits released on other threads while the main thread admits: the release path's
+/// counters and hand-back shards across threads.
+#[test]
+fn owned_permits_released_on_other_threads() {
+    let b = bulkhead(4, 0, 1_000);
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        let permit = b
+            .try_acquire_owned(&LlmRequest::new(), tokens(50, 50))
+            .unwrap();
+        handles.push(thread::spawn(move || {
+            permit.release(Some(TokenUsage::new(20, 20).unwrap()))
+        }));
+    }
+    for handle in handles {
+        assert_eq!(handle.join().unwrap().refunded_tokens, 60);
+    }
+    assert_idle(&b);
+    assert_eq!(b.stats().admitted, 3);
+}
+
+/// A queued async waiter is handed the slot by a release on another thread (event-listener
+/// notify, atomic-waker wake).
+#[test]
+fn a_queued_waiter_is_handed_the_slot_across_threads() {
+    let b = bulkhead(1, 2, 100);
+    let held = b
+        .try_acquire_owned(&LlmRequest::new(), tokens(10, 10))
+        .unwrap();
+    let releaser = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1));
+        drop(held);
+    });
+    let permit = block_on(b.acquire(&LlmRequest::new(), tokens(5, 5))).unwrap();
+    assert_eq!(permit.held_tokens(), 10);
+    releaser.join().unwrap();
+    drop(permit);
+    assert_idle(&b);
+}
+
+/// The blocking wait, woken by a release, and a second one refused by `close`.
+#[test]
+fn blocking_waits_are_woken_by_release_and_close() {
+    let b = bulkhead(1, 2, 100);
+    let held = b
+        .try_acquire_owned(&LlmRequest::new(), tokens(10, 10))
+        .unwrap();
+    let waiter = {
+        let b = b.clone();
+        thread::spawn(move || {
+            b.acquire_blocking_owned(&LlmRequest::new(), tokens(1, 1))
+                .map(|p| p.held_tokens())
+        })
+    };
+    while b.stats().pending == 0 {
+        thread::yield_now();
+    }
+    drop(held);
+    assert_eq!(waiter.join().unwrap().unwrap(), 2);
+
+    let held = b
+        .try_acquire_owned(&LlmRequest::new(), tokens(10, 10))
+        .unwrap();
+    let refused = {
+        let b = b.clone();
+        thread::spawn(move || {
+            b.acquire_blocking_owned(&LlmRequest::new(), tokens(1, 1))
+                .map(drop)
+                .unwrap_err()
+        })
+    };
+    while b.stats().pending == 0 {
+        thread::yield_now();
+    }
+    assert!(b.close());
+    let err = refused.join().unwrap();
+    assert_eq!(err.rejection().unwrap().reason(), RejectReason::Shutdown);
+    drop(held);
+    block_on(b.drain());
+    assert_idle(&b);
+}
+
+/// A queue timeout fires (the timer thread) and the waiter leaves the queue.
+#[test]
+fn a_queue_timeout_fires() {
+    let b = bulkhead(1, 1, 100);
+    let held = b.try_acquire(&LlmRequest::new(), tokens(1, 1)).unwrap();
+    let err = block_on(b.acquire(
+        &LlmRequest::new(),
+        tokens(1, 1).timeout(Duration::from_millis(2)),
+    ))
+    .unwrap_err();
+    assert_eq!(err.rejection().unwrap().reason(), RejectReason::Timeout);
+    drop(held);
+    assert_idle(&b);
+}
+
+/// Listeners subscribed and dropped on one thread while another admits (arc-swap list).
+#[test]
+fn listeners_come_and_go_while_another_thread_admits() {
+    let b = bulkhead(2, 0, 1_000);
+    let heard = Arc::new(AtomicU64::new(0));
+    let admitter = {
+        let b = b.clone();
+        thread::spawn(move || {
+            for _ in 0..20 {
+                let permit = b.try_acquire(&LlmRequest::new(), tokens(1, 1)).unwrap();
+                permit.release(None);
+            }
+        })
+    };
+    for _ in 0..5 {
+        let heard = Arc::clone(&heard);
+        let subscription = b.on(move |event| {
+            if let Event::Admit(_) = event {
+                heard.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        thread::yield_now();
+        drop(subscription);
+    }
+    admitter.join().unwrap();
+    assert!(heard.load(Ordering::Relaxed) <= 20);
+    assert_idle(&b);
+    assert_eq!(b.stats().admitted, 20);
+}
