@@ -35,6 +35,8 @@
 //!
 //! `STRESS_SCALE` (default 1) multiplies the operations per worker, e.g. `STRESS_SCALE=100`.
 
+mod common;
+
 use std::any::Any;
 use std::collections::HashSet;
 use std::future::{Future, poll_fn};
@@ -48,10 +50,10 @@ use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, AdmissionId, ApplyOutcome, Event, Limits, LimitsError,
-    LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT, OwnedPermit, Permit, Priority,
-    Progressive, RejectReason, ReleaseReport, Reservation, RunContext, RunError, TokenBudget,
-    TokenUsage, UsageError, UsageReport, Verdict,
+    LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT, Priority, Progressive, RejectReason,
+    Reservation, RunContext, RunError, TokenBudget, TokenUsage, Verdict,
 };
+use common::{AnyPermit, Model, Reporter, Settled};
 use futures::FutureExt;
 use futures::future::{Either, join_all, select};
 
@@ -310,125 +312,9 @@ impl Drop for Guard {
 // The callers' model of one admission.
 // ------------------------------------------------------------------------------------------
 
-/// One admission as its caller models it: the cumulative usage is the per-field maximum of the
-/// accepted reports; a plain report holds `input + max(cap, output)`, a progressive one
-/// `remaining + margin + max(0, output - cap)`; every move of the hold is booked split at the
-/// reservation `r` (growth above `r`: overrun; any shrinking: refunded; growth back below `r`:
-/// re-held, taken off the refunds); the settlement moves the hold to the final usage.
-#[derive(Clone, Copy, Debug)]
-struct Model {
-    reservation: Reservation,
-    held: u64,
-    reported: Option<TokenUsage>,
-    sequence: u64,
-    overrun: u64,
-    refunded: u64,
-    reheld: u64,
-}
-
-/// What a settlement should report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Settled {
-    held: u64,
-    refunded: u64,
-    overrun: u64,
-    usage: Option<TokenUsage>,
-}
+// `Model` (the hold rules and the booking split) lives in `tests/common/mod.rs`.
 
 impl Model {
-    fn new(reservation: Reservation) -> Model {
-        Model {
-            reservation,
-            held: reservation.reserved(),
-            reported: None,
-            sequence: 0,
-            overrun: 0,
-            refunded: 0,
-            reheld: 0,
-        }
-    }
-
-    fn r(&self) -> u64 {
-        self.reservation.reserved()
-    }
-
-    fn cap(&self) -> u64 {
-        self.reservation.max_output()
-    }
-
-    /// The cumulative usage and hold a report leads to, or the error it must be refused with.
-    fn predict(
-        &self,
-        report: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<(TokenUsage, u64), UsageError> {
-        let cap = self.cap();
-        if let Some(p) = progressive
-            && p.remaining_output_tokens > cap
-        {
-            return Err(UsageError::RemainingExceedsCap {
-                remaining: p.remaining_output_tokens,
-                cap,
-            });
-        }
-        let merged = match self.reported {
-            None => report,
-            Some(prev) => usage(
-                prev.input().max(report.input()),
-                prev.output().max(report.output()),
-            ),
-        };
-        let hold = match progressive {
-            None => merged.input() + cap.max(merged.output()),
-            Some(p) => {
-                p.remaining_output_tokens
-                    + p.safety_margin_tokens
-                    + merged.output().saturating_sub(cap)
-            }
-        };
-        // Valid holds here are tiny (all of them together stay far below `MAX_BUDGET`), and
-        // invalid ones are above `HUGE`: whether one fits never depends on the others.
-        if hold > MAX_BUDGET {
-            Err(UsageError::HoldOverflow)
-        } else {
-            Ok((merged, hold))
-        }
-    }
-
-    /// Moves the hold to `new`; returns this move's `(overrun, refunded)`.
-    fn move_hold(&mut self, new: u64) -> (u64, u64) {
-        let (r, old) = (self.r(), self.held);
-        let overrun = new.saturating_sub(r).saturating_sub(old.saturating_sub(r));
-        let refunded = old.saturating_sub(new);
-        self.reheld += new.min(r).saturating_sub(old.min(r));
-        self.overrun += overrun;
-        self.refunded += refunded;
-        self.held = new;
-        (overrun, refunded)
-    }
-
-    /// Applies an accepted report; returns whether it was effective (counted in `sequence`).
-    fn apply(&mut self, merged: TokenUsage, hold: u64) -> bool {
-        let effective = self.reported != Some(merged) || hold != self.held;
-        self.reported = Some(merged);
-        self.move_hold(hold);
-        self.sequence += u64::from(effective);
-        effective
-    }
-
-    /// Settles with `explicit` usage, else the last reported, else none (books nothing).
-    fn settle(&mut self, explicit: Option<TokenUsage>) -> Settled {
-        let held = self.held;
-        let usage = explicit.or(self.reported);
-        let (overrun, refunded) = usage.map_or((0, 0), |u| self.move_hold(u.total()));
-        Settled {
-            held,
-            refunded,
-            overrun,
-            usage,
-        }
-    }
-
     /// A random report: growing (plain or progressive), stale, or one that must be refused
     /// (a remaining output above the cap, a hold too large to count). `valid` only
     /// draws reports that must be accepted.
@@ -497,76 +383,6 @@ impl Model {
 // Permits and reports.
 // ------------------------------------------------------------------------------------------
 
-trait Reporter {
-    fn report(
-        &mut self,
-        usage: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<UsageReport, UsageError>;
-    fn held(&self) -> u64;
-}
-
-#[derive(Debug)]
-enum AnyPermit<'a> {
-    Borrowed(Permit<'a>),
-    Owned(OwnedPermit),
-}
-
-impl AnyPermit<'_> {
-    fn reservation(&self) -> Option<Reservation> {
-        match self {
-            AnyPermit::Borrowed(p) => p.reservation(),
-            AnyPermit::Owned(p) => p.reservation(),
-        }
-    }
-
-    fn release(self, usage: Option<TokenUsage>) -> ReleaseReport {
-        match self {
-            AnyPermit::Borrowed(p) => p.release(usage),
-            AnyPermit::Owned(p) => p.release(usage),
-        }
-    }
-}
-
-impl Reporter for AnyPermit<'_> {
-    fn report(
-        &mut self,
-        usage: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<UsageReport, UsageError> {
-        match (self, progressive) {
-            (AnyPermit::Borrowed(p), None) => p.report_usage(usage),
-            (AnyPermit::Borrowed(p), Some(prog)) => p.report_usage_progressive(usage, prog),
-            (AnyPermit::Owned(p), None) => p.report_usage(usage),
-            (AnyPermit::Owned(p), Some(prog)) => p.report_usage_progressive(usage, prog),
-        }
-    }
-
-    fn held(&self) -> u64 {
-        match self {
-            AnyPermit::Borrowed(p) => p.held_tokens(),
-            AnyPermit::Owned(p) => p.held_tokens(),
-        }
-    }
-}
-
-impl Reporter for RunContext<'_> {
-    fn report(
-        &mut self,
-        usage: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<UsageReport, UsageError> {
-        match progressive {
-            None => self.report_usage(usage),
-            Some(p) => self.report_usage_progressive(usage, p),
-        }
-    }
-
-    fn held(&self) -> u64 {
-        self.held_tokens()
-    }
-}
-
 /// One random report through `reporter`, checked against (and applied to) the model.
 fn report_step(
     reporter: &mut impl Reporter,
@@ -591,10 +407,10 @@ fn report_step(
             let effective = model.apply(merged, hold);
             assert_eq!(
                 (got.held, got.sequence, got.reserved, got.consumed),
-                (model.held, model.sequence, model.r(), merged.total()),
+                (model.held, model.sequence, model.reserved(), merged.total()),
                 "(held, sequence, reserved, consumed) after {report:?} {progressive:?} on {model:?}"
             );
-            assert_eq!(got.over_reservation, merged.total() > model.r());
+            assert_eq!(got.over_reservation, merged.total() > model.reserved());
             assert_eq!(got.output_cap, Some(model.cap()));
             assert_eq!(reporter.held(), model.held);
             if effective {
@@ -661,10 +477,12 @@ impl Tally {
 
     /// Books a settled admission (the model already includes the settlement's move).
     fn settled(&self, model: &Model, settled: &Settled) {
-        self.reserved.fetch_add(model.r(), Ordering::Relaxed);
+        self.reserved.fetch_add(model.reserved(), Ordering::Relaxed);
         match settled.usage {
             Some(u) => self.consumed.fetch_add(u.total(), Ordering::Relaxed),
-            None => self.unused_reserved.fetch_add(model.r(), Ordering::Relaxed),
+            None => self
+                .unused_reserved
+                .fetch_add(model.reserved(), Ordering::Relaxed),
         };
         self.overrun.fetch_add(model.overrun, Ordering::Relaxed);
         self.refunded.fetch_add(model.refunded, Ordering::Relaxed);

@@ -19,6 +19,8 @@
 //!
 //! `STRESS_SCALE` (default 1) multiplies the number of callers, e.g. `STRESS_SCALE=100`.
 
+mod common;
+
 use std::any::Any;
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
@@ -30,10 +32,11 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionId, Event, Limits, LlmBulkhead, LlmRequest, OwnedPermit,
-    Permit, Priority, Progressive, RejectReason, ReleaseReport, Reservation, RunContext, RunError,
-    Subscription, TokenBudget, TokenUsage, UsageError, UsageReport, Verdict,
+    AcquireError, AcquireOptions, AdmissionId, Event, Limits, LlmBulkhead, LlmRequest, Permit,
+    Priority, Progressive, RejectReason, Reservation, RunError, Subscription, TokenBudget,
+    TokenUsage, UsageError, Verdict,
 };
+use common::{AnyPermit, Model, Reporter, Settled};
 use futures::FutureExt;
 use futures::future::{Either, select};
 
@@ -85,106 +88,7 @@ const WORKERS: u64 = 10;
 // The callers' own model of one admission.
 // ------------------------------------------------------------------------------------------
 
-/// One admission as its caller models it: the hold rules of `src/usage.rs` (plain:
-/// `input + max(cap, output)`; progressive: `remaining + margin + max(0, output - cap)`, over
-/// the per-field maximum of the reports), and every move of the hold booked split at the
-/// reservation: growth above it is overrun, any shrinking is refunded, growth back below it is
-/// re-held (taken off the refunds).
-#[derive(Clone, Copy, Debug)]
-struct Model {
-    reservation: Reservation,
-    held: u64,
-    reported: Option<TokenUsage>,
-    sequence: u64,
-    overrun: u64,
-    refunded: u64,
-    reheld: u64,
-}
-
-/// What settling an admission should do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Settled {
-    held: u64,
-    refunded: u64,
-    overrun: u64,
-    usage: Option<TokenUsage>,
-}
-
-impl Model {
-    fn new(reservation: Reservation) -> Model {
-        Model {
-            reservation,
-            held: reservation.reserved(),
-            reported: None,
-            sequence: 0,
-            overrun: 0,
-            refunded: 0,
-            reheld: 0,
-        }
-    }
-
-    fn reserved(&self) -> u64 {
-        self.reservation.reserved()
-    }
-
-    /// Moves the hold to `new`; returns this move's `(overrun, refunded)`.
-    fn move_hold(&mut self, new: u64) -> (u64, u64) {
-        let (r, old) = (self.reserved(), self.held);
-        let overrun = new.saturating_sub(r).saturating_sub(old.saturating_sub(r));
-        let reheld = new.min(r).saturating_sub(old.min(r));
-        let refunded = old.saturating_sub(new);
-        self.overrun += overrun;
-        self.reheld += reheld;
-        self.refunded += refunded;
-        self.held = new;
-        (overrun, refunded)
-    }
-
-    /// Applies a valid report; returns whether it was effective (changed the cumulative usage
-    /// or the hold).
-    fn report(&mut self, usage: TokenUsage, progressive: Option<Progressive>) -> bool {
-        let cumulative = match self.reported {
-            None => usage,
-            Some(prev) => TokenUsage::new(
-                prev.input().max(usage.input()),
-                prev.output().max(usage.output()),
-            )
-            .unwrap(),
-        };
-        let cap = self.reservation.max_output();
-        let hold = match progressive {
-            None => cumulative.input() + cap.max(cumulative.output()),
-            Some(p) => {
-                p.remaining_output_tokens
-                    + p.safety_margin_tokens
-                    + cumulative.output().saturating_sub(cap)
-            }
-        };
-        let effective = self.reported != Some(cumulative) || hold != self.held;
-        self.reported = Some(cumulative);
-        self.move_hold(hold);
-        if effective {
-            self.sequence += 1;
-        }
-        effective
-    }
-
-    /// Settles with `explicit` usage, else the last reported, else none (books nothing).
-    fn settle(&mut self, explicit: Option<TokenUsage>) -> Settled {
-        let held = self.held;
-        let usage = explicit.or(self.reported);
-        let (overrun, refunded) = match usage {
-            Some(u) => self.move_hold(u.total()),
-            None => (0, 0),
-        };
-        Settled {
-            held,
-            refunded,
-            overrun,
-            usage,
-        }
-    }
-}
+// `Model` (the hold rules and the booking split) lives in `tests/common/mod.rs`.
 
 /// What the listener should have heard of one admission, from admit to release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -679,85 +583,6 @@ impl Shared {
 // Permits and reports.
 // ------------------------------------------------------------------------------------------
 
-/// Whatever reports usage for an admission.
-trait Reporter {
-    fn report(
-        &mut self,
-        usage: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<UsageReport, UsageError>;
-    fn held(&self) -> u64;
-}
-
-/// A borrowed or an owned permit.
-#[derive(Debug)]
-enum AnyPermit<'a> {
-    Borrowed(Permit<'a>),
-    Owned(OwnedPermit),
-}
-
-impl AnyPermit<'_> {
-    fn admission_id(&self) -> AdmissionId {
-        match self {
-            AnyPermit::Borrowed(p) => p.admission_id(),
-            AnyPermit::Owned(p) => p.admission_id(),
-        }
-    }
-
-    fn reservation(&self) -> Option<Reservation> {
-        match self {
-            AnyPermit::Borrowed(p) => p.reservation(),
-            AnyPermit::Owned(p) => p.reservation(),
-        }
-    }
-
-    fn release(self, usage: Option<TokenUsage>) -> ReleaseReport {
-        match self {
-            AnyPermit::Borrowed(p) => p.release(usage),
-            AnyPermit::Owned(p) => p.release(usage),
-        }
-    }
-}
-
-impl Reporter for AnyPermit<'_> {
-    fn report(
-        &mut self,
-        usage: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<UsageReport, UsageError> {
-        match (self, progressive) {
-            (AnyPermit::Borrowed(p), None) => p.report_usage(usage),
-            (AnyPermit::Borrowed(p), Some(prog)) => p.report_usage_progressive(usage, prog),
-            (AnyPermit::Owned(p), None) => p.report_usage(usage),
-            (AnyPermit::Owned(p), Some(prog)) => p.report_usage_progressive(usage, prog),
-        }
-    }
-
-    fn held(&self) -> u64 {
-        match self {
-            AnyPermit::Borrowed(p) => p.held_tokens(),
-            AnyPermit::Owned(p) => p.held_tokens(),
-        }
-    }
-}
-
-impl Reporter for RunContext<'_> {
-    fn report(
-        &mut self,
-        usage: TokenUsage,
-        progressive: Option<Progressive>,
-    ) -> Result<UsageReport, UsageError> {
-        match progressive {
-            None => self.report_usage(usage),
-            Some(p) => self.report_usage_progressive(usage, p),
-        }
-    }
-
-    fn held(&self) -> u64 {
-        self.held_tokens()
-    }
-}
-
 /// One report through `reporter`, checked against (and applied to) the model.
 fn report_step(
     reporter: &mut impl Reporter,
@@ -781,7 +606,10 @@ fn report_step(
         return;
     }
     let report = result.expect("a valid report is applied");
-    let effective = model.report(usage, progressive);
+    let (cumulative_usage, hold) = model
+        .predict(usage, progressive)
+        .expect("the plans make only valid reports");
+    let effective = model.apply(cumulative_usage, hold);
     let cumulative = model.reported.unwrap();
     assert_eq!(
         (
