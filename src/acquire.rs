@@ -265,8 +265,10 @@ struct Waiting {
     waiter: Arc<Waiter>,
     /// The queue timeout, measured from joining the queue.
     sleep: Option<Sleep>,
-    /// Decision timing, when anyone listens to admit or reject events.
-    timing: Option<Timing>,
+    /// When the call joined the queue, and when its decision started (the same instant if
+    /// nobody listened to decisions when it arrived). Read for every queued call, listeners
+    /// or not: whoever listens when the wait ends hears its outcome, with its queue wait.
+    timing: Timing,
 }
 
 /// The state machine shared by both futures and both blocking variants.
@@ -307,17 +309,21 @@ impl<I: Deref<Target = Inner>> Core<I> {
                         Some(Err(AcquireError::Rejected(rejection)))
                     }
                     Begun::Queued(waiter) => {
-                        // The wait is timed from the instant its deadline counts from.
-                        let queued_at = (timeout.is_some() || timing.is_some()).then(Instant::now);
+                        // The wait is timed from the instant its deadline counts from. One clock
+                        // read per queued call: the queue already took a lock and an allocation.
+                        let queued_at = Instant::now();
                         // A timeout too large for the clock means no timeout.
                         let sleep = timeout
-                            .zip(queued_at)
-                            .and_then(|(t, at)| at.checked_add(t))
+                            .and_then(|t| queued_at.checked_add(t))
                             .map(Sleep::until);
+                        let timing = match timing {
+                            Some(timing) => timing.queued(queued_at),
+                            None => Timing::from_queue(queued_at),
+                        };
                         self.step = Step::Waiting(Waiting {
                             waiter,
                             sleep,
-                            timing: timing.zip(queued_at).map(|(t, at)| t.queued(at)),
+                            timing,
                         });
                         None
                     }
@@ -348,16 +354,22 @@ impl<I: Deref<Target = Inner>> Core<I> {
 
     /// Turns a decided wait into the acquire's result, announcing it.
     fn finish(&self, waiting: &Waiting, decided: Decided) -> Result<Grant, AcquireError> {
-        let picked_at = waiting.timing.map(|_| Instant::now());
+        // Whoever listens now hears the outcome, subscribed before the call arrived or not.
+        let picked_at = self
+            .inner
+            .listeners
+            .wants_any(DECISION_KINDS)
+            .then(Instant::now);
         match decided {
             Decided::Granted { revision } => {
                 let grant = self.inner.grant(waiting.waiter.call, revision);
-                self.inner.announce_admit(&grant, waiting.timing, picked_at);
+                self.inner
+                    .announce_admit(&grant, Some(waiting.timing), picked_at);
                 Ok(grant)
             }
             Decided::Refused(rejection) => {
                 self.inner
-                    .announce_reject(&rejection, waiting.timing, picked_at);
+                    .announce_reject(&rejection, Some(waiting.timing), picked_at);
                 Err(AcquireError::Rejected(rejection))
             }
         }
@@ -475,7 +487,11 @@ impl<I: Deref<Target = Inner>> Drop for Core<I> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()
         };
-        let picked_at = waiting.timing.map(|_| Instant::now());
+        let picked_at = self
+            .inner
+            .listeners
+            .wants_any(DECISION_KINDS)
+            .then(Instant::now);
         let rejection = match self.inner.withdraw(&waiting.waiter, RejectReason::Aborted) {
             // Handed a slot nobody will use: the call was still waiting as far as its caller
             // knew, so it counts as aborted, and the slot and tokens go back (to the next
@@ -493,6 +509,6 @@ impl<I: Deref<Target = Inner>> Drop for Core<I> {
             Withdrawal::Refused(rejection) => rejection,
         };
         self.inner
-            .announce_reject(&rejection, waiting.timing, picked_at);
+            .announce_reject(&rejection, Some(waiting.timing), picked_at);
     }
 }

@@ -16,7 +16,7 @@ use crate::local;
 use crate::options::AcquireOptions;
 use crate::permit::{Grant, OwnedPermit, Permit};
 use crate::policy::{self, Ask, Refusal, Turn, Verdict};
-use crate::queue::{Arrival, WaitQueue, Waiter};
+use crate::queue::{Arrival, HandedOff, WaitQueue, Waiter};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection};
 use crate::request::LlmRequest;
 use crate::reservation::Reservation;
@@ -89,6 +89,8 @@ pub(crate) struct Inner {
     model: Box<str>,
     /// Sizes calls that bring no reservation of their own (with a token budget only).
     pub(crate) estimator: unmodeled::Arc<dyn Estimator>,
+    /// Panics of `estimator.observe`, caught and counted (see `crate::contain`).
+    pub(crate) estimator_panics: unmodeled::AtomicU64,
     has_budget: bool,
     /// Queue timeout of calls that set none.
     default_timeout: Option<Duration>,
@@ -127,6 +129,7 @@ impl LlmBulkhead {
             listeners: unmodeled::Arc::new(Listeners::default()),
             model: model.into_boxed_str(),
             estimator,
+            estimator_panics: unmodeled::AtomicU64::new(0),
             has_budget,
             default_timeout,
         };
@@ -382,8 +385,10 @@ impl LlmBulkhead {
             return Ok(ApplyOutcome::Stale { current: *current });
         }
         limits::validate(&next, self.inner.has_budget)?;
-        let previous = self.inner.install(&mut current, next);
+        let (previous, handed_off) = self.inner.install(&mut current, next);
         drop(current);
+        // Wake only now: a woken task may be polled inline and call back into `apply_limits`.
+        handed_off.finish(&self.inner);
         self.inner.announce_reconfigure(previous, next);
         Ok(ApplyOutcome::Applied {
             previous,
@@ -438,8 +443,9 @@ impl LlmBulkhead {
             }),
             ..*current
         };
-        let previous = self.inner.install(&mut current, next);
+        let (previous, handed_off) = self.inner.install(&mut current, next);
         drop(current);
+        handed_off.finish(&self.inner);
         self.inner.announce_reconfigure(previous, next);
         Ok(next)
     }
@@ -598,6 +604,10 @@ impl LlmBulkhead {
             rejected: rejected_by_reason.total(),
             rejected_by_reason,
             listener_panics: self.inner.listeners.panics(),
+            estimator_panics: self
+                .inner
+                .estimator_panics
+                .load(unmodeled::Ordering::Relaxed),
             token_budget: limits.token_budget.map(|b| TokenBudgetStats {
                 budget: b.budget,
                 high_priority_reserve: b.high_priority_reserve,
@@ -892,8 +902,13 @@ impl Inner {
     }
 
     /// Publishes `next` and makes it current. The caller holds the writer lock (`current` is
-    /// its guard's contents) and has validated `next`. Returns the replaced limits.
-    fn install(&self, current: &mut Limits, next: Limits) -> Limits {
+    /// its guard's contents) and has validated `next`. Returns the replaced limits and the
+    /// hand-offs the new limits allowed, which the caller wakes after releasing the lock.
+    ///
+    /// The hand-offs are made here, under the writer lock, so that once `apply_limits`
+    /// returns every waiter the new limits admit has its slot (no later change can slip in
+    /// between and decide for them under other limits).
+    fn install(&self, current: &mut Limits, next: Limits) -> (Limits, HandedOff) {
         // Only writers move the epoch and we hold the writer lock, so it is stable here.
         let epoch = self.published.epoch();
         self.published.store(epoch + 1, &next);
@@ -909,11 +924,13 @@ impl Inner {
             .unwrap_or_else(|never| match never {});
         self.published.set_epoch(epoch + 1);
         let previous = core::mem::replace(current, next);
-        if after.has_waiters() {
+        let handed_off = if after.has_waiters() {
             // Raised limits admit waiters at once, in order.
-            self.pump();
-        }
-        previous
+            self.hand_off()
+        } else {
+            HandedOff::default()
+        };
+        (previous, handed_off)
     }
 
     /// Returns `held` tokens and one slot, then serves the queue or the drainers if the word

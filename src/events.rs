@@ -7,7 +7,19 @@
 //! `stats()`, `apply_limits()` or even acquire. A panicking listener is caught; the panic is
 //! counted in [`Stats::listener_panics`](crate::Stats::listener_panics) and the other listeners
 //! and the operation carry on. For a call that waited in the queue, its admit or reject event is
-//! delivered where its acquire is polled (or dropped).
+//! delivered where its acquire is polled (or dropped), to the listeners subscribed at that
+//! moment, including those that subscribed while it waited.
+//!
+//! # Unsubscribing
+//!
+//! Dropping a [`Subscription`] removes its listener before the drop returns: an event whose
+//! delivery starts after that (on any thread that synchronizes with the drop, and always on
+//! the dropping thread) never reaches it. A delivery that another thread had already started
+//! took its copy of the listener list before the drop, and may still call the listener, once,
+//! while or after the drop returns. The drop does not wait for such calls: waiting would
+//! deadlock a listener that drops its own subscription, and would put a shared counter on
+//! every delivery. A listener that must not run after some point should check a flag of its
+//! own that is cleared before the drop.
 //!
 //! # Cost
 //!
@@ -17,8 +29,6 @@
 //! or reject events).
 
 use core::fmt;
-use core::panic::AssertUnwindSafe;
-use std::panic::catch_unwind;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -200,7 +210,9 @@ pub struct AdmitEvent {
     pub priority: Priority,
     /// Tokens reserved (0 without a token budget).
     pub reserved_tokens: u64,
-    /// Time spent deciding, queue wait excluded (estimation excluded too).
+    /// Time spent deciding, queue wait excluded (estimation excluded too). For a call that
+    /// waited and that nobody timed when it arrived (no listener then), only the part after
+    /// the wait.
     pub decision_duration: Duration,
     /// Time spent waiting in the queue (zero for a call admitted at once).
     pub queue_wait: Duration,
@@ -441,7 +453,7 @@ impl Listeners {
         let entries = self.entries.load();
         for entry in entries.iter().filter(|e| e.kinds & bit != 0) {
             // A listener's panic must not unwind into the bulkhead's bookkeeping.
-            if catch_unwind(AssertUnwindSafe(|| (entry.listener)(event))).is_err() {
+            if crate::contain::contain(|| (entry.listener)(event)) {
                 self.panics.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -499,6 +511,17 @@ impl fmt::Debug for Listeners {
 
 /// A registered listener. Dropping it unsubscribes (so keep it for as long as you listen);
 /// [`detach`](Subscription::detach) keeps the listener for the bulkhead's lifetime.
+///
+/// # Caveats
+///
+/// Dropping a subscription removes its listener before the drop returns: an event whose
+/// delivery starts after that (on the dropping thread, or on any thread that synchronizes with
+/// the drop) never reaches it. A delivery that another thread had already started took its copy
+/// of the listener list before the drop, and may still call the listener, once, while or after
+/// the drop returns. The drop does not wait for such calls: waiting would deadlock a listener
+/// that drops its own subscription, and would put a shared counter on every delivery. A
+/// listener that must not run after some point should check a flag of its own, cleared before
+/// the drop.
 ///
 /// # Examples
 ///
@@ -581,6 +604,15 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
+    /// A decision nobody timed when it started, which joined the queue at `at`: its decision
+    /// time counts from there (the part before is unknown), its queue wait is exact.
+    pub(crate) fn from_queue(at: std::time::Instant) -> Timing {
+        Timing {
+            started: at,
+            queued_at: Some(at),
+        }
+    }
+
     /// The same decision, which joined the queue at `at`.
     pub(crate) fn queued(self, at: std::time::Instant) -> Timing {
         Timing {

@@ -128,6 +128,13 @@
 //! call whose tokens do not fit is refused at once. Futures work on any executor (tokio,
 //! smol, async-std, `futures::executor`); queue timeouts need no runtime timer.
 //!
+//! Queue timeouts and drain deadlines are served by one process-wide timer: a clock thread,
+//! started on first use, and a waker thread that calls the wakers of passed deadlines, normally
+//! within a millisecond or two. Wakers are your executor's code: one that panics is caught
+//! (and costs only its own wake-up); one that blocks holds back other deadlines by about 2 ms,
+//! not by as long as it blocks (the clock starts another waker thread); and none is called or
+//! dropped while the timer's lock is held, so a waker may own tasks that use the timer too.
+//!
 //! ```
 //! use std::time::Duration;
 //! use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Profile};
@@ -163,6 +170,7 @@ mod acquire;
 mod admission_id;
 mod bulkhead;
 mod config;
+mod contain;
 mod drain;
 mod error;
 mod estimate;

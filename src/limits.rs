@@ -42,7 +42,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 /// JavaScript control planes unchanged.
 pub const MAX_REVISION: u64 = (1 << 53) - 1;
 
-/// The largest `max_concurrent` the admission word can count: 2^22 - 1.
+/// The largest `max_concurrent` the admission word can count: 2^16 - 1 (65,535 calls in flight).
 pub const MAX_CONCURRENT: u32 = MAX_SLOTS;
 
 /// The largest token budget the admission word can count: 2^35 - 1 (about 34 billion tokens in

@@ -172,12 +172,13 @@ impl Waiter {
         self.status.store(REFUSED, Ordering::Release);
     }
 
-    /// After the queue lock is released: wakes the waiter.
+    /// After the queue lock is released: wakes the waiter. The waker is user code: its panic
+    /// is caught, so it cannot keep the other waiters of a hand-off from being woken.
     fn wake(&self) {
         if self.blocking {
             self.event.notify(1);
         } else {
-            self.waker.wake();
+            crate::contain::contain(|| self.waker.wake());
         }
     }
 }
@@ -194,7 +195,7 @@ fn unpack_key(packed: u64) -> Key {
 /// Waiters to wake once the queue lock is released. A pump usually hands over one slot, so
 /// the first waiter is kept inline: no allocation under the lock in the common case.
 #[derive(Default)]
-struct Woken {
+pub(crate) struct Woken {
     first: Option<Arc<Waiter>>,
     rest: Vec<Arc<Waiter>>,
 }
@@ -211,6 +212,26 @@ impl Woken {
     fn wake_all(self) {
         for waiter in self.first.into_iter().chain(self.rest) {
             waiter.wake();
+        }
+    }
+}
+
+/// Hand-offs made under the queue lock, to be announced (woken) once no lock is held.
+#[must_use = "the waiters handed capacity must be woken"]
+#[derive(Default)]
+pub(crate) struct HandedOff {
+    woken: Woken,
+    /// The state after the last waiter left, if the hand-offs emptied the queue.
+    emptied: Option<State>,
+}
+
+impl HandedOff {
+    /// Wakes the waiters, then the drainers if the queue emptied into an idle bulkhead. The
+    /// caller holds no lock of the bulkhead.
+    pub(crate) fn finish(self, inner: &crate::bulkhead::Inner) {
+        self.woken.wake_all();
+        if let Some(after) = self.emptied {
+            inner.idle_check(after);
         }
     }
 }
@@ -298,6 +319,15 @@ impl crate::bulkhead::Inner {
     /// capacity while the queue was non-empty.
     #[cold]
     pub(crate) fn pump(&self) {
+        self.hand_off().finish(self);
+    }
+
+    /// The hand-offs of [`pump`](Inner::pump), made under the queue lock, without waking
+    /// anyone: the caller wakes them with [`HandedOff::finish`] once it holds no lock of its
+    /// own (a waker may poll its task inline, and the task's listeners may call back into the
+    /// bulkhead).
+    #[cold]
+    pub(crate) fn hand_off(&self) -> HandedOff {
         let mut woken = Woken::default();
         let mut emptied = None;
         {
@@ -367,10 +397,7 @@ impl crate::bulkhead::Inner {
             }
             self.queue.publish_len(&list);
         }
-        woken.wake_all();
-        if let Some(after) = emptied {
-            self.idle_check(after);
-        }
+        HandedOff { woken, emptied }
     }
 
     /// Takes `waiter` out of the queue because it gave up (`Aborted` or `Timeout`). Called by
@@ -406,6 +433,9 @@ impl crate::bulkhead::Inner {
     }
 
     /// Refuses every waiter with `shutdown` (the bulkhead was just closed).
+    ///
+    /// Every refusal carries the capacity snapshot of the bulkhead after the close emptied the
+    /// queue (`pending: 0` for all of them), as the original reports it.
     pub(crate) fn refuse_all_waiters(&self) {
         let mut woken = Vec::new();
         let emptied;
@@ -414,14 +444,13 @@ impl crate::bulkhead::Inner {
             if list.is_empty() {
                 return;
             }
-            let (state, limits) = self.snapshot();
-            while let Some(waiter) = list.pop_front() {
-                self.queue.publish_len(&list);
-                waiter.refuse(self.reject(RejectReason::Shutdown, state, &limits, waiter.call.ask));
-                woken.push(waiter);
-            }
-            emptied = self.set_waiters_flag(false);
+            woken.extend(core::iter::from_fn(|| list.pop_front()));
             self.queue.publish_len(&list);
+            emptied = self.set_waiters_flag(false);
+            let (state, limits) = self.snapshot();
+            for waiter in &woken {
+                waiter.refuse(self.reject(RejectReason::Shutdown, state, &limits, waiter.call.ask));
+            }
         }
         for waiter in woken {
             waiter.wake();

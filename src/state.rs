@@ -4,22 +4,28 @@
 //! # Layout
 //!
 //! ```text
-//!   63       62        61         60 .. 57     56 ............ 35   34 ................. 0
-//! +--------+---------+----------+------------+------------------+----------------------+
-//! | CLOSED | WAITERS | DRAINING | EPOCH (4)  |  SLOTS (22 bits) |   TOKENS (35 bits)   |
-//! +--------+---------+----------+------------+------------------+----------------------+
+//!   63       62        61         60 .. 51      50 ........... 35   34 ................. 0
+//! +--------+---------+----------+-------------+------------------+----------------------+
+//! | CLOSED | WAITERS | DRAINING | EPOCH (10)  |  SLOTS (16 bits) |   TOKENS (35 bits)   |
+//! +--------+---------+----------+-------------+------------------+----------------------+
 //! ```
 //!
 //! - `TOKENS`: tokens held by admissions (always 0 without a token budget), at most
 //!   [`MAX_TOKENS`] (2^35 - 1, about 34 billion): budgets are validated against it and a usage
 //!   report that would push the total past it is refused.
-//! - `SLOTS`: admissions holding a concurrency slot (at most [`MAX_SLOTS`]).
+//! - `SLOTS`: admissions holding a concurrency slot (at most [`MAX_SLOTS`], 65,535: far more
+//!   calls in flight than any provider accepts from one process).
 //! - `EPOCH`: the low bits of the limits epoch (the full 64-bit epoch lives beside the published
 //!   limits, see `crate::limits`). Every `apply_limits` advances it with a CAS, so an admission
 //!   that read the word before the change fails its own CAS and is re-decided under the new
-//!   limits. Four bits are enough because they are not the only guard: an admission also checks
-//!   the full epoch after committing and undoes its commit in the one case the low bits cannot
-//!   settle (15 or more limit changes inside its few-instruction window; see `Inner::decide`).
+//!   limits. The low bits are not the only guard: an admission also checks the full epoch after
+//!   committing, and undoes its commit in the one case the low bits cannot settle: 1,023 or more
+//!   limit changes (2^`EPOCH_BITS` - 1) published between its read of the word and that check,
+//!   a span of a few instructions unless the thread is descheduled inside it. While an undone
+//!   commit is in the word, another decision can be refused on its tokens; ten bits put that
+//!   out of reach in practice (a control plane changing the limits 1,000 times a second would
+//!   need the thread to stay descheduled inside that span for over a second; with four bits,
+//!   15 ms of preemption on an oversubscribed machine was enough, see `tests/phantom_probe.rs`).
 //! - `WAITERS`: set exactly while the FIFO wait queue is non-empty (it only changes under the
 //!   queue lock). Newcomers never take a slot while it is set (no barging), and a release only
 //!   touches the queue when it sees it, so an uncontended release never pays for a lock or a
@@ -67,7 +73,7 @@ pub(crate) const MAX_TOKENS: u64 = TOKEN_MASK;
 /// Position of the slot count.
 const SLOT_SHIFT: u32 = TOKEN_BITS;
 /// Bits that count slots.
-pub(crate) const SLOT_BITS: u32 = 22;
+pub(crate) const SLOT_BITS: u32 = 16;
 /// Mask of the slot count once shifted down.
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 /// Largest representable number of slots in flight, and so the largest `max_concurrent`.
@@ -76,10 +82,10 @@ pub(crate) const MAX_SLOTS: u32 = SLOT_MASK as u32;
 const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
 /// Position of the epoch's low bits.
 const EPOCH_SHIFT: u32 = SLOT_SHIFT + SLOT_BITS;
-/// How many low bits of the epoch the word carries. Under loom, one: so that two limit changes
-/// already wrap it and the models reach the undo path.
+/// How many low bits of the epoch the word carries (see the module docs for why ten). Under
+/// loom, one: so that two limit changes already wrap it and the models reach the undo path.
 #[cfg(not(loom))]
-pub(crate) const EPOCH_BITS: u32 = 4;
+pub(crate) const EPOCH_BITS: u32 = 10;
 #[cfg(loom)]
 pub(crate) const EPOCH_BITS: u32 = 1;
 /// Mask of the epoch's low bits once shifted down.
@@ -92,6 +98,11 @@ const WAITERS_BIT: u64 = 1 << 62;
 const CLOSED_BIT: u64 = 1 << 63;
 
 // The fields must not overlap and must fit below the flags.
+#[cfg(not(loom))]
+const _: () = assert!(
+    EPOCH_SHIFT + EPOCH_BITS == 61,
+    "every bit below the flags is used"
+);
 const _: () = assert!(EPOCH_SHIFT + EPOCH_BITS <= 61);
 const _: () = assert!(
     (EPOCH_MASK << EPOCH_SHIFT) & (SLOT_MASK << SLOT_SHIFT) == 0
@@ -304,7 +315,9 @@ mod tests {
         assert_eq!(s.slots(), 2);
         assert_eq!(s.tokens(), 10);
         assert_eq!(s.epoch_bits(), 1);
-        assert!(s.matches_epoch(1) && s.matches_epoch(17) && !s.matches_epoch(2));
+        assert!(
+            s.matches_epoch(1) && s.matches_epoch(1 + (1 << EPOCH_BITS)) && !s.matches_epoch(2)
+        );
         assert!(s.is_closed());
         assert!(!s.has_waiters());
         let r = s.without_admission(7);
@@ -364,7 +377,7 @@ mod tests {
         assert_eq!((full.slots(), full.tokens()), (MAX_SLOTS, MAX_TOKENS));
         assert_eq!(full.epoch_bits(), 0);
         assert!(!full.is_closed() && !full.has_waiters() && !full.is_draining());
-        assert_eq!(MAX_SLOTS, 4_194_303);
+        assert_eq!(MAX_SLOTS, 65_535);
         assert_eq!(MAX_TOKENS, 34_359_738_367);
         assert_eq!(full.with_tokens(MAX_TOKENS + 1), None);
         assert_eq!(full.with_tokens(0).map(State::slots), Some(MAX_SLOTS));

@@ -73,6 +73,9 @@ pub struct Stats {
     pub token_budget: Option<TokenBudgetStats>,
     /// Panics of event listeners, caught and counted.
     pub listener_panics: u64,
+    /// Panics of the estimator's [`observe`](crate::Estimator::observe), caught and counted
+    /// (the release that called it completed: its capacity was returned first).
+    pub estimator_panics: u64,
 }
 
 /// Refusal counts by reason.

@@ -1,12 +1,27 @@
-//! A runtime-agnostic timer for queue timeouts and bounded drains: one background thread,
-//! started on first use, that wakes registered tasks at their deadlines.
+//! A runtime-agnostic timer for queue timeouts and bounded drains: a process-wide *clock*
+//! thread that moves registered deadlines to a due list when they pass, and *waker* threads
+//! that call the due wakers.
 //!
 //! Futures of this crate must time out on tokio (current-thread and multi-thread), smol,
 //! async-std and a plain `block_on` without a runtime feature, so they cannot borrow a
-//! runtime's timer. The thread sleeps on a condition variable until the earliest deadline (or
-//! until an earlier one is registered), then wakes every task whose deadline passed; wakers are
-//! called with the lock released. A [`Sleep`] registers only while it is pending and
-//! deregisters when it completes or is dropped, so the thread only holds live timers.
+//! runtime's timer. A [`Sleep`] registers only while it is pending and deregisters when it
+//! completes or is dropped, so the clock only holds live timers.
+//!
+//! # What the timer guarantees
+//!
+//! - A registered waker is called once its deadline has passed, normally within a millisecond
+//!   or two (the clock sleeps on a condition variable until the earliest deadline).
+//! - Wakers are user code. The clock thread never calls one, so no waker can stop it; each
+//!   call runs on a waker thread with its panic caught, so a panicking waker costs nothing but
+//!   its own wake-up. No waker is called or dropped while the timer's lock is held, so a waker
+//!   (or whatever dropping it releases: a task that owns another timed future) may use the
+//!   timer again.
+//! - A waker that blocks holds back only its own thread. When a due waker has waited
+//!   [`STALL`] without a free waker thread, the clock starts another (up to [`MAX_WAKERS`]), so
+//!   one slow waker delays unrelated timeouts by about [`STALL`], not by as long as it blocks.
+//!   Waker threads beyond the first end after [`IDLE_EXIT`] without work.
+//! - If the clock thread is ever gone (it runs no user code, so only an abort-class failure
+//!   could end it), the next registration starts a new one.
 //!
 //! Under `--cfg loom` there is no timer thread: models use deadlines that have already passed
 //! (a zero timeout), which complete on their first poll without registering.
@@ -15,11 +30,24 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 #[cfg(not(loom))]
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 #[cfg(not(loom))]
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+#[cfg(not(loom))]
+use std::time::Duration;
 
-/// The timer thread's state: pending deadlines, each with the waker to call.
+/// How long a due waker may wait for a free waker thread before the clock starts another.
+#[cfg(not(loom))]
+pub(crate) const STALL: Duration = Duration::from_millis(2);
+/// The most waker threads alive at once (each extra one exists only while others are stuck
+/// in wakers that block).
+#[cfg(not(loom))]
+pub(crate) const MAX_WAKERS: usize = 64;
+/// How long an extra waker thread waits for work before it ends.
+#[cfg(not(loom))]
+pub(crate) const IDLE_EXIT: Duration = Duration::from_secs(1);
+
+/// The timer's state, under one lock that no user code ever runs (or is dropped) under.
 #[cfg(not(loom))]
 #[derive(Debug, Default)]
 struct Timers {
@@ -27,64 +55,141 @@ struct Timers {
     /// and equal deadlines keep their registration order.
     entries: BTreeMap<(Instant, u64), Waker>,
     next_id: u64,
+    /// Wakers whose deadline passed, with that deadline, in deadline order.
+    due: VecDeque<(Instant, Waker)>,
+    /// Waker threads alive, and how many of them wait for work.
+    wakers: usize,
+    idle: usize,
+    /// Whether the clock thread is running.
+    clock_alive: bool,
 }
 
 #[cfg(not(loom))]
 #[derive(Debug, Default)]
-struct TimerThread {
+struct Timer {
     timers: Mutex<Timers>,
-    wakeup: Condvar,
+    /// The clock thread waits here for the next deadline (or an earlier registration).
+    clock: Condvar,
+    /// Idle waker threads wait here for due wakers.
+    work: Condvar,
 }
 
 #[cfg(not(loom))]
-static THREAD: OnceLock<&'static TimerThread> = OnceLock::new();
+static TIMER: OnceLock<&'static Timer> = OnceLock::new();
 
 #[cfg(not(loom))]
-fn timer_thread() -> &'static TimerThread {
-    THREAD.get_or_init(|| {
-        let shared: &'static TimerThread = Box::leak(Box::default());
-        std::thread::Builder::new()
-            .name("async-bulkhead-llm-timer".into())
-            .spawn(move || run(shared))
-            .expect("failed to spawn the async-bulkhead-llm timer thread");
-        shared
-    })
-}
-
-#[cfg(not(loom))]
-fn run(shared: &'static TimerThread) -> ! {
-    let mut due = Vec::new();
-    let mut timers = crate::sync::unmodeled::lock(&shared.timers);
-    loop {
-        let now = Instant::now();
-        while let Some(entry) = timers.entries.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            due.push(entry.remove());
+impl Timer {
+    /// The process-wide timer, locked, with its clock thread running.
+    fn get() -> (&'static Timer, MutexGuard<'static, Timers>) {
+        let timer: &'static Timer = TIMER.get_or_init(|| Box::leak(Box::default()));
+        let mut timers = timer.lock();
+        if !timers.clock_alive {
+            // Spawned under the lock (once per process, in practice): the new thread's first
+            // act is to take it.
+            timers.clock_alive = true;
+            std::thread::Builder::new()
+                .name("abl-timer-clock".into())
+                .spawn(move || timer.run_clock())
+                .expect("failed to spawn the async-bulkhead-llm timer thread");
         }
-        if !due.is_empty() {
-            // Never wake under the lock: a waker may poll the future on this very thread
-            // (a `block_on` executor), which would try to take the lock again.
+        (timer, timers)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Timers> {
+        crate::sync::unmodeled::lock(&self.timers)
+    }
+
+    /// The clock thread: moves passed deadlines to the due list and makes sure a waker thread
+    /// takes them. It never calls or drops a waker.
+    fn run_clock(&'static self) {
+        /// Marks the clock gone if this thread ever ends, so the next registration restarts it.
+        struct Alive(&'static Timer);
+        impl Drop for Alive {
+            fn drop(&mut self) {
+                self.0.lock().clock_alive = false;
+            }
+        }
+        let _alive = Alive(self);
+        let mut timers = self.lock();
+        loop {
+            let now = Instant::now();
+            while let Some(entry) = timers.entries.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                let ((deadline, _), waker) = entry.remove_entry();
+                timers.due.push_back((deadline, waker));
+            }
+            let mut recheck = None;
+            if let Some(&(oldest, _)) = timers.due.front() {
+                if timers.idle > 0 {
+                    // Wake as many idle threads as there is work for.
+                    for _ in 0..timers.due.len().min(timers.idle) {
+                        self.work.notify_one();
+                    }
+                } else if timers.wakers < MAX_WAKERS
+                    && (timers.wakers == 0 || now.saturating_duration_since(oldest) >= STALL)
+                {
+                    // Every waker thread is busy (one may be stuck in a waker that blocks):
+                    // start another rather than let due wakers wait on it.
+                    timers.wakers += 1;
+                    self.spawn_waker(&mut timers);
+                } else {
+                    recheck = Some(oldest + STALL);
+                }
+            }
+            let next = timers.entries.first_key_value().map(|(&(at, _), _)| at);
+            let wake_at = match (next, recheck) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            timers = match wake_at {
+                Some(at) => {
+                    let wait = at.saturating_duration_since(Instant::now());
+                    self.clock
+                        .wait_timeout(timers, wait)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+                None => self.clock.wait(timers).unwrap_or_else(|p| p.into_inner()),
+            };
+        }
+    }
+
+    /// Starts a waker thread (already counted in `wakers`). If the thread cannot be spawned,
+    /// the count is taken back and the clock tries again at the next stall check.
+    fn spawn_waker(&'static self, timers: &mut Timers) {
+        let spawned = std::thread::Builder::new()
+            .name("abl-timer-waker".into())
+            .spawn(move || self.run_waker());
+        if spawned.is_err() {
+            timers.wakers -= 1;
+        }
+    }
+
+    /// A waker thread: calls due wakers one at a time, each outside the lock and with its
+    /// panic caught.
+    fn run_waker(&'static self) {
+        let mut timers = self.lock();
+        loop {
+            let Some((_, waker)) = timers.due.pop_front() else {
+                timers.idle += 1;
+                let (guard, wait) = self
+                    .work
+                    .wait_timeout(timers, IDLE_EXIT)
+                    .unwrap_or_else(|p| p.into_inner());
+                timers = guard;
+                timers.idle -= 1;
+                if wait.timed_out() && timers.due.is_empty() && timers.wakers > 1 {
+                    timers.wakers -= 1;
+                    return;
+                }
+                continue;
+            };
             drop(timers);
-            due.drain(..).for_each(Waker::wake);
-            timers = crate::sync::unmodeled::lock(&shared.timers);
-            continue;
+            crate::contain::contain(|| waker.wake());
+            timers = self.lock();
         }
-        timers = match timers.entries.first_key_value() {
-            Some((&(deadline, _), _)) => {
-                let wait = deadline.saturating_duration_since(now);
-                shared
-                    .wakeup
-                    .wait_timeout(timers, wait)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0
-            }
-            None => shared
-                .wakeup
-                .wait(timers)
-                .unwrap_or_else(|p| p.into_inner()),
-        };
     }
 }
 
@@ -121,14 +226,18 @@ impl Sleep {
 
     #[cfg(not(loom))]
     fn register(&mut self, waker: &Waker) {
-        let shared = timer_thread();
-        let mut timers = crate::sync::unmodeled::lock(&shared.timers);
+        let (timer, mut timers) = Timer::get();
         if let Some(key) = self.key
             && let Some(registered) = timers.entries.get_mut(&key)
         {
-            if !registered.will_wake(waker) {
-                registered.clone_from(waker);
+            if registered.will_wake(waker) {
+                return;
             }
+            // The replaced waker is dropped after the lock is released: it may own the last
+            // reference to a task whose drop cancels another timer.
+            let replaced = core::mem::replace(registered, waker.clone());
+            drop(timers);
+            drop(replaced);
             return;
         }
         let key = (self.deadline, timers.next_id);
@@ -141,7 +250,7 @@ impl Sleep {
         self.key = Some(key);
         drop(timers);
         if earliest {
-            shared.wakeup.notify_one();
+            timer.clock.notify_one();
         }
     }
 
@@ -157,11 +266,11 @@ impl Sleep {
         debug_assert!(key.is_none(), "nothing registers under loom");
         #[cfg(not(loom))]
         if let Some(key) = key
-            && let Some(shared) = THREAD.get()
+            && let Some(timer) = TIMER.get()
         {
-            crate::sync::unmodeled::lock(&shared.timers)
-                .entries
-                .remove(&key);
+            // Dropped after the lock is released (see `register`).
+            let removed = timer.lock().entries.remove(&key);
+            drop(removed);
         }
     }
 }

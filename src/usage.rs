@@ -33,6 +33,7 @@ use crate::local;
 use crate::permit::{Grant, ReleaseReport};
 use crate::reservation::TokenUsage;
 use crate::stats::Counter;
+use crate::sync::unmodeled::Ordering;
 
 /// A progressive reconciliation: how much output the provider may still generate, from an
 /// authoritative source, plus a safety margin. Use it only once prefill is known complete.
@@ -264,14 +265,22 @@ impl Inner {
                 sink.bump(Counter::Refunded, refunded);
                 sink.bump(Counter::Reheld, reheld);
             });
-            // Tell the estimator that sized this admission what it really cost.
-            if let (Some(memo), Some(reservation)) = (grant.memo(), grant.reservation()) {
-                let estimate = TokenEstimate::new(reservation.input(), reservation.max_output())
-                    .with_memo(memo);
-                self.estimator.observe(&estimate, usage);
+        }
+        // Capacity returns before any user code runs: nothing the estimator or a listener does
+        // can keep it (issue #11).
+        self.release_capacity(held);
+        // Tell the estimator that sized this admission what it really cost. It is user code:
+        // a panic is caught and counted, never unwound into the release (which may be a drop
+        // on a thread that is already unwinding).
+        if let (Some(usage), Some(memo), Some(reservation)) =
+            (usage, grant.memo(), grant.reservation())
+        {
+            let estimate =
+                TokenEstimate::new(reservation.input(), reservation.max_output()).with_memo(memo);
+            if crate::contain::contain(|| self.estimator.observe(&estimate, usage)) {
+                self.estimator_panics.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.release_capacity(held);
         if self.listeners.wants(EventKind::Release) {
             let event = ReleaseEvent {
                 admission_id: grant.id.id(),

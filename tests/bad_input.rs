@@ -431,7 +431,7 @@ mod builder {
                     value: MAX_CONCURRENT + 1,
                     max: MAX_CONCURRENT,
                 },
-                display: "max_concurrent (4194304) must be <= 4194303",
+                display: "max_concurrent (65536) must be <= 65535",
             },
             Case {
                 name: "max_concurrent u32::MAX",
@@ -440,7 +440,7 @@ mod builder {
                     value: u32::MAX,
                     max: MAX_CONCURRENT,
                 },
-                display: "max_concurrent (4294967295) must be <= 4194303",
+                display: "max_concurrent (4294967295) must be <= 65535",
             },
             Case {
                 name: "max_concurrent wins over revision and budget",
@@ -451,7 +451,7 @@ mod builder {
                     value: u32::MAX,
                     max: MAX_CONCURRENT,
                 },
-                display: "max_concurrent (4294967295) must be <= 4194303",
+                display: "max_concurrent (4294967295) must be <= 65535",
             },
             Case {
                 name: "initial_revision MAX_REVISION + 1",
@@ -813,7 +813,7 @@ mod apply_limits {
                         value: MAX_CONCURRENT + 1,
                         max: MAX_CONCURRENT,
                     },
-                    "limits.max_concurrent (4194304) must be <= 4194303",
+                    "limits.max_concurrent (65536) must be <= 65535",
                 ),
                 err(
                     "max_concurrent u32::MAX wins over the budget shape",
@@ -822,7 +822,7 @@ mod apply_limits {
                         value: u32::MAX,
                         max: MAX_CONCURRENT,
                     },
-                    "limits.max_concurrent (4294967295) must be <= 4194303",
+                    "limits.max_concurrent (4294967295) must be <= 65535",
                 ),
                 err(
                     "a token budget on a bulkhead built without one",
@@ -887,7 +887,7 @@ mod apply_limits {
                         value: MAX_CONCURRENT + 1,
                         max: MAX_CONCURRENT,
                     },
-                    "limits.max_concurrent (4194304) must be <= 4194303",
+                    "limits.max_concurrent (65536) must be <= 65535",
                 ),
                 err(
                     "revision wins over a missing budget",
@@ -3523,7 +3523,7 @@ mod json {
                 },
             ),
             (
-                r#"{"revision": 6, "max_concurrent": 4194304, "token_budget": {"budget": 1, "high_priority_reserve": 0}}"#,
+                r#"{"revision": 6, "max_concurrent": 65536, "token_budget": {"budget": 1, "high_priority_reserve": 0}}"#,
                 true,
                 LimitsError::MaxConcurrentTooLarge {
                     value: MAX_CONCURRENT + 1,

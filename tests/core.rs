@@ -208,21 +208,18 @@ fn builder_accepts_a_model_with_surrounding_whitespace() {
 
 #[test]
 fn builder_rejects_max_concurrent_one_above_the_maximum() {
-    assert_eq!(MAX_CONCURRENT, (1 << 22) - 1);
+    assert_eq!(MAX_CONCURRENT, (1 << 16) - 1);
     let err = LlmBulkhead::builder("m", MAX_CONCURRENT + 1)
         .build()
         .unwrap_err();
     assert_eq!(
         err,
         ConfigError::MaxConcurrentTooLarge {
-            value: 4_194_304,
-            max: 4_194_303
+            value: 65_536,
+            max: 65_535
         }
     );
-    assert_eq!(
-        err.to_string(),
-        "max_concurrent (4194304) must be <= 4194303"
-    );
+    assert_eq!(err.to_string(), "max_concurrent (65536) must be <= 65535");
 }
 
 #[test]
@@ -237,7 +234,7 @@ fn builder_rejects_max_concurrent_u32_max() {
     );
     assert_eq!(
         err.to_string(),
-        "max_concurrent (4294967295) must be <= 4194303"
+        "max_concurrent (4294967295) must be <= 65535"
     );
 }
 
@@ -1668,7 +1665,7 @@ fn a_newer_snapshot_is_validated_whole_before_anything_changes() {
     );
     assert_eq!(
         err.to_string(),
-        "limits.max_concurrent (4194304) must be <= 4194303"
+        "limits.max_concurrent (65536) must be <= 65535"
     );
 
     // Too many slots and a missing budget: max_concurrent is reported first.

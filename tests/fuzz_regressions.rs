@@ -169,14 +169,15 @@ mod finding_1_float_extras {
 /// in 5 allocations, all made when the crate's timer thread was spawned (`src/timer.rs`: the
 /// spawn closure, the thread's handle and name, and glibc's thread-exit list entry).
 ///
-/// The timer thread is the crate's documented design: one process-wide thread, started on first
-/// use and never joined, so what it owns lives until the process ends. The report came after
-/// the last input, blamed no input (the artifact is empty) and did not come back when the same
-/// corpus was replayed; no disagreement with the model was found. The fuzz runs suppress exactly
-/// these allocations (`fuzz/lsan.supp`). That is only sound while the thread really is one per
+/// The timer threads are the crate's documented design: one process-wide clock thread and one
+/// waker thread (more only while a waker blocks), started on first use and never joined, so
+/// what they own lives until the process ends. The report came after the last input, blamed no
+/// input (the artifact is empty) and did not come back when the same corpus was replayed; no
+/// disagreement with the model was found. The fuzz runs suppress exactly these allocations
+/// (`fuzz/lsan.supp`). That is only sound while the threads really are a fixed few per
 /// process: a thread (and its allocations) per bulkhead or per wait would be a real leak. That
-/// is what this pins, together with the thread still firing timeouts after many bulkheads came
-/// and went.
+/// is what this pins, together with the threads still firing timeouts after many bulkheads
+/// came and went.
 #[cfg(target_os = "linux")]
 mod finding_2_one_timer_thread {
     use std::future::Future;
@@ -186,28 +187,34 @@ mod finding_2_one_timer_thread {
 
     use async_bulkhead_llm::{AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
 
-    /// Threads of this process named as the timer thread (as `/proc` truncates the name).
-    fn named_timer_threads() -> usize {
+    /// Threads of this process with this name.
+    fn named(name: &str) -> usize {
         std::fs::read_dir("/proc/self/task")
             .expect("/proc/self/task lists this process's threads")
             .filter(|task| {
                 let comm = task.as_ref().expect("a task entry").path().join("comm");
-                std::fs::read_to_string(comm).is_ok_and(|name| name.trim_end() == "async-bulkhead-")
+                std::fs::read_to_string(comm).is_ok_and(|comm| comm.trim_end() == name)
             })
             .count()
     }
 
-    /// The number of timer threads, once a just-spawned one has named itself (a new thread sets
-    /// its own name as it starts, so it may still carry its parent's for a moment).
+    /// The number of timer clock threads, once a just-spawned one has named itself (a new
+    /// thread sets its own name as it starts, so it may still carry its parent's for a moment).
     fn timer_threads() -> usize {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let count = named_timer_threads();
+            let count = named("abl-timer-clock");
             if count > 0 || Instant::now() > deadline {
                 return count;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Waker threads: one once a timeout has fired (no waker of this test blocks, so the
+    /// clock never needs a second).
+    fn waker_threads() -> usize {
+        named("abl-timer-waker")
     }
 
     #[test]
@@ -241,8 +248,10 @@ mod finding_2_one_timer_thread {
             }
             assert!(started.elapsed() >= Duration::from_millis(20));
             assert_eq!(timer_threads(), 1, "round {round}: timer threads");
+            assert_eq!(waker_threads(), 1, "round {round}: waker threads");
             assert!(matches!(first.as_mut().poll(&mut cx), Poll::Pending));
         }
         assert_eq!(timer_threads(), 1, "timer threads at the end");
+        assert_eq!(waker_threads(), 1, "waker threads at the end");
     }
 }

@@ -490,3 +490,66 @@ fn an_undone_commit_hands_its_slot_to_a_call_that_queued_behind_it() {
         "no interleaving had the undo hand its slot to the queue"
     );
 }
+
+/// A waker that calls back into `apply_limits` when it is woken (as a waker that polls its task
+/// inline does when the task's admit listener pushes new limits), then records the wake-up.
+struct ReconfiguresOnWake {
+    bulkhead: loom::sync::Mutex<Option<LlmBulkhead>>,
+    woken: AtomicBool,
+}
+
+impl std::task::Wake for ReconfiguresOnWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        // Taken out, so the bulkhead (which holds this waker) is not kept alive by a cycle.
+        if let Some(bulkhead) = self.bulkhead.lock().unwrap().take() {
+            let next = Limits::new(5, 2).with_max_queue(1);
+            assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+        }
+        self.woken.store(true, Release);
+    }
+}
+
+/// Raised limits (or a release racing them) hand the slot to a waiter whose waker calls
+/// `apply_limits` at once. `apply_limits` hands off under its writer lock but wakes only after
+/// releasing it (issue #11): woken under the lock, the waker would lock it again, which loom
+/// reports as a deadlock. The waiter is served exactly once, and the waker's own change is
+/// the one in force at the end.
+#[test]
+fn a_waker_may_apply_limits_when_raised_limits_hand_it_a_slot() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build().unwrap();
+        let held = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+            .unwrap();
+        let waker = std::sync::Arc::new(ReconfiguresOnWake {
+            bulkhead: loom::sync::Mutex::new(Some(bulkhead.clone())),
+            woken: AtomicBool::new(false),
+        });
+        let mut future = bulkhead.acquire_owned(&LlmRequest::new(), AcquireOptions::new());
+        assert!(poll(&mut future, &std::task::Waker::from(waker.clone())).is_pending());
+
+        let reconfigurer = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                // Stale if the waker's own change (revision 5) came first.
+                bulkhead
+                    .apply_limits(Limits::new(1, 2).with_max_queue(1))
+                    .unwrap();
+            })
+        };
+        drop(held); // a release racing the raised limits for the same waiter
+        reconfigurer.join().unwrap();
+
+        assert!(
+            waker.woken.load(Acquire),
+            "the served waiter was never woken"
+        );
+        let permit = match poll(&mut future, std::task::Waker::noop()) {
+            Poll::Ready(result) => result.expect("served"),
+            Poll::Pending => panic!("a woken waiter was left in the queue"),
+        };
+        assert_eq!(bulkhead.limits().revision, 5);
+        drop(permit);
+        assert_idle(&bulkhead);
+    });
+}

@@ -413,9 +413,6 @@ enum WaiterState {
 struct ModelWaiter {
     key: u64,
     ask: Ask,
-    /// Whether its decision is timed (someone listened when it started), so its outcome is
-    /// announced as an event.
-    timed: bool,
     state: WaiterState,
 }
 
@@ -820,19 +817,21 @@ impl Model {
         }
     }
 
-    /// Emits a reject event if the decision was timed and someone listens now.
-    fn announce_reject(&mut self, refused: Refused, timed: bool) {
-        if timed && self.listening {
+    /// Emits a reject event if someone listens now (upstream §11.2: every outcome reaches the
+    /// listeners registered when it is announced, including an outcome of a call that waited
+    /// in the queue since before they subscribed).
+    fn announce_reject(&mut self, refused: Refused) {
+        if self.listening {
             self.events.push(Observed::Reject(refused));
         }
     }
 
     /// Counts an admission (upstream §3.2 G: `admitted++`; §4.1: `totalReserved += r`) and
     /// builds its permit: it holds its reservation (upstream §4.1).
-    fn admit(&mut self, ask: Ask, revision: u64, timed: bool) -> ModelPermit {
+    fn admit(&mut self, ask: Ask, revision: u64) -> ModelPermit {
         self.admitted += 1;
         self.reserved += u128::from(ask.reserved());
-        if timed && self.listening {
+        if self.listening {
             self.events.push(Observed::Admit {
                 revision,
                 reserved: ask.reserved(),
@@ -868,15 +867,14 @@ impl Model {
 
     /// `try_acquire`: admits now or refuses now, never waits.
     fn try_acquire(&mut self, ask: Ask) -> Result<ModelPermit, Refused> {
-        let timed = self.listening;
         match self.judge_newcomer(ask) {
             Ok(()) => {
                 self.take(ask.reserved());
-                Ok(self.admit(ask, self.limits.revision, timed))
+                Ok(self.admit(ask, self.limits.revision))
             }
             Err(refusal) => {
                 let refused = self.refuse(Model::reason_of(refusal, Reason::ConcurrencyLimit), ask);
-                self.announce_reject(refused, timed);
+                self.announce_reject(refused);
                 self.note_refusal(refused.reason);
                 Err(refused)
             }
@@ -885,11 +883,10 @@ impl Model {
 
     /// An `acquire` at its first poll (upstream §3.2 with Q1 and Q7, §2.1).
     fn acquire(&mut self, ask: Ask, zero_timeout: bool) -> Started {
-        let timed = self.listening;
         let reason = match self.judge_newcomer(ask) {
             Ok(()) => {
                 self.take(ask.reserved());
-                return Started::Admitted(self.admit(ask, self.limits.revision, timed));
+                return Started::Admitted(self.admit(ask, self.limits.revision));
             }
             Err(Refusal::NoSlot) => match self.queue_verdict() {
                 Ok(()) => {
@@ -901,7 +898,6 @@ impl Model {
                         self.waiters.push(ModelWaiter {
                             key,
                             ask,
-                            timed,
                             state: WaiterState::Queued,
                         });
                         return Started::Queued(key);
@@ -917,7 +913,7 @@ impl Model {
             Err(refusal) => Model::reason_of(refusal, Reason::ConcurrencyLimit),
         };
         let refused = self.refuse(reason, ask);
-        self.announce_reject(refused, timed);
+        self.announce_reject(refused);
         self.note_refusal(reason);
         Started::Refused(refused)
     }
@@ -993,11 +989,11 @@ impl Model {
                 if self.closed {
                     self.note("hand-off picked up after close");
                 }
-                Poll::Ready(Ok(self.admit(waiter.ask, revision, waiter.timed)))
+                Poll::Ready(Ok(self.admit(waiter.ask, revision)))
             }
             WaiterState::Refused(refused) => {
                 self.remove_waiter(key);
-                self.announce_reject(refused, waiter.timed);
+                self.announce_reject(refused);
                 self.note_refusal(refused.reason);
                 Poll::Ready(Err(refused))
             }
@@ -1027,7 +1023,7 @@ impl Model {
                 refused
             }
         };
-        self.announce_reject(refused, waiter.timed);
+        self.announce_reject(refused);
     }
 
     /// `report_usage` / `report_usage_progressive` (upstream §4.3; Q4 booking). Checks
@@ -1283,8 +1279,13 @@ impl Model {
             return false;
         }
         self.closed = true;
-        while let Some(&key) = self.queue.front() {
+        // Upstream §15.1: every waiter is refused, and each refusal's detail is the state after
+        // the close emptied the queue (`pending: 0` for all of them).
+        let refused: Vec<u64> = self.queue.iter().copied().collect();
+        for &key in &refused {
             self.leave_queue(key);
+        }
+        for key in refused {
             let ask = self.waiter_mut(key).ask;
             let refused = self.refuse(Reason::Shutdown, ask);
             self.waiter_mut(key).state = WaiterState::Refused(refused);
