@@ -270,7 +270,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         gauges.max_pending.load(Ordering::Relaxed),
     );
     println!("  rejected             {:>9}", stats.rejected);
-    for reason in RejectReason::ALL {
+    for &reason in RejectReason::ALL {
         if by.get(reason) > 0 {
             println!("    {:<18} {:>9}", reason.as_str(), by.get(reason));
         }

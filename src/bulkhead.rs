@@ -545,7 +545,7 @@ impl LlmBulkhead {
     /// let count = refused.clone();
     /// let _subscription = bulkhead.on_events([EventKind::Reject], move |event| {
     ///     if let Event::Reject(e) = event {
-    ///         assert_eq!(e.queue_wait, Some(std::time::Duration::ZERO));
+    ///         assert_eq!(e.queue_wait, std::time::Duration::ZERO);
     ///         count.fetch_add(1, Ordering::Relaxed);
     ///     }
     /// });
@@ -668,7 +668,7 @@ impl Inner {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<Call, RequestError> {
-        let priority = options.get_priority();
+        let priority = options.priority;
         if !self.has_budget {
             // No budget: nothing is estimated and an override is ignored.
             return Ok(Call {
@@ -680,7 +680,7 @@ impl Inner {
                 memo: None,
             });
         }
-        let (reservation, memo) = match options.get_reservation() {
+        let (reservation, memo) = match options.reservation {
             Some(r) => (r, None),
             None => {
                 let estimate = self.estimator.estimate(request)?;
@@ -699,7 +699,7 @@ impl Inner {
 
     /// The queue timeout of a call: its own, else the bulkhead's default.
     pub(crate) fn timeout(&self, options: AcquireOptions) -> Option<Duration> {
-        options.get_timeout().or(self.default_timeout)
+        options.timeout.or(self.default_timeout)
     }
 
     /// Runs one decision against the current state and the limits in force, linearizably

@@ -20,16 +20,20 @@ use crate::reservation::DEFAULT_OUTPUT_CAP;
 /// use async_bulkhead_llm::TokenBudget;
 ///
 /// let budget = TokenBudget::new(200_000).output_cap(4096).high_priority_reserve(40_000);
-/// assert_eq!(budget.get_budget(), 200_000);
-/// assert_eq!(budget.get_output_cap(), 4096);
-/// assert_eq!(budget.get_high_priority_reserve(), 40_000);
-/// assert_eq!(TokenBudget::new(1).get_output_cap(), 2048);
+/// assert_eq!(budget.budget, 200_000);
+/// assert_eq!(budget.output_cap, 4096);
+/// assert_eq!(budget.high_priority_reserve, 40_000);
+/// assert_eq!(TokenBudget::new(1).output_cap, 2048);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct TokenBudget {
-    budget: u64,
-    output_cap: u64,
-    high_priority_reserve: u64,
+    /// Tokens reserved by calls in flight at once, at most.
+    pub budget: u64,
+    /// Output tokens the default estimator reserves for a request without `max_tokens`.
+    pub output_cap: u64,
+    /// Tokens of the budget only high-priority calls may use (at most the budget).
+    pub high_priority_reserve: u64,
 }
 
 impl TokenBudget {
@@ -39,7 +43,7 @@ impl TokenBudget {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(0).get_budget(), 0);
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(0).budget, 0);
     /// ```
     pub const fn new(budget: u64) -> TokenBudget {
         TokenBudget {
@@ -54,7 +58,7 @@ impl TokenBudget {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(10).output_cap(0).get_output_cap(), 0);
+    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(10).output_cap(0).output_cap, 0);
     /// ```
     pub const fn output_cap(mut self, output_cap: u64) -> TokenBudget {
         self.output_cap = output_cap;
@@ -67,44 +71,11 @@ impl TokenBudget {
     ///
     /// ```
     /// let b = async_bulkhead_llm::TokenBudget::new(10).high_priority_reserve(4);
-    /// assert_eq!(b.get_high_priority_reserve(), 4);
+    /// assert_eq!(b.high_priority_reserve, 4);
     /// ```
     pub const fn high_priority_reserve(mut self, reserve: u64) -> TokenBudget {
         self.high_priority_reserve = reserve;
         self
-    }
-
-    /// The budget.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(7).get_budget(), 7);
-    /// ```
-    pub const fn get_budget(&self) -> u64 {
-        self.budget
-    }
-
-    /// The output cap.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(7).get_output_cap(), 2048);
-    /// ```
-    pub const fn get_output_cap(&self) -> u64 {
-        self.output_cap
-    }
-
-    /// The high-priority reserve.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(async_bulkhead_llm::TokenBudget::new(7).get_high_priority_reserve(), 0);
-    /// ```
-    pub const fn get_high_priority_reserve(&self) -> u64 {
-        self.high_priority_reserve
     }
 }
 

@@ -37,7 +37,7 @@ use crate::admission_id::AdmissionId;
 use crate::limits::Limits;
 use crate::options::Priority;
 use crate::rejection::{CapacityDetail, RejectReason};
-use crate::reservation::{Reservation, TokenUsage};
+use crate::reservation::TokenUsage;
 use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
 use crate::usage::Progressive;
 
@@ -48,7 +48,7 @@ use crate::usage::Progressive;
 /// ```
 /// use async_bulkhead_llm::EventKind;
 ///
-/// assert_eq!(EventKind::ALL.len(), 10);
+/// assert_eq!(EventKind::ALL.len(), 5);
 /// assert_eq!(EventKind::Admit.as_str(), "admit");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,40 +64,27 @@ pub enum EventKind {
     Release,
     /// New limits were applied.
     Reconfigure,
-    /// An observe-mode call ran without admission (emitted once observe mode lands).
-    Bypass,
-    /// A bypassed call reported usage (emitted once observe mode lands).
-    BypassUsage,
-    /// A bypassed call finished (emitted once observe mode lands).
-    BypassRelease,
-    /// A call joined an identical call in flight (emitted once deduplication lands).
-    Dedup,
-    /// An admission gave back a borrowed slot before settling (emitted once admission classes
-    /// land).
-    BorrowedConcurrencyAbandon,
 }
 
 impl EventKind {
-    /// Every kind, in declaration order.
-    pub const ALL: [EventKind; 10] = [
+    /// Every kind, in declaration order. A slice, so that adding a kind (the enum is
+    /// `#[non_exhaustive]`) changes no type.
+    pub const ALL: &'static [EventKind] = &[
         EventKind::Admit,
         EventKind::Reject,
         EventKind::Usage,
         EventKind::Release,
         EventKind::Reconfigure,
-        EventKind::Bypass,
-        EventKind::BypassUsage,
-        EventKind::BypassRelease,
-        EventKind::Dedup,
-        EventKind::BorrowedConcurrencyAbandon,
     ];
 
-    /// The kind's name, as the JavaScript original spells it.
+    /// The kind's wire name, in snake_case like every name the crate prints
+    /// ([`RejectReason::as_str`](crate::RejectReason::as_str), the serialized fields of
+    /// [`Stats`](crate::Stats) and [`Limits`](crate::Limits)).
     ///
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::EventKind::BypassUsage.as_str(), "bypassUsage");
+    /// assert_eq!(async_bulkhead_llm::EventKind::Reconfigure.as_str(), "reconfigure");
     /// ```
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -106,11 +93,6 @@ impl EventKind {
             EventKind::Usage => "usage",
             EventKind::Release => "release",
             EventKind::Reconfigure => "reconfigure",
-            EventKind::Bypass => "bypass",
-            EventKind::BypassUsage => "bypassUsage",
-            EventKind::BypassRelease => "bypassRelease",
-            EventKind::Dedup => "dedup",
-            EventKind::BorrowedConcurrencyAbandon => "borrowedConcurrencyAbandon",
         }
     }
 
@@ -153,16 +135,6 @@ pub enum Event<'a> {
     Release(&'a ReleaseEvent),
     /// See [`ReconfigureEvent`].
     Reconfigure(&'a ReconfigureEvent),
-    /// See [`BypassEvent`].
-    Bypass(&'a BypassEvent),
-    /// See [`BypassUsageEvent`].
-    BypassUsage(&'a BypassUsageEvent),
-    /// See [`BypassReleaseEvent`].
-    BypassRelease(&'a BypassReleaseEvent),
-    /// See [`DedupEvent`].
-    Dedup(&'a DedupEvent),
-    /// See [`BorrowedConcurrencyAbandonEvent`].
-    BorrowedConcurrencyAbandon(&'a BorrowedConcurrencyAbandonEvent),
 }
 
 impl Event<'_> {
@@ -189,11 +161,6 @@ impl Event<'_> {
             Event::Usage(_) => EventKind::Usage,
             Event::Release(_) => EventKind::Release,
             Event::Reconfigure(_) => EventKind::Reconfigure,
-            Event::Bypass(_) => EventKind::Bypass,
-            Event::BypassUsage(_) => EventKind::BypassUsage,
-            Event::BypassRelease(_) => EventKind::BypassRelease,
-            Event::Dedup(_) => EventKind::Dedup,
-            Event::BorrowedConcurrencyAbandon(_) => EventKind::BorrowedConcurrencyAbandon,
         }
     }
 }
@@ -227,11 +194,12 @@ pub struct RejectEvent {
     /// Revision of the limits in force at the decision.
     pub limit_revision: u64,
     /// The capacity snapshot of the decision.
-    pub detail: Option<CapacityDetail>,
-    /// Time spent deciding, queue wait excluded.
-    pub decision_duration: Option<Duration>,
+    pub detail: CapacityDetail,
+    /// Time spent deciding, queue wait excluded. For a call that waited and that nobody timed
+    /// when it arrived (no listener then), only the part after the wait.
+    pub decision_duration: Duration,
     /// Time spent waiting in the queue (zero for a refusal decided before any wait).
-    pub queue_wait: Option<Duration>,
+    pub queue_wait: Duration,
 }
 
 /// An admission reported usage that changed its cumulative usage or its hold.
@@ -296,112 +264,6 @@ pub struct ReconfigureEvent {
     pub previous: Limits,
     /// The limits now in force.
     pub current: Limits,
-}
-
-/// An observe-mode call ran without taking capacity (observe mode is a later feature).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BypassEvent {
-    /// The bypassed execution's id.
-    pub admission_id: AdmissionId,
-    /// Revision of the limits in force.
-    pub limit_revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// What enforcement would have refused it for.
-    pub reason: RejectReason,
-    /// The capacity snapshot behind that verdict.
-    pub detail: Option<CapacityDetail>,
-    /// The reservation it would have made.
-    pub reservation: Option<Reservation>,
-    /// Whether the call was admissible in advance but lost a race for capacity.
-    pub raced: bool,
-}
-
-/// A bypassed call reported usage (observe mode is a later feature).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BypassUsageEvent {
-    /// The bypassed execution's id.
-    pub admission_id: AdmissionId,
-    /// Revision of the limits in force at the bypass.
-    pub limit_revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// Why it was bypassed.
-    pub reason: RejectReason,
-    /// 1 for the first effective report, then +1 for each.
-    pub sequence: u64,
-    /// The reservation it would have made.
-    pub reservation: Option<Reservation>,
-    /// The cumulative usage.
-    pub usage: TokenUsage,
-    /// The would-be reservation's maximum output.
-    pub output_cap: Option<u64>,
-    /// `output_cap - usage.output`, at least 0.
-    pub output_remaining: Option<u64>,
-    /// Whether the usage exceeds the would-be reservation.
-    pub over_reservation: bool,
-    /// The progressive reconciliation of this report, if it was one.
-    pub progressive: Option<Progressive>,
-}
-
-/// A bypassed call finished (observe mode is a later feature).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BypassReleaseEvent {
-    /// The bypassed execution's id.
-    pub admission_id: AdmissionId,
-    /// Revision of the limits in force at the bypass.
-    pub limit_revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// Why it was bypassed.
-    pub reason: RejectReason,
-    /// The reservation it would have made.
-    pub reservation: Option<Reservation>,
-    /// Number of effective usage reports.
-    pub usage_sequence: u64,
-    /// Its final usage, if known.
-    pub usage: Option<TokenUsage>,
-}
-
-/// A call joined an identical call in flight instead of running (deduplication is a later
-/// feature).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DedupEvent {
-    /// The follower's admission class (`None` without admission classes).
-    pub admission_class: Option<String>,
-}
-
-/// Why a borrowed slot was given back before settling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum AbandonCause {
-    /// The caller gave it back.
-    Manual,
-    /// Its borrowed-slot deadline expired.
-    Deadline,
-}
-
-/// An admission gave back a borrowed slot before settling; its tokens stay held until release
-/// (admission classes are a later feature).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BorrowedConcurrencyAbandonEvent {
-    /// The admission's id.
-    pub admission_id: AdmissionId,
-    /// Revision of the limits that admitted it.
-    pub limit_revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// Why the slot was given back.
-    pub cause: AbandonCause,
-    /// Tokens still held.
-    pub held_tokens: u64,
-    /// Tokens it borrowed from the shared pool at admission.
-    pub borrowed_tokens: u64,
 }
 
 type Listener = Box<dyn Fn(&Event<'_>) + Send + Sync>;
@@ -695,9 +557,9 @@ impl crate::bulkhead::Inner {
         let event = RejectEvent {
             reason: rejection.reason(),
             limit_revision: rejection.limit_revision(),
-            detail: Some(*rejection.detail()),
-            decision_duration: Some(decision_duration),
-            queue_wait: Some(queue_wait),
+            detail: *rejection.detail(),
+            decision_duration,
+            queue_wait,
         };
         self.listeners.emit(&Event::Reject(&event));
     }

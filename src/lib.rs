@@ -210,9 +210,8 @@ pub use estimate::{
     ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
 };
 pub use events::{
-    AbandonCause, AdmitEvent, BorrowedConcurrencyAbandonEvent, BypassEvent, BypassReleaseEvent,
-    BypassUsageEvent, DedupEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent,
-    Subscription, UsageEvent,
+    AdmitEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent, Subscription,
+    UsageEvent,
 };
 pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
 pub use options::{AcquireOptions, Priority};

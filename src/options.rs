@@ -53,15 +53,19 @@ impl Priority {
 /// let options = AcquireOptions::new()
 ///     .priority(Priority::High)
 ///     .reservation(Reservation::new(120, 512)?);
-/// assert_eq!(options.get_priority(), Priority::High);
-/// assert_eq!(options.get_reservation().map(|r| r.reserved()), Some(632));
+/// assert_eq!(options.priority, Priority::High);
+/// assert_eq!(options.reservation.map(|r| r.reserved()), Some(632));
 /// # Ok::<(), async_bulkhead_llm::RequestError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AcquireOptions {
-    priority: Priority,
-    reservation: Option<Reservation>,
-    timeout: Option<Duration>,
+    /// The call's priority (default [`Priority::Normal`]).
+    pub priority: Priority,
+    /// A reservation to use instead of the estimator's (default: none, estimate).
+    pub reservation: Option<Reservation>,
+    /// The queue timeout of this call (default: none, the bulkhead's).
+    pub timeout: Option<Duration>,
 }
 
 impl AcquireOptions {
@@ -71,7 +75,7 @@ impl AcquireOptions {
     ///
     /// ```
     /// let options = async_bulkhead_llm::AcquireOptions::new();
-    /// assert!(options.get_reservation().is_none());
+    /// assert!(options.reservation.is_none());
     /// ```
     pub const fn new() -> AcquireOptions {
         AcquireOptions {
@@ -88,7 +92,7 @@ impl AcquireOptions {
     /// ```
     /// use async_bulkhead_llm::{AcquireOptions, Priority};
     ///
-    /// assert_eq!(AcquireOptions::new().priority(Priority::High).get_priority(), Priority::High);
+    /// assert_eq!(AcquireOptions::new().priority(Priority::High).priority, Priority::High);
     /// ```
     pub const fn priority(mut self, priority: Priority) -> AcquireOptions {
         self.priority = priority;
@@ -104,7 +108,7 @@ impl AcquireOptions {
     /// use async_bulkhead_llm::{AcquireOptions, Reservation};
     ///
     /// let r = Reservation::new(1, 2)?;
-    /// assert_eq!(AcquireOptions::new().reservation(r).get_reservation(), Some(r));
+    /// assert_eq!(AcquireOptions::new().reservation(r).reservation, Some(r));
     /// # Ok::<(), async_bulkhead_llm::RequestError>(())
     /// ```
     pub const fn reservation(mut self, reservation: Reservation) -> AcquireOptions {
@@ -123,46 +127,11 @@ impl AcquireOptions {
     /// use async_bulkhead_llm::AcquireOptions;
     ///
     /// let options = AcquireOptions::new().timeout(Duration::from_secs(5));
-    /// assert_eq!(options.get_timeout(), Some(Duration::from_secs(5)));
+    /// assert_eq!(options.timeout, Some(Duration::from_secs(5)));
     /// ```
     pub const fn timeout(mut self, timeout: Duration) -> AcquireOptions {
         self.timeout = Some(timeout);
         self
-    }
-
-    /// The queue timeout set for this call, if any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(async_bulkhead_llm::AcquireOptions::new().get_timeout(), None);
-    /// ```
-    pub const fn get_timeout(&self) -> Option<Duration> {
-        self.timeout
-    }
-
-    /// The priority set.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, Priority};
-    ///
-    /// assert_eq!(AcquireOptions::new().get_priority(), Priority::Normal);
-    /// ```
-    pub const fn get_priority(&self) -> Priority {
-        self.priority
-    }
-
-    /// The reservation override, if any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert!(async_bulkhead_llm::AcquireOptions::new().get_reservation().is_none());
-    /// ```
-    pub const fn get_reservation(&self) -> Option<Reservation> {
-        self.reservation
     }
 }
 

@@ -31,8 +31,9 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    /// Every reason, in declaration order.
-    pub const ALL: [RejectReason; 6] = [
+    /// Every reason, in declaration order. A slice, so that adding a reason (the enum is
+    /// `#[non_exhaustive]`) changes no type.
+    pub const ALL: &'static [RejectReason] = &[
         RejectReason::Shutdown,
         RejectReason::ConcurrencyLimit,
         RejectReason::BudgetLimit,

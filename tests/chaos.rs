@@ -688,7 +688,7 @@ impl Shared {
             seen + load(&tally.vanished),
             "refusals: seen + cancelled after their first poll ({by:?})"
         );
-        for reason in RejectReason::ALL {
+        for &reason in RejectReason::ALL {
             assert!(
                 by.get(reason) >= tally.seen(reason),
                 "{reason}: {} counted, {} seen",
@@ -751,7 +751,7 @@ impl Shared {
                 load(&tally.limit_changes),
                 "reconfigure events"
             );
-            for reason in RejectReason::ALL {
+            for &reason in RejectReason::ALL {
                 assert_eq!(
                     load(&heard.rejects[reason_index(reason)]),
                     by.get(reason),

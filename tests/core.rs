@@ -358,8 +358,8 @@ fn builder_defaults_are_revision_zero_no_queue_no_budget() {
     assert_eq!(bulkhead.limits().max_queue, 0);
     assert!(bulkhead.limits().token_budget.is_none());
     assert_eq!(DEFAULT_OUTPUT_CAP, 2048);
-    assert_eq!(TokenBudget::new(5).get_output_cap(), 2048);
-    assert_eq!(TokenBudget::new(5).get_high_priority_reserve(), 0);
+    assert_eq!(TokenBudget::new(5).output_cap, 2048);
+    assert_eq!(TokenBudget::new(5).high_priority_reserve, 0);
 }
 
 #[test]
@@ -703,7 +703,7 @@ fn high_priority_reserve_follows_the_upstream_example() {
 
     // Priority through `From<Priority>` works the same way.
     let options: AcquireOptions = Priority::High.into();
-    assert_eq!(options.get_priority(), Priority::High);
+    assert_eq!(options.priority, Priority::High);
     let third = bulkhead
         .try_acquire(&req().max_tokens(200), options)
         .unwrap();
@@ -2420,7 +2420,7 @@ fn stats_after_a_scripted_sequence() {
     assert_eq!(stats.rejected, 4);
     assert_eq!(counts(&stats.rejected_by_reason), [2, 1, 1, 0, 0, 0]);
     assert_eq!(stats.rejected_by_reason.total(), 4);
-    for (reason, expected) in RejectReason::ALL.into_iter().zip([2, 1, 1, 0, 0, 0]) {
+    for (reason, expected) in RejectReason::ALL.iter().copied().zip([2, 1, 1, 0, 0, 0]) {
         assert_eq!(stats.rejected_by_reason.get(reason), expected, "{reason}");
     }
     let t = stats.token_budget.unwrap();
@@ -2641,7 +2641,7 @@ fn reject_reason_wire_names() {
             "aborted"
         ]
     );
-    for reason in RejectReason::ALL {
+    for &reason in RejectReason::ALL {
         assert_eq!(reason.to_string(), reason.as_str());
     }
     assert_eq!(Priority::Normal.as_str(), "normal");

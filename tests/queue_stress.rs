@@ -199,7 +199,7 @@ async fn scenario(
     // exactly the callers that gave up.
     let abandoned = tally.abandoned.load(Ordering::Relaxed);
     let mut unseen = 0;
-    for reason in RejectReason::ALL {
+    for &reason in RejectReason::ALL {
         let seen = tally.refused_count(reason);
         assert!(
             by.get(reason) >= seen,

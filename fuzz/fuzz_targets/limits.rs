@@ -254,17 +254,17 @@ fn run(input: Input) {
             value: initial_revision,
             max: MAX_REVISION,
         })
-    } else if let Some(tb) = budget.filter(|tb| tb.get_budget() > MAX_BUDGET) {
+    } else if let Some(tb) = budget.filter(|tb| tb.budget > MAX_BUDGET) {
         Some(ConfigError::BudgetTooLarge {
-            value: tb.get_budget(),
+            value: tb.budget,
             max: MAX_BUDGET,
         })
     } else {
         budget
-            .filter(|tb| tb.get_high_priority_reserve() > tb.get_budget())
+            .filter(|tb| tb.high_priority_reserve > tb.budget)
             .map(|tb| ConfigError::ReserveExceedsBudget {
-                reserve: tb.get_high_priority_reserve(),
-                budget: tb.get_budget(),
+                reserve: tb.high_priority_reserve,
+                budget: tb.budget,
             })
     };
     let profile = profile.unwrap_or_default();
@@ -280,7 +280,7 @@ fn run(input: Input) {
     let mut limits = Limits::new(initial_revision, max_concurrent)
         .with_max_queue(max_queue.unwrap_or(profile.max_queue()));
     if let Some(tb) = budget {
-        limits = limits.with_token_budget(tb.get_budget(), tb.get_high_priority_reserve());
+        limits = limits.with_token_budget(tb.budget, tb.high_priority_reserve);
     }
     assert_eq!(bulkhead.limits(), limits, "initial limits");
     assert_eq!(
@@ -289,7 +289,7 @@ fn run(input: Input) {
     );
     assert_eq!(bulkhead.model(), model);
 
-    let mut harness = Harness::new(bulkhead, limits, budget.map(|b| b.get_output_cap()));
+    let mut harness = Harness::new(bulkhead, limits, budget.map(|b| b.output_cap));
     for step in input.steps.iter().take(64) {
         harness.step(*step);
         harness.check();
@@ -567,7 +567,7 @@ impl Harness {
         if self.held.len() >= MAX_HELD {
             return false;
         }
-        let priority = options.get_priority();
+        let priority = options.priority;
         let predicted = self.predict(tokens, priority);
         // The advisory check agrees and counts nothing.
         let verdict = self
@@ -680,7 +680,7 @@ impl Harness {
         assert_eq!(stats.pending, 0);
         assert_eq!(stats.admitted, self.admitted);
         assert_eq!(stats.released, self.released);
-        for reason in RejectReason::ALL {
+        for &reason in RejectReason::ALL {
             assert_eq!(
                 stats.rejected_by_reason.get(reason),
                 self.rejected[reason_index(reason)],

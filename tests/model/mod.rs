@@ -1576,7 +1576,7 @@ fn usage_of(usage: Option<TokenUsage>) -> Option<(u64, u64)> {
 }
 
 fn stats_of(s: &Stats) -> ModelStats {
-    let by_reason = RejectReason::ALL.map(|r| s.rejected_by_reason.get(r));
+    let by_reason = core::array::from_fn(|i| s.rejected_by_reason.get(RejectReason::ALL[i]));
     ModelStats {
         limits: limits_of(&s.limits),
         closed: s.closed,
@@ -1609,12 +1609,9 @@ fn observe(event: &Event<'_>) -> Observed {
         },
         Event::Reject(e) => Observed::Reject(Refused {
             reason: reason_of(e.reason),
-            detail: match &e.detail {
-                Some(detail) => {
-                    assert_eq!(e.limit_revision, detail.limit_revision);
-                    detail_of(detail)
-                }
-                None => panic!("a reject event without its capacity detail: {e:?}"),
+            detail: {
+                assert_eq!(e.limit_revision, e.detail.limit_revision);
+                detail_of(&e.detail)
             },
         }),
         Event::Usage(e) => Observed::Usage {
@@ -1671,7 +1668,13 @@ fn prepare(call: &Call) -> Result<(LlmRequest, AcquireOptions), RequestError> {
 impl<'b> Driver<'b> {
     fn new(bulkhead: &'b LlmBulkhead, limits: ModelLimits, config: Config) -> Driver<'b> {
         // The model counts refusals by `reason as usize`, in the crate's order.
-        assert_eq!(RejectReason::ALL.map(reason_of), REASONS);
+        assert_eq!(
+            RejectReason::ALL
+                .iter()
+                .map(|&r| reason_of(r))
+                .collect::<Vec<_>>(),
+            REASONS
+        );
         Driver {
             bulkhead,
             model: Model::new(limits),
