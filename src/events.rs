@@ -34,12 +34,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::admission_id::AdmissionId;
-use crate::limits::Limits;
-use crate::options::Priority;
+use crate::engine::limits::Limits;
+use crate::priority::Priority;
 use crate::rejection::{CapacityDetail, RejectReason};
-use crate::reservation::TokenUsage;
+use crate::reservation::{Progressive, TokenUsage};
 use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
-use crate::usage::Progressive;
 
 /// The kinds of events, to subscribe to some of them.
 ///
@@ -466,6 +465,15 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
+    /// A decision that starts now.
+    #[inline]
+    pub(crate) fn start() -> Timing {
+        Timing {
+            started: std::time::Instant::now(),
+            queued_at: None,
+        }
+    }
+
     /// A decision nobody timed when it started, which joined the queue at `at`: its decision
     /// time counts from there (the part before is unknown), its queue wait is exact.
     pub(crate) fn from_queue(at: std::time::Instant) -> Timing {
@@ -485,7 +493,7 @@ impl Timing {
 
     /// `(decision, queue_wait)` for a decision that ends now, picked up from the queue at
     /// `picked_at` if it waited.
-    fn durations(self, picked_at: std::time::Instant) -> (Duration, Duration) {
+    pub(crate) fn durations(self, picked_at: std::time::Instant) -> (Duration, Duration) {
         let now = std::time::Instant::now();
         match self.queued_at {
             None => (now - self.started, Duration::ZERO),
@@ -498,77 +506,5 @@ impl Timing {
     }
 }
 
+/// The kinds whose events carry decision timing.
 pub(crate) const DECISION_KINDS: u64 = EventKind::Admit.bit() | EventKind::Reject.bit();
-
-impl crate::bulkhead::Inner {
-    /// Starts timing a decision if anyone listens to its outcome.
-    #[inline]
-    pub(crate) fn timing(&self) -> Option<Timing> {
-        if self.listeners.wants_any(DECISION_KINDS) {
-            Some(Timing {
-                started: std::time::Instant::now(),
-                queued_at: None,
-            })
-        } else {
-            None
-        }
-    }
-
-    /// Emits the admit event of `grant` (no-op unless timing was started and anyone listens).
-    #[inline]
-    pub(crate) fn announce_admit(
-        &self,
-        grant: &crate::permit::Grant,
-        timing: Option<Timing>,
-        picked_at: Option<std::time::Instant>,
-    ) {
-        let Some(timing) = timing else { return };
-        if !self.listeners.wants(EventKind::Admit) {
-            return;
-        }
-        let (decision_duration, queue_wait) =
-            timing.durations(picked_at.unwrap_or_else(std::time::Instant::now));
-        let event = AdmitEvent {
-            admission_id: grant.id.id(),
-            limit_revision: grant.revision,
-            priority: grant.priority,
-            reserved_tokens: grant.held,
-            decision_duration,
-            queue_wait,
-        };
-        self.listeners.emit(&Event::Admit(&event));
-    }
-
-    /// Emits the reject event of `rejection` (no-op unless timing was started and anyone
-    /// listens).
-    #[inline]
-    pub(crate) fn announce_reject(
-        &self,
-        rejection: &crate::rejection::Rejection,
-        timing: Option<Timing>,
-        picked_at: Option<std::time::Instant>,
-    ) {
-        let Some(timing) = timing else { return };
-        if !self.listeners.wants(EventKind::Reject) {
-            return;
-        }
-        let (decision_duration, queue_wait) =
-            timing.durations(picked_at.unwrap_or_else(std::time::Instant::now));
-        let event = RejectEvent {
-            reason: rejection.reason(),
-            limit_revision: rejection.limit_revision(),
-            detail: *rejection.detail(),
-            decision_duration,
-            queue_wait,
-        };
-        self.listeners.emit(&Event::Reject(&event));
-    }
-
-    /// Emits a reconfigure event. The caller holds no lock.
-    pub(crate) fn announce_reconfigure(&self, previous: Limits, current: Limits) {
-        if self.listeners.wants(EventKind::Reconfigure) {
-            self.listeners
-                .emit(&Event::Reconfigure(&ReconfigureEvent { previous, current }));
-        }
-    }
-}

@@ -4,8 +4,8 @@
 //! calls in flight and, optionally, on tokens in flight (estimated input plus maximum output,
 //! corrected by the usage the call reports as it streams and at release), with a
 //! high-priority reserve, an optional short FIFO queue, atomic versioned limits pushed by a
-//! control plane, typed lifecycle events, and a graceful close/drain. Refusals are immediate, typed, and carry a capacity snapshot for a 429/503
-//! body.
+//! control plane, typed lifecycle events, and a graceful close/drain. Refusals are immediate,
+//! typed, and carry a capacity snapshot for a 429/503 body.
 //!
 //! - [`LlmBulkhead`]: the bulkhead; built by [`LlmBulkhead::builder`], with a queueing
 //!   [`Profile`].
@@ -13,7 +13,8 @@
 //!   (may wait in the queue), [`acquire_blocking`](LlmBulkhead::acquire_blocking), and
 //!   [`run`](LlmBulkhead::run) (acquire, call, settle).
 //! - [`Permit`] / [`OwnedPermit`]: RAII admissions; report streamed usage
-//!   ([`Permit::report_usage`], [`Progressive`]), release with usage or drop.
+//!   ([`Permit::report_usage`], [`Progressive`]), release with usage or drop. Both (and a
+//!   `run` callback's [`RunContext`]) dereference to the call's [`Admission`].
 //! - [`close`](LlmBulkhead::close), [`drain`](LlmBulkhead::drain),
 //!   [`drain_timeout`](LlmBulkhead::drain_timeout): graceful shutdown.
 //! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]).
@@ -166,63 +167,59 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![doc(test(attr(deny(warnings, rust_2018_idioms), allow(dead_code, unused_variables))))]
 
-mod acquire;
+// The plain vocabulary every layer shares (imports nothing above it).
 mod admission_id;
-mod bulkhead;
-mod config;
 mod contain;
-mod drain;
 mod error;
-mod estimate;
-mod events;
-mod fifo;
-mod limits;
-mod local;
-mod options;
-mod permit;
-mod policy;
-mod queue;
+mod priority;
 mod rejection;
-mod request;
-#[cfg(feature = "serde")]
-mod request_json;
 mod reservation;
-mod run;
-mod state;
-mod stats;
 mod sync;
-mod timer;
-mod usage;
+
+// The admission engine (imports only the vocabulary).
+mod engine;
+
+// Events and statistics over the engine.
+mod events;
+mod stats;
+
+// The LLM wing (imports everything below it).
+mod llm;
 
 /// The named futures of the crate.
 pub mod futures {
-    pub use crate::acquire::{Acquire, AcquireOwned};
-    pub use crate::drain::{Drain, DrainTimeout};
+    pub use crate::engine::drain::{Drain, DrainTimeout};
+    pub use crate::llm::acquire::{Acquire, AcquireOwned};
 }
 
 pub use admission_id::AdmissionId;
-pub use bulkhead::LlmBulkhead;
-pub use config::{LlmBulkheadBuilder, Profile, TokenBudget};
-pub use drain::DrainReport;
-pub use error::{AcquireError, ConfigError, EstimatorError, LimitsError, RequestError, UsageError};
-pub use estimate::{
-    AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
-    ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
+pub use engine::drain::DrainReport;
+pub use engine::limits::{
+    ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
 };
+pub use engine::policy::Verdict;
+pub use error::{AcquireError, ConfigError, EstimatorError, LimitsError, RequestError, UsageError};
 pub use events::{
     AdmitEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent, Subscription,
     UsageEvent,
 };
-pub use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
-pub use options::{AcquireOptions, Priority};
-pub use permit::{OwnedPermit, Permit, ReleaseReport};
-pub use policy::Verdict;
+pub use llm::admission::Admission;
+pub use llm::builder::{LlmBulkheadBuilder, Profile, TokenBudget};
+pub use llm::bulkhead::LlmBulkhead;
+pub use llm::estimate::{
+    AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
+    ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
+};
+pub use llm::options::AcquireOptions;
+pub use llm::permit::{OwnedPermit, Permit};
+pub use llm::request::{Content, ContentBlock, LlmRequest, Message};
+pub use llm::run::{RunContext, RunError};
+pub use priority::Priority;
 pub use rejection::{CapacityDetail, RejectReason, Rejection, TokenBudgetDetail};
-pub use request::{Content, ContentBlock, LlmRequest, Message};
-pub use reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
-pub use run::{RunContext, RunError};
+pub use reservation::{
+    DEFAULT_OUTPUT_CAP, Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport,
+};
 pub use stats::{RejectionCounts, Stats, TokenBudgetStats};
-pub use usage::{Progressive, UsageReport};
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
@@ -236,6 +233,7 @@ fn _assert_send_sync() {
     both::<LlmBulkhead>();
     both::<Permit<'static>>();
     both::<OwnedPermit>();
+    both::<Admission>();
     both::<Rejection>();
     both::<AcquireError>();
     both::<Stats>();

@@ -1,8 +1,10 @@
-//! Token reservations (what an admission holds) and token usage (what a call really consumed),
-//! both validated when they are built.
+//! The token vocabulary, as plain values: reservations (what an admission holds), usage (what a
+//! call really consumed), progressive reconciliations, and the reports of a usage report and of
+//! a release. Reservations and usage are validated when they are built.
 
 use core::fmt;
 
+use crate::admission_id::AdmissionId;
 use crate::error::{RequestError, UsageError};
 
 /// The default output ceiling when a request names none: 2048 tokens.
@@ -230,4 +232,117 @@ impl TokenUsage {
         // Cannot overflow: `new` checked the sum.
         self.input + self.output
     }
+}
+
+/// A progressive reconciliation: how much output the provider may still generate, from an
+/// authoritative source, plus a safety margin. Use it only once prefill is known complete.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::Progressive;
+///
+/// let p = Progressive::new(600).safety_margin(50);
+/// assert_eq!((p.remaining_output_tokens, p.safety_margin_tokens), (600, 50));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Progressive {
+    /// Output tokens the call may still generate; at most the reservation's maximum output.
+    pub remaining_output_tokens: u64,
+    /// Extra tokens kept held for safety (default 0).
+    pub safety_margin_tokens: u64,
+}
+
+impl Progressive {
+    /// `remaining_output_tokens` still to come, no safety margin.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Progressive::new(10).safety_margin_tokens, 0);
+    /// ```
+    pub const fn new(remaining_output_tokens: u64) -> Progressive {
+        Progressive {
+            remaining_output_tokens,
+            safety_margin_tokens: 0,
+        }
+    }
+
+    /// This reconciliation with a safety margin.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::Progressive::new(10).safety_margin(128).safety_margin_tokens, 128);
+    /// ```
+    pub const fn safety_margin(mut self, tokens: u64) -> Progressive {
+        self.safety_margin_tokens = tokens;
+        self
+    }
+}
+
+/// What a usage report did, as the permit sees it afterwards.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::*;
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+/// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+/// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), opts)?;
+/// let report = permit.report_usage(TokenUsage::new(20, 5)?)?;
+/// assert_eq!((report.sequence, report.reserved, report.held, report.consumed), (1, 1100, 1020, 25));
+/// assert_eq!((report.output_cap, report.output_remaining, report.over_reservation), (Some(1000), Some(995), false));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UsageReport {
+    /// The admission's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits that admitted it.
+    pub limit_revision: u64,
+    /// Effective reports so far (a stale or duplicate report does not count).
+    pub sequence: u64,
+    /// The original reservation (0 without a token budget).
+    pub reserved: u64,
+    /// The hold now (0 without a token budget).
+    pub held: u64,
+    /// Cumulative input + output reported.
+    pub consumed: u64,
+    /// The reservation's maximum output (`None` without a token budget).
+    pub output_cap: Option<u64>,
+    /// `output_cap - output`, at least 0 (`None` without a token budget).
+    pub output_remaining: Option<u64>,
+    /// Whether `consumed` exceeds the reservation (always false without a token budget).
+    pub over_reservation: bool,
+}
+
+/// What settling a permit did.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, TokenUsage};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+/// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+/// let report = bulkhead.try_acquire(&LlmRequest::new(), opts)?.release(Some(TokenUsage::new(20, 5)?));
+/// assert_eq!((report.held_tokens, report.refunded_tokens), (1100, 1075));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReleaseReport {
+    /// Tokens the admission held just before release (all returned to the budget now).
+    pub held_tokens: u64,
+    /// Part of the hold the usage did not consume: `held - usage`, or 0 when the usage reached
+    /// the hold or no usage was known.
+    pub refunded_tokens: u64,
+    /// Part of the usage above both the hold and the reservation (booked as overrun).
+    pub overrun_tokens: u64,
+    /// The usage the release was settled with.
+    pub usage: Option<TokenUsage>,
 }

@@ -1,21 +1,10 @@
-//! Statistics: the public snapshot types, and the sharded counters behind them.
-//!
-//! Live figures (slots and tokens in flight, closed) are read from the admission word itself.
-//! Cumulative counters live in per-thread shards: every thread that uses the crate holds a
-//! small *slot* number (see `crate::local`), and each bulkhead keeps one shard per slot, so a
-//! shard has exactly one writer at a time, which bumps it with a plain load and store, no locked
-//! instruction and no shared cache line. `stats()` sums the shards. Slots are reused when
-//! threads exit, and a shard keeps its counts across owners, so the number of shards stays at
-//! the number of threads that used the crate at once.
+//! Statistics: the public snapshot types ([`Stats`] and its parts), filled from one reading of
+//! the engine's figures (`crate::engine::Figures`): live figures from the admission word,
+//! cumulative counters summed from the engine's per-thread shards.
 
-use std::sync::OnceLock;
-
-use crossbeam_utils::CachePadded;
-
-use crate::admission_id::{self, IdParts};
-use crate::limits::Limits;
+use crate::engine::Figures;
+use crate::engine::limits::Limits;
 use crate::rejection::RejectReason;
-use crate::sync::unmodeled::{self, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Everything a [`LlmBulkhead`](crate::LlmBulkhead) can tell about itself, read at one moment.
 ///
@@ -78,6 +67,35 @@ pub struct Stats {
     pub estimator_panics: u64,
 }
 
+impl Stats {
+    /// The snapshot of `figures`, with the panics counted outside the engine.
+    pub(crate) fn new(figures: Figures, listener_panics: u64, estimator_panics: u64) -> Stats {
+        let rejected_by_reason = RejectionCounts::from_array(figures.rejected);
+        Stats {
+            limits: figures.limits,
+            closed: figures.closed,
+            in_flight: figures.in_flight,
+            pending: figures.pending,
+            admitted: figures.admitted,
+            released: figures.released,
+            rejected: rejected_by_reason.total(),
+            rejected_by_reason,
+            listener_panics,
+            estimator_panics,
+            token_budget: figures.limits.token_budget.map(|b| TokenBudgetStats {
+                budget: b.budget,
+                high_priority_reserve: b.high_priority_reserve,
+                in_flight_tokens: figures.in_flight_tokens,
+                available: b.budget.saturating_sub(figures.in_flight_tokens),
+                total_reserved: figures.reserved,
+                total_consumed: figures.consumed,
+                total_refunded: figures.refunded,
+                total_overrun: figures.overrun,
+            }),
+        }
+    }
+}
+
 /// Refusal counts by reason.
 ///
 /// # Examples
@@ -111,6 +129,26 @@ pub struct RejectionCounts {
 }
 
 impl RejectionCounts {
+    /// The counts of `counts`, indexed in [`RejectReason::ALL`]'s (declaration) order.
+    fn from_array(counts: [u64; RejectReason::ALL.len()]) -> RejectionCounts {
+        let [
+            shutdown,
+            concurrency_limit,
+            budget_limit,
+            queue_limit,
+            timeout,
+            aborted,
+        ] = counts;
+        RejectionCounts {
+            shutdown,
+            concurrency_limit,
+            budget_limit,
+            queue_limit,
+            timeout,
+            aborted,
+        }
+    }
+
     /// The count for `reason`.
     ///
     /// # Examples
@@ -188,209 +226,4 @@ pub struct TokenBudgetStats {
     /// refund, so `total_reserved + total_overrun == total_consumed + total_refunded` once
     /// every admission has settled with usage.
     pub total_overrun: u64,
-}
-
-/// One cumulative counter of a shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Counter {
-    Admitted,
-    Reserved,
-    Consumed,
-    /// Tokens removed from holds (gross).
-    Refunded,
-    /// Tokens added to holds above their reservations.
-    Overrun,
-    /// Tokens added back to holds below their reservations (subtracted from the refunds).
-    Reheld,
-    /// Slots the queue handed to waiters.
-    HandedOut,
-    /// Hand-offs their waiters consumed (picked up, or gave back).
-    HandedBack,
-    Rejected(RejectReason),
-}
-
-impl Counter {
-    const COUNT: usize = 8 + RejectReason::ALL.len();
-
-    #[inline]
-    fn index(self) -> usize {
-        match self {
-            Counter::Admitted => 0,
-            Counter::Reserved => 1,
-            Counter::Consumed => 2,
-            Counter::Refunded => 3,
-            Counter::Overrun => 4,
-            Counter::Reheld => 5,
-            Counter::HandedOut => 6,
-            Counter::HandedBack => 7,
-            Counter::Rejected(reason) => 8 + reason as usize,
-        }
-    }
-}
-
-/// One slot's counters for one bulkhead. Its admission count is also the sequence of the
-/// admission ids it mints (see `crate::admission_id`).
-#[derive(Debug)]
-pub(crate) struct Shard(CachePadded<ShardCells>);
-
-#[derive(Debug)]
-struct ShardCells {
-    counts: [AtomicU64; Counter::COUNT],
-    /// This shard's id tag (immutable).
-    tag: u64,
-}
-
-impl Default for Shard {
-    fn default() -> Shard {
-        Shard(CachePadded::new(ShardCells {
-            counts: Default::default(),
-            tag: admission_id::new_tag(),
-        }))
-    }
-}
-
-impl Shard {
-    /// Counts an admission of `reserved` tokens and mints its id. Single-writer, like `bump`.
-    #[inline]
-    pub(crate) fn admit(&self, reserved: u64) -> IdParts {
-        let admitted = &self.0.counts[Counter::Admitted.index()];
-        let seq = admitted.load(Ordering::Relaxed);
-        admitted.store(seq + 1, Ordering::Release);
-        if reserved > 0 {
-            self.bump(Counter::Reserved, reserved);
-        }
-        IdParts::new(self.0.tag, seq)
-    }
-
-    /// Adds `by` to `counter`, saturating.
-    ///
-    /// Single-writer: only the thread the shard is attached to (or a holder of the hub's
-    /// fallback lock) calls this, so the plain load and store cannot lose an update. The load
-    /// is `Relaxed` (the writer reads its own latest value). The store is `Release` so that a
-    /// reader whose `Acquire` load sees a count also sees the admission-word update that came
-    /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
-    #[inline]
-    pub(crate) fn bump(&self, counter: Counter, by: u64) {
-        let cell = &self.0.counts[counter.index()];
-        cell.store(
-            cell.load(Ordering::Relaxed).saturating_add(by),
-            Ordering::Release,
-        );
-    }
-}
-
-/// Shards per chunk of a hub.
-const CHUNK: usize = 64;
-/// Chunks per hub: slots `0..CHUNK * CHUNKS` have a shard of their own.
-const CHUNKS: usize = 64;
-/// The number of slots with a shard of their own; threads beyond it share the locked fallback.
-pub(crate) const SLOTS: u32 = (CHUNK * CHUNKS) as u32;
-
-/// All shards of one bulkhead: one per slot, allocated a chunk at a time when a slot of the
-/// chunk first counts something, and read without a lock.
-#[derive(Debug)]
-pub(crate) struct Hub {
-    chunks: [OnceLock<Box<[Shard; CHUNK]>>; CHUNKS],
-    /// Used (under its lock) by threads without a slot (their thread-local state is being
-    /// torn down, or more than `SLOTS` threads use the crate at once).
-    fallback: Mutex<Shard>,
-}
-
-impl Default for Hub {
-    fn default() -> Hub {
-        Hub {
-            chunks: core::array::from_fn(|_| OnceLock::new()),
-            fallback: Mutex::default(),
-        }
-    }
-}
-
-impl Hub {
-    /// The shard of `slot`, if its chunk exists (`None` for slots without a shard).
-    #[inline]
-    pub(crate) fn shard(&self, slot: u32) -> Option<&Shard> {
-        let slot = slot as usize;
-        let chunk = self.chunks.get(slot / CHUNK)?.get()?;
-        Some(&chunk[slot % CHUNK])
-    }
-
-    /// The shard of `slot`, allocating its chunk if needed (`None` for slots without one).
-    #[cold]
-    pub(crate) fn shard_or_init(&self, slot: u32) -> Option<&Shard> {
-        let slot = slot as usize;
-        let chunk = self
-            .chunks
-            .get(slot / CHUNK)?
-            .get_or_init(|| Box::new(core::array::from_fn(|_| Shard::default())));
-        Some(&chunk[slot % CHUNK])
-    }
-
-    /// The shared fallback shard, locked.
-    pub(crate) fn fallback(&self) -> MutexGuard<'_, Shard> {
-        unmodeled::lock(&self.fallback)
-    }
-
-    /// Every counter summed over every shard, in one pass.
-    pub(crate) fn totals(&self) -> Totals {
-        let mut totals = Totals([0; Counter::COUNT]);
-        let mut add = |shard: &Shard| {
-            for (total, cell) in totals.0.iter_mut().zip(shard.0.counts.iter()) {
-                *total = total.saturating_add(cell.load(Ordering::Acquire));
-            }
-        };
-        add(&self.fallback());
-        for chunk in self.chunks.iter().filter_map(OnceLock::get) {
-            chunk.iter().for_each(&mut add);
-        }
-        totals
-    }
-}
-
-/// Counter sums at one moment.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Totals([u64; Counter::COUNT]);
-
-impl Totals {
-    pub(crate) fn get(&self, counter: Counter) -> u64 {
-        self.0[counter.index()]
-    }
-
-    pub(crate) fn rejections(&self) -> RejectionCounts {
-        let get = |reason| self.get(Counter::Rejected(reason));
-        RejectionCounts {
-            shutdown: get(RejectReason::Shutdown),
-            concurrency_limit: get(RejectReason::ConcurrencyLimit),
-            budget_limit: get(RejectReason::BudgetLimit),
-            queue_limit: get(RejectReason::QueueLimit),
-            timeout: get(RejectReason::Timeout),
-            aborted: get(RejectReason::Aborted),
-        }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_slot_below_the_limit_has_its_own_shard_and_the_rest_share_the_fallback() {
-        let hub = Hub::default();
-        assert!(hub.shard(0).is_none(), "chunks are allocated on first use");
-        for slot in [0, 63, 64, SLOTS - 1] {
-            hub.shard_or_init(slot).unwrap().bump(Counter::Consumed, 1);
-            assert!(hub.shard(slot).is_some());
-        }
-        assert!(hub.shard(SLOTS).is_none() && hub.shard_or_init(SLOTS).is_none());
-        assert!(hub.shard_or_init(u32::MAX).is_none());
-        hub.fallback().bump(Counter::Consumed, 10);
-        assert_eq!(hub.totals().get(Counter::Consumed), 14);
-        // Distinct shards, distinct id tags.
-        let a = hub.shard(0).unwrap().admit(0);
-        let b = hub
-            .shard(1)
-            .unwrap_or_else(|| hub.shard_or_init(1).unwrap())
-            .admit(0);
-        assert_ne!(a.id(), b.id());
-        assert_eq!(hub.totals().get(Counter::Admitted), 2);
-    }
 }

@@ -9,7 +9,7 @@
 //! statistics shards (single-writer counters whose values no decision ever reads) and the
 //! process-wide counter that numbers threads for admission ids. Keeping them out of the model
 //! keeps loom's state space on the admission protocol itself; their correctness does not depend
-//! on interleavings (each shard has one writer at a time, see `crate::local`).
+//! on interleavings (each shard has one writer at a time, see `crate::engine` `local`).
 
 #[cfg(all(loom, not(feature = "loom")))]
 compile_error!("building with `--cfg loom` requires the `loom` feature of async-bulkhead-llm");
@@ -76,7 +76,12 @@ pub(crate) mod unmodeled {
     pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
-    /// Locks `mutex`, ignoring poisoning (see [`super::lock`]).
+    /// Locks `mutex`, ignoring poisoning.
+    ///
+    /// No code of this crate panics while holding one of its locks (user code never runs under
+    /// them, see `crate::contain`), so a poisoned lock can only come from an allocation failure
+    /// or a similar abort-class event; the protected data is still consistent and refusing to
+    /// continue would only turn one failure into many.
     pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         mutex
             .lock()
@@ -84,12 +89,13 @@ pub(crate) mod unmodeled {
     }
 }
 
-/// Locks `mutex`, ignoring poisoning.
-///
-/// No code of this crate panics while holding one of its locks (user callbacks never run under
-/// them), so a poisoned lock can only come from an allocation failure or similar abort-class
-/// event; the protected data is still consistent and refusing to continue would only turn one
-/// failure into many.
+/// Locks a modelled `mutex`, ignoring poisoning (see [`unmodeled::lock`]): without loom the
+/// two are the same function.
+#[cfg(not(loom))]
+pub(crate) use unmodeled::lock;
+
+/// Locks a modelled `mutex` (loom's), ignoring poisoning (see [`unmodeled::lock`]).
+#[cfg(loom)]
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()

@@ -2109,21 +2109,7 @@ mod reports {
         }
     }
 
-    impl Reporter for OwnedPermit {
-        fn report(
-            &mut self,
-            usage: TokenUsage,
-            progressive: Option<Progressive>,
-        ) -> Result<UsageReport, UsageError> {
-            match progressive {
-                None => self.report_usage(usage),
-                Some(p) => self.report_usage_progressive(usage, p),
-            }
-        }
-        fn held(&self) -> u64 {
-            self.held_tokens()
-        }
-    }
+    // `OwnedPermit` is `Permit<'static>`: the impl above covers it.
 
     impl Reporter for RunContext<'_> {
         fn report(

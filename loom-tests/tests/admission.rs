@@ -587,7 +587,7 @@ fn a_full_wrap_of_the_epoch_bits_cannot_admit_under_stale_limits() {
         let early = bulkhead
             .try_acquire_owned(&LlmRequest::new(), with_tokens(10, 0))
             .ok();
-        let early_revision = early.as_ref().map(OwnedPermit::limit_revision);
+        let early_revision = early.as_ref().map(|p| p.limit_revision());
         writer.join().unwrap();
         let late_revision = late.join().unwrap();
         if let (Some(0), Some(late)) = (early_revision, late_revision) {

@@ -20,7 +20,7 @@ pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use model_aware::{ModelAwareEstimator, ModelAwareEstimatorBuilder, OpaqueBlockTokens};
 
 use crate::error::RequestError;
-use crate::request::LlmRequest;
+use crate::llm::request::LlmRequest;
 use crate::reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
 
 /// Sizes a request: its input tokens and its maximum output tokens.

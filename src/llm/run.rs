@@ -2,19 +2,22 @@
 
 use core::fmt;
 use core::future::Future;
-use core::ops::AsyncFnOnce;
+use core::ops::{AsyncFnOnce, Deref};
 
-use crate::admission_id::AdmissionId;
-use crate::bulkhead::{Inner, LlmBulkhead};
 use crate::error::{AcquireError, RequestError, UsageError};
-use crate::options::{AcquireOptions, Priority};
-use crate::permit::Grant;
 use crate::rejection::Rejection;
-use crate::request::LlmRequest;
-use crate::reservation::{Reservation, TokenUsage};
-use crate::usage::{Progressive, UsageReport};
+use crate::reservation::{Progressive, TokenUsage, UsageReport};
 
-/// What a [`run`](LlmBulkhead::run) callback knows about its admission.
+use super::admission::Admission;
+use super::bulkhead::LlmBulkhead;
+use super::core::LlmCore;
+use super::options::AcquireOptions;
+use super::request::LlmRequest;
+
+/// What a [`run`](LlmBulkhead::run) callback knows about its admission: it dereferences to
+/// the call's [`Admission`] (id, limit revision, priority, reservation, hold, usage so far) and
+/// reports usage like a [`Permit`](crate::Permit). It cannot release: `run` settles when the
+/// callback finishes.
 ///
 /// # Examples
 ///
@@ -35,8 +38,8 @@ use crate::usage::{Progressive, UsageReport};
 /// # }).unwrap();
 /// ```
 pub struct RunContext<'a> {
-    inner: &'a Inner,
-    grant: &'a mut Grant,
+    core: &'a LlmCore,
+    admission: &'a mut Admission,
 }
 
 impl RunContext<'_> {
@@ -66,7 +69,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn report_usage(&mut self, usage: TokenUsage) -> Result<UsageReport, UsageError> {
-        self.inner.report(self.grant, usage, None)
+        self.core.report(self.admission, usage, None)
     }
 
     /// Reports cumulative usage with a progressive reconciliation; see
@@ -96,116 +99,22 @@ impl RunContext<'_> {
         usage: TokenUsage,
         progressive: Progressive,
     ) -> Result<UsageReport, UsageError> {
-        self.inner.report(self.grant, usage, Some(progressive))
+        self.core.report(self.admission, usage, Some(progressive))
     }
+}
 
-    /// Tokens the admission currently holds against the budget (0 without a budget).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use async_bulkhead_llm::*;
-    /// # ::futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
-    /// let opts = AcquireOptions::new().reservation(Reservation::new(10, 90)?);
-    /// let held = bulkhead.run(&LlmRequest::new(), opts, async |ctx| {
-    ///     Ok::<_, std::io::Error>(ctx.held_tokens())
-    /// }).await?;
-    /// assert_eq!(held, 100);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn held_tokens(&self) -> u64 {
-        self.grant.held
-    }
+impl Deref for RunContext<'_> {
+    type Target = Admission;
 
-    /// The admission's unique id.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
-    /// let id = bulkhead.run(&LlmRequest::new(), AcquireOptions::new(), async |ctx| {
-    ///     Ok::<_, std::io::Error>(ctx.admission_id().to_string())
-    /// }).await?;
-    /// assert_eq!(id.len(), 36);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn admission_id(&self) -> AdmissionId {
-        self.grant.id.id()
-    }
-
-    /// Revision of the limits that admitted the call.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
-    /// let rev = bulkhead.run(&LlmRequest::new(), AcquireOptions::new(), async |ctx| {
-    ///     Ok::<_, std::io::Error>(ctx.limit_revision())
-    /// }).await?;
-    /// assert_eq!(rev, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn limit_revision(&self) -> u64 {
-        self.grant.revision
-    }
-
-    /// The reservation admitted (`None` without a token budget).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget};
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
-    /// let request = LlmRequest::new().user("x".repeat(40)).max_tokens(100);
-    /// let reserved = bulkhead.run(&request, AcquireOptions::new(), async |ctx| {
-    ///     Ok::<_, std::io::Error>(ctx.reservation().map(|r| r.reserved()))
-    /// }).await?;
-    /// assert_eq!(reserved, Some(110));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn reservation(&self) -> Option<Reservation> {
-        self.grant.reservation()
-    }
-
-    /// The priority the call was admitted with.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Priority};
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
-    /// let p = bulkhead.run(&LlmRequest::new(), AcquireOptions::new(), async |ctx| {
-    ///     Ok::<_, std::io::Error>(ctx.priority())
-    /// }).await?;
-    /// assert_eq!(p, Priority::Normal);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn priority(&self) -> Priority {
-        self.grant.priority
+    #[inline]
+    fn deref(&self) -> &Admission {
+        self.admission
     }
 }
 
 impl fmt::Debug for RunContext<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RunContext")
-            .field("admission_id", &self.admission_id())
-            .field("limit_revision", &self.limit_revision())
-            .field("priority", &self.priority())
-            .field("reservation", &self.reservation())
-            .field("held_tokens", &self.held_tokens())
-            .finish()
+        f.debug_tuple("RunContext").field(&*self.admission).finish()
     }
 }
 
@@ -381,8 +290,8 @@ impl LlmBulkhead {
         async move {
             let mut permit = acquire.await?;
             // The permit lives in this future: dropping the future settles it.
-            let (inner, grant) = permit.parts();
-            let result = f(RunContext { inner, grant }).await;
+            let (core, admission) = permit.parts();
+            let result = f(RunContext { core, admission }).await;
             match result {
                 Ok(value) => {
                     let usage = usage(&value);

@@ -1,12 +1,12 @@
 //! The model-aware estimator: chars-per-token ratios by model family, exactly as the
-//! JavaScript original's `createModelAwareTokenEstimator` (upstream §13.3-§13.4).
+//! JavaScript original's `createModelAwareTokenEstimator` (`docs/design.md` §U13.3-§U13.4).
 
 use core::fmt;
 use std::collections::HashMap;
 
 use super::{Estimator, TokenEstimate, add_input, text_tokens, with_lowercase};
 use crate::error::{EstimatorError, RequestError};
-use crate::request::LlmRequest;
+use crate::llm::request::LlmRequest;
 use crate::reservation::DEFAULT_OUTPUT_CAP;
 
 /// The built-in ratio table: model-name prefix (lowercase) and characters per token. The
@@ -525,10 +525,10 @@ mod tests {
             .unwrap();
         let request = LlmRequest::new()
             .user(vec![
-                crate::ContentBlock::opaque("text"),
-                crate::ContentBlock::text("abcd"),
+                crate::llm::request::ContentBlock::opaque("text"),
+                crate::llm::request::ContentBlock::text("abcd"),
             ])
-            .system(vec![crate::ContentBlock::opaque("image")]);
+            .system(vec![crate::llm::request::ContentBlock::opaque("image")]);
         assert_eq!(e.estimate(&request).unwrap().input, 1 + 7 + 1);
     }
 }

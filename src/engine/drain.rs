@@ -9,8 +9,9 @@
 //! sees the flag if the drain armed first, and then clears it, advances the idle generation and
 //! notifies the drainers. A drain that armed, listened and re-checked therefore cannot miss the
 //! idle moment; a woken drainer that finds new work already running still completes, because
-//! the generation moved after it started waiting (an idle moment happened), which is the
-//! upstream semantics and our fix for its Q5 (idle reached by a timeout or cancellation).
+//! the generation moved after it started waiting (an idle moment happened): the original's
+//! semantics, with its quirk Q5 fixed (`docs/design.md` §D4: idle reached by a timeout or a
+//! cancellation completes a drain too).
 
 use core::fmt;
 use core::future::Future;
@@ -20,11 +21,11 @@ use std::time::{Duration, Instant};
 
 use event_listener::EventListener;
 
-use crate::bulkhead::{Inner, LlmBulkhead};
+use super::Engine;
+use super::timer::Sleep;
 use crate::sync::atomic::Ordering;
-use crate::timer::Sleep;
 
-/// What [`LlmBulkhead::drain_timeout`] found.
+/// What [`LlmBulkhead::drain_timeout`](crate::LlmBulkhead::drain_timeout) found.
 ///
 /// # Examples
 ///
@@ -48,69 +49,19 @@ pub struct DrainReport {
     pub pending: u64,
 }
 
-impl LlmBulkhead {
-    /// Resolves once nothing is in flight and nothing is queued, whatever made it so (releases,
-    /// queue timeouts, cancellations, refusals, `close`).
-    ///
-    /// It does not stop admission: combine it with [`close`](LlmBulkhead::close) for a graceful
-    /// shutdown. Resolves at once when the bulkhead is already idle.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future only stops waiting.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
-    /// let permit = bulkhead.acquire_owned(&LlmRequest::new(), AcquireOptions::new()).await?;
-    /// let worker = std::thread::spawn(move || {
-    ///     std::thread::sleep(std::time::Duration::from_millis(20));
-    ///     drop(permit);
-    /// });
-    /// bulkhead.close(); // stop admitting...
-    /// bulkhead.drain().await; // ...and wait for the call in flight
-    /// assert_eq!(bulkhead.stats().in_flight, 0);
-    /// worker.join().unwrap();
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn drain(&self) -> Drain<'_> {
+impl Engine {
+    /// A future that resolves once the engine is idle (see
+    /// [`LlmBulkhead::drain`](crate::LlmBulkhead::drain)).
+    pub(crate) fn drain(&self) -> Drain<'_> {
         Drain {
-            inner: &self.inner,
+            engine: self,
             generation: None,
             listener: None,
         }
     }
 
-    /// Like [`drain`](LlmBulkhead::drain), but gives up at `timeout` and reports what was
-    /// still in flight and queued. The deadline cancels nothing and changes no accounting.
-    /// With a zero timeout it answers "is it idle right now?".
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future only stops waiting.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use async_bulkhead_llm::{AcquireOptions, DrainReport, LlmBulkhead, LlmRequest};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
-    /// let stuck = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
-    /// let report = bulkhead.drain_timeout(Duration::from_millis(10)).await;
-    /// assert_eq!(report, DrainReport { drained: false, in_flight: 1, pending: 0 });
-    /// drop(stuck); // the deadline cancelled nothing: the call still releases normally
-    /// assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
+    /// [`drain`](Engine::drain), giving up at `timeout`.
+    pub(crate) fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
         DrainTimeout {
             drain: self.drain(),
             sleep: Instant::now().checked_add(timeout).map(Sleep::until),
@@ -118,10 +69,10 @@ impl LlmBulkhead {
     }
 }
 
-/// Future returned by [`LlmBulkhead::drain`].
+/// Future returned by [`LlmBulkhead::drain`](crate::LlmBulkhead::drain).
 #[must_use = "futures do nothing unless polled"]
 pub struct Drain<'a> {
-    inner: &'a Inner,
+    engine: &'a Engine,
     /// The idle generation when the drain started.
     generation: Option<u64>,
     listener: Option<EventListener>,
@@ -131,17 +82,17 @@ impl Future for Drain<'_> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let inner = self.inner;
-        // Acquire: pairs with the Release increment in `Inner::notify_drained`.
+        let engine = self.engine;
+        // Acquire: pairs with the Release increment in `Engine::notify_drained`.
         let started = *self
             .generation
-            .get_or_insert_with(|| inner.idle_generation.load(Ordering::Acquire));
+            .get_or_insert_with(|| engine.idle_generation.load(Ordering::Acquire));
         loop {
-            if inner.idle_generation.load(Ordering::Acquire) != started {
+            if engine.idle_generation.load(Ordering::Acquire) != started {
                 return Poll::Ready(());
             }
             // Arm: set DRAINING unless idle, in one CAS that also reads whether it is idle.
-            let idle = inner
+            let idle = engine
                 .state
                 .update(|s| {
                     if s.is_idle() {
@@ -157,7 +108,7 @@ impl Future for Drain<'_> {
                 return Poll::Ready(());
             }
             match &mut self.listener {
-                None => self.listener = Some(inner.drained.listen()),
+                None => self.listener = Some(engine.drained.listen()),
                 Some(listener) => {
                     if Pin::new(listener).poll(cx).is_ready() {
                         self.listener = None;
@@ -176,7 +127,7 @@ impl fmt::Debug for Drain<'_> {
     }
 }
 
-/// Future returned by [`LlmBulkhead::drain_timeout`].
+/// Future returned by [`LlmBulkhead::drain_timeout`](crate::LlmBulkhead::drain_timeout).
 #[must_use = "futures do nothing unless polled"]
 pub struct DrainTimeout<'a> {
     drain: Drain<'a>,
@@ -203,11 +154,11 @@ impl Future for DrainTimeout<'_> {
         if !expired {
             return Poll::Pending;
         }
-        let inner = self.drain.inner;
+        let engine = self.drain.engine;
         Poll::Ready(DrainReport {
             drained: false,
-            in_flight: u64::from(inner.state.load().slots()),
-            pending: inner.pending(),
+            in_flight: engine.in_flight(),
+            pending: engine.pending(),
         })
     }
 }

@@ -15,7 +15,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::request::{Content, ContentBlock, LlmRequest, Message};
+use super::request::{Content, ContentBlock, LlmRequest, Message};
 
 /// Reads an optional token count, refusing anything but a non-negative integer (or `null`).
 fn token_count<'de, D: Deserializer<'de>>(

@@ -1,5 +1,5 @@
 //! The adaptive estimator: the model-aware estimate, corrected per model by an exponentially
-//! weighted moving average of actual / estimated input (upstream §13.5).
+//! weighted moving average of actual / estimated input (`docs/design.md` §U13.5).
 //!
 //! # Concurrency
 //!
@@ -26,7 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use super::model_aware::ModelAwareEstimator;
 use super::{Estimator, Memo, TokenEstimate, with_lowercase};
 use crate::error::{EstimatorError, RequestError};
-use crate::request::LlmRequest;
+use crate::llm::request::LlmRequest;
 use crate::reservation::TokenUsage;
 use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, RwLock, lock};
 

@@ -5,14 +5,14 @@
 //!
 //! The limits in force live in two slots of atomics; the *epoch*, a 64-bit counter stored
 //! beside them, says which slot is current (`epoch & 1`), and the admission word (see
-//! `crate::state`) carries the epoch's low bits. Writers are serialised by the bulkhead's limits
+//! `super::state`) carries the epoch's low bits. Writers are serialised by the engine's limits
 //! mutex. To install a snapshot, a writer
 //!
 //! 1. stores it into the *other* slot (`Release` stores),
 //! 2. advances the word's epoch bits with a CAS: the linearization point of the change, then
 //! 3. stores the next epoch (`Release`).
 //!
-//! A reader (see `Inner::decide`) loads the epoch, the word and the epoch again. If the two
+//! A reader (see `Engine::decide`) loads the epoch, the word and the epoch again. If the two
 //! epoch loads differ, a writer finished meanwhile and it reads again; otherwise the word's
 //! epoch is that value, or that value plus one if a writer is between steps 2 and 3 (the word's
 //! bits tell which), and the reader never waits for that writer: the slot it names was complete
@@ -33,9 +33,9 @@
 
 use crossbeam_utils::CachePadded;
 
+use super::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::error::LimitsError;
-use crate::options::Priority;
-use crate::state::{MAX_SLOTS, MAX_TOKENS};
+use crate::priority::Priority;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// The largest limit revision: 2^53 - 1, so revisions survive a round trip through JSON and
@@ -245,15 +245,10 @@ impl ApplyOutcome {
     }
 }
 
-/// Checks everything but the revision order (which the caller checks first, so a stale
-/// snapshot is reported as stale without being examined).
+/// Checks everything but the revision (its range and its order, which the caller checks first,
+/// so a stale snapshot is reported as stale without being examined).
 pub(crate) fn validate(next: &Limits, has_budget: bool) -> Result<(), LimitsError> {
-    if next.revision > MAX_REVISION {
-        return Err(LimitsError::RevisionTooLarge {
-            value: next.revision,
-            max: MAX_REVISION,
-        });
-    }
+    debug_assert!(next.revision <= MAX_REVISION, "checked first by the caller");
     if next.max_concurrent > MAX_CONCURRENT {
         return Err(LimitsError::MaxConcurrentTooLarge {
             value: next.max_concurrent,
@@ -306,7 +301,7 @@ impl PublishedLimits {
         published
     }
 
-    /// The current epoch (`Acquire`: pairs with the `Release` store in `publish`, so the slot
+    /// The current epoch (`Acquire`: pairs with the `Release` store in `set_epoch`, so the slot
     /// it names is complete).
     #[inline]
     pub(crate) fn epoch(&self) -> u64 {
@@ -338,7 +333,7 @@ impl PublishedLimits {
     #[inline]
     pub(crate) fn read(&self, epoch: u64) -> Limits {
         let slot = &self.slots[(epoch & 1) as usize];
-        // Acquire: pairs with the Release stores in `publish`, see the module docs.
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
         let revision = slot.revision.load(Ordering::Acquire);
         let concurrency = slot.concurrency.load(Ordering::Acquire);
         let token_budget = if self.has_budget {

@@ -1,13 +1,13 @@
 //! Waiting acquires: the [`Acquire`] and [`AcquireOwned`] futures and the blocking variants.
 //!
 //! An acquire first tries the lock-free fast path. If no slot is free and the queue has room,
-//! it joins the FIFO queue (`crate::queue`) at its first poll and waits to be *handed* a slot
+//! it joins the engine's FIFO queue at its first poll and waits to be *handed* a slot
 //! and its tokens; a timeout bounds the wait only. Dropping the future withdraws it from the
 //! queue without losing anything.
 //!
 //! The futures are `Unpin`: they hold no self-reference (the waiter lives in an `Arc`, shared
 //! with the queue), so callers can poll them without pinning, and no `unsafe` pin projection
-//! is needed. Both futures and both blocking variants share one state machine (`Core`).
+//! is needed. Both futures and both blocking variants share one state machine (`Machine`).
 
 use core::fmt;
 use core::future::Future;
@@ -18,18 +18,19 @@ use std::time::{Duration, Instant};
 
 use event_listener::Listener;
 
-use crate::bulkhead::{Begun, Call, Inner, LlmBulkhead};
+use crate::engine::timer::Sleep;
+use crate::engine::{Grant, Wait, Waiter};
 use crate::error::{AcquireError, RequestError};
-use crate::events::{DECISION_KINDS, Timing};
-use crate::options::AcquireOptions;
-use crate::permit::{Grant, OwnedPermit, Permit};
-use crate::policy::{self, Refusal};
-use crate::queue::{Decided, Waiter, Withdrawal};
-use crate::rejection::RejectReason;
-use crate::request::LlmRequest;
-use crate::stats::Counter;
+use crate::events::Timing;
+use crate::rejection::Rejection;
 use crate::sync::Arc;
-use crate::timer::Sleep;
+
+use super::admission::Admission;
+use super::bulkhead::LlmBulkhead;
+use super::core::{Admitted, Call, LlmCore};
+use super::options::AcquireOptions;
+use super::permit::{OwnedPermit, Permit};
+use super::request::LlmRequest;
 
 impl LlmBulkhead {
     /// Admits the call, waiting in the queue for a slot if none is free and the queue has room.
@@ -81,7 +82,7 @@ impl LlmBulkhead {
     /// ```
     pub fn acquire(&self, request: &LlmRequest, options: AcquireOptions) -> Acquire<'_> {
         Acquire {
-            core: Core::new(&*self.inner, request, options),
+            machine: Machine::new(&*self.core, request, options),
         }
     }
 
@@ -110,7 +111,7 @@ impl LlmBulkhead {
     /// ```
     pub fn acquire_owned(&self, request: &LlmRequest, options: AcquireOptions) -> AcquireOwned {
         AcquireOwned {
-            core: Core::new(Arc::clone(&self.inner), request, options),
+            machine: Machine::new(Arc::clone(&self.core), request, options),
         }
     }
 
@@ -144,10 +145,10 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
-        let inner = &*self.inner;
-        Core::new(inner, request, options)
-            .wait()
-            .map(|grant| Permit::new(inner, grant))
+        let core = &*self.core;
+        Machine::new(core, request, options)
+            .block()
+            .map(|admission| Permit::borrowed(core, admission))
     }
 
     /// Like [`acquire_blocking`](LlmBulkhead::acquire_blocking), returning an [`OwnedPermit`].
@@ -175,10 +176,10 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
-        let inner = Arc::clone(&self.inner);
-        Core::new(Arc::clone(&inner), request, options)
-            .wait()
-            .map(|grant| OwnedPermit::new(inner, grant))
+        let core = Arc::clone(&self.core);
+        Machine::new(Arc::clone(&core), request, options)
+            .block()
+            .map(|admission| Permit::owned(core, admission))
     }
 
     /// The bulkhead's default queue timeout (from its profile or
@@ -192,28 +193,25 @@ impl LlmBulkhead {
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
     pub fn queue_timeout(&self) -> Option<Duration> {
-        self.inner.timeout(AcquireOptions::new())
+        self.core.timeout(AcquireOptions::new())
     }
 }
 
 /// Future returned by [`LlmBulkhead::acquire`].
 #[must_use = "futures do nothing unless polled"]
 pub struct Acquire<'a> {
-    core: Core<&'a Inner>,
+    machine: Machine<&'a LlmCore>,
 }
 
 impl<'a> Future for Acquire<'a> {
     type Output = Result<Permit<'a>, AcquireError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.core.inner;
-        // The fast path first, inlined here so the permit is built in place.
-        if let Some(done) = self.core.start_fast() {
-            return Poll::Ready(done.map(|grant| Permit::new(inner, grant)));
-        }
-        self.core
-            .poll_grant(cx)
-            .map_ok(|grant| Permit::new(inner, grant))
+        let core = self.machine.core;
+        self.machine
+            .poll(cx)
+            .map_ok(|admission| Permit::borrowed(core, admission))
     }
 }
 
@@ -226,17 +224,20 @@ impl fmt::Debug for Acquire<'_> {
 /// Future returned by [`LlmBulkhead::acquire_owned`].
 #[must_use = "futures do nothing unless polled"]
 pub struct AcquireOwned {
-    core: Core<Arc<Inner>>,
+    machine: Machine<Arc<LlmCore>>,
 }
 
 impl Future for AcquireOwned {
     type Output = Result<OwnedPermit, AcquireError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = Arc::clone(&self.core.inner);
-        self.core
-            .poll_grant(cx)
-            .map_ok(|grant| OwnedPermit::new(inner, grant))
+        match self.machine.poll(cx) {
+            Poll::Ready(Ok(admission)) => {
+                Poll::Ready(Ok(Permit::owned(Arc::clone(&self.machine.core), admission)))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -263,6 +264,7 @@ enum Step {
 
 struct Waiting {
     waiter: Arc<Waiter>,
+    call: Call,
     /// The queue timeout, measured from joining the queue.
     sleep: Option<Sleep>,
     /// When the call joined the queue, and when its decision started (the same instant if
@@ -272,59 +274,37 @@ struct Waiting {
 }
 
 /// The state machine shared by both futures and both blocking variants.
-struct Core<I: Deref<Target = Inner>> {
-    inner: I,
+struct Machine<C: Deref<Target = LlmCore>> {
+    core: C,
     step: Step,
 }
 
-impl<I: Deref<Target = Inner>> Core<I> {
-    fn new(inner: I, request: &LlmRequest, options: AcquireOptions) -> Core<I> {
-        let step = match inner.resolve(request, options) {
+impl<C: Deref<Target = LlmCore>> Machine<C> {
+    fn new(core: C, request: &LlmRequest, options: AcquireOptions) -> Machine<C> {
+        let step = match core.resolve(request, options) {
             Ok(call) => Step::Start {
                 call,
-                timeout: inner.timeout(options),
+                timeout: core.timeout(options),
             },
             Err(error) => Step::Invalid(error),
         };
-        Core { inner, step }
+        Machine { core, step }
     }
 
     /// Leaves `Start`/`Invalid`: either finished, or now `Waiting` (as a blocked thread if
     /// `blocking`).
-    fn start(&mut self, blocking: bool) -> Option<Result<Grant, AcquireError>> {
+    #[inline]
+    fn start(&mut self, blocking: bool) -> Option<Result<Admission, AcquireError>> {
         // Matched by reference and left as it is unless it changes: moving the whole `Step`
         // out and back costs more than the decision on the fast path.
         match &self.step {
             &Step::Start { call, timeout } => {
                 self.step = Step::Done;
-                // Decision timing starts here: after estimation, before the first decision.
-                let timing = self.inner.timing();
-                match self.inner.begin(call, blocking) {
-                    Begun::Admitted(grant) => {
-                        self.inner.announce_admit(&grant, timing, None);
-                        Some(Ok(grant))
-                    }
-                    Begun::Refused(rejection) => {
-                        self.inner.announce_reject(&rejection, timing, None);
-                        Some(Err(AcquireError::Rejected(rejection)))
-                    }
-                    Begun::Queued(waiter) => {
-                        // The wait is timed from the instant its deadline counts from. One clock
-                        // read per queued call: the queue already took a lock and an allocation.
-                        let queued_at = Instant::now();
-                        // A timeout too large for the clock means no timeout.
-                        let sleep = timeout
-                            .and_then(|t| queued_at.checked_add(t))
-                            .map(Sleep::until);
-                        let timing = match timing {
-                            Some(timing) => timing.queued(queued_at),
-                            None => Timing::from_queue(queued_at),
-                        };
-                        self.step = Step::Waiting(Waiting {
-                            waiter,
-                            sleep,
-                            timing,
-                        });
+                match self.core.admit(call, Wait::Queue { blocking }) {
+                    Admitted::Now(admission) => Some(Ok(admission)),
+                    Admitted::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
+                    Admitted::Queued(waiter, timing) => {
+                        self.wait(waiter, call, timeout, timing);
                         None
                     }
                 }
@@ -337,91 +317,90 @@ impl<I: Deref<Target = Inner>> Core<I> {
         }
     }
 
+    /// Enters `Waiting` for a call that just joined the queue.
+    #[cold]
+    fn wait(
+        &mut self,
+        waiter: Arc<Waiter>,
+        call: Call,
+        timeout: Option<Duration>,
+        timing: Option<Timing>,
+    ) {
+        // The wait is timed from the instant its deadline counts from. One clock read per
+        // queued call: the queue already took a lock and an allocation.
+        let queued_at = Instant::now();
+        // A timeout too large for the clock means no timeout.
+        let sleep = timeout
+            .and_then(|t| queued_at.checked_add(t))
+            .map(Sleep::until);
+        let timing = match timing {
+            Some(timing) => timing.queued(queued_at),
+            None => Timing::from_queue(queued_at),
+        };
+        self.step = Step::Waiting(Waiting {
+            waiter,
+            call,
+            sleep,
+            timing,
+        });
+    }
+
     /// The waiter's fate, if decided; finishes the acquire if so.
-    fn pick_up(&mut self) -> Option<Result<Grant, AcquireError>> {
+    fn pick_up(&mut self) -> Option<Result<Admission, AcquireError>> {
         let Step::Waiting(waiting) = &self.step else {
             return None;
         };
-        let decided = waiting.waiter.take_decided()?;
-        if let Decided::Granted { .. } = decided {
-            self.inner.count(Counter::HandedBack, 1);
-        }
+        let decided = self.core.engine().pick_up(&waiting.waiter)?;
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()
         };
         Some(self.finish(&waiting, decided))
     }
 
-    /// Turns a decided wait into the acquire's result, announcing it.
-    fn finish(&self, waiting: &Waiting, decided: Decided) -> Result<Grant, AcquireError> {
-        // Whoever listens now hears the outcome, subscribed before the call arrived or not.
-        let picked_at = self
-            .inner
-            .listeners
-            .wants_any(DECISION_KINDS)
-            .then(Instant::now);
+    /// Gives up waiting because the timeout passed; a hand-off that arrived first wins.
+    fn time_out(&mut self) -> Result<Admission, AcquireError> {
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!("only a waiting acquire times out")
+        };
+        let decided = self.core.engine().time_out(&waiting.waiter);
+        self.finish(&waiting, decided)
+    }
+
+    /// Turns a decided wait into the acquire's result, announcing it to whoever listens now,
+    /// subscribed before the call arrived or not.
+    fn finish(
+        &self,
+        waiting: &Waiting,
+        decided: Result<Grant, Rejection>,
+    ) -> Result<Admission, AcquireError> {
+        let picked_at = self.core.wants_decisions().then(Instant::now);
         match decided {
-            Decided::Granted { revision } => {
-                let grant = self.inner.grant(waiting.waiter.call, revision);
-                self.inner
-                    .announce_admit(&grant, Some(waiting.timing), picked_at);
-                Ok(grant)
+            Ok(grant) => {
+                let admission = waiting.call.admission(grant);
+                self.core
+                    .announce_admit(&admission, Some(waiting.timing), picked_at);
+                Ok(admission)
             }
-            Decided::Refused(rejection) => {
-                self.inner
+            Err(rejection) => {
+                self.core
                     .announce_reject(&rejection, Some(waiting.timing), picked_at);
                 Err(AcquireError::Rejected(rejection))
             }
         }
     }
 
-    /// Gives up waiting because the timeout passed; a hand-off that arrived first wins.
-    fn time_out(&mut self) -> Result<Grant, AcquireError> {
-        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
-            unreachable!("only a waiting acquire times out")
-        };
-        let decided = match self.inner.withdraw(&waiting.waiter, RejectReason::Timeout) {
-            Withdrawal::Granted { revision } => Decided::Granted { revision },
-            Withdrawal::Refused(rejection) => Decided::Refused(rejection),
-        };
-        self.finish(&waiting, decided)
-    }
-
-    /// The first poll's fast path: a call admitted, or refused without a chance to queue, at
-    /// once, as `try_acquire` decides it. Anything else (a call that may queue, or one whose
-    /// decision someone listens to and so must be timed) takes [`start`](Core::start).
-    #[inline(always)]
-    fn start_fast(&mut self) -> Option<Result<Grant, AcquireError>> {
-        let Step::Start { call, .. } = self.step else {
-            return None;
-        };
-        if self.inner.listeners.wants_any(DECISION_KINDS) {
-            return None;
-        }
-        let (refusal, state, limits) = match self.inner.admit_now(call.ask) {
-            Ok(revision) => {
-                self.step = Step::Done;
-                return Some(Ok(self.inner.grant(call, revision)));
-            }
-            Err(refused) => refused,
-        };
-        let reason = match refusal {
-            // No slot: it may queue, which the general path decides under the queue lock.
-            Refusal::NoSlot => policy::queue_or_refuse(&limits, 0).err()?,
-            _ => refusal.reason(),
-        };
-        self.step = Step::Done;
-        let rejection = self.inner.reject(reason, state, &limits, call.ask);
-        Some(Err(AcquireError::Rejected(rejection)))
-    }
-
-    fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, AcquireError>> {
-        if let Some(done) = self.start_fast() {
-            return Poll::Ready(done);
-        }
+    /// Polls the acquire to completion: the first poll decides (admitted, refused or queued);
+    /// later polls pick up the waiter's fate or time it out.
+    #[inline]
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
         if let Some(done) = self.start(false) {
             return Poll::Ready(done);
         }
+        self.poll_waiting(cx)
+    }
+
+    #[cold]
+    fn poll_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
         if let Some(done) = self.pick_up() {
             return Poll::Ready(done);
         }
@@ -446,10 +425,7 @@ impl<I: Deref<Target = Inner>> Core<I> {
     }
 
     /// The blocking equivalent of polling to completion.
-    fn wait(mut self) -> Result<Grant, AcquireError> {
-        if let Some(done) = self.start_fast() {
-            return done;
-        }
+    fn block(mut self) -> Result<Admission, AcquireError> {
         if let Some(done) = self.start(true) {
             return done;
         }
@@ -479,7 +455,7 @@ impl<I: Deref<Target = Inner>> Core<I> {
     }
 }
 
-impl<I: Deref<Target = Inner>> Drop for Core<I> {
+impl<C: Deref<Target = LlmCore>> Drop for Machine<C> {
     fn drop(&mut self) {
         if !matches!(self.step, Step::Waiting(_)) {
             return;
@@ -487,28 +463,9 @@ impl<I: Deref<Target = Inner>> Drop for Core<I> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()
         };
-        let picked_at = self
-            .inner
-            .listeners
-            .wants_any(DECISION_KINDS)
-            .then(Instant::now);
-        let rejection = match self.inner.withdraw(&waiting.waiter, RejectReason::Aborted) {
-            // Handed a slot nobody will use: the call was still waiting as far as its caller
-            // knew, so it counts as aborted, and the slot and tokens go back (to the next
-            // waiter, if any) as a release would return them.
-            Withdrawal::Granted { .. } => {
-                let (state, limits) = self.inner.snapshot();
-                let ask = waiting.waiter.call.ask;
-                let rejection = self
-                    .inner
-                    .reject(RejectReason::Aborted, state, &limits, ask);
-                self.inner.release_capacity(ask.reserved);
-                rejection
-            }
-            // Counted when it was refused (now, or earlier while it waited).
-            Withdrawal::Refused(rejection) => rejection,
-        };
-        self.inner
+        let picked_at = self.core.wants_decisions().then(Instant::now);
+        let rejection = self.core.engine().cancel(&waiting.waiter);
+        self.core
             .announce_reject(&rejection, Some(waiting.timing), picked_at);
     }
 }

@@ -1,44 +1,9 @@
-//! Per-call options: priority, reservation override and queue timeout.
+//! Per-call options of the LLM bulkhead: priority, reservation override and queue timeout.
 
 use std::time::Duration;
 
+use crate::priority::Priority;
 use crate::reservation::Reservation;
-
-/// A call's priority. High-priority calls may use the whole token budget; normal ones leave the
-/// high-priority reserve untouched.
-///
-/// # Examples
-///
-/// ```
-/// use async_bulkhead_llm::Priority;
-///
-/// assert_eq!(Priority::default(), Priority::Normal);
-/// assert_eq!(Priority::High.as_str(), "high");
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Priority {
-    /// Ordinary traffic (the default).
-    #[default]
-    Normal,
-    /// Traffic that may dip into the high-priority reserve.
-    High,
-}
-
-impl Priority {
-    /// The priority's wire name.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(async_bulkhead_llm::Priority::Normal.as_str(), "normal");
-    /// ```
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Priority::Normal => "normal",
-            Priority::High => "high",
-        }
-    }
-}
 
 /// Options of one acquire or advisory check.
 ///

@@ -5,10 +5,11 @@ use core::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bulkhead::LlmBulkhead;
+use super::bulkhead::LlmBulkhead;
+use super::core::LlmCore;
+use super::estimate::{Estimator, ModelAwareEstimator};
+use crate::engine::limits::{Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
 use crate::error::ConfigError;
-use crate::estimate::{Estimator, ModelAwareEstimator};
-use crate::limits::{Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
 use crate::reservation::DEFAULT_OUTPUT_CAP;
 
 /// Token-budget configuration: the budget, the output cap the estimator assumes when a request
@@ -142,6 +143,22 @@ impl Profile {
             Profile::Batch => Some(Duration::from_secs(30)),
             Profile::Custom { timeout, .. } => *timeout,
         }
+    }
+}
+
+impl LlmBulkhead {
+    /// Starts building a bulkhead for `model` with at most `max_concurrent` calls in flight
+    /// (0 builds a fail-closed bulkhead that refuses everything until limits are raised).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("gpt-4o", 16).build()?;
+    /// assert_eq!(bulkhead.limits().max_concurrent, 16);
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn builder(model: impl Into<String>, max_concurrent: u32) -> LlmBulkheadBuilder {
+        LlmBulkheadBuilder::new(model.into(), max_concurrent)
     }
 }
 
@@ -366,12 +383,9 @@ impl LlmBulkheadBuilder {
                     .expect("no ratio overrides to refuse"),
             ),
         };
-        Ok(LlmBulkhead::from_parts(
-            model,
-            limits,
-            estimator,
-            queue_timeout,
-        ))
+        Ok(LlmBulkhead {
+            core: crate::sync::Arc::new(LlmCore::new(model, limits, estimator, queue_timeout)),
+        })
     }
 }
 

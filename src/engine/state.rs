@@ -16,7 +16,7 @@
 //! - `SLOTS`: admissions holding a concurrency slot (at most [`MAX_SLOTS`], 65,535: far more
 //!   calls in flight than any provider accepts from one process).
 //! - `EPOCH`: the low bits of the limits epoch (the full 64-bit epoch lives beside the published
-//!   limits, see `crate::limits`). Every `apply_limits` advances it with a CAS, so an admission
+//!   limits, see `super::limits`). Every `apply_limits` advances it with a CAS, so an admission
 //!   that read the word before the change fails its own CAS and is re-decided under the new
 //!   limits. The low bits are not the only guard: an admission also checks the full epoch after
 //!   committing, and undoes its commit in the one case the low bits cannot settle: 1,023 or more
@@ -43,13 +43,13 @@
 //!
 //! # How the rest of the design fits
 //!
-//! - The FIFO wait queue (`crate::queue`) keeps its own length under its lock and publishes
+//! - The FIFO wait queue (`super::queue`) keeps its own length under its lock and publishes
 //!   only "non-empty" here (`WAITERS`); a release that sees the bit hands free capacity to the
 //!   queue head with the same kind of CAS as any admission, so the head's slot and tokens are
 //!   taken in one step.
 //! - Admission classes add one packed word per class (class slots and class tokens) beside this
 //!   one, and their limits join the published snapshot under the same epoch. The pure policy
-//!   grows class checks in the order RUST-DESIGN §4 fixes; the epoch check keeps class limits as
+//!   grows class checks in the order `docs/design.md` §D4 fixes; the epoch check keeps class limits as
 //!   linearizable as the global ones.
 //!
 //! # Memory ordering
@@ -271,6 +271,17 @@ impl AtomicState {
             "slot or token count underflow"
         );
         before
+    }
+
+    /// A CAS loop for an update that always applies: `f` maps the current state to the next;
+    /// returns the state written.
+    #[inline]
+    pub(crate) fn modify(&self, mut f: impl FnMut(State) -> State) -> State {
+        self.update(|s| {
+            let next = f(s);
+            Ok::<_, core::convert::Infallible>((next, next))
+        })
+        .unwrap_or_else(|never| match never {})
     }
 
     /// A CAS loop for updates that do not depend on the limits: `decide` maps the current

@@ -2,14 +2,14 @@
 //! allocation, so it can be property-tested against a reference model and reused unchanged by
 //! every path that decides (fail-fast admission, advisory checks, queue hand-off).
 //!
-//! The order of checks is fixed (RUST-DESIGN §4): shutdown, then the priority-adjusted token
+//! The order of checks is fixed (`docs/design.md` §D4): shutdown, then the priority-adjusted token
 //! budget, then concurrency (a limit of 0 never queues), then the queue length. Admission
 //! classes will slot their ceilings and floors in between budget and concurrency.
 
-use crate::limits::Limits;
-use crate::options::Priority;
+use super::limits::Limits;
+use super::state::{MAX_TOKENS, State};
+use crate::priority::Priority;
 use crate::rejection::{CapacityDetail, RejectReason, TokenBudgetDetail};
-use crate::state::{MAX_TOKENS, State};
 
 /// What a call asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,8 +10,8 @@
 
 use core::cell::Cell;
 
+use super::counters::{Counter, Hub, SLOTS, Shard};
 use crate::admission_id::IdParts;
-use crate::stats::{Counter, Hub, SLOTS, Shard};
 use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, lock};
 
 /// No slot taken yet.

@@ -1,0 +1,212 @@
+//! Cumulative counters, sharded per thread: every thread that uses the crate holds a small
+//! *slot* number (see `super::local`), and each engine keeps one shard per slot, so a shard has
+//! exactly one writer at a time, which bumps it with a plain load and store, no locked
+//! instruction and no shared cache line. Reading sums the shards. Slots are reused when threads
+//! exit, and a shard keeps its counts across owners, so the number of shards stays at the number
+//! of threads that used the crate at once.
+
+use std::sync::OnceLock;
+
+use crossbeam_utils::CachePadded;
+
+use crate::admission_id::{self, IdParts};
+use crate::rejection::RejectReason;
+use crate::sync::unmodeled::{self, AtomicU64, Mutex, MutexGuard, Ordering};
+
+/// One cumulative counter of a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counter {
+    Admitted,
+    Reserved,
+    Consumed,
+    /// Tokens removed from holds (gross).
+    Refunded,
+    /// Tokens added to holds above their reservations.
+    Overrun,
+    /// Tokens added back to holds below their reservations (subtracted from the refunds).
+    Reheld,
+    /// Slots the queue handed to waiters.
+    HandedOut,
+    /// Hand-offs their waiters consumed (picked up, or gave back).
+    HandedBack,
+    Rejected(RejectReason),
+}
+
+impl Counter {
+    const COUNT: usize = 8 + RejectReason::ALL.len();
+
+    #[inline]
+    fn index(self) -> usize {
+        match self {
+            Counter::Admitted => 0,
+            Counter::Reserved => 1,
+            Counter::Consumed => 2,
+            Counter::Refunded => 3,
+            Counter::Overrun => 4,
+            Counter::Reheld => 5,
+            Counter::HandedOut => 6,
+            Counter::HandedBack => 7,
+            Counter::Rejected(reason) => 8 + reason as usize,
+        }
+    }
+}
+
+/// One slot's counters for one bulkhead. Its admission count is also the sequence of the
+/// admission ids it mints (see `crate::admission_id`).
+#[derive(Debug)]
+pub(crate) struct Shard(CachePadded<ShardCells>);
+
+#[derive(Debug)]
+struct ShardCells {
+    counts: [AtomicU64; Counter::COUNT],
+    /// This shard's id tag (immutable).
+    tag: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Shard {
+        Shard(CachePadded::new(ShardCells {
+            counts: Default::default(),
+            tag: admission_id::new_tag(),
+        }))
+    }
+}
+
+impl Shard {
+    /// Counts an admission of `reserved` tokens and mints its id. Single-writer, like `bump`.
+    #[inline]
+    pub(crate) fn admit(&self, reserved: u64) -> IdParts {
+        let admitted = &self.0.counts[Counter::Admitted.index()];
+        let seq = admitted.load(Ordering::Relaxed);
+        admitted.store(seq + 1, Ordering::Release);
+        if reserved > 0 {
+            self.bump(Counter::Reserved, reserved);
+        }
+        IdParts::new(self.0.tag, seq)
+    }
+
+    /// Adds `by` to `counter`, saturating.
+    ///
+    /// Single-writer: only the thread the shard is attached to (or a holder of the hub's
+    /// fallback lock) calls this, so the plain load and store cannot lose an update. The load
+    /// is `Relaxed` (the writer reads its own latest value). The store is `Release` so that a
+    /// reader whose `Acquire` load sees a count also sees the admission-word update that came
+    /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
+    #[inline]
+    pub(crate) fn bump(&self, counter: Counter, by: u64) {
+        let cell = &self.0.counts[counter.index()];
+        cell.store(
+            cell.load(Ordering::Relaxed).saturating_add(by),
+            Ordering::Release,
+        );
+    }
+}
+
+/// Shards per chunk of a hub.
+const CHUNK: usize = 64;
+/// Chunks per hub: slots `0..CHUNK * CHUNKS` have a shard of their own.
+const CHUNKS: usize = 64;
+/// The number of slots with a shard of their own; threads beyond it share the locked fallback.
+pub(crate) const SLOTS: u32 = (CHUNK * CHUNKS) as u32;
+
+/// All shards of one bulkhead: one per slot, allocated a chunk at a time when a slot of the
+/// chunk first counts something, and read without a lock.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    chunks: [OnceLock<Box<[Shard; CHUNK]>>; CHUNKS],
+    /// Used (under its lock) by threads without a slot (their thread-local state is being
+    /// torn down, or more than `SLOTS` threads use the crate at once).
+    fallback: Mutex<Shard>,
+}
+
+impl Default for Hub {
+    fn default() -> Hub {
+        Hub {
+            chunks: core::array::from_fn(|_| OnceLock::new()),
+            fallback: Mutex::default(),
+        }
+    }
+}
+
+impl Hub {
+    /// The shard of `slot`, if its chunk exists (`None` for slots without a shard).
+    #[inline]
+    pub(crate) fn shard(&self, slot: u32) -> Option<&Shard> {
+        let slot = slot as usize;
+        let chunk = self.chunks.get(slot / CHUNK)?.get()?;
+        Some(&chunk[slot % CHUNK])
+    }
+
+    /// The shard of `slot`, allocating its chunk if needed (`None` for slots without one).
+    #[cold]
+    pub(crate) fn shard_or_init(&self, slot: u32) -> Option<&Shard> {
+        let slot = slot as usize;
+        let chunk = self
+            .chunks
+            .get(slot / CHUNK)?
+            .get_or_init(|| Box::new(core::array::from_fn(|_| Shard::default())));
+        Some(&chunk[slot % CHUNK])
+    }
+
+    /// The shared fallback shard, locked.
+    pub(crate) fn fallback(&self) -> MutexGuard<'_, Shard> {
+        unmodeled::lock(&self.fallback)
+    }
+
+    /// Every counter summed over every shard, in one pass.
+    pub(crate) fn totals(&self) -> Totals {
+        let mut totals = Totals([0; Counter::COUNT]);
+        let mut add = |shard: &Shard| {
+            for (total, cell) in totals.0.iter_mut().zip(shard.0.counts.iter()) {
+                *total = total.saturating_add(cell.load(Ordering::Acquire));
+            }
+        };
+        add(&self.fallback());
+        for chunk in self.chunks.iter().filter_map(OnceLock::get) {
+            chunk.iter().for_each(&mut add);
+        }
+        totals
+    }
+}
+
+/// Counter sums at one moment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Totals([u64; Counter::COUNT]);
+
+impl Totals {
+    pub(crate) fn get(&self, counter: Counter) -> u64 {
+        self.0[counter.index()]
+    }
+
+    /// Refusals for `reason`.
+    pub(crate) fn rejected(&self, reason: RejectReason) -> u64 {
+        self.get(Counter::Rejected(reason))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_below_the_limit_has_its_own_shard_and_the_rest_share_the_fallback() {
+        let hub = Hub::default();
+        assert!(hub.shard(0).is_none(), "chunks are allocated on first use");
+        for slot in [0, 63, 64, SLOTS - 1] {
+            hub.shard_or_init(slot).unwrap().bump(Counter::Consumed, 1);
+            assert!(hub.shard(slot).is_some());
+        }
+        assert!(hub.shard(SLOTS).is_none() && hub.shard_or_init(SLOTS).is_none());
+        assert!(hub.shard_or_init(u32::MAX).is_none());
+        hub.fallback().bump(Counter::Consumed, 10);
+        assert_eq!(hub.totals().get(Counter::Consumed), 14);
+        // Distinct shards, distinct id tags.
+        let a = hub.shard(0).unwrap().admit(0);
+        let b = hub
+            .shard(1)
+            .unwrap_or_else(|| hub.shard_or_init(1).unwrap())
+            .admit(0);
+        assert_ne!(a.id(), b.id());
+        assert_eq!(hub.totals().get(Counter::Admitted), 2);
+    }
+}

@@ -1,0 +1,607 @@
+//! The admission engine: a hard cap on slots and tokens in flight, decided by one lock-free
+//! compare-and-swap per admission, with a strictly FIFO wait queue, versioned limits, close and
+//! drain. It knows nothing of requests, estimators or events: a call asks for a number of tokens
+//! at a priority ([`Ask`]) and gets a [`Grant`], a [`Rejection`] or a place in the queue.
+//!
+//! Everything above it (the LLM wing in `crate::llm`, and whatever bulkhead is built next) goes
+//! through [`Engine`]'s methods; its fields are private to this folder.
+//!
+//! - `state`: the packed admission word (slots, tokens, epoch bits, flags).
+//! - `limits`: the public [`Limits`] snapshot, its validation, and the double-buffered copy that
+//!   admissions read without a lock.
+//! - `policy`: the decision as a pure function of (word, limits, ask).
+//! - `queue` and `fifo`: the wait queue and its hand-off protocol.
+//! - `grant`: what the engine records of one admission.
+//! - `counters` and `local`: cumulative counters in per-thread shards; admission ids.
+//! - `timer`: the process-wide timer behind queue timeouts and bounded drains.
+//! - `drain`: waiting for quiescence.
+//!
+//! # How a decision is made
+//!
+//! [`Engine::decide`] reads the word and the limits published for its epoch, decides with a pure
+//! function and commits with one CAS; a change of limits advances the epoch bits, so a decision
+//! made under old limits fails its CAS and is made again (`limits` explains the protocol and the
+//! one case the bits cannot settle). A release is one `fetch_sub` and serves the queue or the
+//! drainers only when the word says someone waits.
+
+mod counters;
+pub(crate) mod drain;
+mod fifo;
+mod grant;
+pub(crate) mod limits;
+mod local;
+pub(crate) mod policy;
+mod queue;
+mod state;
+pub(crate) mod timer;
+mod waiting;
+
+use core::fmt;
+
+use crossbeam_utils::Backoff;
+
+use crate::error::{LimitsError, UsageError};
+use crate::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Mutex, lock};
+
+pub(crate) use counters::Counter;
+use counters::Hub;
+pub(crate) use grant::Grant;
+use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION, PublishedLimits};
+pub(crate) use policy::Ask;
+use policy::{Refusal, Turn, Verdict};
+pub(crate) use queue::Waiter;
+use queue::{Arrival, HandedOff, WaitQueue};
+use state::{AtomicState, EPOCH_BITS, State};
+
+/// Whether a call that finds no free slot may wait for one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Refused at once (`try_acquire`).
+    Never,
+    /// May join the queue, to be woken through its waker, or as a parked thread if `blocking`.
+    Queue { blocking: bool },
+}
+
+/// What [`Engine::admit`] decided.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Admitted now (counted, with its id).
+    Admitted(Grant),
+    /// Refused now (counted).
+    Refused(Rejection),
+    /// Waiting in the queue: its outcome comes through the waiter.
+    Queued(crate::sync::Arc<Waiter>),
+}
+
+/// Figures read for a statistics snapshot (see `crate::stats`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Figures {
+    pub(crate) limits: Limits,
+    pub(crate) closed: bool,
+    pub(crate) in_flight: u64,
+    pub(crate) in_flight_tokens: u64,
+    pub(crate) pending: u64,
+    pub(crate) admitted: u64,
+    pub(crate) released: u64,
+    pub(crate) rejected: [u64; RejectReason::ALL.len()],
+    pub(crate) reserved: u64,
+    pub(crate) consumed: u64,
+    /// Net of re-holds.
+    pub(crate) refunded: u64,
+    pub(crate) overrun: u64,
+}
+
+/// The engine shared by every clone of a bulkhead and every permit.
+pub(crate) struct Engine {
+    /// The packed admission word (written by every admission and release; cache-padded).
+    state: AtomicState,
+    /// The limits in force, readable without a lock (see `limits`).
+    published: PublishedLimits,
+    /// Serialises limit writers and holds the authoritative copy of the limits in force.
+    writer: Mutex<Limits>,
+    /// Calls waiting for a slot, in arrival order (see `queue`).
+    queue: WaitQueue,
+    /// Notified when the engine becomes idle while a drain waits (see `drain`).
+    drained: event_listener::Event,
+    /// Counts those notifications, so a woken drainer knows an idle moment happened.
+    idle_generation: AtomicU64,
+    /// Cumulative counters, sharded per thread.
+    counters: Hub,
+    /// Whether the limits carry a token budget (fixed at construction).
+    has_budget: bool,
+}
+
+impl Engine {
+    /// An engine enforcing `limits` (already validated), with nothing in flight.
+    pub(crate) fn new(limits: Limits) -> Engine {
+        Engine {
+            state: AtomicState::new(),
+            published: PublishedLimits::new(&limits),
+            has_budget: limits.token_budget.is_some(),
+            writer: Mutex::new(limits),
+            queue: WaitQueue::new(),
+            drained: event_listener::Event::new(),
+            idle_generation: AtomicU64::new(0),
+            counters: Hub::default(),
+        }
+    }
+
+    /// Whether the limits carry a token budget.
+    #[inline]
+    pub(crate) fn has_budget(&self) -> bool {
+        self.has_budget
+    }
+
+    // ----- admission -----
+
+    /// The front door of every admission: admits `ask` now, refuses it now, or (if `wait`
+    /// allows and only a slot is missing) queues it. Admissions and refusals are counted.
+    #[inline]
+    pub(crate) fn admit(&self, ask: Ask, wait: Wait) -> Decision {
+        match self.admit_now(ask) {
+            Ok(revision) => Decision::Admitted(self.grant(ask, revision)),
+            Err((Refusal::NoSlot, state, limits)) => {
+                // The limits alone can refuse without the queue lock; the queue length cannot.
+                match (wait, policy::queue_or_refuse(&limits, 0)) {
+                    (Wait::Queue { blocking }, Ok(())) => match self.arrive(ask, blocking) {
+                        Arrival::Admitted { revision } => {
+                            Decision::Admitted(self.grant(ask, revision))
+                        }
+                        Arrival::Queued(waiter) => Decision::Queued(waiter),
+                        Arrival::Refused(rejection) => Decision::Refused(rejection),
+                    },
+                    (_, may_queue) => {
+                        let reason = may_queue.err().unwrap_or(RejectReason::ConcurrencyLimit);
+                        Decision::Refused(self.reject(reason, state, &limits, ask))
+                    }
+                }
+            }
+            Err((refusal, state, limits)) => {
+                Decision::Refused(self.reject(refusal.reason(), state, &limits, ask))
+            }
+        }
+    }
+
+    /// Counts an admission of `ask` under `revision` and mints its id: the grant of a decision
+    /// that committed (now, or by a hand-off the waiter picked up).
+    #[inline]
+    pub(crate) fn grant(&self, ask: Ask, revision: u64) -> Grant {
+        let id = local::with(&self.counters, |sink| sink.admit(ask.reserved));
+        Grant::new(id, revision, ask.priority, ask.reserved)
+    }
+
+    /// Admits `ask` now, as a newcomer, or says why not (with the word and limits it decided on).
+    #[inline]
+    fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
+        self.decide(false, |s, limits| {
+            match policy::admit(s, limits, ask, Turn::Newcomer) {
+                Ok(next) => Ok((next, limits.revision)),
+                Err(refusal) => Err((refusal, s, *limits)),
+            }
+        })
+    }
+
+    /// Counts a refusal and builds its rejection. Inlined: refusing fast is a goal of its own,
+    /// and inlining lets the rejection be built where the caller returns it.
+    #[inline]
+    pub(crate) fn reject(
+        &self,
+        reason: RejectReason,
+        state: State,
+        limits: &Limits,
+        ask: Ask,
+    ) -> Rejection {
+        self.count(Counter::Rejected(reason), 1);
+        Rejection::new(reason, policy::detail(state, limits, self.pending(), ask))
+    }
+
+    /// What an admission of `ask` would get now, and the snapshot it would be decided on;
+    /// reserves and counts nothing.
+    pub(crate) fn would_admit(&self, ask: Ask) -> (Verdict, CapacityDetail) {
+        let (state, limits) = self.snapshot();
+        let pending = self.pending();
+        (
+            policy::verdict(state, &limits, pending, ask),
+            policy::detail(state, &limits, pending, ask),
+        )
+    }
+
+    /// Runs one decision against the current word and the limits in force, linearizably with
+    /// `apply_limits` (see `limits` for the protocol and why it is sound).
+    ///
+    /// `decide` answers `Ok((next, out))` to commit `next` with a CAS (re-deciding from the
+    /// value a failed CAS returns), or `Err(out)` to commit nothing. A refusal is returned only
+    /// if no limit change overlapped the reading of the limits. A commit is kept unless
+    /// 2^`EPOCH_BITS` − 1 limit changes were published between the reading of the word and the
+    /// check right after the CAS (then the word's epoch bits cannot tell whether it used stale
+    /// limits): such a commit is undone (see [`undo_commit`](Engine::undo_commit)) and the
+    /// decision starts over. `queue_locked` says whether the caller holds the queue lock.
+    #[inline(always)]
+    fn decide<T, U>(
+        &self,
+        queue_locked: bool,
+        mut decide: impl FnMut(State, &Limits) -> Result<(State, T), U>,
+    ) -> Result<T, U> {
+        let backoff = Backoff::new();
+        'start: loop {
+            let mut before = self.published.epoch();
+            let mut current = self.state.load();
+            loop {
+                let seen = self.published.epoch();
+                let Some(epoch) = word_epoch(before, seen, current) else {
+                    // A writer finished a change between the two loads: read again.
+                    backoff.spin();
+                    continue 'start;
+                };
+                let limits = self.published.read(epoch);
+                match decide(current, &limits) {
+                    Err(out) => {
+                        // No later writer began overwriting the slot we read.
+                        if self.published.epoch() <= epoch {
+                            return Err(out);
+                        }
+                        continue 'start;
+                    }
+                    Ok((next, out)) => match self.state.compare_exchange(current, next) {
+                        Ok(()) => {
+                            let after = self.published.epoch();
+                            // Fewer than 2^EPOCH_BITS - 1 later epochs published: the epoch
+                            // bits cannot have wrapped back to ours, so no limit change
+                            // landed between our read of the word and our CAS.
+                            if (after as i64).wrapping_sub(epoch as i64) < (1 << EPOCH_BITS) - 1 {
+                                return Ok(out);
+                            }
+                            self.undo_commit(current, next, queue_locked);
+                            continue 'start;
+                        }
+                        Err(actual) => {
+                            current = actual;
+                            before = seen;
+                            backoff.spin();
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    /// Reverts a commit from `current` to `next` that [`decide`](Engine::decide) could not
+    /// vouch for: takes back the slot and tokens it added and restores the queue flag it
+    /// changed (only the queue, under its lock, changes that flag, and the queue's commits are
+    /// made under that lock). Returning capacity is a release: it serves the drainers, and the
+    /// queue unless the caller holds the queue lock (then it is the pump, or a newcomer that
+    /// found the queue empty, and decides again itself).
+    #[cold]
+    fn undo_commit(&self, current: State, next: State, queue_locked: bool) {
+        let added_slot = next.slots() != current.slots();
+        let added_tokens = next.tokens() - current.tokens();
+        let restore_waiters =
+            (next.has_waiters() != current.has_waiters()).then_some(current.has_waiters());
+        let after = self.state.modify(|s| {
+            let undone = if added_slot {
+                s.without_admission(added_tokens)
+            } else {
+                s
+            };
+            match restore_waiters {
+                Some(waiters) => undone.with_waiters(waiters),
+                None => undone,
+            }
+        });
+        if after.has_waiters() && !queue_locked {
+            self.pump();
+        }
+        self.idle_check(after);
+    }
+
+    // ----- holds and release -----
+
+    /// Moves `grant`'s hold to `to` tokens in one CAS of the word; returns the previous hold.
+    ///
+    /// # Errors
+    ///
+    /// [`UsageError::HoldOverflow`] when the tokens in flight would pass what the word counts
+    /// ([`MAX_BUDGET`](crate::MAX_BUDGET)); nothing changes.
+    pub(crate) fn move_hold(&self, grant: &mut Grant, to: u64) -> Result<u64, UsageError> {
+        let from = grant.held();
+        if from != to {
+            self.state.update(|s| {
+                let tokens = if to >= from {
+                    s.tokens().checked_add(to - from)
+                } else {
+                    Some(s.tokens() - (from - to))
+                };
+                let next = tokens
+                    .and_then(|t| s.with_tokens(t))
+                    .ok_or(UsageError::HoldOverflow)?;
+                Ok((next, ()))
+            })?;
+            grant.set_held(to);
+        }
+        Ok(from)
+    }
+
+    /// Returns `grant`'s slot and hold, then serves the queue or the drainers if the word said
+    /// someone waits for that.
+    #[inline]
+    pub(crate) fn release(&self, grant: &Grant) {
+        self.release_capacity(grant.held());
+    }
+
+    /// Returns one slot and `held` tokens (see [`release`](Engine::release)).
+    #[inline]
+    fn release_capacity(&self, held: u64) {
+        let before = self.state.release(held);
+        if before.needs_attention_on_release() {
+            self.after_release(before);
+        }
+    }
+
+    #[cold]
+    fn after_release(&self, before: State) {
+        if before.has_waiters() {
+            self.pump();
+        } else if before.is_draining() && before.slots() == 1 {
+            self.notify_drained();
+        }
+    }
+
+    // ----- counters -----
+
+    /// Bumps a counter in this thread's shard.
+    #[inline]
+    pub(crate) fn count(&self, counter: Counter, by: u64) {
+        local::with(&self.counters, |sink| sink.bump(counter, by));
+    }
+
+    /// Bumps several counters in this thread's shard (one slot lookup).
+    #[inline]
+    pub(crate) fn count_all(&self, counts: &[(Counter, u64)]) {
+        local::with(&self.counters, |sink| {
+            for &(counter, by) in counts {
+                sink.bump(counter, by);
+            }
+        });
+    }
+
+    // ----- reading -----
+
+    /// A consistent (word, limits) pair, without a lock: the word at one moment and the
+    /// limits in force at that moment.
+    fn snapshot(&self) -> (State, Limits) {
+        let backoff = Backoff::new();
+        loop {
+            let before = self.published.epoch();
+            let state = self.state.load();
+            let seen = self.published.epoch();
+            if let Some(epoch) = word_epoch(before, seen, state) {
+                let limits = self.published.read(epoch);
+                if self.published.epoch() <= epoch {
+                    return (state, limits);
+                }
+            }
+            backoff.spin();
+        }
+    }
+
+    /// The limits in force.
+    pub(crate) fn limits(&self) -> Limits {
+        self.snapshot().1
+    }
+
+    /// Calls waiting in the queue.
+    pub(crate) fn pending(&self) -> u64 {
+        self.queue.len()
+    }
+
+    /// Slots held now.
+    pub(crate) fn in_flight(&self) -> u64 {
+        u64::from(self.state.load().slots())
+    }
+
+    /// Whether the engine has been closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.load().is_closed()
+    }
+
+    /// Everything a statistics snapshot reports, read at one moment.
+    pub(crate) fn figures(&self) -> Figures {
+        // Counters first, then the word: an admission whose count we see (Acquire, pairing
+        // with the shard's Release store) has its slot in the word we read after, so
+        // `admitted - in_flight` never counts a call as released before it was; it may lag
+        // calls completing right now, and is exact once the callers are synchronised with us.
+        let totals = self.counters.totals();
+        let (state, limits) = self.snapshot();
+        let admitted = totals.get(Counter::Admitted);
+        let in_flight = u64::from(state.slots());
+        // Slots handed to waiters that have not picked them up are in flight but not yet
+        // admitted.
+        let handed = totals
+            .get(Counter::HandedOut)
+            .saturating_sub(totals.get(Counter::HandedBack));
+        Figures {
+            limits,
+            closed: state.is_closed(),
+            in_flight,
+            in_flight_tokens: state.tokens(),
+            pending: self.pending(),
+            admitted,
+            // Every admission either holds a slot or has been settled.
+            released: admitted.saturating_sub(in_flight.saturating_sub(handed)),
+            rejected: core::array::from_fn(|i| totals.rejected(RejectReason::ALL[i])),
+            reserved: totals.get(Counter::Reserved),
+            consumed: totals.get(Counter::Consumed),
+            refunded: totals
+                .get(Counter::Refunded)
+                .saturating_sub(totals.get(Counter::Reheld)),
+            overrun: totals.get(Counter::Overrun),
+        }
+    }
+
+    // ----- limits and close -----
+
+    /// Installs `next` atomically if its revision is newer (see
+    /// [`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits) for the contract).
+    pub(crate) fn apply_limits(&self, next: Limits) -> Result<ApplyOutcome, LimitsError> {
+        if next.revision > MAX_REVISION {
+            return Err(LimitsError::RevisionTooLarge {
+                value: next.revision,
+                max: MAX_REVISION,
+            });
+        }
+        let mut current = lock(&self.writer);
+        if next.revision <= current.revision {
+            return Ok(ApplyOutcome::Stale { current: *current });
+        }
+        limits::validate(&next, self.has_budget)?;
+        let (previous, handed_off) = self.install(&mut current, next);
+        drop(current);
+        // Wake only now: a woken task may be polled inline and call back into the limits.
+        self.finish(handed_off);
+        Ok(ApplyOutcome::Applied {
+            previous,
+            current: next,
+        })
+    }
+
+    /// Changes only the token budget, at the next revision; returns `(previous, current)`.
+    pub(crate) fn set_budget(&self, tokens: u64) -> Result<(Limits, Limits), LimitsError> {
+        let mut current = lock(&self.writer);
+        let Some(budget) = current.token_budget else {
+            return Err(LimitsError::TokenBudgetNotConfigured);
+        };
+        if current.revision >= MAX_REVISION {
+            return Err(LimitsError::RevisionExhausted {
+                current: current.revision,
+            });
+        }
+        if tokens > MAX_BUDGET {
+            return Err(LimitsError::BudgetTooLarge {
+                value: tokens,
+                max: MAX_BUDGET,
+            });
+        }
+        let next = Limits {
+            revision: current.revision + 1,
+            token_budget: Some(BudgetLimits {
+                budget: tokens,
+                ..budget
+            }),
+            ..*current
+        };
+        let (previous, handed_off) = self.install(&mut current, next);
+        drop(current);
+        self.finish(handed_off);
+        Ok((previous, next))
+    }
+
+    /// Publishes `next` and makes it current. The caller holds the writer lock (`current` is
+    /// its guard's contents) and has validated `next`. Returns the replaced limits and the
+    /// hand-offs the new limits allowed, which the caller wakes after releasing the lock.
+    ///
+    /// The hand-offs are made here, under the writer lock, so that once `apply_limits`
+    /// returns every waiter the new limits admit has its slot (no later change can slip in
+    /// between and decide for them under other limits).
+    fn install(&self, current: &mut Limits, next: Limits) -> (Limits, HandedOff) {
+        // Only writers move the epoch and we hold the writer lock, so it is stable here.
+        let epoch = self.published.epoch();
+        self.published.store(epoch + 1, &next);
+        // The linearization point: admissions that read the word before this fail their CAS,
+        // and those that read it after see the new epoch's bits (and so read the new slot).
+        let after = self.state.modify(|s| {
+            debug_assert!(s.matches_epoch(epoch));
+            s.with_next_epoch()
+        });
+        self.published.set_epoch(epoch + 1);
+        let previous = core::mem::replace(current, next);
+        let handed_off = if after.has_waiters() {
+            // Raised limits admit waiters at once, in order.
+            self.hand_off()
+        } else {
+            HandedOff::default()
+        };
+        (previous, handed_off)
+    }
+
+    /// Stops admission for good; `true` for the call that closed it. Every waiter is refused
+    /// `shutdown`.
+    pub(crate) fn close(&self) -> bool {
+        let closed_now = self
+            .state
+            .update(|s| {
+                if s.is_closed() {
+                    Err(())
+                } else {
+                    Ok((s.with_closed(), ()))
+                }
+            })
+            .is_ok();
+        if closed_now {
+            // No call can join the queue any more (it would see the flag); empty it.
+            self.refuse_all_waiters();
+        }
+        closed_now
+    }
+
+    // ----- drain -----
+
+    /// Wakes the drainers if `state` (just written) is idle and someone drains.
+    fn idle_check(&self, state: State) {
+        if state.is_idle() && state.is_draining() {
+            self.notify_drained();
+        }
+    }
+
+    #[cold]
+    fn notify_drained(&self) {
+        // Clear the flag first: a drainer that re-arms after the notification waits for the
+        // next idle moment, and one that was armed sees the generation move.
+        let _ = self.state.update(|s| {
+            if s.is_draining() {
+                Ok((s.with_draining(false), ()))
+            } else {
+                Err(())
+            }
+        });
+        // Release: pairs with the drainers' Acquire loads of the generation.
+        self.idle_generation.fetch_add(1, Ordering::Release);
+        self.drained.notify(usize::MAX);
+    }
+}
+
+impl fmt::Debug for Engine {
+    /// Never blocks: reads the admission word and the published limits only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (state, limits) = self.snapshot();
+        let mut d = f.debug_struct("Engine");
+        d.field("in_flight", &state.slots())
+            .field("closed", &state.is_closed())
+            .field("limits", &limits);
+        if self.has_budget {
+            d.field("in_flight_tokens", &state.tokens());
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+/// The full epoch of the limits `word` was written under, from two loads of the published
+/// epoch made just before (`before`) and just after (`seen`) the word was read; `None` if a
+/// writer finished a change between them.
+///
+/// Writers advance the word's epoch bits and only then store the next epoch, so while the two
+/// loads agree the word's epoch is `seen` or, if a writer is between its two steps, `seen + 1`;
+/// the bits tell which. Nothing waits for that writer: its new slot was complete before it
+/// advanced the bits.
+#[inline]
+fn word_epoch(before: u64, seen: u64, word: State) -> Option<u64> {
+    if before != seen {
+        None
+    } else if word.matches_epoch(seen) {
+        Some(seen)
+    } else {
+        debug_assert!(word.matches_epoch(seen + 1));
+        Some(seen + 1)
+    }
+}

@@ -1,0 +1,540 @@
+//! [`LlmBulkhead`]: the public face of the LLM wing. Every method is a thin call into the
+//! [`LlmCore`] (which pairs the engine with the estimator and the listeners); the acquire
+//! family lives in `acquire.rs` and `run` in `run.rs`.
+
+use core::fmt;
+use std::time::Duration;
+
+use crate::engine::drain::{Drain, DrainTimeout};
+use crate::engine::limits::{ApplyOutcome, Limits};
+use crate::engine::policy::Verdict;
+use crate::engine::{Ask, Wait};
+use crate::error::{AcquireError, LimitsError, RequestError};
+use crate::events::{ALL_KINDS, Event, EventKind, Subscription, kinds_mask};
+use crate::rejection::CapacityDetail;
+use crate::reservation::Reservation;
+use crate::stats::Stats;
+use crate::sync::Arc;
+
+use super::core::{Admitted, LlmCore};
+use super::options::AcquireOptions;
+use super::permit::{OwnedPermit, Permit};
+use super::request::LlmRequest;
+
+/// Admission control for calls to one LLM: a hard cap on calls in flight and, optionally, on
+/// tokens in flight, decided by one lock-free compare-and-swap per admission.
+///
+/// Cloning is cheap (a reference count) and every clone is the same bulkhead.
+///
+/// # Memory ordering
+///
+/// Admission and release are `AcqRel` read-modify-writes of one atomic word, so they are
+/// totally ordered, and everything a permit holder did before releasing happens-before the
+/// admission that reuses its capacity. Refusals, advisory checks and statistics behave like
+/// `Acquire` loads of that word. `apply_limits`, `set_budget` and `close` are linearizable
+/// with admissions: once they return, no admission decided under the previous limits (or
+/// before the close) can still succeed.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, TokenBudget, TokenUsage};
+///
+/// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 8)
+///     .token_budget(TokenBudget::new(8_000))
+///     .build()?;
+///
+/// let request = LlmRequest::new().user("Explain bulkheads in one line.").max_tokens(200);
+/// let permit = bulkhead.try_acquire(&request, AcquireOptions::new())?;
+/// assert_eq!(permit.held_tokens(), 8 + 200); // ceil(30 chars / 4) input + 200 output
+///
+/// // ... call the provider ...
+/// let report = permit.release(Some(TokenUsage::new(8, 60)?));
+/// assert_eq!(report.refunded_tokens, 140);
+///
+/// // A request that cannot fit is refused at once, with a capacity snapshot.
+/// let huge = LlmRequest::new().user("x".repeat(40_000)).max_tokens(1);
+/// let err = bulkhead.try_acquire(&huge, AcquireOptions::new()).unwrap_err();
+/// assert_eq!(err.rejection().unwrap().reason(), RejectReason::BudgetLimit);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct LlmBulkhead {
+    pub(crate) core: Arc<LlmCore>,
+}
+
+impl LlmBulkhead {
+    /// The model this bulkhead guards (the estimator's default model).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// assert_eq!(bulkhead.model(), "gpt-4o");
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn model(&self) -> &str {
+        self.core.model()
+    }
+
+    /// Admits the call now or refuses it now; never waits.
+    ///
+    /// The reservation is the options' override, or else the estimate for `request` (only
+    /// when the bulkhead has a token budget; without one nothing is estimated). The checks, in
+    /// order: closed (`shutdown`), the priority-adjusted token budget (`budget_limit`), a free
+    /// slot (`concurrency_limit`). Slot and tokens are taken in one atomic step.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Rejected`] for a capacity refusal (with its snapshot), and
+    /// [`AcquireError::Invalid`] when the estimate cannot be represented; in both cases
+    /// nothing is held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().reason(), RejectReason::ConcurrencyLimit);
+    /// drop(permit);
+    /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Permit<'_>, AcquireError> {
+        let call = self.core.resolve(request, options)?;
+        match self.core.admit(call, Wait::Never) {
+            Admitted::Now(admission) => Ok(Permit::borrowed(&self.core, admission)),
+            Admitted::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
+            Admitted::Queued(..) => unreachable!("`Wait::Never` never queues"),
+        }
+    }
+
+    /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
+    /// the bulkhead alive (for spawned tasks and response bodies).
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_acquire`](LlmBulkhead::try_acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let permit = bulkhead.try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())?;
+    /// drop(bulkhead); // the permit keeps the bulkhead alive
+    /// drop(permit);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<OwnedPermit, AcquireError> {
+        let call = self.core.resolve(request, options)?;
+        match self.core.admit(call, Wait::Never) {
+            Admitted::Now(admission) => Ok(Permit::owned(Arc::clone(&self.core), admission)),
+            Admitted::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
+            Admitted::Queued(..) => unreachable!("`Wait::Never` never queues"),
+        }
+    }
+
+    /// The reservation an admission of `request` would make, without reserving anything:
+    /// `None` when the bulkhead has no token budget. Passing the result back with
+    /// [`AcquireOptions::reservation`] admits exactly this reservation.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError`] when the estimate cannot be represented.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4).token_budget(TokenBudget::new(10_000)).build()?;
+    /// let request = LlmRequest::new().user("x".repeat(401));
+    /// let preview = bulkhead.estimate(&request)?.unwrap();
+    /// assert_eq!(preview, Reservation::new(101, 2048)?);
+    /// let permit = bulkhead.try_acquire(&request, AcquireOptions::new().reservation(preview))?;
+    /// assert_eq!(permit.reservation(), Some(preview));
+    ///
+    /// let unbudgeted = LlmBulkhead::builder("m", 4).build()?;
+    /// assert_eq!(unbudgeted.estimate(&request)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimate(&self, request: &LlmRequest) -> Result<Option<Reservation>, RequestError> {
+        if self.core.engine().has_budget() {
+            Ok(Some(
+                self.core.estimator().estimate(request)?.reservation()?,
+            ))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Whether `request` would be admitted now, without reserving anything or counting
+    /// anything. A closed bulkhead answers `shutdown` first.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError`] when the estimate cannot be represented (checked before anything else).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Verdict};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build()?;
+    /// let request = LlmRequest::new();
+    /// assert_eq!(bulkhead.would_admit(&request, AcquireOptions::new())?, Verdict::Admit);
+    /// let _held = bulkhead.try_acquire(&request, AcquireOptions::new())?;
+    /// assert_eq!(bulkhead.would_admit(&request, AcquireOptions::new())?, Verdict::Queue);
+    /// bulkhead.close();
+    /// assert_eq!(
+    ///     bulkhead.would_admit(&request, AcquireOptions::new())?,
+    ///     Verdict::Reject(RejectReason::Shutdown),
+    /// );
+    /// assert_eq!(bulkhead.stats().rejected, 0); // advisory checks count nothing
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn would_admit(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Verdict, RequestError> {
+        self.would_admit_with_detail(request, options)
+            .map(|(verdict, _)| verdict)
+    }
+
+    /// [`would_admit`](LlmBulkhead::would_admit), plus the capacity snapshot the verdict was
+    /// made on (for an admit as well as a refusal).
+    ///
+    /// # Errors
+    ///
+    /// As for [`would_admit`](LlmBulkhead::would_admit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, Verdict};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 2).token_budget(TokenBudget::new(1000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(300, 400)?);
+    /// let (verdict, detail) = bulkhead.would_admit_with_detail(&LlmRequest::new(), opts)?;
+    /// assert_eq!(verdict, Verdict::Admit);
+    /// assert_eq!(detail.token_budget.unwrap().requested, 700);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn would_admit_with_detail(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<(Verdict, CapacityDetail), RequestError> {
+        let ask: Ask = self.core.resolve(request, options)?.ask;
+        Ok(self.core.engine().would_admit(ask))
+    }
+
+    /// The limits in force.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 3)
+    ///     .token_budget(TokenBudget::new(900).high_priority_reserve(100))
+    ///     .build()?;
+    /// assert_eq!(bulkhead.limits(), Limits::new(0, 3).with_token_budget(900, 100));
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn limits(&self) -> Limits {
+        self.core.engine().limits()
+    }
+
+    /// Installs a new limits snapshot atomically, if its revision is newer.
+    ///
+    /// - A revision not greater than the current one returns [`ApplyOutcome::Stale`] without
+    ///   examining the rest of the snapshot; nothing changes.
+    /// - Otherwise the whole snapshot is validated before anything changes. Whether a token
+    ///   budget exists is fixed at construction. A high-priority reserve above the budget is
+    ///   allowed (normal-priority calls then get no tokens).
+    /// - Lowering a limit never revokes anything: calls in flight keep their capacity and new
+    ///   admissions wait for attrition (shrink by attrition). Raising one takes effect for the
+    ///   very next admission.
+    ///
+    /// Linearizable with admissions: once this returns, every admission decision uses the new
+    /// limits, and each permit keeps the revision that admitted it.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError`] when the revision exceeds 2^53 - 1 (checked first), `max_concurrent`
+    /// exceeds [`MAX_CONCURRENT`](crate::MAX_CONCURRENT), the budget exceeds
+    /// [`MAX_BUDGET`](crate::MAX_BUDGET), or the token budget's presence does not match the
+    /// construction.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, ApplyOutcome, Limits, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 2).build()?;
+    /// let a = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let b = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    ///
+    /// // Shrink to 1 while 2 are in flight: nothing is revoked, new calls wait for attrition.
+    /// let outcome = bulkhead.apply_limits(Limits::new(1, 1))?;
+    /// assert_eq!(outcome, ApplyOutcome::Applied { previous: Limits::new(0, 2), current: Limits::new(1, 1) });
+    /// drop(a);
+    /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_err());
+    /// drop(b);
+    /// let c = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert_eq!(c.limit_revision(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply_limits(&self, next: Limits) -> Result<ApplyOutcome, LimitsError> {
+        let outcome = self.core.engine().apply_limits(next)?;
+        if let ApplyOutcome::Applied { previous, current } = outcome {
+            self.core.announce_reconfigure(previous, current);
+        }
+        Ok(outcome)
+    }
+
+    /// Changes only the token budget, at the next revision, keeping everything else (the
+    /// high-priority reserve included). Lowering it below the tokens in flight is allowed
+    /// (shrink by attrition). Returns the limits now in force.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::TokenBudgetNotConfigured`] without a token budget,
+    /// [`LimitsError::RevisionExhausted`] when the revision is already 2^53 - 1, and
+    /// [`LimitsError::BudgetTooLarge`] above [`MAX_BUDGET`](crate::MAX_BUDGET).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 2)
+    ///     .token_budget(TokenBudget::new(1000).high_priority_reserve(200))
+    ///     .build()?;
+    /// let now = bulkhead.set_budget(5000)?;
+    /// assert_eq!(now.revision, 1);
+    /// assert_eq!((now.token_budget.unwrap().budget, now.token_budget.unwrap().high_priority_reserve), (5000, 200));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_budget(&self, tokens: u64) -> Result<Limits, LimitsError> {
+        let (previous, current) = self.core.engine().set_budget(tokens)?;
+        self.core.announce_reconfigure(previous, current);
+        Ok(current)
+    }
+
+    /// Stops admission for good. Idempotent; returns `true` for the call that closed it.
+    ///
+    /// Calls in flight are not interrupted and release normally. Every later admission is
+    /// refused with `shutdown`, before any capacity check; limits and statistics keep working.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert!(bulkhead.close());
+    /// assert!(!bulkhead.close());
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().reason(), RejectReason::Shutdown);
+    /// drop(permit);
+    /// assert_eq!(bulkhead.stats().in_flight, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(&self) -> bool {
+        self.core.engine().close()
+    }
+
+    /// Whether [`close`](LlmBulkhead::close) has been called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).build()?;
+    /// assert!(!bulkhead.is_closed());
+    /// bulkhead.close();
+    /// assert!(bulkhead.is_closed());
+    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.core.engine().is_closed()
+    }
+
+    /// Calls `listener` with every lifecycle event until the returned [`Subscription`] is
+    /// dropped.
+    ///
+    /// Listeners are called synchronously, on the thread where the event happens, in
+    /// registration order, and never while the bulkhead holds a lock of its own: a listener may
+    /// call `stats()`, `apply_limits()` or even acquire. A panicking listener is caught and
+    /// counted in [`Stats::listener_panics`]; the other listeners and the operation carry on.
+    /// The outcome of a call that waited in the queue is delivered where its acquire is polled
+    /// (or dropped), to the listeners subscribed then, including those that subscribed while it
+    /// waited. With no listener an event costs one relaxed atomic load: no allocation, no
+    /// clock read. What unsubscribing guarantees is on [`Subscription`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use async_bulkhead_llm::{Event, LlmBulkhead, Limits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let revisions = Arc::new(Mutex::new(Vec::new()));
+    /// let seen = revisions.clone();
+    /// let _subscription = bulkhead.on(move |event: &Event<'_>| {
+    ///     if let Event::Reconfigure(e) = event {
+    ///         seen.lock().unwrap().push(e.current.revision);
+    ///     }
+    /// });
+    /// bulkhead.apply_limits(Limits::new(1, 2))?;
+    /// bulkhead.apply_limits(Limits::new(2, 3))?;
+    /// assert_eq!(*revisions.lock().unwrap(), [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on(&self, listener: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Subscription {
+        Subscription::new(self.core.listeners(), ALL_KINDS, Box::new(listener))
+    }
+
+    /// Like [`on`](LlmBulkhead::on), for the given kinds only: other kinds cost nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use async_bulkhead_llm::{AcquireOptions, Event, EventKind, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+    /// let refused = Arc::new(AtomicU64::new(0));
+    /// let count = refused.clone();
+    /// let _subscription = bulkhead.on_events([EventKind::Reject], move |event| {
+    ///     if let Event::Reject(e) = event {
+    ///         assert_eq!(e.queue_wait, std::time::Duration::ZERO);
+    ///         count.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// });
+    /// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new());
+    /// assert_eq!(refused.load(Ordering::Relaxed), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_events(
+        &self,
+        kinds: impl IntoIterator<Item = EventKind>,
+        listener: impl Fn(&Event<'_>) + Send + Sync + 'static,
+    ) -> Subscription {
+        Subscription::new(self.core.listeners(), kinds_mask(kinds), Box::new(listener))
+    }
+
+    /// A snapshot of the bulkhead's figures; see [`Stats`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let _permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new());
+    /// let stats = bulkhead.stats();
+    /// assert_eq!((stats.in_flight, stats.admitted, stats.rejected), (1, 1, 1));
+    /// assert_eq!(stats.rejected_by_reason.concurrency_limit, 1);
+    /// assert!(stats.token_budget.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        Stats::new(
+            self.core.engine().figures(),
+            self.core.listeners().panics(),
+            self.core.estimator_panics(),
+        )
+    }
+
+    /// Resolves once nothing is in flight and nothing is queued, whatever made it so (releases,
+    /// queue timeouts, cancellations, refusals, `close`).
+    ///
+    /// It does not stop admission: combine it with [`close`](LlmBulkhead::close) for a graceful
+    /// shutdown. Resolves at once when the bulkhead is already idle.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future only stops waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
+    /// let permit = bulkhead.acquire_owned(&LlmRequest::new(), AcquireOptions::new()).await?;
+    /// let worker = std::thread::spawn(move || {
+    ///     std::thread::sleep(std::time::Duration::from_millis(20));
+    ///     drop(permit);
+    /// });
+    /// bulkhead.close(); // stop admitting...
+    /// bulkhead.drain().await; // ...and wait for the call in flight
+    /// assert_eq!(bulkhead.stats().in_flight, 0);
+    /// worker.join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn drain(&self) -> Drain<'_> {
+        self.core.engine().drain()
+    }
+
+    /// Like [`drain`](LlmBulkhead::drain), but gives up at `timeout` and reports what was
+    /// still in flight and queued. The deadline cancels nothing and changes no accounting.
+    /// With a zero timeout it answers "is it idle right now?".
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future only stops waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{AcquireOptions, DrainReport, LlmBulkhead, LlmRequest};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
+    /// let stuck = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let report = bulkhead.drain_timeout(Duration::from_millis(10)).await;
+    /// assert_eq!(report, DrainReport { drained: false, in_flight: 1, pending: 0 });
+    /// drop(stuck); // the deadline cancelled nothing: the call still releases normally
+    /// assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
+        self.core.engine().drain_timeout(timeout)
+    }
+}
+
+impl fmt::Debug for LlmBulkhead {
+    /// Never blocks: reads the admission word and the published limits only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmBulkhead")
+            .field("model", &self.core.model())
+            .field("engine", self.core.engine())
+            .finish_non_exhaustive()
+    }
+}

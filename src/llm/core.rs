@@ -1,0 +1,245 @@
+//! [`LlmCore`]: the engine paired with what makes it an LLM bulkhead: the model it guards, the
+//! estimator that sizes reservations, and the event listeners. Every admission of the LLM
+//! bulkhead goes through [`LlmCore::admit`], which resolves nothing itself (see
+//! [`LlmCore::resolve`]), asks the engine, builds the [`Admission`] and announces the outcome.
+
+use std::time::{Duration, Instant};
+
+use crate::engine::limits::Limits;
+use crate::engine::{Ask, Decision, Engine, Grant, Wait, Waiter};
+use crate::error::RequestError;
+use crate::events::{
+    AdmitEvent, DECISION_KINDS, Event, EventKind, Listeners, ReconfigureEvent, RejectEvent, Timing,
+};
+use crate::rejection::Rejection;
+use crate::reservation::Reservation;
+use crate::sync::{Arc, unmodeled};
+
+use super::admission::Admission;
+use super::estimate::{Estimator, Memo};
+use super::options::AcquireOptions;
+use super::request::LlmRequest;
+
+/// The shared state behind every clone of an [`LlmBulkhead`](crate::LlmBulkhead) and every
+/// permit.
+pub(crate) struct LlmCore {
+    engine: Engine,
+    /// Event listeners; shared with the subscriptions (which hold it weakly).
+    listeners: unmodeled::Arc<Listeners>,
+    /// Sizes calls that bring no reservation of their own (with a token budget only).
+    estimator: unmodeled::Arc<dyn Estimator>,
+    /// Panics of `estimator.observe`, caught and counted (see `crate::contain`).
+    estimator_panics: unmodeled::AtomicU64,
+    model: Box<str>,
+    /// Queue timeout of calls that set none.
+    default_timeout: Option<Duration>,
+}
+
+/// What a call asks for, resolved once: its tokens and priority, the reservation behind them
+/// and the estimator's memo (when the bulkhead's estimator sized it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub(crate) ask: Ask,
+    pub(crate) reservation: Option<Reservation>,
+    pub(crate) memo: Option<Memo>,
+}
+
+impl Call {
+    /// The record of this call, admitted by `grant`.
+    #[inline]
+    pub(crate) fn admission(&self, grant: Grant) -> Admission {
+        Admission::new(grant, self.reservation, self.memo)
+    }
+}
+
+/// What [`LlmCore::admit`] decided.
+#[derive(Debug)]
+pub(crate) enum Admitted {
+    /// Admitted now (announced).
+    Now(Admission),
+    /// Refused now (announced).
+    Refused(Rejection),
+    /// Waiting in the queue; the outcome is announced when it is picked up.
+    Queued(Arc<Waiter>, Option<Timing>),
+}
+
+impl LlmCore {
+    pub(crate) fn new(
+        model: String,
+        limits: Limits,
+        estimator: unmodeled::Arc<dyn Estimator>,
+        default_timeout: Option<Duration>,
+    ) -> LlmCore {
+        LlmCore {
+            engine: Engine::new(limits),
+            listeners: unmodeled::Arc::new(Listeners::default()),
+            estimator,
+            estimator_panics: unmodeled::AtomicU64::new(0),
+            model: model.into_boxed_str(),
+            default_timeout,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn listeners(&self) -> &unmodeled::Arc<Listeners> {
+        &self.listeners
+    }
+
+    pub(crate) fn estimator(&self) -> &dyn Estimator {
+        &*self.estimator
+    }
+
+    pub(crate) fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Panics of the estimator's `observe` so far.
+    pub(crate) fn estimator_panics(&self) -> u64 {
+        self.estimator_panics.load(unmodeled::Ordering::Relaxed)
+    }
+
+    /// Counts a panic of the estimator's `observe`.
+    pub(crate) fn count_estimator_panic(&self) {
+        self.estimator_panics
+            .fetch_add(1, unmodeled::Ordering::Relaxed);
+    }
+
+    /// Turns a call's input into what it asks of the bulkhead: the options' reservation, else
+    /// the estimate (only with a token budget; without one nothing is estimated and an
+    /// override is ignored).
+    #[inline]
+    pub(crate) fn resolve(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Call, RequestError> {
+        let priority = options.priority;
+        if !self.engine.has_budget() {
+            return Ok(Call {
+                ask: Ask {
+                    reserved: 0,
+                    priority,
+                },
+                reservation: None,
+                memo: None,
+            });
+        }
+        let (reservation, memo) = match options.reservation {
+            Some(r) => (r, None),
+            None => {
+                let estimate = self.estimator.estimate(request)?;
+                (estimate.reservation()?, Some(estimate.memo()))
+            }
+        };
+        Ok(Call {
+            ask: Ask {
+                reserved: reservation.reserved(),
+                priority,
+            },
+            reservation: Some(reservation),
+            memo,
+        })
+    }
+
+    /// The queue timeout of a call: its own, else the bulkhead's default.
+    pub(crate) fn timeout(&self, options: AcquireOptions) -> Option<Duration> {
+        options.timeout.or(self.default_timeout)
+    }
+
+    /// The one front door of every admission: asks the engine for `call` (queueing it if
+    /// `wait` allows), builds the admission, and announces an immediate outcome.
+    #[inline]
+    pub(crate) fn admit(&self, call: Call, wait: Wait) -> Admitted {
+        // Decision timing starts here: after estimation, before the decision. Without a
+        // listener for decisions it is `None` and no clock is read.
+        let timing = self.timing();
+        match self.engine.admit(call.ask, wait) {
+            Decision::Admitted(grant) => {
+                let admission = call.admission(grant);
+                self.announce_admit(&admission, timing, None);
+                Admitted::Now(admission)
+            }
+            Decision::Refused(rejection) => {
+                self.announce_reject(&rejection, timing, None);
+                Admitted::Refused(rejection)
+            }
+            Decision::Queued(waiter) => Admitted::Queued(waiter, timing),
+        }
+    }
+
+    /// Starts timing a decision if anyone listens to its outcome.
+    #[inline]
+    pub(crate) fn timing(&self) -> Option<Timing> {
+        self.listeners.wants_any(DECISION_KINDS).then(Timing::start)
+    }
+
+    /// Whether anyone listens to decisions now (so their timing is worth a clock read).
+    #[inline]
+    pub(crate) fn wants_decisions(&self) -> bool {
+        self.listeners.wants_any(DECISION_KINDS)
+    }
+
+    /// Emits the admit event of `admission` (no-op unless timing was started and anyone
+    /// listens). `picked_at` is when a call that waited left the queue.
+    #[inline]
+    pub(crate) fn announce_admit(
+        &self,
+        admission: &Admission,
+        timing: Option<Timing>,
+        picked_at: Option<Instant>,
+    ) {
+        let Some(timing) = timing else { return };
+        if !self.listeners.wants(EventKind::Admit) {
+            return;
+        }
+        let (decision_duration, queue_wait) =
+            timing.durations(picked_at.unwrap_or_else(Instant::now));
+        let grant: &Grant = admission.grant();
+        let event = AdmitEvent {
+            admission_id: grant.id(),
+            limit_revision: grant.revision(),
+            priority: grant.priority(),
+            reserved_tokens: admission.reserved_tokens(),
+            decision_duration,
+            queue_wait,
+        };
+        self.listeners.emit(&Event::Admit(&event));
+    }
+
+    /// Emits the reject event of `rejection` (no-op unless timing was started and anyone
+    /// listens).
+    #[inline]
+    pub(crate) fn announce_reject(
+        &self,
+        rejection: &Rejection,
+        timing: Option<Timing>,
+        picked_at: Option<Instant>,
+    ) {
+        let Some(timing) = timing else { return };
+        if !self.listeners.wants(EventKind::Reject) {
+            return;
+        }
+        let (decision_duration, queue_wait) =
+            timing.durations(picked_at.unwrap_or_else(Instant::now));
+        let event = RejectEvent {
+            reason: rejection.reason(),
+            limit_revision: rejection.limit_revision(),
+            detail: *rejection.detail(),
+            decision_duration,
+            queue_wait,
+        };
+        self.listeners.emit(&Event::Reject(&event));
+    }
+
+    /// Emits a reconfigure event. The caller holds no lock.
+    pub(crate) fn announce_reconfigure(&self, previous: Limits, current: Limits) {
+        if self.listeners.wants(EventKind::Reconfigure) {
+            self.listeners
+                .emit(&Event::Reconfigure(&ReconfigureEvent { previous, current }));
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The LLM wing: everything that makes the engine an LLM bulkhead.
+//!
+//! - `request`, `request_json`: the request model ([`LlmRequest`](crate::LlmRequest)) and its
+//!   provider JSON forms.
+//! - `estimate`: the [`Estimator`](crate::Estimator) trait and the built-in estimators.
+//! - `core`: [`LlmCore`](core::LlmCore), the engine paired with the model, the estimator and
+//!   the listeners; the one front door of every admission.
+//! - `admission`, `usage`: the record of one admitted call and its usage ledger (reports,
+//!   settlement, bookings).
+//! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`: the public face
+//!   ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
+//!
+//! The wing imports the engine and the plain vocabulary below it, never the other way round.
+
+pub(crate) mod acquire;
+pub(crate) mod admission;
+pub(crate) mod builder;
+pub(crate) mod bulkhead;
+pub(crate) mod core;
+pub(crate) mod estimate;
+pub(crate) mod options;
+pub(crate) mod permit;
+pub(crate) mod request;
+#[cfg(feature = "serde")]
+mod request_json;
+pub(crate) mod run;
+mod usage;

@@ -1,0 +1,256 @@
+//! Usage reconciliation (the LLM ledger): streaming usage reports that move an admission's
+//! hold, and the settlement that books consumption, refunds and overruns and tells the
+//! estimator what a call really cost.
+//!
+//! # The hold
+//!
+//! An admission holds `r` tokens (its reservation) from admission. Reports of cumulative usage
+//! move the hold (`docs/design.md` §U4.3):
+//!
+//! - a plain report holds `input + max(max_output, output)`: the estimated input is replaced by
+//!   the actual one, the whole output reservation is kept, output beyond it expands the hold;
+//! - a progressive report holds `remaining_output + safety_margin + max(0, output - max_output)`:
+//!   input and output already generated stop being held.
+//!
+//! Every hold change is one lock-free update of the admission word, so a refund is available to
+//! the next admission at once, and an overrun blocks new admissions until it is released.
+//!
+//! # Booking (our fix of the original's quirk Q4, `docs/design.md` §D4)
+//!
+//! Each move of the hold, and the settlement (which moves it to the final usage before
+//! returning it), is split at `r`: tokens added above `r` are *overrun*; tokens removed are
+//! *refunded*; tokens added back below `r` (a later report raising a hold that had dropped)
+//! are *re-held* and taken off the refunds. So `total_overrun` counts only tokens held above
+//! reservations (the original counted any increase), `total_refunded` is net, and for every
+//! admission settled with usage `reserved + overrun == consumed + refunded`, whatever the path
+//! its hold took.
+
+use crate::contain::contain;
+use crate::engine::Counter;
+use crate::error::UsageError;
+use crate::events::{Event, EventKind, ReleaseEvent, UsageEvent};
+use crate::reservation::{Progressive, ReleaseReport, TokenUsage, UsageReport};
+
+use super::admission::Admission;
+use super::core::LlmCore;
+use super::estimate::TokenEstimate;
+
+/// The bookings of one move of a hold from `old` to `new`, split at the reservation `r`:
+/// `(overrun, refunded, reheld)`.
+pub(crate) fn book(r: u64, old: u64, new: u64) -> (u64, u64, u64) {
+    let (old_base, old_excess) = (old.min(r), old.saturating_sub(r));
+    let (new_base, new_excess) = (new.min(r), new.saturating_sub(r));
+    let overrun = new_excess.saturating_sub(old_excess);
+    let refunded = old_excess.saturating_sub(new_excess) + old_base.saturating_sub(new_base);
+    let reheld = new_base.saturating_sub(old_base);
+    (overrun, refunded, reheld)
+}
+
+impl LlmCore {
+    /// Applies a cumulative usage report to `admission` (see the module docs). Checks
+    /// everything before changing anything.
+    pub(crate) fn report(
+        &self,
+        admission: &mut Admission,
+        usage: TokenUsage,
+        progressive: Option<Progressive>,
+    ) -> Result<UsageReport, UsageError> {
+        let reservation = admission.reservation();
+        if let (Some(p), Some(r)) = (progressive, reservation)
+            && p.remaining_output_tokens > r.max_output()
+        {
+            return Err(UsageError::RemainingExceedsCap {
+                remaining: p.remaining_output_tokens,
+                cap: r.max_output(),
+            });
+        }
+        let reported = match admission.usage() {
+            None => usage,
+            Some(prev) => TokenUsage::new(
+                prev.input().max(usage.input()),
+                prev.output().max(usage.output()),
+            )?,
+        };
+        let usage_changed = admission.usage() != Some(reported);
+        let hold = match reservation {
+            None => 0,
+            Some(r) => {
+                let overrun_output = reported.output().saturating_sub(r.max_output());
+                let hold = match progressive {
+                    None => reported
+                        .input()
+                        .checked_add(r.max_output().max(reported.output())),
+                    Some(p) => p
+                        .remaining_output_tokens
+                        .checked_add(p.safety_margin_tokens)
+                        .and_then(|h| h.checked_add(overrun_output)),
+                };
+                hold.ok_or(UsageError::HoldOverflow)?
+            }
+        };
+        let previous_hold = self.engine().move_hold(admission.grant_mut(), hold)?;
+        if hold != previous_hold {
+            let (overrun, refunded, reheld) =
+                book(admission.reserved_tokens(), previous_hold, hold);
+            self.engine().count_all(&[
+                (Counter::Overrun, overrun),
+                (Counter::Refunded, refunded),
+                (Counter::Reheld, reheld),
+            ]);
+        }
+        let effective = usage_changed || hold != previous_hold;
+        admission.record(reported, effective);
+        let report = snapshot(admission, reported);
+        if effective && self.listeners().wants(EventKind::Usage) {
+            let event = UsageEvent {
+                admission_id: report.admission_id,
+                limit_revision: report.limit_revision,
+                priority: admission.priority(),
+                sequence: report.sequence,
+                reserved_tokens: report.reserved,
+                previous_held_tokens: previous_hold,
+                held_tokens: hold,
+                delta_tokens: i128::from(hold) - i128::from(previous_hold),
+                usage: reported,
+                output_cap: report.output_cap,
+                output_remaining: report.output_remaining,
+                over_reservation: report.over_reservation,
+                progressive,
+            };
+            self.listeners().emit(&Event::Usage(&event));
+        }
+        Ok(report)
+    }
+
+    /// Settles an admission without explicit usage (a dropped permit): with the last reported
+    /// usage if any; a call that never reported and that nobody listens to only returns its
+    /// slot and its hold (nothing to book: `released` is derived, see `Engine::figures`).
+    #[inline]
+    pub(crate) fn settle_unused(&self, admission: &Admission) {
+        if admission.usage().is_some() || self.listeners().wants(EventKind::Release) {
+            self.settle(admission, None);
+        } else {
+            self.engine().release(admission.grant());
+        }
+    }
+
+    /// Settles an admission with `usage`, else the last reported usage, else none: books the
+    /// consumption and the last move of the hold (to the usage), returns the slot and the
+    /// hold, tells the estimator, announces the release.
+    pub(crate) fn settle(&self, admission: &Admission, usage: Option<TokenUsage>) -> ReleaseReport {
+        let held = admission.held_tokens();
+        let usage = usage.or(admission.usage());
+        let mut refunded = 0;
+        let mut overrun = 0;
+        // Book before returning capacity, so a drainer woken by this release sees the books
+        // complete. Releases themselves are not counted: `released` is derived.
+        if let Some(usage) = usage {
+            let consumed = usage.total();
+            let mut reheld = 0;
+            if admission.reservation().is_some() {
+                (overrun, refunded, reheld) = book(admission.reserved_tokens(), held, consumed);
+            }
+            self.engine().count_all(&[
+                // Reported usage always reaches the consumed total, even when the hold is 0
+                // (Q3).
+                (Counter::Consumed, consumed),
+                (Counter::Overrun, overrun),
+                (Counter::Refunded, refunded),
+                (Counter::Reheld, reheld),
+            ]);
+        }
+        // Capacity returns before any user code runs: nothing the estimator or a listener does
+        // can keep it (issue #11).
+        self.engine().release(admission.grant());
+        // Tell the estimator that sized this admission what it really cost. It is user code:
+        // a panic is caught and counted, never unwound into the release (which may be a drop
+        // on a thread that is already unwinding).
+        if let (Some(usage), Some(memo), Some(reservation)) =
+            (usage, admission.memo(), admission.reservation())
+        {
+            let estimate =
+                TokenEstimate::new(reservation.input(), reservation.max_output()).with_memo(memo);
+            if contain(|| self.estimator().observe(&estimate, usage)) {
+                self.count_estimator_panic();
+            }
+        }
+        if self.listeners().wants(EventKind::Release) {
+            let event = ReleaseEvent {
+                admission_id: admission.admission_id(),
+                limit_revision: admission.limit_revision(),
+                priority: admission.priority(),
+                reserved_tokens: admission.reserved_tokens(),
+                held_tokens: held,
+                refunded_tokens: refunded,
+                usage_sequence: admission.usage_sequence(),
+                usage,
+            };
+            self.listeners().emit(&Event::Release(&event));
+        }
+        ReleaseReport {
+            held_tokens: held,
+            refunded_tokens: refunded,
+            overrun_tokens: overrun,
+            usage,
+        }
+    }
+}
+
+/// The report of `admission` after `reported` was applied.
+fn snapshot(admission: &Admission, reported: TokenUsage) -> UsageReport {
+    let reserved = admission.reserved_tokens();
+    let output_cap = admission.reservation().map(|r| r.max_output());
+    UsageReport {
+        admission_id: admission.admission_id(),
+        limit_revision: admission.limit_revision(),
+        sequence: admission.usage_sequence(),
+        reserved,
+        held: admission.held_tokens(),
+        consumed: reported.total(),
+        output_cap,
+        output_remaining: output_cap.map(|cap| cap.saturating_sub(reported.output())),
+        over_reservation: admission.reservation().is_some() && reported.total() > reserved,
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::book;
+
+    #[test]
+    fn booking_splits_moves_at_the_reservation() {
+        // r = 1100: a plain report of {20, 5} holds 1020 (refund 80)...
+        assert_eq!(book(1100, 1100, 1020), (0, 80, 0));
+        // ...{100, 1400} holds 1500: 400 above the reservation.
+        assert_eq!(book(1100, 1100, 1500), (400, 0, 0));
+        // Progressive 950 then 650: refunds 150 then 300.
+        assert_eq!(book(1100, 1100, 950), (0, 150, 0));
+        assert_eq!(book(1100, 950, 650), (0, 300, 0));
+        // A hold that rises back below the reservation re-holds (not an overrun, Q4)...
+        assert_eq!(book(1100, 128, 300), (0, 0, 172));
+        // ...and one that crosses it splits.
+        assert_eq!(book(1100, 1000, 1300), (200, 0, 100));
+        assert_eq!(book(1100, 1300, 900), (0, 400, 0));
+    }
+
+    #[test]
+    fn every_path_satisfies_the_identity() {
+        // reserved + overrun == consumed + refunded (net of re-holds), for any path.
+        let r = 1000u64;
+        for path in [
+            vec![1000, 500, 800, 1200, 300, 1500],
+            vec![1000, 0, 2000, 0],
+            vec![1000, 1000],
+        ] {
+            let (mut overrun, mut refunded, mut reheld) = (0u64, 0u64, 0u64);
+            for w in path.windows(2) {
+                let (o, f, h) = book(r, w[0], w[1]);
+                overrun += o;
+                refunded += f;
+                reheld += h;
+            }
+            let consumed = *path.last().unwrap();
+            assert_eq!(r + overrun, consumed + (refunded - reheld), "{path:?}");
+        }
+    }
+}
