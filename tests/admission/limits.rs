@@ -445,10 +445,10 @@ fn set_budget_at_the_maximum_revision_is_refused_and_changes_nothing() {
 
 #[test]
 fn upstream_apply_limits_example_adapted_to_fail_fast() {
-    // Upstream §8.2: one request in flight (400 tokens of 1000) and one waiting for a slot;
-    // applying {rev 8, max_concurrent 2, max_queue 3, budget 500, reserve 100} frees a slot,
-    // but the waiting request no longer fits the budget: budget_limit at revision 8, in flight
-    // stays 1 and the tokens stay 400.
+    // Design §U8.2, its example: one request in flight (400 tokens of 1000) and one waiting
+    // for a slot; applying {rev 8, max_concurrent 2, max_queue 3, budget 500, reserve 100}
+    // frees a slot, but the waiting request no longer fits the budget: budget_limit at
+    // revision 8, in flight stays 1 and the tokens stay 400.
     let bulkhead = LlmBulkhead::builder("claude", 1)
         .initial_revision(7)
         .max_queue(1)

@@ -94,7 +94,7 @@ fn dropping_a_permit_returns_the_hold_and_books_nothing() {
 
 #[test]
 fn usage_reaches_total_consumed_even_with_a_zero_token_hold() {
-    // RUST-DESIGN Q3: upstream drops usage when the hold is 0; the port books it.
+    // Q3 (design §D4): upstream drops usage when the hold is 0; the port books it.
     let bulkhead = budgeted(2, 1000, 0);
     let permit = bulkhead.try_acquire(&req(), opts(0, 0)).unwrap();
     assert_eq!(permit.held_tokens(), 0);

@@ -26,7 +26,8 @@ fn naive_estimate_is_ceil_chars_over_four_plus_default_output_cap() {
 #[test]
 fn system_prompt_and_every_message_count_before_rounding() {
     let bulkhead = budgeted(1, 1_000_000, 0);
-    // user 4 + system 8 chars -> ceil(12 / 4) = 3 (upstream §13.2 example).
+    // user 4 + system 8 chars -> ceil(12 / 4) = 3 (design §U13.2: the characters of the
+    // messages and the system text, over 4, rounded up).
     let request = req().user("abcd").system("12345678");
     assert_eq!(bulkhead.estimate(&request).unwrap(), Some(res(3, 2048)));
     // A system prompt alone counts.

@@ -190,7 +190,7 @@ fn every_invalid_configuration_is_refused_with_its_typed_error_in_the_documented
         let err = case.builder.build().expect_err(case.name);
         assert_eq!(err, case.expected, "{}", case.name);
         assert_eq!(err.to_string(), case.display, "{}: Display", case.name);
-        // The spec's wording (upstream §1.4 / §16) for the model is a prefix of ours.
+        // The spec's wording (design §U1.4 / §U16) for the model is a prefix of ours.
         if let ConfigError::EmptyModel { .. } = err {
             assert!(
                 err.to_string()

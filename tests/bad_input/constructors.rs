@@ -139,7 +139,7 @@ fn reservation_with_reserved_refuses_inconsistent_totals() {
             "({input}, {max_output}, {reserved})"
         );
     }
-    // Display of the mismatch (upstream §16, snake_case in Rust).
+    // Display of the mismatch (design §U16, snake_case in Rust).
     assert_eq!(
         Reservation::with_reserved(100, 1000, 999)
             .unwrap_err()
@@ -169,7 +169,7 @@ fn token_usage_new_refuses_totals_that_overflow() {
         );
         assert!(
             err.to_string().starts_with("token usage"),
-            "upstream §16: /token usage/"
+            "design §U16: /token usage/"
         );
     }
 }

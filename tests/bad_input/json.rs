@@ -49,7 +49,7 @@ fn token_counts_that_are_not_non_negative_integers_are_refused_naming_field_and_
             assert!(err.starts_with(&message), "{body}: {err}");
         }
     }
-    // The spec's wording for max_tokens (upstream §16) is a prefix of ours.
+    // The spec's wording for max_tokens (design §U16) is a prefix of ours.
     assert!(
         parse(r#"{"max_tokens": -1}"#)
             .unwrap_err()

@@ -450,7 +450,7 @@ fn a_run_callback_that_fails_on_an_invalid_report_settles_with_the_last_valid_us
 
 #[test]
 fn valid_extreme_reports_are_accepted() {
-    // Without a budget there is no cap and nothing is held (upstream §4.3 step 2).
+    // Without a budget there is no cap and nothing is held (design §U4.3).
     let b = plain(1);
     let mut permit = b
         .try_acquire(&LlmRequest::new(), AcquireOptions::new())

@@ -247,7 +247,7 @@ pub(super) fn cases() -> Vec<Case> {
 }
 
 /// The states a request is judged in: the error must come before any capacity decision
-/// (RUST-DESIGN Q9/Q10), so it is the same whether the bulkhead is open, closed, fail-closed
+/// (design §D4, Q9/Q10), so it is the same whether the bulkhead is open, closed, fail-closed
 /// or full.
 #[derive(Clone, Copy, Debug)]
 enum State {
@@ -326,7 +326,7 @@ fn unrepresentable_requests_are_refused_by_every_entry_point_in_every_state_chan
 
 #[test]
 fn a_reservation_override_skips_the_estimator_so_an_unrepresentable_request_is_admitted() {
-    // Upstream §3.1 step 5: with an override, the estimator is not called. `estimate`
+    // Design §U3.1: with an override, the estimator is not called. `estimate`
     // always calls it (it takes no options).
     for case in cases() {
         let b = (case.build)(4);

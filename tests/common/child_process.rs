@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 /// Runs `scenario` in a child process (this test binary, filtered to the test `name`), and
 /// fails unless it exits successfully within `limit`. In the child, runs it directly.
+///
+/// `name` is the test's full path in its binary (`module::test`): the child runs the binary
+/// with `name --exact`, and fails with "the child did not run the scenario" if nothing matched.
 pub(crate) fn isolated(name: &str, limit: Duration, scenario: fn()) {
     const CHILD: &str = "ABL_RELIABILITY_CHILD";
     if std::env::var(CHILD).as_deref() == Ok(name) {

@@ -445,7 +445,7 @@ fn run_with_usage_feeds_adaptive_and_run_does_not() {
 
 #[test]
 fn usage_is_observed_even_when_the_model_was_evicted_meanwhile() {
-    // Upstream §13.5: every release with usage is `observe(request, usage)`, which (re)inserts
+    // Design §U13.5: every release with usage is `observe(request, usage)`, which (re)inserts
     // a model that is not tracked, evicting the oldest-inserted one.
     let base = ModelAwareEstimator::builder().build().unwrap();
     let adaptive = Arc::new(

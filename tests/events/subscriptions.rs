@@ -118,7 +118,7 @@ fn a_subscription_dropped_after_its_bulkhead_is_harmless() {
     drop(subscription);
 }
 
-// ===== what dropping a subscription guarantees =====
+// ===== issue #11: what dropping a subscription guarantees =====
 
 #[test]
 fn a_dropped_subscription_hears_no_event_that_starts_after_the_drop() {

@@ -133,9 +133,9 @@ fn a_head_refused_for_its_tokens_passes_the_turn_on() {
 
 #[test]
 fn the_upstream_example_of_limits_refusing_a_queued_call() {
-    // Upstream §8.2: 400 of 1000 tokens in flight and one call queued; revision 8 raises
-    // concurrency but shrinks the budget to 500 (reserve 100): the queued call is refused
-    // `budget_limit` against revision 8, and 400 tokens stay in flight.
+    // Design §U8.2, its example: 400 of 1000 tokens in flight and one call queued; revision 8
+    // raises concurrency but shrinks the budget to 500 (reserve 100): the queued call is
+    // refused `budget_limit` against revision 8, and 400 tokens stay in flight.
     scenario(
         Config {
             max_concurrent: 1,
@@ -295,7 +295,7 @@ fn a_progressive_report_drives_the_hold_to_zero_then_release_books_the_usage() {
                 margin: 0,
             },
             release(0, Some((100, 1000))),
-            // The upstream worked examples (§4.3): 950, then 650, then a rise back to 1500.
+            // The worked examples of design §U4.3: 950, then 650, then a rise back to 1500.
             try_acquire(ask(100, 1000)),
             Op::ReportProgressive {
                 permit: 0,
@@ -388,8 +388,8 @@ fn usage_errors_change_nothing() {
 
 #[test]
 fn the_high_priority_reserve() {
-    // Upstream §5: B=2400, R=400: one 1100 request fits, a second is refused for normal
-    // priority (effective 2000, available 900) and admitted for high.
+    // Design §U5, its example: B=2400, R=400: one 1100 request fits, a second is refused for
+    // normal priority (effective 2000, available 900) and admitted for high.
     scenario(
         config(4, 0, Some((2400, 400))),
         &[

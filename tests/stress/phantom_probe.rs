@@ -13,7 +13,7 @@
 //!
 //! `PHANTOM_PROBE_SECS` sets the duration (default 10 s; the figures in `loom-tests/README.md`
 //! were measured with 60 s in release mode: `PHANTOM_PROBE_SECS=60 cargo test --release --test
-//! phantom_probe -- --nocapture`).
+//! stress phantom_probe -- --nocapture`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -11,7 +11,7 @@ use crate::common::usage_fixtures::{
     tokens, totals, usage,
 };
 
-/// A reference model of one admission's hold and of the books, straight from §4.3 and Q4.
+/// A reference model of one admission's hold and of the books, straight from §U4.3 and Q4.
 #[derive(Clone, Copy, Debug)]
 struct Model {
     input: u64,

@@ -9,7 +9,7 @@ use crate::common::usage_fixtures::{
 
 #[test]
 fn reports_are_clamped_per_field_and_stale_ones_change_nothing() {
-    // §4.3 step 3: {50, 10} then {40, 20} -> reported {50, 20}.
+    // §U4.3, a per-field maximum: {50, 10} then {40, 20} -> reported {50, 20}.
     let bulkhead = budgeted(4, 5000);
     let events = Recorder::only(&bulkhead, &[EventKind::Usage]);
     let mut permit = bulkhead.try_acquire(&req(), fixed()).unwrap();

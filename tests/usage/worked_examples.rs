@@ -9,7 +9,7 @@ use crate::common::usage_fixtures::{
 
 #[test]
 fn report_below_the_reservation_refunds_the_unused_input_at_once() {
-    // §4.3: report {20, 5} -> hold 20 + max(1000, 5) = 1020, refund 80.
+    // §U4.3: report {20, 5} -> hold 20 + max(1000, 5) = 1020, refund 80.
     let bulkhead = budgeted(4, 5000);
     let events = Recorder::only(&bulkhead, &[EventKind::Usage, EventKind::Release]);
     let mut permit = bulkhead.try_acquire(&req(), fixed()).unwrap();
@@ -59,7 +59,7 @@ fn report_below_the_reservation_refunds_the_unused_input_at_once() {
 
 #[test]
 fn report_beyond_the_reservation_expands_the_hold_as_overrun() {
-    // §4.3: report {100, 1400} -> hold 100 + 1400 = 1500, overrun 400, over the reservation.
+    // §U4.3: report {100, 1400} -> hold 100 + 1400 = 1500, overrun 400, over the reservation.
     let bulkhead = budgeted(4, 5000);
     let events = Recorder::only(&bulkhead, &[EventKind::Usage]);
     let mut permit = bulkhead.try_acquire(&req(), fixed()).unwrap();
@@ -88,7 +88,7 @@ fn report_beyond_the_reservation_expands_the_hold_as_overrun() {
 
 #[test]
 fn progressive_reports_stop_holding_processed_input_and_generated_output() {
-    // §4.3: progressive {20, 100} rem 900 margin 50 -> 950 (refund 150); then {20, 400} rem 600
+    // §U4.3: progressive {20, 100} rem 900 margin 50 -> 950 (refund 150); then {20, 400} rem 600
     // margin 50 -> 650 (sequence 2), cumulative refund 450.
     let bulkhead = budgeted(4, 5000);
     let events = Recorder::only(&bulkhead, &[EventKind::Usage]);
@@ -142,7 +142,7 @@ fn progressive_reports_stop_holding_processed_input_and_generated_output() {
 
 #[test]
 fn a_progressive_hold_rising_back_below_the_reservation_is_re_held_not_overrun() {
-    // §4.3: progressive {100, 1000} rem 0 margin 128 -> 128; then {100, 1200} rem 0 margin 100
+    // §U4.3: progressive {100, 1000} rem 0 margin 128 -> 128; then {100, 1200} rem 0 margin 100
     // -> 100 + 200 = 300. Q4: the rise 128 -> 300 stays below r = 1100, so it is re-held (taken
     // off the refunds), not overrun (upstream booked 172 of overrun here).
     let bulkhead = budgeted(4, 5000);

@@ -12,8 +12,12 @@
 //! acquire takes its place at its first poll). A slot handed to a waiter is counted in
 //! `stats().in_flight` at once; the waiter counts as admitted when its future is polled again.
 //!
-//! Scenarios that hung or aborted before their fix (issue #11) run in a child process with a
-//! watchdog (`common::child_process::isolated`).
+//! Tests marked issue #11 are regression tests for defects found by adversarial probing (user
+//! code that panics or blocks, re-entrant wakers and listeners) and by comparing the crate with
+//! the JavaScript original; each failed before its fix.
+//!
+//! Scenarios that hung or aborted before their fix run in a child process with a watchdog
+//! (`common::child_process::isolated`).
 //!
 //! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
 

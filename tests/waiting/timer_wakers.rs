@@ -110,7 +110,7 @@ fn a_blocking_waker_does_not_hold_back_other_timeouts() {
     );
 }
 
-// ===== 3. a waker dropped under the timer lock =====
+// ===== a waker dropped under the timer lock =====
 
 /// A waker that owns a task: here, another timed acquire future. Dropping the last reference
 /// drops that future, which cancels its own timer registration.

@@ -197,7 +197,7 @@ impl<'b> Driver<'b> {
                     let at = permit as usize % self.permits.len();
                     let LivePermit { real, model, .. } = self.permits.remove(at);
                     drop(real);
-                    // A drop settles with the last reported usage (RUST-DESIGN §3 `Drop`).
+                    // A drop settles with the last reported usage (design §D3, `Drop`).
                     self.model.settle(model, None);
                 }
             }
@@ -447,7 +447,7 @@ impl<'b> Driver<'b> {
             .bulkhead
             .estimate(&request)
             .map(|r| r.map(|r| (r.input(), r.max_output())));
-        // Upstream §3.7: `None` without a budget; never reflects an override.
+        // Design §U3.7: `None` without a budget; never reflects an override.
         let model = if self.model.has_budget {
             Model::estimate(call).map(Some)
         } else {
@@ -613,7 +613,7 @@ impl<'b> Driver<'b> {
     }
 
     /// Cancels every waiter, drops every permit (oldest first), and checks the end
-    /// invariants (upstream §4.5, §15).
+    /// invariants (design §U4.5, §U15).
     pub(crate) fn finish(&mut self) {
         self.op = "finish".into();
         self.step += 1;

@@ -22,7 +22,7 @@ pub struct Config {
 }
 
 /// What one call asks for: its priority, and either an explicit reservation or a request for
-/// the bulkhead's estimator (the default model-aware one, upstream §13.3).
+/// the bulkhead's estimator (the default model-aware one, design §U13.3).
 #[derive(Clone, Debug)]
 pub struct Call {
     pub high: bool,

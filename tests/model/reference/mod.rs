@@ -2,10 +2,9 @@
 //! the model side by side, failing on the first disagreement.
 //!
 //! The model is the specification: plain integers, a `VecDeque` for the queue, no atomics, no
-//! clock. Every rule cites where it comes from: `upstream §n` is
-//! `shared/spec/upstream-behavior.md`, `Qn` is a deliberate difference listed in
-//! `shared/spec/RUST-DESIGN.md` §4, and a few rules are the crate's own documented design
-//! (named with their source file).
+//! clock. Every rule cites where it comes from: `design §Un` is the original's behaviour and
+//! `Qn` a deliberate difference from it (design §D4), both in `docs/design.md`, and a few rules
+//! are the crate's own documented design (named with their source file).
 //!
 //! # What the harness checks
 //!
@@ -31,6 +30,7 @@
 //!
 //! Queue timeouts other than zero (a non-zero timeout is only ever "long", and never expires
 //! during a run), several threads, `run`, the blocking acquires, estimators other than the
+//! default model-aware one, and the timing figures of events.
 
 mod convert;
 mod driver;

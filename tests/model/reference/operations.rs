@@ -28,7 +28,7 @@ impl Model {
         }
     }
 
-    /// An `acquire` at its first poll (upstream §3.2 with Q1 and Q7, §2.1).
+    /// An `acquire` at its first poll (design §U3.2 with Q1 and Q7, §U2.1).
     pub(crate) fn acquire(&mut self, ask: Ask, zero_timeout: bool) -> Started {
         let reason = match self.judge_newcomer(ask) {
             Ok(()) => {
@@ -92,10 +92,10 @@ impl Model {
         self.waiters.remove(at)
     }
 
-    /// Hands free capacity to the queue head, in order (upstream §2.3, with Q7: the head's
+    /// Hands free capacity to the queue head, in order (design §U2.3, with Q7: the head's
     /// slot and tokens are taken together). The head keeps its place until a slot frees,
     /// whatever its tokens; when one is free, tokens that do not fit refuse it `budget_limit`
-    /// and the turn passes on (upstream §3.2 "Consequences"; crate policy.rs `Turn::Head`).
+    /// and the turn passes on (design §U3.2; crate policy.rs `Turn::Head`).
     pub(crate) fn pump(&mut self) {
         while let Some(&key) = self.queue.front() {
             let ask = self.waiter_mut(key).ask;
@@ -125,8 +125,8 @@ impl Model {
         }
     }
 
-    /// Polls a waiter's future: a decided outcome is picked up (upstream §3.2 G happens now
-    /// for a hand-off: the admission is counted and its permit built).
+    /// Polls a waiter's future: a decided outcome is picked up (for a hand-off, the counting
+    /// of design §U3.2 happens now: the admission is counted and its permit built).
     pub(crate) fn poll_waiter(&mut self, key: u64) -> Poll<Result<ModelPermit, Refused>> {
         let waiter = *self.waiter_mut(key);
         match waiter.state {
@@ -147,8 +147,8 @@ impl Model {
         }
     }
 
-    /// Drops a waiter's future (RUST-DESIGN §3: a dropped waiter counts as `aborted`; §2: a
-    /// hand-off it received passes on, "no stranded waiter").
+    /// Drops a waiter's future (design §D3: a dropped waiter counts as `aborted`; §D2: a
+    /// hand-off it received passes on, so no waiter is stranded).
     pub(crate) fn cancel_waiter(&mut self, key: u64) {
         let waiter = self.remove_waiter(key);
         let refused = match waiter.state {
@@ -173,7 +173,7 @@ impl Model {
         self.announce_reject(refused);
     }
 
-    /// `report_usage` / `report_usage_progressive` (upstream §4.3; Q4 booking). Checks
+    /// `report_usage` / `report_usage_progressive` (design §U4.3; Q4 booking). Checks
     /// everything before changing anything.
     pub(crate) fn report(
         &mut self,
@@ -281,7 +281,7 @@ impl Model {
         }
     }
 
-    /// Settles an admission: `release(usage)`, or a drop (`usage` none) (upstream §4.4 with
+    /// Settles an admission: `release(usage)`, or a drop (`usage` none) (design §U4.4 with
     /// Q3: the usage given, else the last reported one, always reaches `total_consumed`; the
     /// hold moves to that usage before it is returned, booked like any move, crate usage.rs).
     pub(crate) fn settle(&mut self, permit: ModelPermit, usage: Option<(u64, u64)>) -> Settled {
@@ -325,7 +325,7 @@ impl Model {
         }
     }
 
-    /// Installs new limits (upstream §8.2 step 9): shrink by attrition, raised limits serve
+    /// Installs new limits (design §U8.2): shrink by attrition, raised limits serve
     /// the queue at once.
     fn install(&mut self, next: ModelLimits) -> ModelLimits {
         let previous = self.limits;
@@ -343,9 +343,9 @@ impl Model {
         previous
     }
 
-    /// `apply_limits` (upstream §8.2): the revision bound first (step 2), then staleness
-    /// without examining the rest (step 3), then the rest (crate limits.rs `validate`: the
-    /// word's bounds, and the budget's presence fixed at construction, step 5).
+    /// `apply_limits` (design §U8.2): the revision bound first, then staleness without
+    /// examining the rest, then the rest (crate limits.rs `validate`: the word's bounds, and
+    /// the budget's presence fixed at construction).
     pub(crate) fn apply_limits(&mut self, next: ModelLimits) -> Result<LimitsOutcome, LimitsError> {
         if next.revision > MAX_REVISION {
             self.note("limits refused");
@@ -390,7 +390,7 @@ impl Model {
         })
     }
 
-    /// `set_budget` (upstream §8.4): the budget only, at the next revision, keeping the
+    /// `set_budget` (design §U8.4): the budget only, at the next revision, keeping the
     /// reserve.
     pub(crate) fn set_budget(&mut self, tokens: u64) -> Result<ModelLimits, LimitsError> {
         let Some((_, reserve)) = self.limits.budget else {
@@ -419,14 +419,14 @@ impl Model {
         Ok(next)
     }
 
-    /// `close` (upstream §15.1, Q1/Q2): idempotent; every queued waiter is refused
+    /// `close` (design §U15.1, Q1/Q2): idempotent; every queued waiter is refused
     /// `shutdown`, in order (a waiter already handed a slot keeps it).
     pub(crate) fn close(&mut self) -> bool {
         if self.closed {
             return false;
         }
         self.closed = true;
-        // Upstream §15.1: every waiter is refused, and each refusal's detail is the state after
+        // Design §U15.1: every waiter is refused, and each refusal's detail is the state after
         // the close emptied the queue (`pending: 0` for all of them).
         let refused: Vec<u64> = self.queue.iter().copied().collect();
         for &key in &refused {
@@ -441,7 +441,7 @@ impl Model {
         true
     }
 
-    /// `would_admit` (upstream §3.6 with Q1): reserves and counts nothing.
+    /// `would_admit` (design §U3.6 with Q1): reserves and counts nothing.
     pub(crate) fn would_admit(&self, ask: Ask) -> (ModelVerdict, Detail) {
         let verdict = match self.judge_newcomer(ask) {
             Ok(()) => ModelVerdict::Admit,
@@ -456,7 +456,7 @@ impl Model {
         (verdict, self.detail(ask))
     }
 
-    /// `drain_timeout(0)` (upstream §15.3: an idle bulkhead wins over the zero timer).
+    /// `drain_timeout(0)` (design §U15.3: an idle bulkhead wins over the zero timer).
     pub(crate) fn drain_now(&self) -> (bool, u64, u64) {
         if self.is_idle() {
             (true, 0, 0)
@@ -485,7 +485,7 @@ impl Model {
                 budget,
                 high_priority_reserve: reserve,
                 in_flight_tokens: self.tokens,
-                // Not adjusted for priority (upstream §4.5, Q11).
+                // Not adjusted for priority (design §U4.5, Q11).
                 available: budget.saturating_sub(self.tokens),
                 total_reserved: saturate(self.reserved),
                 total_consumed: saturate(self.consumed),

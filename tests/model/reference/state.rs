@@ -11,15 +11,15 @@ use super::values::{
 };
 
 pub(crate) struct Model {
-    /// Whether the bulkhead has a token budget (fixed at construction, upstream §1.4 notes).
+    /// Whether the bulkhead has a token budget (fixed at construction, design §U1.4).
     pub(crate) has_budget: bool,
     pub(crate) limits: ModelLimits,
     pub(crate) closed: bool,
     /// Slots held: by permits, and by waiters handed a slot that have not picked it up.
     pub(crate) slots: u64,
-    /// Tokens in flight `T` (upstream §4).
+    /// Tokens in flight `T` (design §U4).
     pub(crate) tokens: u64,
-    /// Keys of the queued waiters, in arrival order (upstream §2: strictly FIFO).
+    /// Keys of the queued waiters, in arrival order (design §U2: strictly FIFO).
     pub(crate) queue: VecDeque<u64>,
     /// Every waiter whose future has not finished, in creation order.
     pub(crate) waiters: Vec<ModelWaiter>,
@@ -33,9 +33,9 @@ pub(crate) struct Model {
     pub(crate) refunded: u128,
     pub(crate) reheld: u128,
     pub(crate) overrun: u128,
-    /// Whether every settled admission with a reservation knew its usage (upstream §4.5).
+    /// Whether every settled admission with a reservation knew its usage (design §U4.5).
     pub(crate) all_settled_with_usage: bool,
-    /// Counts the moments the bulkhead became idle (upstream §15.2, Q5).
+    /// Counts the moments the bulkhead became idle (design §U15.2, Q5).
     pub(crate) idle_epoch: u64,
     /// Whether an event listener is subscribed.
     pub(crate) listening: bool,
@@ -76,10 +76,10 @@ impl Model {
         *self.tally.entry(what).or_insert(0) += 1;
     }
 
-    // ----- resolution (upstream §3.1, §3.7, §13.3) -----
+    // ----- resolution (design §U3.1, §U3.7, §U13.3) -----
 
-    /// The estimate of the call's request by the default model-aware estimator (upstream
-    /// §13.3): input `ceil(chars / ratio) + extra_input_tokens`, maximum output `max_tokens`
+    /// The estimate of the call's request by the default model-aware estimator (design
+    /// §U13.3): input `ceil(chars / ratio) + extra_input_tokens`, maximum output `max_tokens`
     /// or the output cap; a sum that does not fit in 64 bits is an error naming its parts.
     pub(crate) fn estimate(call: &Call) -> Result<(u64, u64), RequestError> {
         let ratio = match call.model % 4 {
@@ -111,9 +111,9 @@ impl Model {
         }
     }
 
-    /// Resolves a call (upstream §3.1): without a budget nothing is estimated and an override
-    /// is ignored (step 4); an override replaces the estimator (step 5); else the estimator
-    /// (step 6). An explicit reservation was checked when it was built.
+    /// Resolves a call (design §U3.1): without a budget nothing is estimated and an override
+    /// is ignored; an override replaces the estimator; else the estimator. An explicit
+    /// reservation was checked when it was built.
     pub(crate) fn resolve(&self, call: &Call) -> Result<Ask, RequestError> {
         let reservation = if !self.has_budget {
             None
@@ -134,12 +134,12 @@ impl Model {
         self.queue.len() as u64
     }
 
-    /// No slot held and nobody queued (upstream §15.2).
+    /// No slot held and nobody queued (design §U15.2).
     pub(crate) fn is_idle(&self) -> bool {
         self.slots == 0 && self.queue.is_empty()
     }
 
-    /// `E(priority)` (upstream §3.5, §5): the whole budget for high priority, the budget
+    /// `E(priority)` (design §U3.5, §U5): the whole budget for high priority, the budget
     /// minus the reserve, at least 0, for normal priority.
     fn effective_budget(&self, high: bool) -> Option<u64> {
         self.limits.budget.map(|(budget, reserve)| {
@@ -151,7 +151,7 @@ impl Model {
         })
     }
 
-    /// The capacity snapshot for `ask`, now (upstream §1.6, §5 "detail example").
+    /// The capacity snapshot for `ask`, now (design §U1.6, and the detail example of §U5).
     pub(crate) fn detail(&self, ask: Ask) -> Detail {
         Detail {
             limit_revision: self.limits.revision,
@@ -172,7 +172,7 @@ impl Model {
         }
     }
 
-    /// Upstream §3.4 step 1: refused iff `T + r > E(priority)` (strict: an exact fit
+    /// Design §U3.4 step 1: refused iff `T + r > E(priority)` (strict: an exact fit
     /// admits; computed without overflow).
     pub(crate) fn tokens_fit(&self, ask: Ask) -> bool {
         match self.effective_budget(ask.high) {
@@ -188,8 +188,8 @@ impl Model {
     }
 
     /// A newcomer, in the order Q1 fixes: shutdown first, then the priority-adjusted budget
-    /// (which never queues, Q7), then a slot. Newcomers never pass a waiter (RUST-DESIGN §2
-    /// "while waiters exist, newcomers cannot barge past them").
+    /// (which never queues, Q7), then a slot. Newcomers never pass a waiter (design §D2:
+    /// "newcomers never barge past waiters").
     pub(crate) fn judge_newcomer(&self, ask: Ask) -> Result<(), Refusal> {
         if self.closed {
             Err(Refusal::Shutdown)
@@ -202,7 +202,7 @@ impl Model {
         }
     }
 
-    /// A newcomer without a slot (upstream §2.1 steps 3-4, §3.8): zero concurrency or a zero
+    /// A newcomer without a slot (design §U2.1, §U3.8): zero concurrency or a zero
     /// queue never queues (`concurrency_limit`); a full queue is `queue_limit`.
     pub(crate) fn queue_verdict(&self) -> Result<(), Reason> {
         if self.limits.max_concurrent == 0 || self.limits.max_queue == 0 {
@@ -222,8 +222,8 @@ impl Model {
         self.tokens += reserved;
     }
 
-    /// Returns a slot and `held` tokens (upstream §4.4 step 5: `T -= heldAtRelease`), then
-    /// serves the queue (upstream §2.4: release pumps).
+    /// Returns a slot and `held` tokens (design §U4.4: the whole hold returns), then
+    /// serves the queue (design §U2.4: release pumps).
     pub(crate) fn release_capacity(&mut self, held: u64) {
         let was_idle = self.is_idle();
         self.slots -= 1;
@@ -253,8 +253,8 @@ impl Model {
         }
     }
 
-    /// Counts a refusal and snapshots the capacity now (upstream §2.1 "every rejection bumps
-    /// `rejected` and `rejectedByReason`", §12).
+    /// Counts a refusal and snapshots the capacity now (every refusal counts in `rejected`
+    /// and by reason, design §U12).
     pub(crate) fn refuse(&mut self, reason: Reason, ask: Ask) -> Refused {
         self.rejected[reason as usize] += 1;
         Refused {
@@ -263,7 +263,7 @@ impl Model {
         }
     }
 
-    /// Emits a reject event if someone listens now (upstream §11.2: every outcome reaches the
+    /// Emits a reject event if someone listens now (design §D4: every outcome reaches the
     /// listeners registered when it is announced, including an outcome of a call that waited
     /// in the queue since before they subscribed).
     pub(crate) fn announce_reject(&mut self, refused: Refused) {
@@ -272,8 +272,8 @@ impl Model {
         }
     }
 
-    /// Counts an admission (upstream §3.2 G: `admitted++`; §4.1: `totalReserved += r`) and
-    /// builds its permit: it holds its reservation (upstream §4.1).
+    /// Counts an admission (design §U3.2: count; §U4.1: `total_reserved += r`) and
+    /// builds its permit: it holds its reservation (design §U4.1).
     pub(crate) fn admit(&mut self, ask: Ask, revision: u64) -> ModelPermit {
         self.admitted += 1;
         self.reserved += u128::from(ask.reserved());

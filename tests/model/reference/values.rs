@@ -4,12 +4,13 @@
 use std::fmt::Debug;
 
 /// The bulkhead's model name, unknown to the ratio table (fallback 4.0 chars per token,
-/// upstream §13.3).
+/// design §U13.3).
 pub(crate) const MODEL_NAME: &str = "model-under-test";
-/// Maximum output of a request without `max_tokens` (upstream §1.4 `tokenBudget.outputCap`).
+/// Maximum output of a request without `max_tokens` (design §U1.4: the budget's output cap,
+/// default 2048).
 pub(crate) const DEFAULT_OUTPUT_CAP: u64 = 2048;
 
-/// Why a call was refused (upstream §1.3 `LLMRejectReason` without the dedup reason).
+/// Why a call was refused (design §U1.3, without the deduplication reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reason {
     Shutdown,
@@ -30,7 +31,7 @@ pub(crate) const REASONS: [Reason; 6] = [
     Reason::Aborted,
 ];
 
-/// The versioned limits (upstream §8.1, without admission classes).
+/// The versioned limits (design §U8.1, without admission classes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ModelLimits {
     pub(crate) revision: u64,
@@ -40,7 +41,8 @@ pub(crate) struct ModelLimits {
     pub(crate) budget: Option<(u64, u64)>,
 }
 
-/// The capacity snapshot of a decision (upstream §1.6 `LLMRejectDetail`, without classes).
+/// The capacity snapshot of a decision (design §U1.6: a refusal's capacity detail, without
+/// classes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Detail {
     pub(crate) limit_revision: u64,
@@ -66,7 +68,7 @@ pub(crate) struct Refused {
     pub(crate) detail: Detail,
 }
 
-/// A resolved call (upstream §3.1): its priority and its reservation `(input, max_output)`,
+/// A resolved call (design §U3.1): its priority and its reservation `(input, max_output)`,
 /// none without a token budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ask {
@@ -75,7 +77,7 @@ pub(crate) struct Ask {
 }
 
 impl Ask {
-    /// `r = input + max_output` (upstream §4.1); 0 without a budget. Resolution checked the sum.
+    /// `r = input + max_output` (design §U4.1); 0 without a budget. Resolution checked the sum.
     pub(crate) fn reserved(&self) -> u64 {
         self.reservation.map_or(0, |(input, output)| input + output)
     }
@@ -87,9 +89,9 @@ pub(crate) struct ModelPermit {
     pub(crate) revision: u64,
     pub(crate) high: bool,
     pub(crate) reservation: Option<(u64, u64)>,
-    /// Tokens it contributes to the tokens in flight (upstream §4.2).
+    /// Tokens it contributes to the tokens in flight (design §U4.2).
     pub(crate) held: u64,
-    /// Cumulative usage reported so far, per-field maximum (upstream §4.3 step 3).
+    /// Cumulative usage reported so far, per-field maximum (design §U4.3).
     pub(crate) reported: Option<(u64, u64)>,
     pub(crate) sequence: u64,
 }
@@ -167,7 +169,7 @@ pub(crate) enum Observed {
     Other(String),
 }
 
-/// A usage report's snapshot (upstream §4.3 step 6).
+/// A usage report's snapshot: what a report answers (design §U4.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct UsageSnapshot {
     pub(crate) limit_revision: u64,
@@ -207,7 +209,7 @@ pub(crate) enum ModelVerdict {
     Reject(Reason),
 }
 
-/// `stats()` (upstream §12, merged into one block as the crate's stats.rs documents).
+/// `stats()` (design §U12, merged into one block as the crate's stats.rs documents).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ModelStats {
     pub(crate) limits: ModelLimits,

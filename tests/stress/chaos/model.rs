@@ -9,7 +9,7 @@ use super::books::Tally;
 use super::{HUGE, usage};
 use crate::common::caller_model::{Model, Reporter};
 
-// `Model` (the hold rules and the booking split) lives in `tests/common/mod.rs`.
+// `Model` (the hold rules and the booking split) lives in `tests/common/caller_model.rs`.
 
 impl Model {
     /// A random report: growing (plain or progressive), stale, or one that must be refused
