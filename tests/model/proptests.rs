@@ -15,7 +15,7 @@ use crate::reference::{Call, Config, Harness, MAX_CHARS, Op};
 
 /// Token counts: mostly small (against budgets of a few thousand), sometimes at the edges of
 /// what the crate can count or represent.
-pub(crate) fn tokens() -> impl Strategy<Value = u64> {
+fn tokens() -> impl Strategy<Value = u64> {
     prop_oneof![
         10 => 0..400u64,
         4 => 400..2500u64,
@@ -30,7 +30,7 @@ pub(crate) fn tokens() -> impl Strategy<Value = u64> {
     ]
 }
 
-pub(crate) fn budget() -> impl Strategy<Value = (u64, u64)> {
+fn budget() -> impl Strategy<Value = (u64, u64)> {
     (
         prop_oneof![
             8 => 0..4000u64,
@@ -67,7 +67,7 @@ fn any_config() -> impl Strategy<Value = Config> {
         )
 }
 
-pub(crate) fn call() -> impl Strategy<Value = Call> {
+fn call() -> impl Strategy<Value = Call> {
     (
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.7),

@@ -21,7 +21,7 @@ fn ask(input: u64, max_output: u64) -> Call {
     }
 }
 
-pub(crate) fn high(call: Call) -> Call {
+fn high(call: Call) -> Call {
     Call { high: true, ..call }
 }
 
@@ -48,12 +48,7 @@ fn release(permit: u32, usage: Option<(u64, u64)>) -> Op {
     }
 }
 
-pub(crate) fn limits(
-    revision_delta: i64,
-    max_concurrent: u32,
-    max_queue: u32,
-    budget: (u64, u64),
-) -> Op {
+fn limits(revision_delta: i64, max_concurrent: u32, max_queue: u32, budget: (u64, u64)) -> Op {
     Op::ApplyLimits {
         revision_delta,
         max_concurrent,
@@ -64,7 +59,7 @@ pub(crate) fn limits(
     }
 }
 
-pub(crate) fn config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u64)>) -> Config {
+fn config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u64)>) -> Config {
     Config {
         max_concurrent,
         max_queue,

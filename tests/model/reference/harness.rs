@@ -212,19 +212,19 @@ impl Drop for Harness {
     }
 }
 
-pub(crate) enum Command {
+enum Command {
     Apply(Op),
     Tally,
     Finish,
 }
 
-pub(crate) enum Reply {
+enum Reply {
     Done,
     Tally(BTreeMap<&'static str, u64>),
 }
 
 /// The worker: owns the bulkhead and everything that borrows it.
-pub(crate) fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Reply>) {
+fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Reply>) {
     let (bulkhead, limits) = build(&config);
     let mut driver = Driver::new(&bulkhead, limits, config);
     driver.check_all();

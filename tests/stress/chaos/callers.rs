@@ -81,7 +81,7 @@ fn canceller(shared: &Shared, rng: &mut fastrand::Rng) -> Task {
 
 /// Holds an admitted permit (already counted in the ledger) for a random short time, streaming
 /// random usage reports, then settles it: explicit usage, the last reported, or a drop.
-pub(crate) async fn hold(shared: &Shared, rng: &mut fastrand::Rng, mut permit: AnyPermit<'_>) {
+async fn hold(shared: &Shared, rng: &mut fastrand::Rng, mut permit: AnyPermit<'_>) {
     let reservation = permit
         .reservation()
         .expect("a budget: every admission reserves");

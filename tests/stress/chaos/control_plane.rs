@@ -26,7 +26,7 @@ fn random_budget(bulkhead: &LlmBulkhead, rng: &mut fastrand::Rng) -> u64 {
 }
 
 /// One random change (or non-change) of the limits, checked.
-pub(crate) fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
+fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
     let bulkhead = &shared.bulkhead;
     let before = bulkhead.limits();
     let changes = shared.setup.plane != Plane::Fixed;

@@ -263,7 +263,7 @@ async fn worker(
     }
 }
 
-pub(crate) async fn call(bulkhead: &LlmBulkhead, shared: &Shared, setup: Setup, seed: u64) {
+async fn call(bulkhead: &LlmBulkhead, shared: &Shared, setup: Setup, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let (reservation, options) = random_call(&mut rng);
     let plan = Plan::new(&mut rng, reservation, setup.always_usage);
