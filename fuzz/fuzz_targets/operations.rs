@@ -1,4 +1,4 @@
-//! Operation sequences against the reference model of `tests/model/mod.rs`.
+//! Operation sequences against the reference model of `tests/model/reference/`.
 //!
 //! An arbitrary `Config` and up to [`MAX_OPS`] arbitrary `Op`s are fed to `model::Harness`,
 //! which drives a real `LlmBulkhead` and the sequential reference model side by side and panics
@@ -9,17 +9,18 @@
 //! aborts on a panic in any thread, so a disagreement is reported as a crash either way.
 //!
 //! The mirror types below are what `arbitrary` builds; they are converted into the model's
-//! `Config` and `Op` with the same shape as the proptest generators of `tests/model_check.rs`:
+//! `Config` and `Op` with the same shape as the proptest generators of `tests/model/proptests.rs`:
 //! mostly small values against budgets of a few thousand tokens, and a steady share of the
 //! edges the crate must refuse or saturate at (0, 1, `MAX_CONCURRENT`, `MAX_BUDGET` = 2^35 - 1,
 //! `MAX_REVISION` = 2^53 - 1, `u64::MAX` and their neighbours).
 
 #![no_main]
 
-// The model is shared with `tests/model_check.rs`, which uses more of it than this target does
-// (`finish_with_tally`, `tally`): whatever the model adds for the tests may be unused here.
+// The model is shared with the `model` test binary (`tests/model/`), which uses more of it than
+// this target does (`finish_with_tally`, `tally`): whatever the model adds for the tests may be
+// unused here.
 #[allow(dead_code)]
-#[path = "../../tests/model/mod.rs"]
+#[path = "../../tests/model/reference/mod.rs"]
 mod model;
 
 use arbitrary::Arbitrary;
@@ -76,7 +77,7 @@ impl Edge {
 }
 
 /// Token counts: mostly small (against budgets of a few thousand), sometimes at the edges of
-/// what the crate can count or represent (`tokens()` in `model_check.rs`).
+/// what the crate can count or represent (`tokens()` in `tests/model/proptests.rs`).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Tokens {
     Small(u16),

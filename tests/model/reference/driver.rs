@@ -1,0 +1,669 @@
+//! The driver: the real crate and the model side by side, on the harness's worker thread.
+
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use async_bulkhead_llm::futures::{Acquire, AcquireOwned, Drain};
+use async_bulkhead_llm::{
+    AcquireError, AcquireOptions, AdmissionId, ApplyOutcome, DrainReport, LlmBulkhead, LlmRequest,
+    OwnedPermit, Permit, Priority, Progressive, RejectReason, ReleaseReport, RequestError,
+    Subscription, TokenUsage, UsageError, UsageReport, Verdict,
+};
+
+use super::convert::{
+    detail_of, limits_from, limits_of, observe, prepare, reason_of, refused_of, stats_of, usage_of,
+};
+use super::harness::{Call, Config, Op};
+use super::state::Model;
+use super::values::{
+    Ask, LimitsOutcome, ModelLimits, ModelPermit, ModelVerdict, Observed, REASONS, Refused,
+    Settled, Started, UsageSnapshot,
+};
+
+/// A live permit of either kind.
+enum Live<'b> {
+    Borrowed(Permit<'b>),
+    Owned(OwnedPermit),
+}
+
+impl Live<'_> {
+    fn report(
+        &mut self,
+        usage: TokenUsage,
+        progressive: Option<Progressive>,
+    ) -> Result<UsageReport, UsageError> {
+        match (self, progressive) {
+            (Live::Borrowed(p), None) => p.report_usage(usage),
+            (Live::Borrowed(p), Some(g)) => p.report_usage_progressive(usage, g),
+            (Live::Owned(p), None) => p.report_usage(usage),
+            (Live::Owned(p), Some(g)) => p.report_usage_progressive(usage, g),
+        }
+    }
+
+    fn release(self, usage: Option<TokenUsage>) -> ReleaseReport {
+        match self {
+            Live::Borrowed(p) => p.release(usage),
+            Live::Owned(p) => p.release(usage),
+        }
+    }
+
+    /// `(admission_id, held_tokens, reservation, limit_revision, high priority)`.
+    fn accessors(&self) -> (AdmissionId, u64, Option<(u64, u64)>, u64, bool) {
+        let (id, held, reservation, revision, priority) = match self {
+            Live::Borrowed(p) => (
+                p.admission_id(),
+                p.held_tokens(),
+                p.reservation(),
+                p.limit_revision(),
+                p.priority(),
+            ),
+            Live::Owned(p) => (
+                p.admission_id(),
+                p.held_tokens(),
+                p.reservation(),
+                p.limit_revision(),
+                p.priority(),
+            ),
+        };
+        (
+            id,
+            held,
+            reservation.map(|r| (r.input(), r.max_output())),
+            revision,
+            priority == Priority::High,
+        )
+    }
+}
+
+/// A waiting future of either kind.
+enum Waiting<'b> {
+    Borrowed(Acquire<'b>),
+    Owned(AcquireOwned),
+}
+
+impl<'b> Waiting<'b> {
+    fn poll(&mut self) -> Poll<Result<Live<'b>, AcquireError>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self {
+            Waiting::Borrowed(f) => Pin::new(f).poll(&mut cx).map_ok(Live::Borrowed),
+            Waiting::Owned(f) => Pin::new(f).poll(&mut cx).map_ok(Live::Owned),
+        }
+    }
+}
+
+struct LivePermit<'b> {
+    real: Live<'b>,
+    model: ModelPermit,
+    id: AdmissionId,
+}
+
+pub(crate) struct Driver<'b> {
+    bulkhead: &'b LlmBulkhead,
+    pub(crate) model: Model,
+    config: Config,
+    permits: Vec<LivePermit<'b>>,
+    /// Waiting futures with their model keys, in creation order.
+    waiters: Vec<(Waiting<'b>, u64)>,
+    /// Pending drains with the model's idle epoch when they started.
+    drains: Vec<(Drain<'b>, u64)>,
+    auto_poll: bool,
+    recorded: Arc<Mutex<Vec<Observed>>>,
+    subscription: Option<Subscription>,
+    ids: HashSet<AdmissionId>,
+    step: usize,
+    /// The operation being checked, for messages.
+    op: String,
+}
+
+impl<'b> Driver<'b> {
+    pub(crate) fn new(
+        bulkhead: &'b LlmBulkhead,
+        limits: ModelLimits,
+        config: Config,
+    ) -> Driver<'b> {
+        // The model counts refusals by `reason as usize`, in the crate's order.
+        assert_eq!(
+            RejectReason::ALL
+                .iter()
+                .map(|&r| reason_of(r))
+                .collect::<Vec<_>>(),
+            REASONS
+        );
+        Driver {
+            bulkhead,
+            model: Model::new(limits),
+            config,
+            permits: Vec::new(),
+            waiters: Vec::new(),
+            drains: Vec::new(),
+            auto_poll: true,
+            recorded: Arc::new(Mutex::new(Vec::new())),
+            subscription: None,
+            ids: HashSet::new(),
+            step: 0,
+            op: "building the bulkhead".into(),
+        }
+    }
+
+    /// Panics unless the crate's `real` equals the model's `model`.
+    #[track_caller]
+    fn agree<T: PartialEq + Debug>(&self, what: &str, real: T, model: T) {
+        if real != model {
+            panic!(
+                "the crate and the model disagree on {what}\n  at step {} ({})\n  config: \
+                 {:?}\n  crate: {real:?}\n  model: {model:?}",
+                self.step, self.op, self.config
+            );
+        }
+    }
+
+    pub(crate) fn apply(&mut self, op: Op) {
+        self.step += 1;
+        self.op = format!("{op:?}");
+        match op {
+            Op::TryAcquire { owned, call } => self.try_acquire(owned, &call),
+            Op::Acquire {
+                owned,
+                timeout,
+                call,
+            } => self.acquire(owned, timeout, &call),
+            Op::WouldAdmit { with_detail, call } => self.would_admit(with_detail, &call),
+            Op::Estimate { call } => self.estimate(&call),
+            Op::ReportUsage {
+                permit,
+                input,
+                output,
+            } => self.report(permit, (input, output), None),
+            Op::ReportProgressive {
+                permit,
+                input,
+                output,
+                remaining,
+                margin,
+            } => self.report(permit, (input, output), Some((remaining, margin))),
+            Op::Release {
+                permit,
+                with_usage,
+                input,
+                output,
+            } => self.release(permit, with_usage.then_some((input, output))),
+            Op::DropPermit { permit } => {
+                if !self.permits.is_empty() {
+                    let at = permit as usize % self.permits.len();
+                    let LivePermit { real, model, .. } = self.permits.remove(at);
+                    drop(real);
+                    // A drop settles with the last reported usage (design §D3, `Drop`).
+                    self.model.settle(model, None);
+                }
+            }
+            Op::CancelWaiter { waiter } => {
+                if !self.waiters.is_empty() {
+                    let at = waiter as usize % self.waiters.len();
+                    let (future, key) = self.waiters.remove(at);
+                    drop(future);
+                    self.model.cancel_waiter(key);
+                }
+            }
+            Op::PollWaiter { waiter } => {
+                if !self.waiters.is_empty() {
+                    self.poll_waiter(waiter as usize % self.waiters.len());
+                }
+            }
+            Op::AutoPoll { on } => self.auto_poll = on,
+            Op::ApplyLimits {
+                revision_delta,
+                max_concurrent,
+                max_queue,
+                flip_budget,
+                budget,
+                reserve,
+            } => {
+                let revision = (i128::from(self.model.limits.revision) + i128::from(revision_delta))
+                    .clamp(0, i128::from(u64::MAX)) as u64;
+                let next = ModelLimits {
+                    revision,
+                    max_concurrent,
+                    max_queue,
+                    budget: (self.model.has_budget != flip_budget).then_some((budget, reserve)),
+                };
+                let real =
+                    self.bulkhead
+                        .apply_limits(limits_from(next))
+                        .map(|outcome| match outcome {
+                            ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
+                                previous: limits_of(&previous),
+                                current: limits_of(&current),
+                            },
+                            ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
+                                current: limits_of(&current),
+                            },
+                        });
+                let model = self.model.apply_limits(next);
+                self.agree("apply_limits", real, model);
+            }
+            Op::SetBudget { tokens } => {
+                let real = self.bulkhead.set_budget(tokens).map(|l| limits_of(&l));
+                let model = self.model.set_budget(tokens);
+                self.agree("set_budget", real, model);
+            }
+            Op::Close => {
+                let real = self.bulkhead.close();
+                let model = self.model.close();
+                self.agree("close", real, model);
+                self.agree("is_closed", self.bulkhead.is_closed(), true);
+            }
+            Op::Drain { zero_timeout } => self.drain(zero_timeout),
+            Op::Listen { on } => {
+                if on && self.subscription.is_none() {
+                    let sink = Arc::clone(&self.recorded);
+                    self.subscription = Some(self.bulkhead.on(move |event| {
+                        sink.lock().expect("the recorder").push(observe(event));
+                    }));
+                } else if !on {
+                    self.subscription = None;
+                }
+                self.model.listening = on;
+            }
+        }
+        self.check_all();
+        if self.auto_poll {
+            self.poll_all();
+            self.check_all();
+        }
+    }
+
+    /// A permit the crate granted, checked against the model's, and kept.
+    fn keep(&mut self, real: Live<'b>, model: ModelPermit) {
+        let (id, ..) = real.accessors();
+        let new = self.ids.insert(id);
+        self.agree("whether the admission id is new", new, true);
+        self.permits.push(LivePermit { real, model, id });
+    }
+
+    /// The call's request and options, and the model's resolution of it; `None` when the
+    /// explicit reservation cannot even be built (checked against the model).
+    fn resolve(
+        &mut self,
+        call: &Call,
+    ) -> Option<(LlmRequest, AcquireOptions, Result<Ask, RequestError>)> {
+        match prepare(call) {
+            Ok((request, options)) => Some((request, options, self.model.resolve(call))),
+            Err(error) => {
+                let expected = RequestError::ReservationOverflow {
+                    input: call.input,
+                    max_output: call.max_output,
+                };
+                self.agree("building the explicit reservation", error, expected);
+                self.model.note("invalid explicit reservation");
+                None
+            }
+        }
+    }
+
+    fn try_acquire(&mut self, owned: bool, call: &Call) {
+        let Some((request, options, ask)) = self.resolve(call) else {
+            return;
+        };
+        let real = if owned {
+            self.bulkhead
+                .try_acquire_owned(&request, options)
+                .map(Live::Owned)
+        } else {
+            self.bulkhead
+                .try_acquire(&request, options)
+                .map(Live::Borrowed)
+        };
+        let model = ask.map(|ask| self.model.try_acquire(ask));
+        self.outcome("try_acquire", real, model);
+    }
+
+    /// Checks a finished acquire against the model's outcome, keeping the permit.
+    fn outcome(
+        &mut self,
+        what: &str,
+        real: Result<Live<'b>, AcquireError>,
+        model: Result<Result<ModelPermit, Refused>, RequestError>,
+    ) {
+        match (real, model) {
+            (Ok(permit), Ok(Ok(expected))) => {
+                let (_, held, reservation, revision, high) = permit.accessors();
+                self.agree(
+                    what,
+                    (held, reservation, revision, high),
+                    (
+                        expected.held,
+                        expected.reservation,
+                        expected.revision,
+                        expected.high,
+                    ),
+                );
+                self.keep(permit, expected);
+            }
+            (Err(AcquireError::Rejected(rejection)), Ok(Err(expected))) => {
+                self.agree(what, refused_of(&rejection), expected);
+            }
+            (Err(AcquireError::Invalid(error)), Err(expected)) => {
+                self.model.note("invalid request");
+                self.agree(what, error, expected);
+            }
+            (real, model) => {
+                let real = real.map(|p| p.accessors());
+                self.agree(what, format!("{real:?}"), format!("{model:?}"));
+            }
+        }
+    }
+
+    fn acquire(&mut self, owned: bool, timeout: u8, call: &Call) {
+        let Some((request, mut options, ask)) = self.resolve(call) else {
+            return;
+        };
+        let zero_timeout = timeout % 4 == 1;
+        if zero_timeout {
+            options = options.timeout(Duration::ZERO);
+        } else if timeout % 4 == 2 {
+            options = options.timeout(Duration::from_secs(3600));
+        }
+        let mut future = if owned {
+            Waiting::Owned(self.bulkhead.acquire_owned(&request, options))
+        } else {
+            Waiting::Borrowed(self.bulkhead.acquire(&request, options))
+        };
+        let real = future.poll();
+        let model = ask.map(|ask| self.model.acquire(ask, zero_timeout));
+        match (real, model) {
+            (Poll::Pending, Ok(Started::Queued(key))) => self.waiters.push((future, key)),
+            (Poll::Ready(real), Ok(Started::Admitted(permit))) => {
+                self.outcome("acquire", real, Ok(Ok(permit)));
+            }
+            (Poll::Ready(real), Ok(Started::Refused(refused))) => {
+                self.outcome("acquire", real, Ok(Err(refused)));
+            }
+            (Poll::Ready(real), Err(error)) => self.outcome("acquire", real, Err(error)),
+            (real, model) => {
+                let real = real.map(|r| r.map(|p| p.accessors()));
+                let model = model.map(|started| match started {
+                    Started::Admitted(p) => format!("admitted {p:?}"),
+                    Started::Refused(r) => format!("refused {r:?}"),
+                    Started::Queued(key) => format!("queued as waiter {key}"),
+                });
+                self.agree("acquire", format!("{real:?}"), format!("{model:?}"));
+            }
+        }
+    }
+
+    fn poll_waiter(&mut self, at: usize) {
+        let key = self.waiters[at].1;
+        let real = self.waiters[at].0.poll();
+        let model = self.model.poll_waiter(key);
+        match (real, model) {
+            (Poll::Pending, Poll::Pending) => {}
+            (Poll::Ready(real), Poll::Ready(model)) => {
+                self.waiters.remove(at);
+                self.outcome("a waiter's poll", real, Ok(model));
+            }
+            (real, model) => {
+                let real = real.map(|r| r.map(|p| p.accessors()));
+                self.agree("a waiter's poll", format!("{real:?}"), format!("{model:?}"));
+            }
+        }
+    }
+
+    fn would_admit(&mut self, with_detail: bool, call: &Call) {
+        let Some((request, options, ask)) = self.resolve(call) else {
+            return;
+        };
+        let verdict_of = |verdict: Verdict| match verdict {
+            Verdict::Admit => ModelVerdict::Admit,
+            Verdict::Queue => ModelVerdict::Queue,
+            Verdict::Reject(reason) => ModelVerdict::Reject(reason_of(reason)),
+        };
+        let model = ask.map(|ask| self.model.would_admit(ask));
+        if with_detail {
+            let real = self
+                .bulkhead
+                .would_admit_with_detail(&request, options)
+                .map(|(verdict, detail)| (verdict_of(verdict), detail_of(&detail)));
+            self.agree("would_admit_with_detail", real, model);
+        } else {
+            let real = self.bulkhead.would_admit(&request, options).map(verdict_of);
+            self.agree("would_admit", real, model.map(|(verdict, _)| verdict));
+        }
+    }
+
+    fn estimate(&mut self, call: &Call) {
+        let request = match prepare(&Call {
+            explicit: false,
+            ..call.clone()
+        }) {
+            Ok((request, _)) => request,
+            Err(_) => unreachable!("only an explicit reservation can fail to build"),
+        };
+        let real = self
+            .bulkhead
+            .estimate(&request)
+            .map(|r| r.map(|r| (r.input(), r.max_output())));
+        // Design §U3.7: `None` without a budget; never reflects an override.
+        let model = if self.model.has_budget {
+            Model::estimate(call).map(Some)
+        } else {
+            Ok(None)
+        };
+        self.agree("estimate", real, model);
+    }
+
+    fn report(&mut self, permit: u32, usage: (u64, u64), progressive: Option<(u64, u64)>) {
+        if self.permits.is_empty() {
+            return;
+        }
+        let at = permit as usize % self.permits.len();
+        let token_usage = match TokenUsage::new(usage.0, usage.1) {
+            Ok(u) => u,
+            Err(error) => {
+                let expected = UsageError::TotalOverflow {
+                    input: usage.0,
+                    output: usage.1,
+                };
+                self.agree("building the usage", error, expected);
+                return;
+            }
+        };
+        let progress = progressive
+            .map(|(remaining, margin)| Progressive::new(remaining).safety_margin(margin));
+        let live = &mut self.permits[at];
+        let real = live.real.report(token_usage, progress);
+        let id = live.id;
+        let mut model_permit = live.model;
+        let model = self.model.report(&mut model_permit, usage, progressive);
+        self.permits[at].model = model_permit;
+        let real = real.map(|r| {
+            self.agree("a usage report's admission id", r.admission_id, id);
+            UsageSnapshot {
+                limit_revision: r.limit_revision,
+                sequence: r.sequence,
+                reserved: r.reserved,
+                held: r.held,
+                consumed: r.consumed,
+                output_cap: r.output_cap,
+                output_remaining: r.output_remaining,
+                over_reservation: r.over_reservation,
+            }
+        });
+        self.agree("a usage report", real, model);
+    }
+
+    fn release(&mut self, permit: u32, usage: Option<(u64, u64)>) {
+        if self.permits.is_empty() {
+            return;
+        }
+        let at = permit as usize % self.permits.len();
+        let token_usage = match usage.map(|(input, output)| TokenUsage::new(input, output)) {
+            None => None,
+            Some(Ok(u)) => Some(u),
+            Some(Err(error)) => {
+                let (input, output) = usage.expect("usage");
+                self.agree(
+                    "building the usage",
+                    error,
+                    UsageError::TotalOverflow { input, output },
+                );
+                return;
+            }
+        };
+        let LivePermit { real, model, .. } = self.permits.remove(at);
+        let real = real.release(token_usage);
+        let model = self.model.settle(model, usage);
+        let real = Settled {
+            held_tokens: real.held_tokens,
+            refunded_tokens: real.refunded_tokens,
+            overrun_tokens: real.overrun_tokens,
+            usage: usage_of(real.usage),
+        };
+        self.agree("a release report", real, model);
+    }
+
+    fn drain(&mut self, zero_timeout: bool) {
+        let mut cx = Context::from_waker(Waker::noop());
+        if zero_timeout {
+            let mut future = self.bulkhead.drain_timeout(Duration::ZERO);
+            let real = match Pin::new(&mut future).poll(&mut cx) {
+                Poll::Ready(DrainReport {
+                    drained,
+                    in_flight,
+                    pending,
+                    ..
+                }) => Some((drained, in_flight, pending)),
+                Poll::Pending => None,
+            };
+            self.agree("drain_timeout(0)", real, Some(self.model.drain_now()));
+        } else {
+            let mut future = self.bulkhead.drain();
+            let epoch = self.model.idle_epoch;
+            let ready = Pin::new(&mut future).poll(&mut cx).is_ready();
+            self.agree("a new drain's readiness", ready, self.model.is_idle());
+            if !ready {
+                self.drains.push((future, epoch));
+            }
+        }
+    }
+
+    /// Polls every waiter and every pending drain, in creation order.
+    fn poll_all(&mut self) {
+        let keys: Vec<u64> = self.waiters.iter().map(|(_, key)| *key).collect();
+        for key in keys {
+            let at = self
+                .waiters
+                .iter()
+                .position(|(_, k)| *k == key)
+                .expect("still waiting");
+            self.poll_waiter(at);
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut at = 0;
+        while at < self.drains.len() {
+            let (future, epoch) = &mut self.drains[at];
+            let epoch = *epoch;
+            let ready = Pin::new(future).poll(&mut cx).is_ready();
+            self.agree(
+                "a pending drain's readiness",
+                ready,
+                self.model.drain_done(epoch),
+            );
+            if ready {
+                self.model.note("pending drain completed");
+                drop(self.drains.remove(at));
+            } else {
+                at += 1;
+            }
+        }
+    }
+
+    /// Stats, events and every live permit.
+    pub(crate) fn check_all(&mut self) {
+        self.agree(
+            "stats()",
+            stats_of(&self.bulkhead.stats()),
+            self.model.stats(),
+        );
+        self.agree(
+            "limits()",
+            limits_of(&self.bulkhead.limits()),
+            self.model.limits,
+        );
+        let events = std::mem::take(&mut *self.recorded.lock().expect("the recorder"));
+        let expected = std::mem::take(&mut self.model.events);
+        self.agree("the events", events, expected);
+        for p in &self.permits {
+            self.agree(
+                "a live permit's accessors",
+                p.real.accessors(),
+                (
+                    p.id,
+                    p.model.held,
+                    p.model.reservation,
+                    p.model.revision,
+                    p.model.high,
+                ),
+            );
+        }
+    }
+
+    /// Cancels every waiter, drops every permit (oldest first), and checks the end
+    /// invariants (design §U4.5, §U15).
+    pub(crate) fn finish(&mut self) {
+        self.op = "finish".into();
+        self.step += 1;
+        while !self.waiters.is_empty() {
+            let (future, key) = self.waiters.remove(0);
+            drop(future);
+            self.model.cancel_waiter(key);
+            self.check_all();
+        }
+        while !self.permits.is_empty() {
+            let LivePermit { real, model, .. } = self.permits.remove(0);
+            drop(real);
+            self.model.settle(model, None);
+            self.check_all();
+        }
+        // Q5: every pending drain completes once the bulkhead is idle.
+        self.poll_all();
+        self.agree("drains left pending when idle", self.drains.len(), 0);
+        let mut cx = Context::from_waker(Waker::noop());
+        let drained = Pin::new(&mut self.bulkhead.drain())
+            .poll(&mut cx)
+            .is_ready();
+        self.agree("an idle bulkhead's drain", drained, true);
+        self.check_all();
+
+        let stats = self.bulkhead.stats();
+        self.agree("the slots in flight at the end", stats.in_flight, 0);
+        self.agree("the calls waiting at the end", stats.pending, 0);
+        self.agree(
+            "admitted == released at the end",
+            stats.admitted,
+            stats.released,
+        );
+        if let Some(t) = stats.token_budget {
+            self.agree("the tokens in flight at the end", t.in_flight_tokens, 0);
+            let saturated = [
+                t.total_reserved,
+                t.total_consumed,
+                t.total_refunded,
+                t.total_overrun,
+            ]
+            .contains(&u64::MAX);
+            if self.model.all_settled_with_usage && !saturated {
+                self.agree(
+                    "reserved + overrun == consumed + refunded",
+                    u128::from(t.total_reserved) + u128::from(t.total_overrun),
+                    u128::from(t.total_consumed) + u128::from(t.total_refunded),
+                );
+                self.model.note("token identity checked");
+            }
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The public interface of the reference model: what to build ([`Config`]), the
+//! operations ([`Op`], [`Call`]), and the [`Harness`] that applies them to the crate and
+//! the model on a worker thread.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::mpsc;
+use std::thread;
+
+use super::convert::build;
+use super::driver::Driver;
+
+/// A bulkhead to build. [`Harness::new`] checks that the builder refuses out-of-range values
+/// (in its documented order), then clamps them into range and builds that.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub max_concurrent: u32,
+    pub max_queue: u32,
+    /// `(budget, high_priority_reserve)`.
+    pub budget: Option<(u64, u64)>,
+    pub initial_revision: u64,
+}
+
+/// What one call asks for: its priority, and either an explicit reservation or a request for
+/// the bulkhead's estimator (the default model-aware one, design §U13.3).
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub high: bool,
+    /// Use `Reservation::new(input, max_output)` instead of the estimator.
+    pub explicit: bool,
+    pub input: u64,
+    pub max_output: u64,
+    /// The request's model: 0 = none (the bulkhead's, unknown: 4.0 chars per token), 1 =
+    /// `gpt-4o` (3.7), 2 = `claude-sonnet-4` (3.9), 3 = `GPT-4o-mini` (3.7); taken modulo 4.
+    pub model: u8,
+    /// Characters of the user message (taken modulo [`MAX_CHARS`]).
+    pub chars: u32,
+    pub has_max_tokens: bool,
+    pub max_tokens: u64,
+    pub has_extra_input: bool,
+    pub extra_input: u64,
+}
+
+/// One operation. Indices ("which permit", "which waiter") are taken modulo the number of live
+/// ones (an operation on none does nothing); token counts are used as they are.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// `try_acquire` (or `try_acquire_owned`).
+    TryAcquire { owned: bool, call: Call },
+    /// `acquire` (or `acquire_owned`), polled once; kept as a waiter if pending. `timeout`
+    /// (modulo 4): 1 = zero (gives up at its first poll), 2 = one hour (never expires here),
+    /// else none.
+    Acquire {
+        owned: bool,
+        timeout: u8,
+        call: Call,
+    },
+    /// `would_admit`, or `would_admit_with_detail`.
+    WouldAdmit { with_detail: bool, call: Call },
+    /// `estimate` of the call's request (its explicit reservation plays no part).
+    Estimate { call: Call },
+    /// `report_usage` on a live permit.
+    ReportUsage {
+        permit: u32,
+        input: u64,
+        output: u64,
+    },
+    /// `report_usage_progressive` on a live permit.
+    ReportProgressive {
+        permit: u32,
+        input: u64,
+        output: u64,
+        remaining: u64,
+        margin: u64,
+    },
+    /// `release` of a live permit, with `TokenUsage::new(input, output)` or without usage.
+    Release {
+        permit: u32,
+        with_usage: bool,
+        input: u64,
+        output: u64,
+    },
+    /// Drops a live permit.
+    DropPermit { permit: u32 },
+    /// Drops a waiting future (cancellation).
+    CancelWaiter { waiter: u32 },
+    /// Polls one waiting future.
+    PollWaiter { waiter: u32 },
+    /// Turns re-polling every waiter and drain after each operation on or off.
+    AutoPoll { on: bool },
+    /// `apply_limits` at `current revision + revision_delta` (clamped to `0..=u64::MAX`), with
+    /// a token budget iff the bulkhead has one, unless `flip_budget`.
+    ApplyLimits {
+        revision_delta: i64,
+        max_concurrent: u32,
+        max_queue: u32,
+        flip_budget: bool,
+        budget: u64,
+        reserve: u64,
+    },
+    /// `set_budget`.
+    SetBudget { tokens: u64 },
+    /// `close`.
+    Close,
+    /// `drain_timeout(Duration::ZERO)` polled once, or `drain()` polled once and kept if
+    /// pending.
+    Drain { zero_timeout: bool },
+    /// Subscribes (or drops) an event listener that records every event.
+    Listen { on: bool },
+}
+
+/// Characters of a request's text are taken modulo this.
+pub const MAX_CHARS: u32 = 12_000;
+
+/// Drives a real bulkhead and the reference model side by side; panics with a clear message
+/// on any disagreement.
+pub struct Harness {
+    commands: Option<mpsc::Sender<Command>>,
+    replies: mpsc::Receiver<Reply>,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+impl Harness {
+    /// Builds the bulkhead (checking the builder's refusals of out-of-range values first) and
+    /// the model.
+    pub fn new(config: Config) -> Harness {
+        let (commands, inbox) = mpsc::channel();
+        let (outbox, replies) = mpsc::channel();
+        let worker = thread::Builder::new()
+            .name("model-harness".into())
+            .spawn(move || serve(config, inbox, outbox))
+            .expect("spawn the harness worker");
+        let mut harness = Harness {
+            commands: Some(commands),
+            replies,
+            worker: Some(worker),
+        };
+        harness.wait_for_reply();
+        harness
+    }
+
+    /// Applies `op` to the crate and the model and checks that they agree.
+    pub fn apply(&mut self, op: &Op) {
+        self.request(Command::Apply(op.clone()));
+    }
+
+    /// Cancels every waiter, drops every permit, and checks the end invariants.
+    pub fn finish(self) {
+        self.finish_with_tally();
+    }
+
+    /// [`finish`](Harness::finish), returning how often each notable situation happened.
+    pub(crate) fn finish_with_tally(mut self) -> BTreeMap<&'static str, u64> {
+        let tally = match self.request(Command::Finish) {
+            Reply::Tally(tally) => tally,
+            Reply::Done => unreachable!("finishing is answered with the tally"),
+        };
+        self.commands = None;
+        if let Some(worker) = self.worker.take()
+            && let Err(payload) = worker.join()
+        {
+            std::panic::resume_unwind(payload);
+        }
+        tally
+    }
+
+    /// How often each notable situation happened so far (for tests that must reach them).
+    #[allow(dead_code)]
+    pub(crate) fn tally(&mut self) -> BTreeMap<&'static str, u64> {
+        match self.request(Command::Tally) {
+            Reply::Tally(tally) => tally,
+            Reply::Done => unreachable!("a tally request is answered with the tally"),
+        }
+    }
+
+    fn request(&mut self, command: Command) -> Reply {
+        let sent = self
+            .commands
+            .as_ref()
+            .is_some_and(|commands| commands.send(command).is_ok());
+        if !sent {
+            self.rethrow();
+        }
+        self.wait_for_reply()
+    }
+
+    fn wait_for_reply(&mut self) -> Reply {
+        match self.replies.recv() {
+            Ok(reply) => reply,
+            Err(_) => self.rethrow(),
+        }
+    }
+
+    /// The worker stopped: re-raise its panic here, with its message.
+    fn rethrow(&mut self) -> ! {
+        self.commands = None;
+        let worker = self.worker.take().expect("the harness worker was running");
+        match worker.join() {
+            Err(payload) => std::panic::resume_unwind(payload),
+            Ok(()) => panic!("the harness worker stopped without panicking"),
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        // Closing the channel stops the worker, which drops everything it holds.
+        self.commands = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+enum Command {
+    Apply(Op),
+    Tally,
+    Finish,
+}
+
+enum Reply {
+    Done,
+    Tally(BTreeMap<&'static str, u64>),
+}
+
+/// The worker: owns the bulkhead and everything that borrows it.
+fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Reply>) {
+    let (bulkhead, limits) = build(&config);
+    let mut driver = Driver::new(&bulkhead, limits, config);
+    driver.check_all();
+    if outbox.send(Reply::Done).is_err() {
+        return;
+    }
+    while let Ok(command) = inbox.recv() {
+        let reply = match command {
+            Command::Apply(op) => {
+                driver.apply(op);
+                Reply::Done
+            }
+            Command::Tally => Reply::Tally(driver.model.tally.clone()),
+            Command::Finish => {
+                driver.finish();
+                let _ = outbox.send(Reply::Tally(driver.model.tally.clone()));
+                return;
+            }
+        };
+        if outbox.send(reply).is_err() {
+            return;
+        }
+    }
+}

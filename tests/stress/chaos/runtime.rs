@@ -1,0 +1,216 @@
+//! Scenarios and runtimes: what a scenario varies, how tasks are spawned, and the watchdog.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Arc, mpsc};
+use std::task::Poll;
+use std::time::Duration;
+
+use async_bulkhead_llm::LlmBulkhead;
+
+use super::{PEAK_SLOTS, SLOTS, fresh_seed, scale};
+
+/// What the control plane changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plane {
+    /// Nothing (only stale and invalid snapshots, which change nothing): fixed limits.
+    Fixed,
+    /// The budget, the reserve and the queue; `max_concurrent` stays at `SLOTS`.
+    SlotsFixed,
+    /// Everything, `max_concurrent` 0 (the kill switch) and `max_queue` 0 included.
+    Varying,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Setup {
+    pub(crate) seed: u64,
+    pub(crate) plane: Plane,
+    /// Every admission settles with usage (an early report, or explicit usage), so the plain
+    /// identity `reserved + overrun == consumed + refunded` must hold.
+    pub(crate) always_usage: bool,
+    /// A listener subscribed to every event (it also changes the paths: admissions are timed).
+    pub(crate) listen: bool,
+    pub(crate) workers: u64,
+    /// Operations per worker before the close can happen (the close comes at a random point).
+    pub(crate) ops: u64,
+}
+
+impl Setup {
+    pub(crate) fn new(plane: Plane, workers: u64, ops: u64) -> Setup {
+        Setup {
+            seed: fresh_seed(),
+            plane,
+            always_usage: false,
+            listen: false,
+            workers,
+            ops: ops * scale(),
+        }
+    }
+
+    pub(crate) fn always_usage(mut self) -> Setup {
+        self.always_usage = true;
+        self
+    }
+
+    pub(crate) fn listen(mut self) -> Setup {
+        self.listen = true;
+        self
+    }
+
+    /// The most holders there may ever be at once.
+    pub(crate) fn ceiling(&self) -> u64 {
+        u64::from(match self.plane {
+            Plane::Fixed | Plane::SlotsFixed => SLOTS,
+            Plane::Varying => PEAK_SLOTS,
+        })
+    }
+}
+
+pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+type Spawn = Arc<dyn Fn(Task) -> Task + Send + Sync>;
+
+/// Which timer the runtime offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Timer {
+    Tokio,
+    /// `async-io` (smol's timer; works on any executor).
+    AsyncIo,
+    AsyncStd,
+    /// Plain threads: a blocking sleep, and `acquire_blocking` is allowed.
+    Thread,
+}
+
+#[derive(Clone)]
+pub(crate) struct Rt {
+    pub(crate) timer: Timer,
+    pub(crate) spawn: Spawn,
+}
+
+impl Rt {
+    pub(crate) fn new(timer: Timer, spawn: impl Fn(Task) -> Task + Send + Sync + 'static) -> Rt {
+        Rt {
+            timer,
+            spawn: Arc::new(spawn),
+        }
+    }
+
+    pub(crate) fn sleep(&self, duration: Duration) -> Task {
+        match self.timer {
+            Timer::Tokio => Box::pin(tokio::time::sleep(duration)),
+            Timer::AsyncIo => Box::pin(async move {
+                smol::Timer::after(duration).await;
+            }),
+            Timer::AsyncStd => Box::pin(async_std::task::sleep(duration)),
+            Timer::Thread => Box::pin(async move { std::thread::sleep(duration) }),
+        }
+    }
+
+    pub(crate) fn threads(&self) -> bool {
+        self.timer == Timer::Thread
+    }
+}
+
+pub(crate) fn tokio_spawn(task: Task) -> Task {
+    let handle = tokio::spawn(task);
+    Box::pin(async move { handle.await.unwrap() })
+}
+
+/// A thread per task; the returned future blocks while it joins it (threads mode only).
+pub(crate) fn thread_spawn(task: Task) -> Task {
+    let handle = std::thread::spawn(move || futures::executor::block_on(task));
+    Box::pin(async move { handle.join().unwrap() })
+}
+
+/// Yields to the executor once, whatever the runtime.
+pub(crate) async fn yield_now() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+pub(crate) async fn yields(n: usize) {
+    for _ in 0..n {
+        yield_now().await;
+    }
+}
+
+/// A future that remembers whether it was ever polled: an acquire decides (and is counted) at
+/// its first poll, and not at all if it is dropped before.
+pub(crate) struct Tracked<F> {
+    inner: F,
+    pub(crate) polled: bool,
+}
+
+impl<F: Future + Unpin> Tracked<F> {
+    pub(crate) fn new(inner: F) -> Tracked<F> {
+        Tracked {
+            inner,
+            polled: false,
+        }
+    }
+}
+
+impl<F: Future + Unpin> Future for Tracked<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        self.polled = true;
+        Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+/// Polls `future` exactly once.
+pub(crate) async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx))).await
+}
+
+/// Prints the seed if the scenario fails, and aborts the process if it hangs.
+pub(crate) struct Guard {
+    what: String,
+    stop: Option<mpsc::Sender<()>>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Guard {
+    pub(crate) fn new(what: String, bulkhead: LlmBulkhead) -> Guard {
+        // Generous: a healthy scenario takes a few seconds even at a large scale.
+        let limit = Duration::from_secs(120 + 60 * scale());
+        let (stop, stopped) = mpsc::channel::<()>();
+        let name = what.clone();
+        let watchdog = std::thread::spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(limit) {
+                eprintln!(
+                    "chaos: {name} still running after {limit:?}: hung; {:?}",
+                    bulkhead.stats()
+                );
+                std::process::abort();
+            }
+        });
+        Guard {
+            what,
+            stop: Some(stop),
+            watchdog: Some(watchdog),
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(watchdog) = self.watchdog.take() {
+            let _ = watchdog.join();
+        }
+        if std::thread::panicking() {
+            eprintln!("chaos: FAILED {} (replay with CHAOS_SEED)", self.what);
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Stress tests on real threads and real runtimes (tokio multi-thread and current-thread, smol,
+//! async-std, a futures thread pool, blocked threads): many callers hammer one bulkhead while a
+//! control plane changes the limits and closes it, and every run ends with exact invariants.
+//!
+//! - `admission`: random reservations, priorities, releases, limit changes and a close;
+//! - `queue`: queueing with random timeouts and cancellations;
+//! - `usage`: streaming usage reports checked by every caller and by a listener;
+//! - `chaos`: random mixes of every operation, with cancellations and a random close;
+//! - `threads`: statistics shards and admission ids across thread lifetimes;
+//! - `phantom_probe`: the "phantom commit" probe of issue #11.
+//!
+//! `STRESS_SCALE` (default 1) multiplies the work, e.g. `STRESS_SCALE=100 cargo test --release
+//! --test stress chaos::`; `CHAOS_SEED=<seed>` replays a failed chaos run's random choices;
+//! `PHANTOM_PROBE_SECS` sets the phantom probe's duration (default 10 s).
+//!
+//! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod admission;
+mod chaos;
+mod phantom_probe;
+mod queue;
+mod threads;
+mod usage;
