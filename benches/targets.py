@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs the side-by-side benches and checks every performance target of RUST-DESIGN.md §5.
+"""Runs the side-by-side benches and checks every performance target of docs/design.md §D5.
 
 One command (about 5 minutes on a 2-vCPU machine):
 
