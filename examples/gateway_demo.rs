@@ -229,7 +229,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let next = Limits::new(1, 32)
                 .with_max_queue(20)
                 .with_token_budget(160_000, 15_000);
-            raised = Some(bulkhead.apply_limits(next)?.current());
+            raised = Some(bulkhead.apply_limits(next)?.current().clone());
         }
     }
     // Shutdown: refuse new work and whoever still waits, then wait for the calls in flight.

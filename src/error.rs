@@ -6,6 +6,7 @@
 
 use core::fmt;
 
+use crate::admission_class::AdmissionClass;
 use crate::rejection::Rejection;
 
 /// The builder refused a configuration. Nothing was built.
@@ -61,6 +62,35 @@ pub enum ConfigError {
         /// The configured budget.
         budget: u64,
     },
+    /// The admission classes' default class id is empty or only whitespace.
+    DefaultClassEmpty {
+        /// The refused id.
+        default_class: String,
+    },
+    /// Admission classes were configured without any class.
+    NoClasses,
+    /// A class's limits are invalid (see [`ClassLimitsError`]).
+    Class(ClassLimitsError),
+    /// The default class names no configured class.
+    UnknownDefaultClass {
+        /// The refused id.
+        default_class: String,
+    },
+    /// The classes' protected floors of concurrent calls add up to more than
+    /// `max_concurrent`.
+    ProtectedConcurrentSumTooLarge {
+        /// The sum of the floors.
+        sum: u64,
+        /// The configured `max_concurrent`.
+        max_concurrent: u32,
+    },
+    /// The classes' protected floors of tokens add up to more than the token budget.
+    ProtectedTokensSumTooLarge {
+        /// The sum of the floors.
+        sum: u64,
+        /// The configured budget.
+        budget: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -81,6 +111,29 @@ impl fmt::Display for ConfigError {
             ConfigError::ReserveExceedsBudget { reserve, budget } => write!(
                 f,
                 "token_budget.high_priority_reserve ({reserve}) must be <= token_budget.budget ({budget})"
+            ),
+            ConfigError::DefaultClassEmpty { default_class } => write!(
+                f,
+                "admission_classes.default_class must be a non-empty string (got {default_class:?})"
+            ),
+            ConfigError::NoClasses => {
+                f.write_str("admission_classes must contain at least one class")
+            }
+            ConfigError::Class(error) => error.fmt_in("admission_classes.classes", f),
+            ConfigError::UnknownDefaultClass { default_class } => write!(
+                f,
+                "admission_classes.default_class {default_class:?} must name a configured class"
+            ),
+            ConfigError::ProtectedConcurrentSumTooLarge {
+                sum,
+                max_concurrent,
+            } => write!(
+                f,
+                "admission_classes protected_concurrent sum ({sum}) must be <= max_concurrent ({max_concurrent})"
+            ),
+            ConfigError::ProtectedTokensSumTooLarge { sum, budget } => write!(
+                f,
+                "admission_classes protected_in_flight_tokens sum ({sum}) must be <= token_budget.budget ({budget})"
             ),
         }
     }
@@ -136,6 +189,29 @@ pub enum LimitsError {
         /// The current revision.
         current: u64,
     },
+    /// The bulkhead was built with admission classes, and the snapshot has none.
+    AdmissionClassesRequired,
+    /// The snapshot carries admission classes on a bulkhead built without them.
+    AdmissionClassesNotConfigured,
+    /// The snapshot's classes are not exactly the ids the bulkhead was built with.
+    ClassIdsMismatch,
+    /// A class's limits are invalid (see [`ClassLimitsError`]).
+    Class(ClassLimitsError),
+    /// The classes' protected floors of concurrent calls add up to more than the snapshot's
+    /// `max_concurrent`.
+    ProtectedConcurrentSumTooLarge {
+        /// The sum of the floors.
+        sum: u64,
+        /// The snapshot's `max_concurrent`.
+        max_concurrent: u32,
+    },
+    /// The classes' protected floors of tokens add up to more than the snapshot's budget.
+    ProtectedTokensSumTooLarge {
+        /// The sum of the floors.
+        sum: u64,
+        /// The snapshot's budget.
+        budget: u64,
+    },
 }
 
 impl fmt::Display for LimitsError {
@@ -159,6 +235,27 @@ impl fmt::Display for LimitsError {
             LimitsError::RevisionExhausted { current } => write!(
                 f,
                 "cannot advance the limit revision beyond {current} (the largest revision)"
+            ),
+            LimitsError::AdmissionClassesRequired => f.write_str(
+                "limits.admission_classes is required because admission classes were configured at construction",
+            ),
+            LimitsError::AdmissionClassesNotConfigured => f.write_str(
+                "limits.admission_classes must be omitted because no admission classes were configured at construction",
+            ),
+            LimitsError::ClassIdsMismatch => f.write_str(
+                "limits.admission_classes must contain exactly the construction-time class ids",
+            ),
+            LimitsError::Class(error) => error.fmt_in("limits.admission_classes", f),
+            LimitsError::ProtectedConcurrentSumTooLarge {
+                sum,
+                max_concurrent,
+            } => write!(
+                f,
+                "limits.admission_classes protected_concurrent sum ({sum}) must be <= max_concurrent ({max_concurrent})"
+            ),
+            LimitsError::ProtectedTokensSumTooLarge { sum, budget } => write!(
+                f,
+                "limits.admission_classes protected_in_flight_tokens sum ({sum}) must be <= token_budget.budget ({budget})"
             ),
         }
     }
@@ -214,6 +311,18 @@ pub enum RequestError {
         /// Characters of text (UTF-16 code units).
         chars: u64,
     },
+    /// An admission class was given to a bulkhead built without admission classes.
+    ClassesNotConfigured {
+        /// The class given.
+        class: AdmissionClass,
+    },
+    /// The admission class belongs to another bulkhead.
+    ForeignClass {
+        /// The class given.
+        class: AdmissionClass,
+    },
+    /// A `run`'s borrowed-slot deadline was zero.
+    ZeroBorrowedConcurrencyDeadline,
 }
 
 impl fmt::Display for RequestError {
@@ -244,6 +353,19 @@ impl fmt::Display for RequestError {
                 f,
                 "estimated input for {chars} characters does not fit in 64 bits"
             ),
+            RequestError::ClassesNotConfigured { class } => write!(
+                f,
+                "admission class {:?} requires admission classes to be configured",
+                class.id()
+            ),
+            RequestError::ForeignClass { class } => write!(
+                f,
+                "admission class {:?} belongs to another bulkhead",
+                class.id()
+            ),
+            RequestError::ZeroBorrowedConcurrencyDeadline => {
+                f.write_str("borrowed_concurrency_deadline must be greater than zero")
+            }
         }
     }
 }
@@ -454,3 +576,202 @@ impl From<RequestError> for AcquireError {
         AcquireError::Invalid(error)
     }
 }
+
+/// Which limit of an admission class an error is about.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(async_bulkhead_llm::ClassField::MaxInFlightTokens.as_str(), "max_in_flight_tokens");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ClassField {
+    /// [`ClassLimits::protected_concurrent`](crate::ClassLimits::protected_concurrent).
+    ProtectedConcurrent,
+    /// [`ClassLimits::max_concurrent`](crate::ClassLimits::max_concurrent).
+    MaxConcurrent,
+    /// [`ClassLimits::protected_in_flight_tokens`](crate::ClassLimits::protected_in_flight_tokens).
+    ProtectedInFlightTokens,
+    /// [`ClassLimits::max_in_flight_tokens`](crate::ClassLimits::max_in_flight_tokens).
+    MaxInFlightTokens,
+}
+
+impl ClassField {
+    /// The field's name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ClassField::ProtectedConcurrent => "protected_concurrent",
+            ClassField::MaxConcurrent => "max_concurrent",
+            ClassField::ProtectedInFlightTokens => "protected_in_flight_tokens",
+            ClassField::MaxInFlightTokens => "max_in_flight_tokens",
+        }
+    }
+}
+
+/// One admission class's limits are invalid, at build time
+/// ([`ConfigError::Class`]) or in a snapshot ([`LimitsError::Class`]). Each names the class
+/// and the field.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AdmissionClasses, ClassField, ClassLimits, ClassLimitsError, ConfigError, LlmBulkhead};
+///
+/// let err = LlmBulkhead::builder("m", 4)
+///     .admission_classes(AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(3).max_concurrent(2)))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(
+///     err,
+///     ConfigError::Class(ClassLimitsError::ProtectedAboveMax {
+///         class: "a".into(),
+///         field: ClassField::ProtectedConcurrent,
+///         protected: 3,
+///         max: 2,
+///     }),
+/// );
+/// assert_eq!(
+///     err.to_string(),
+///     "admission_classes.classes[\"a\"].protected_concurrent (3) must be <= admission_classes.classes[\"a\"].max_concurrent (2)",
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClassLimitsError {
+    /// A class id is empty or only whitespace (ids are kept as given, not trimmed).
+    EmptyId {
+        /// The refused id.
+        class: String,
+    },
+    /// A class id is configured twice.
+    DuplicateId {
+        /// The repeated id.
+        class: String,
+    },
+    /// A field exceeds what the admission word can count (`MAX_CONCURRENT` for slots,
+    /// `MAX_BUDGET` for tokens).
+    TooLarge {
+        /// The class.
+        class: String,
+        /// The field.
+        field: ClassField,
+        /// The refused value.
+        value: u64,
+        /// The largest accepted value.
+        max: u64,
+    },
+    /// A protected floor exceeds the class's ceiling of the same dimension.
+    ProtectedAboveMax {
+        /// The class.
+        class: String,
+        /// The floor (`ProtectedConcurrent` or `ProtectedInFlightTokens`).
+        field: ClassField,
+        /// The floor's value.
+        protected: u64,
+        /// The ceiling's value.
+        max: u64,
+    },
+    /// A token field is set on a bulkhead without a token budget.
+    TokensWithoutBudget {
+        /// The class.
+        class: String,
+        /// The field (`ProtectedInFlightTokens` or `MaxInFlightTokens`).
+        field: ClassField,
+    },
+}
+
+impl ClassLimitsError {
+    /// Writes the error with the classes' label (`admission_classes.classes` at build time,
+    /// `limits.admission_classes` in a snapshot).
+    fn fmt_in(&self, label: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClassLimitsError::EmptyId { class } => {
+                write!(
+                    f,
+                    "{label} class id must be a non-empty string (got {class:?})"
+                )
+            }
+            ClassLimitsError::DuplicateId { class } => {
+                write!(f, "{label} class id {class:?} is configured more than once")
+            }
+            ClassLimitsError::TooLarge {
+                class,
+                field,
+                value,
+                max,
+            } => write!(
+                f,
+                "{label}[{class:?}].{} ({value}) must be <= {max}",
+                field.as_str()
+            ),
+            ClassLimitsError::ProtectedAboveMax {
+                class,
+                field,
+                protected,
+                max,
+            } => {
+                let ceiling = match field {
+                    ClassField::ProtectedInFlightTokens => ClassField::MaxInFlightTokens,
+                    _ => ClassField::MaxConcurrent,
+                };
+                write!(
+                    f,
+                    "{label}[{class:?}].{} ({protected}) must be <= {label}[{class:?}].{} ({max})",
+                    field.as_str(),
+                    ceiling.as_str()
+                )
+            }
+            ClassLimitsError::TokensWithoutBudget { class, field } => write!(
+                f,
+                "{label}[{class:?}].{} requires a token budget to be configured",
+                field.as_str()
+            ),
+        }
+    }
+}
+
+impl fmt::Display for ClassLimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_in("admission_classes", f)
+    }
+}
+
+impl std::error::Error for ClassLimitsError {}
+
+/// [`LlmBulkhead::class`](crate::LlmBulkhead::class) found no such class. Nothing was created
+/// or counted.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{ClassLookupError, LlmBulkhead};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+/// assert_eq!(bulkhead.class("premium"), Err(ClassLookupError::NotConfigured));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClassLookupError {
+    /// The bulkhead was built without admission classes.
+    NotConfigured,
+    /// No class has this id.
+    Unknown {
+        /// The id looked up.
+        class: String,
+    },
+}
+
+impl fmt::Display for ClassLookupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClassLookupError::NotConfigured => {
+                f.write_str("admission_class requires admission classes to be configured")
+            }
+            ClassLookupError::Unknown { class } => write!(f, "unknown admission class {class:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ClassLookupError {}

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
 use crate::admission_id::AdmissionId;
 use crate::engine::limits::Limits;
 use crate::priority::Priority;
@@ -47,7 +48,7 @@ use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
 /// ```
 /// use async_bulkhead_llm::EventKind;
 ///
-/// assert_eq!(EventKind::ALL.len(), 5);
+/// assert_eq!(EventKind::ALL.len(), 6);
 /// assert_eq!(EventKind::Admit.as_str(), "admit");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,6 +64,8 @@ pub enum EventKind {
     Release,
     /// New limits were applied.
     Reconfigure,
+    /// An admission gave its borrowed slot back before settling.
+    BorrowedConcurrencyAbandon,
 }
 
 impl EventKind {
@@ -74,6 +77,7 @@ impl EventKind {
         EventKind::Usage,
         EventKind::Release,
         EventKind::Reconfigure,
+        EventKind::BorrowedConcurrencyAbandon,
     ];
 
     /// The kind's wire name, in snake_case like every name the crate prints
@@ -92,6 +96,7 @@ impl EventKind {
             EventKind::Usage => "usage",
             EventKind::Release => "release",
             EventKind::Reconfigure => "reconfigure",
+            EventKind::BorrowedConcurrencyAbandon => "borrowed_concurrency_abandon",
         }
     }
 
@@ -134,6 +139,8 @@ pub enum Event<'a> {
     Release(&'a ReleaseEvent),
     /// See [`ReconfigureEvent`].
     Reconfigure(&'a ReconfigureEvent),
+    /// See [`BorrowedConcurrencyAbandonEvent`].
+    BorrowedConcurrencyAbandon(&'a BorrowedConcurrencyAbandonEvent),
 }
 
 impl Event<'_> {
@@ -160,6 +167,7 @@ impl Event<'_> {
             Event::Usage(_) => EventKind::Usage,
             Event::Release(_) => EventKind::Release,
             Event::Reconfigure(_) => EventKind::Reconfigure,
+            Event::BorrowedConcurrencyAbandon(_) => EventKind::BorrowedConcurrencyAbandon,
         }
     }
 }
@@ -174,8 +182,12 @@ pub struct AdmitEvent {
     pub limit_revision: u64,
     /// Its priority.
     pub priority: Priority,
+    /// Its admission class (with classes).
+    pub class: Option<AdmissionClass>,
     /// Tokens reserved (0 without a token budget).
     pub reserved_tokens: u64,
+    /// What it borrowed from the shared pool.
+    pub resources: Resources,
     /// Time spent deciding, queue wait excluded (estimation excluded too). For a call that
     /// waited and that nobody timed when it arrived (no listener then), only the part after
     /// the wait.
@@ -190,6 +202,8 @@ pub struct AdmitEvent {
 pub struct RejectEvent {
     /// Why.
     pub reason: RejectReason,
+    /// The call's admission class (with classes).
+    pub class: Option<AdmissionClass>,
     /// Revision of the limits in force at the decision.
     pub limit_revision: u64,
     /// The capacity snapshot of the decision.
@@ -211,6 +225,8 @@ pub struct UsageEvent {
     pub limit_revision: u64,
     /// Its priority.
     pub priority: Priority,
+    /// Its admission class (with classes).
+    pub class: Option<AdmissionClass>,
     /// 1 for the first effective report, then +1 for each.
     pub sequence: u64,
     /// Tokens originally reserved (0 without a token budget).
@@ -243,6 +259,10 @@ pub struct ReleaseEvent {
     pub limit_revision: u64,
     /// Its priority.
     pub priority: Priority,
+    /// Its admission class (with classes).
+    pub class: Option<AdmissionClass>,
+    /// What it borrowed from the shared pool when it was admitted.
+    pub resources: Resources,
     /// Tokens originally reserved (0 without a token budget).
     pub reserved_tokens: u64,
     /// The hold just before release (all returned now).
@@ -256,13 +276,35 @@ pub struct ReleaseEvent {
 }
 
 /// New limits were applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReconfigureEvent {
     /// The limits replaced.
     pub previous: Limits,
     /// The limits now in force.
     pub current: Limits,
+}
+
+/// An admission gave its borrowed slot back before settling: by
+/// [`abandon_borrowed_concurrency`](crate::Permit::abandon_borrowed_concurrency), or because a
+/// `run`'s borrowed-slot deadline expired. Its tokens stay held until it settles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BorrowedConcurrencyAbandonEvent {
+    /// The admission's id.
+    pub admission_id: AdmissionId,
+    /// Revision of the limits that admitted it.
+    pub limit_revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its admission class.
+    pub class: Option<AdmissionClass>,
+    /// What it borrowed when it was admitted.
+    pub resources: Resources,
+    /// Why it gave the slot back.
+    pub cause: AbandonCause,
+    /// The tokens it still holds.
+    pub held_tokens: u64,
 }
 
 type Listener = Box<dyn Fn(&Event<'_>) + Send + Sync>;

@@ -165,9 +165,15 @@
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
 //!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+// A rejection carries its whole capacity snapshot by value (with admission classes, the class
+// and shared-pool figures too: about 340 bytes), so that refusing never allocates. Boxing it
+// would cost an allocation per refusal, the path that must stay cheapest under overload; the
+// copies are measured in `benches/` (the rejection line) instead.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
 #![doc(test(attr(deny(warnings, rust_2018_idioms), allow(dead_code, unused_variables))))]
 
 // The plain vocabulary every layer shares (imports nothing above it).
+mod admission_class;
 mod admission_id;
 mod contain;
 mod error;
@@ -192,34 +198,44 @@ pub mod futures {
     pub use crate::llm::acquire::{Acquire, AcquireOwned};
 }
 
+pub use admission_class::{AbandonCause, AdmissionClass, ClassLimits, Resources};
 pub use admission_id::AdmissionId;
 pub use engine::drain::DrainReport;
 pub use engine::limits::{
-    ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+    ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
 };
 pub use engine::policy::Verdict;
-pub use error::{AcquireError, ConfigError, EstimatorError, LimitsError, RequestError, UsageError};
+pub use error::{
+    AcquireError, ClassField, ClassLimitsError, ClassLookupError, ConfigError, EstimatorError,
+    LimitsError, RequestError, UsageError,
+};
 pub use events::{
-    AdmitEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent, Subscription,
-    UsageEvent,
+    AdmitEvent, BorrowedConcurrencyAbandonEvent, Event, EventKind, ReconfigureEvent, RejectEvent,
+    ReleaseEvent, Subscription, UsageEvent,
 };
 pub use llm::admission::Admission;
-pub use llm::builder::{LlmBulkheadBuilder, Profile, TokenBudget};
+pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
 pub use llm::estimate::{
     AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
     ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
 };
-pub use llm::options::AcquireOptions;
+pub use llm::options::{AcquireOptions, RunOptions};
 pub use llm::permit::{OwnedPermit, Permit};
 pub use llm::request::{Content, ContentBlock, LlmRequest, Message};
-pub use llm::run::{RunContext, RunError};
+pub use llm::run::{BorrowedConcurrencyDeadlineError, RunContext, RunError};
 pub use priority::Priority;
-pub use rejection::{CapacityDetail, RejectReason, Rejection, TokenBudgetDetail};
+pub use rejection::{
+    CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection,
+    SharedCapacity, SharedPool, TokenBudgetDetail,
+};
 pub use reservation::{
     DEFAULT_OUTPUT_CAP, Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport,
 };
-pub use stats::{RejectionCounts, Stats, TokenBudgetStats};
+pub use stats::{
+    AbandonCounts, ClassStats, ClassesStats, RejectionCounts, SharedStats, SharedTokenStats, Stats,
+    TokenBudgetStats,
+};
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
@@ -247,4 +263,8 @@ fn _assert_send_sync() {
     both::<futures::DrainTimeout<'static>>();
     both::<RunContext<'static>>();
     both::<RunError<std::io::Error>>();
+    both::<AdmissionClass>();
+    both::<AdmissionClasses>();
+    both::<RunOptions>();
+    both::<BorrowedConcurrencyDeadlineError>();
 }

@@ -3,6 +3,8 @@
 
 use core::fmt;
 
+use crate::admission_class::AdmissionClass;
+
 /// Why a call was refused.
 ///
 /// # Examples
@@ -105,6 +107,139 @@ pub struct CapacityDetail {
     pub max_queue: u32,
     /// The token picture, present iff the bulkhead has a token budget.
     pub token_budget: Option<TokenBudgetDetail>,
+    /// Which limit bound, when the bulkhead has admission classes and a limit did (none for
+    /// `shutdown` and `aborted`).
+    pub constraint: Option<Constraint>,
+    /// The shared pool (capacity no class protects), with admission classes.
+    pub shared_capacity: Option<SharedCapacity>,
+    /// The call's class, with admission classes.
+    pub admission_class: Option<ClassDetail>,
+}
+
+/// Which limit bound a refusal, with admission classes.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(async_bulkhead_llm::Constraint::AdmissionClassProtection.as_str(), "admission_class_protection");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Constraint {
+    /// A global limit (the budget, `max_concurrent`, the queue, its timeout).
+    Global,
+    /// The call's class's own ceiling.
+    AdmissionClass,
+    /// Another class's protected floor: the shared pool had no room for what the call borrows.
+    AdmissionClassProtection,
+}
+
+impl Constraint {
+    /// The constraint's wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Constraint::Global => "global",
+            Constraint::AdmissionClass => "admission_class",
+            Constraint::AdmissionClassProtection => "admission_class_protection",
+        }
+    }
+}
+
+impl fmt::Display for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The shared pool at a decision: the capacity no class protects (`max_concurrent` minus the
+/// classes' floors, and the priority-adjusted budget minus their token floors), what calls
+/// beyond their floors borrow of it, and what the call would borrow.
+///
+/// # Examples
+///
+/// ```
+/// let pool = async_bulkhead_llm::SharedPool::compute(1, 1, 1);
+/// assert_eq!((pool.capacity, pool.in_use, pool.available, pool.requested_borrowed), (1, 1, 0, 1));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SharedPool {
+    /// Capacity of the shared pool.
+    pub capacity: u64,
+    /// Borrowed by calls in flight beyond their classes' floors.
+    pub in_use: u64,
+    /// `capacity - in_use`, at least 0.
+    pub available: u64,
+    /// What this call borrows (1 slot or 0; its tokens beyond its class's free floor).
+    pub requested_borrowed: u64,
+}
+
+impl SharedPool {
+    /// The pool of `capacity`, `in_use` borrowed, for a call borrowing `requested_borrowed`.
+    pub const fn compute(capacity: u64, in_use: u64, requested_borrowed: u64) -> SharedPool {
+        SharedPool {
+            capacity,
+            in_use,
+            available: capacity.saturating_sub(in_use),
+            requested_borrowed,
+        }
+    }
+}
+
+/// The shared pools of slots and (with a token budget) of tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SharedCapacity {
+    /// The shared pool of concurrent calls.
+    pub concurrency: SharedPool,
+    /// The shared pool of tokens, with a token budget.
+    pub token_budget: Option<SharedPool>,
+}
+
+/// The call's admission class at a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClassDetail {
+    /// The class.
+    pub class: AdmissionClass,
+    /// The class's calls in flight.
+    pub in_flight: u64,
+    /// Its protected floor of concurrent calls.
+    pub protected_concurrent: u64,
+    /// Calls in flight within the floor: `min(in_flight, protected_concurrent)`.
+    pub protected_concurrent_in_use: u64,
+    /// Calls in flight beyond the floor (borrowed from the shared pool).
+    pub borrowed_concurrent: u64,
+    /// `protected_concurrent - in_flight`, at least 0.
+    pub available_protected_concurrent: u64,
+    /// Its ceiling of concurrent calls, if any.
+    pub max_concurrent: Option<u64>,
+    /// `max_concurrent - in_flight`, at least 0 (`None` without a ceiling).
+    pub available_concurrent: Option<u64>,
+    /// The class's tokens, with a token budget.
+    pub token_budget: Option<ClassTokenDetail>,
+}
+
+/// The token side of a [`ClassDetail`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClassTokenDetail {
+    /// Tokens the class holds in flight.
+    pub in_flight_tokens: u64,
+    /// Its protected floor of tokens.
+    pub protected_in_flight_tokens: u64,
+    /// Tokens held within the floor.
+    pub protected_tokens_in_use: u64,
+    /// Tokens held beyond the floor (borrowed from the shared pool).
+    pub borrowed_in_flight_tokens: u64,
+    /// `protected_in_flight_tokens - in_flight_tokens`, at least 0.
+    pub available_protected_tokens: u64,
+    /// Its ceiling of tokens, if any.
+    pub max_in_flight_tokens: Option<u64>,
+    /// `max_in_flight_tokens - in_flight_tokens`, at least 0 (`None` without a ceiling).
+    pub available: Option<u64>,
+    /// The call's reservation.
+    pub requested: u64,
 }
 
 /// The token side of a [`CapacityDetail`].
@@ -251,6 +386,53 @@ impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.detail;
         write!(f, "bulkhead rejected: {} (", self.reason)?;
+        let class = d.admission_class.as_ref();
+        match (self.reason, d.constraint) {
+            (RejectReason::ConcurrencyLimit, Some(Constraint::AdmissionClass)) => {
+                let c = class.expect("a class decision carries its class");
+                write!(
+                    f,
+                    "class {:?}: {} of {} slots in flight",
+                    c.class.id(),
+                    c.in_flight,
+                    c.max_concurrent.unwrap_or(0)
+                )?;
+                return f.write_str(")");
+            }
+            (RejectReason::BudgetLimit, Some(Constraint::AdmissionClass)) => {
+                let c = class.expect("a class decision carries its class");
+                let t = c.token_budget.expect("a class token decision has a budget");
+                write!(
+                    f,
+                    "class {:?}: requested {} tokens, {} of {} in flight",
+                    c.class.id(),
+                    t.requested,
+                    t.in_flight_tokens,
+                    t.max_in_flight_tokens.unwrap_or(0)
+                )?;
+                return f.write_str(")");
+            }
+            (reason, Some(Constraint::AdmissionClassProtection)) => {
+                let c = class.expect("a class decision carries its class");
+                let shared = d.shared_capacity.expect("a protection decision has a pool");
+                let (what, pool) = match reason {
+                    RejectReason::BudgetLimit => {
+                        ("tokens", shared.token_budget.expect("a token pool"))
+                    }
+                    _ => ("slots", shared.concurrency),
+                };
+                write!(
+                    f,
+                    "class {:?} would borrow {} shared {what}, {} of {} available: the rest is protected for other classes",
+                    c.class.id(),
+                    pool.requested_borrowed,
+                    pool.available,
+                    pool.capacity
+                )?;
+                return f.write_str(")");
+            }
+            _ => {}
+        }
         match self.reason {
             RejectReason::Shutdown => f.write_str("the bulkhead is closed")?,
             RejectReason::ConcurrencyLimit if d.max_concurrent == 0 => {

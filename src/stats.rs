@@ -2,8 +2,9 @@
 //! the engine's figures (`crate::engine::Figures`): live figures from the admission word,
 //! cumulative counters summed from the engine's per-thread shards.
 
-use crate::engine::Figures;
+use crate::admission_class::{AbandonCause, AdmissionClass, ClassLimits};
 use crate::engine::limits::Limits;
+use crate::engine::{ClassCounter, ClassFigures, ClassesFigures, Figures};
 use crate::rejection::RejectReason;
 
 /// Everything a [`LlmBulkhead`](crate::LlmBulkhead) can tell about itself, read at one moment.
@@ -38,7 +39,7 @@ use crate::rejection::RejectReason;
 /// assert_eq!((tokens.total_reserved, tokens.total_consumed, tokens.total_refunded), (1100, 25, 1075));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Stats {
@@ -48,6 +49,11 @@ pub struct Stats {
     pub closed: bool,
     /// Admissions holding a slot.
     pub in_flight: u64,
+    /// Admissions that gave their borrowed slot back (see
+    /// [`Permit::abandon_borrowed_concurrency`](crate::Permit::abandon_borrowed_concurrency))
+    /// and have not settled: they hold tokens but no slot. `in_flight + abandoned_in_flight`
+    /// is every admission not yet settled, what `drain` waits for.
+    pub abandoned_in_flight: u64,
     /// Calls waiting in the queue.
     pub pending: u64,
     /// Successful admissions so far.
@@ -65,16 +71,153 @@ pub struct Stats {
     /// Panics of the estimator's [`observe`](crate::Estimator::observe), caught and counted
     /// (the release that called it completed: its capacity was returned first).
     pub estimator_panics: u64,
+    /// Admissions that gave their borrowed slot back before settling, so far.
+    pub borrowed_concurrency_abandoned: u64,
+    /// The same, by cause.
+    pub borrowed_concurrency_abandoned_by_cause: AbandonCounts,
+    /// Per-class figures, present iff the bulkhead has admission classes.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub admission_classes: Option<ClassesStats>,
+}
+
+/// Abandonments by cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct AbandonCounts {
+    /// By `abandon_borrowed_concurrency`.
+    pub manual: u64,
+    /// By an expired `run` borrowed-slot deadline.
+    pub deadline: u64,
+}
+
+impl AbandonCounts {
+    fn from_array([manual, deadline]: [u64; AbandonCause::ALL.len()]) -> AbandonCounts {
+        AbandonCounts { manual, deadline }
+    }
+
+    /// The sum over both causes.
+    pub fn total(&self) -> u64 {
+        self.manual.saturating_add(self.deadline)
+    }
+}
+
+/// The admission classes' figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ClassesStats {
+    /// The class of calls that name none.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "serialize_class"))]
+    pub default_class: AdmissionClass,
+    /// The shared pool (capacity no class protects).
+    pub shared: SharedStats,
+    /// Each class, in configured order.
+    pub classes: Vec<ClassStats>,
+}
+
+/// The shared pool in [`ClassesStats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct SharedStats {
+    /// `max_concurrent` minus the classes' floors (at least 0).
+    pub max_concurrent: u64,
+    /// Calls in flight beyond their classes' floors.
+    pub in_flight: u64,
+    /// `max_concurrent - in_flight`, at least 0.
+    pub available_concurrent: u64,
+    /// The tokens' shared pool, with a token budget (its capacity is the raw budget minus the
+    /// classes' token floors, not adjusted for priority).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub token_budget: Option<SharedTokenStats>,
+}
+
+/// The tokens' shared pool in [`SharedStats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct SharedTokenStats {
+    /// The budget minus the classes' token floors (at least 0).
+    pub budget: u64,
+    /// Tokens held beyond their classes' floors.
+    pub in_flight_tokens: u64,
+    /// `budget - in_flight_tokens`, at least 0.
+    pub available: u64,
+}
+
+/// One admission class's figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ClassStats {
+    /// The class.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "serialize_class"))]
+    pub class: AdmissionClass,
+    /// Its limits in force (floors of 0 omitted).
+    pub limits: ClassLimits,
+    /// Its calls holding a slot.
+    pub in_flight: u64,
+    /// Of those, within its floor.
+    pub protected_concurrent_in_use: u64,
+    /// Of those, beyond its floor (borrowed from the shared pool).
+    pub borrowed_concurrent: u64,
+    /// Tokens its admissions hold.
+    pub in_flight_tokens: u64,
+    /// Of those, within its token floor.
+    pub protected_tokens_in_use: u64,
+    /// Of those, beyond its token floor.
+    pub borrowed_in_flight_tokens: u64,
+    /// Its admissions so far.
+    pub admitted: u64,
+    /// Its settled admissions so far.
+    pub released: u64,
+    /// Its admissions that gave their borrowed slot back before settling.
+    pub borrowed_concurrency_abandoned: u64,
+    /// The same, by cause.
+    pub borrowed_concurrency_abandoned_by_cause: AbandonCounts,
+    /// Its refusals so far.
+    pub rejected: u64,
+    /// Its refusals by reason.
+    pub rejected_by_reason: RejectionCounts,
+    /// Sum of its admissions' reservations.
+    pub total_reserved: u64,
+    /// Usage its admissions settled with.
+    pub total_consumed: u64,
+    /// Tokens returned before their admission ended (net; see [`TokenBudgetStats`]).
+    pub total_refunded: u64,
+    /// Tokens held above reservations (see [`TokenBudgetStats`]).
+    pub total_overrun: u64,
+    /// Admissions that borrowed their slot.
+    pub total_borrowed_admissions: u64,
+    /// Tokens admissions borrowed from the shared pool.
+    pub total_borrowed_tokens_reserved: u64,
+}
+
+#[cfg(feature = "serde")]
+fn serialize_class<S: serde::Serializer>(
+    class: &AdmissionClass,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(class.id())
 }
 
 impl Stats {
     /// The snapshot of `figures`, with the panics counted outside the engine.
     pub(crate) fn new(figures: Figures, listener_panics: u64, estimator_panics: u64) -> Stats {
         let rejected_by_reason = RejectionCounts::from_array(figures.rejected);
+        let abandoned = AbandonCounts::from_array(figures.abandoned);
+        let budget = figures.limits.token_budget;
         Stats {
-            limits: figures.limits,
+            borrowed_concurrency_abandoned: abandoned.total(),
+            borrowed_concurrency_abandoned_by_cause: abandoned,
+            admission_classes: figures
+                .classes
+                .map(|classes| ClassesStats::new(classes, budget.map(|b| b.budget))),
+            limits: figures.limits.clone(),
             closed: figures.closed,
             in_flight: figures.in_flight,
+            abandoned_in_flight: figures.abandoned_in_flight,
             pending: figures.pending,
             admitted: figures.admitted,
             released: figures.released,
@@ -82,7 +225,7 @@ impl Stats {
             rejected_by_reason,
             listener_panics,
             estimator_panics,
-            token_budget: figures.limits.token_budget.map(|b| TokenBudgetStats {
+            token_budget: budget.map(|b| TokenBudgetStats {
                 budget: b.budget,
                 high_priority_reserve: b.high_priority_reserve,
                 in_flight_tokens: figures.in_flight_tokens,
@@ -92,6 +235,63 @@ impl Stats {
                 total_refunded: figures.refunded,
                 total_overrun: figures.overrun,
             }),
+        }
+    }
+}
+
+impl ClassesStats {
+    fn new(figures: ClassesFigures, budget: Option<u64>) -> ClassesStats {
+        ClassesStats {
+            default_class: figures.default_class,
+            shared: SharedStats {
+                max_concurrent: figures.shared_capacity,
+                in_flight: figures.shared_slots,
+                available_concurrent: figures.shared_capacity.saturating_sub(figures.shared_slots),
+                token_budget: budget.map(|budget| {
+                    let capacity = budget.saturating_sub(figures.protected_tokens);
+                    SharedTokenStats {
+                        budget: capacity,
+                        in_flight_tokens: figures.shared_tokens,
+                        available: capacity.saturating_sub(figures.shared_tokens),
+                    }
+                }),
+            },
+            classes: figures.classes.iter().map(ClassStats::new).collect(),
+        }
+    }
+}
+
+impl ClassStats {
+    fn new(f: &ClassFigures) -> ClassStats {
+        let rejected =
+            core::array::from_fn(|i| f.get(ClassCounter::Rejected(RejectReason::ALL[i])));
+        let rejected_by_reason = RejectionCounts::from_array(rejected);
+        let abandoned = AbandonCounts::from_array(core::array::from_fn(|i| {
+            f.get(ClassCounter::Abandoned(AbandonCause::ALL[i]))
+        }));
+        ClassStats {
+            class: f.class,
+            limits: f.limits,
+            in_flight: f.in_flight,
+            protected_concurrent_in_use: f.in_flight.min(f.protected_concurrent),
+            borrowed_concurrent: f.in_flight.saturating_sub(f.protected_concurrent),
+            in_flight_tokens: f.in_flight_tokens,
+            protected_tokens_in_use: f.in_flight_tokens.min(f.protected_tokens),
+            borrowed_in_flight_tokens: f.in_flight_tokens.saturating_sub(f.protected_tokens),
+            admitted: f.get(ClassCounter::Admitted),
+            released: f.get(ClassCounter::Released),
+            borrowed_concurrency_abandoned: abandoned.total(),
+            borrowed_concurrency_abandoned_by_cause: abandoned,
+            rejected: rejected_by_reason.total(),
+            rejected_by_reason,
+            total_reserved: f.get(ClassCounter::Reserved),
+            total_consumed: f.get(ClassCounter::Consumed),
+            total_refunded: f
+                .get(ClassCounter::Refunded)
+                .saturating_sub(f.get(ClassCounter::Reheld)),
+            total_overrun: f.get(ClassCounter::Overrun),
+            total_borrowed_admissions: f.get(ClassCounter::BorrowedAdmissions),
+            total_borrowed_tokens_reserved: f.get(ClassCounter::BorrowedTokensReserved),
         }
     }
 }

@@ -67,8 +67,56 @@ pub(crate) mod atomic {
     #[cfg(not(loom))]
     pub(crate) use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+    /// The wide admission word of a bulkhead with admission classes: `cmpxchg16b` on x86-64
+    /// (detected at run time unless the target enables it), `casp` or `ldxp`/`stxp` on aarch64,
+    /// a lock where the target has no 128-bit atomic.
+    #[cfg(not(loom))]
+    pub(crate) use portable_atomic::AtomicU128;
+
     #[cfg(loom)]
     pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+    #[cfg(loom)]
+    pub(crate) use super::loom_u128::AtomicU128;
+}
+
+/// Loom has no 128-bit atomic: a loom-visible stand-in with the same operations, each one a
+/// step of the model (a loom mutex around the value, so every access is a synchronisation point
+/// loom schedules around, like the atomic it stands for).
+#[cfg(loom)]
+mod loom_u128 {
+    use loom::sync::Mutex;
+
+    use super::atomic::Ordering;
+
+    #[derive(Debug)]
+    pub(crate) struct AtomicU128(Mutex<u128>);
+
+    impl AtomicU128 {
+        pub(crate) fn new(value: u128) -> AtomicU128 {
+            AtomicU128(Mutex::new(value))
+        }
+
+        pub(crate) fn load(&self, _order: Ordering) -> u128 {
+            *self.0.lock().unwrap()
+        }
+
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: u128,
+            new: u128,
+            _success: Ordering,
+            _failure: Ordering,
+        ) -> Result<u128, u128> {
+            let mut value = self.0.lock().unwrap();
+            if *value == current {
+                *value = new;
+                Ok(current)
+            } else {
+                Err(*value)
+            }
+        }
+    }
 }
 
 /// Items that are not part of any modelled protocol (see the module docs).
@@ -100,4 +148,18 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Waits a little while spinning on a value another thread will change: exponential spinning,
+/// then yielding the thread; under loom, a yield to the model (a spin loop must let loom run
+/// the thread it waits for).
+#[inline]
+pub(crate) fn spin_wait(backoff: &crossbeam_utils::Backoff) {
+    #[cfg(loom)]
+    {
+        let _ = backoff;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(loom))]
+    backoff.snooze();
 }

@@ -12,6 +12,9 @@
 //!
 //! (`-Zmiri-disable-isolation`: the queue timeouts and event timing read the clock.)
 
+// Results carrying a `Rejection` (its capacity snapshot by value) are large by design.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;

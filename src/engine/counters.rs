@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 use crossbeam_utils::CachePadded;
 
+use crate::admission_class::AbandonCause;
 use crate::admission_id::{self, IdParts};
 use crate::rejection::RejectReason;
 use crate::sync::unmodeled::{self, AtomicU64, Mutex, MutexGuard, Ordering};
@@ -30,10 +31,67 @@ pub(crate) enum Counter {
     /// Hand-offs their waiters consumed (picked up, or gave back).
     HandedBack,
     Rejected(RejectReason),
+    /// Admissions that gave their borrowed slot back before settling.
+    Abandoned(AbandonCause),
+    /// A class's own counter (the class's position, the counter).
+    Class(u16, ClassCounter),
+}
+
+/// One cumulative counter of one admission class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClassCounter {
+    Admitted,
+    Released,
+    Reserved,
+    Consumed,
+    Refunded,
+    Overrun,
+    Reheld,
+    /// Admissions that borrowed their slot.
+    BorrowedAdmissions,
+    /// Tokens admissions borrowed from the shared pool.
+    BorrowedTokensReserved,
+    Rejected(RejectReason),
+    Abandoned(AbandonCause),
+}
+
+impl ClassCounter {
+    /// Counters per class.
+    pub(crate) const COUNT: usize = 9 + RejectReason::ALL.len() + AbandonCause::ALL.len();
+
+    #[inline]
+    fn index(self) -> usize {
+        match self {
+            ClassCounter::Admitted => 0,
+            ClassCounter::Released => 1,
+            ClassCounter::Reserved => 2,
+            ClassCounter::Consumed => 3,
+            ClassCounter::Refunded => 4,
+            ClassCounter::Overrun => 5,
+            ClassCounter::Reheld => 6,
+            ClassCounter::BorrowedAdmissions => 7,
+            ClassCounter::BorrowedTokensReserved => 8,
+            ClassCounter::Rejected(reason) => 9 + reason as usize,
+            ClassCounter::Abandoned(cause) => 9 + RejectReason::ALL.len() + cause as usize,
+        }
+    }
 }
 
 impl Counter {
-    const COUNT: usize = 8 + RejectReason::ALL.len();
+    /// The class counter booked beside this ledger counter for an admission of a class.
+    #[inline]
+    pub(crate) fn class_twin(self) -> Option<ClassCounter> {
+        match self {
+            Counter::Consumed => Some(ClassCounter::Consumed),
+            Counter::Refunded => Some(ClassCounter::Refunded),
+            Counter::Overrun => Some(ClassCounter::Overrun),
+            Counter::Reheld => Some(ClassCounter::Reheld),
+            _ => None,
+        }
+    }
+
+    /// Global counters (the classes' come after them, `ClassCounter::COUNT` per class).
+    const COUNT: usize = 8 + RejectReason::ALL.len() + AbandonCause::ALL.len();
 
     #[inline]
     fn index(self) -> usize {
@@ -47,6 +105,10 @@ impl Counter {
             Counter::HandedOut => 6,
             Counter::HandedBack => 7,
             Counter::Rejected(reason) => 8 + reason as usize,
+            Counter::Abandoned(cause) => 8 + RejectReason::ALL.len() + cause as usize,
+            Counter::Class(class, counter) => {
+                Counter::COUNT + usize::from(class) * ClassCounter::COUNT + counter.index()
+            }
         }
     }
 }
@@ -58,15 +120,19 @@ pub(crate) struct Shard(CachePadded<ShardCells>);
 
 #[derive(Debug)]
 struct ShardCells {
-    counts: [AtomicU64; Counter::COUNT],
+    /// The global counters, then `ClassCounter::COUNT` per class.
+    counts: Box<[AtomicU64]>,
     /// This shard's id tag (immutable).
     tag: u64,
 }
 
-impl Default for Shard {
-    fn default() -> Shard {
+impl Shard {
+    /// A shard for an engine with `classes` admission classes.
+    fn new(classes: usize) -> Shard {
         Shard(CachePadded::new(ShardCells {
-            counts: Default::default(),
+            counts: (0..Counter::COUNT + classes * ClassCounter::COUNT)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             tag: admission_id::new_tag(),
         }))
     }
@@ -117,18 +183,20 @@ pub(crate) struct Hub {
     /// Used (under its lock) by threads without a slot (their thread-local state is being
     /// torn down, or more than `SLOTS` threads use the crate at once).
     fallback: Mutex<Shard>,
-}
-
-impl Default for Hub {
-    fn default() -> Hub {
-        Hub {
-            chunks: core::array::from_fn(|_| OnceLock::new()),
-            fallback: Mutex::default(),
-        }
-    }
+    /// The engine's admission classes (0 without).
+    classes: usize,
 }
 
 impl Hub {
+    /// The shards of an engine with `classes` admission classes.
+    pub(crate) fn new(classes: usize) -> Hub {
+        Hub {
+            chunks: core::array::from_fn(|_| OnceLock::new()),
+            fallback: Mutex::new(Shard::new(classes)),
+            classes,
+        }
+    }
+
     /// The shard of `slot`, if its chunk exists (`None` for slots without a shard).
     #[inline]
     pub(crate) fn shard(&self, slot: u32) -> Option<&Shard> {
@@ -144,7 +212,7 @@ impl Hub {
         let chunk = self
             .chunks
             .get(slot / CHUNK)?
-            .get_or_init(|| Box::new(core::array::from_fn(|_| Shard::default())));
+            .get_or_init(|| Box::new(core::array::from_fn(|_| Shard::new(self.classes))));
         Some(&chunk[slot % CHUNK])
     }
 
@@ -155,7 +223,7 @@ impl Hub {
 
     /// Every counter summed over every shard, in one pass.
     pub(crate) fn totals(&self) -> Totals {
-        let mut totals = Totals([0; Counter::COUNT]);
+        let mut totals = Totals(vec![0; Counter::COUNT + self.classes * ClassCounter::COUNT]);
         let mut add = |shard: &Shard| {
             for (total, cell) in totals.0.iter_mut().zip(shard.0.counts.iter()) {
                 *total = total.saturating_add(cell.load(Ordering::Acquire));
@@ -170,8 +238,8 @@ impl Hub {
 }
 
 /// Counter sums at one moment.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Totals([u64; Counter::COUNT]);
+#[derive(Clone, Debug)]
+pub(crate) struct Totals(Vec<u64>);
 
 impl Totals {
     pub(crate) fn get(&self, counter: Counter) -> u64 {
@@ -190,7 +258,7 @@ mod tests {
 
     #[test]
     fn every_slot_below_the_limit_has_its_own_shard_and_the_rest_share_the_fallback() {
-        let hub = Hub::default();
+        let hub = Hub::new(0);
         assert!(hub.shard(0).is_none(), "chunks are allocated on first use");
         for slot in [0, 63, 64, SLOTS - 1] {
             hub.shard_or_init(slot).unwrap().bump(Counter::Consumed, 1);

@@ -43,7 +43,8 @@ use crate::sync::atomic::Ordering;
 pub struct DrainReport {
     /// Whether the bulkhead became idle before the deadline.
     pub drained: bool,
-    /// Slots still held at the deadline (0 when drained).
+    /// Admissions still unsettled at the deadline: holding a slot, or holding tokens after
+    /// giving their borrowed slot back (0 when drained).
     pub in_flight: u64,
     /// Calls still queued at the deadline (0 when drained).
     pub pending: u64,
@@ -157,7 +158,7 @@ impl Future for DrainTimeout<'_> {
         let engine = self.drain.engine;
         Poll::Ready(DrainReport {
             drained: false,
-            in_flight: engine.in_flight(),
+            in_flight: engine.unsettled(),
             pending: engine.pending(),
         })
     }

@@ -1,7 +1,9 @@
 //! [`Grant`]: what the engine records of one admission (its id, the revision that admitted it,
-//! its priority and the tokens it holds). Whatever a bulkhead adds to an admission (the LLM
+//! its priority, the tokens it holds, and with admission classes its class, what it borrowed
+//! and whether it still holds its slot). Whatever a bulkhead adds to an admission (the LLM
 //! wing's reservation and usage) lives beside it, in that bulkhead's own record.
 
+use crate::admission_class::{AdmissionClass, Resources};
 use crate::admission_id::{AdmissionId, IdParts};
 use crate::priority::Priority;
 
@@ -15,16 +17,30 @@ pub(crate) struct Grant {
     /// Tokens this admission currently contributes to the tokens in flight (its reservation
     /// at first; moved by [`Engine::move_hold`](super::Engine::move_hold)).
     held: u64,
+    class: Option<AdmissionClass>,
+    resources: Resources,
+    /// Whether it still holds its slot (not after abandoning it).
+    holds_slot: bool,
 }
 
 impl Grant {
     #[inline]
-    pub(super) fn new(id: IdParts, revision: u64, priority: Priority, held: u64) -> Grant {
+    pub(super) fn new(
+        id: IdParts,
+        revision: u64,
+        priority: Priority,
+        held: u64,
+        class: Option<AdmissionClass>,
+        resources: Resources,
+    ) -> Grant {
         Grant {
             id,
             revision,
             priority,
             held,
+            class,
+            resources,
+            holds_slot: true,
         }
     }
 
@@ -54,5 +70,28 @@ impl Grant {
     #[inline]
     pub(super) fn set_held(&mut self, held: u64) {
         self.held = held;
+    }
+
+    /// Its admission class, with classes.
+    #[inline]
+    pub(crate) fn class(&self) -> Option<AdmissionClass> {
+        self.class
+    }
+
+    /// What it borrowed from the shared pool when it was admitted.
+    #[inline]
+    pub(crate) fn resources(&self) -> Resources {
+        self.resources
+    }
+
+    /// Whether it still holds its slot.
+    #[inline]
+    pub(crate) fn holds_slot(&self) -> bool {
+        self.holds_slot
+    }
+
+    #[inline]
+    pub(super) fn set_slot_returned(&mut self) {
+        self.holds_slot = false;
     }
 }

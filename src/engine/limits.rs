@@ -34,7 +34,8 @@
 use crossbeam_utils::CachePadded;
 
 use super::state::{MAX_SLOTS, MAX_TOKENS};
-use crate::error::LimitsError;
+use crate::admission_class::ClassLimits;
+use crate::error::{ClassField, ClassLimitsError, LimitsError};
 use crate::priority::Priority;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
@@ -67,7 +68,7 @@ pub const MAX_BUDGET: u64 = MAX_TOKENS;
 /// assert_eq!(bulkhead.limits(), Limits::new(1, 16).with_token_budget(100_000, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Limits {
@@ -81,6 +82,13 @@ pub struct Limits {
     /// The token budget, present iff the bulkhead was built with one.
     #[cfg_attr(feature = "serde", serde(default))]
     pub token_budget: Option<BudgetLimits>,
+    /// The admission classes' limits, in their configured order, present iff the bulkhead was
+    /// built with admission classes (and then naming exactly its classes).
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub admission_classes: Option<ClassLimitsTable>,
 }
 
 impl Limits {
@@ -99,7 +107,25 @@ impl Limits {
             max_concurrent,
             max_queue: 0,
             token_budget: None,
+            admission_classes: None,
         }
+    }
+
+    /// These limits with the admission classes' limits `classes`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{ClassLimits, ClassLimitsTable, Limits};
+    ///
+    /// let limits = Limits::new(2, 8).with_admission_classes(
+    ///     ClassLimitsTable::new().with("premium", ClassLimits::new().protected_concurrent(2)),
+    /// );
+    /// assert_eq!(limits.admission_classes.unwrap().get("premium").unwrap().protected_concurrent, Some(2));
+    /// ```
+    pub fn with_admission_classes(mut self, classes: ClassLimitsTable) -> Limits {
+        self.admission_classes = Some(classes);
+        self
     }
 
     /// These limits with a queue of `max_queue` places.
@@ -194,7 +220,7 @@ impl BudgetLimits {
 /// assert!(!outcome.is_applied());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApplyOutcome {
     /// The snapshot is now in force.
     Applied {
@@ -235,19 +261,194 @@ impl ApplyOutcome {
     /// use async_bulkhead_llm::{Limits, LlmBulkhead};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
-    /// assert_eq!(bulkhead.apply_limits(Limits::new(1, 2))?.current(), Limits::new(1, 2));
+    /// assert_eq!(bulkhead.apply_limits(Limits::new(1, 2))?.current(), &Limits::new(1, 2));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn current(&self) -> Limits {
-        match *self {
+    pub fn current(&self) -> &Limits {
+        match self {
             ApplyOutcome::Applied { current, .. } | ApplyOutcome::Stale { current } => current,
         }
     }
 }
 
+/// The limits of every admission class, in their configured order: what
+/// [`Limits::admission_classes`] holds.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{ClassLimits, ClassLimitsTable};
+///
+/// let mut table = ClassLimitsTable::new()
+///     .with("premium", ClassLimits::new().protected_concurrent(2))
+///     .with("batch", ClassLimits::new().max_concurrent(4));
+/// table.insert("batch", ClassLimits::new().max_concurrent(1));
+/// let ids: Vec<&str> = table.iter().map(|(id, _)| id).collect();
+/// assert_eq!(ids, ["premium", "batch"]);
+/// assert_eq!(table.get("batch").unwrap().max_concurrent, Some(1));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ClassLimitsTable {
+    entries: Vec<(String, ClassLimits)>,
+}
+
+impl ClassLimitsTable {
+    /// An empty table.
+    pub const fn new() -> ClassLimitsTable {
+        ClassLimitsTable {
+            entries: Vec::new(),
+        }
+    }
+
+    /// This table with `limits` for class `id` (replacing, or added at the end).
+    pub fn with(mut self, id: impl Into<String>, limits: ClassLimits) -> ClassLimitsTable {
+        self.insert(id, limits);
+        self
+    }
+
+    /// Sets the limits of class `id` (replacing them in place, or adding the class at the end);
+    /// returns the limits replaced.
+    pub fn insert(&mut self, id: impl Into<String>, limits: ClassLimits) -> Option<ClassLimits> {
+        let id = id.into();
+        match self.entries.iter_mut().find(|(have, _)| *have == id) {
+            Some((_, slot)) => Some(core::mem::replace(slot, limits)),
+            None => {
+                self.entries.push((id, limits));
+                None
+            }
+        }
+    }
+
+    /// The limits of class `id`.
+    pub fn get(&self, id: &str) -> Option<&ClassLimits> {
+        self.entries
+            .iter()
+            .find(|(have, _)| have == id)
+            .map(|(_, limits)| limits)
+    }
+
+    /// The classes and their limits, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &ClassLimits)> {
+        self.entries
+            .iter()
+            .map(|(id, limits)| (id.as_str(), limits))
+    }
+
+    /// The number of classes.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the table names no class.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for ClassLimitsTable {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.entries.len()))?;
+        for (id, limits) in &self.entries {
+            map.serialize_entry(id, limits)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for ClassLimitsTable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ClassLimitsTable;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a map of admission class ids to their limits")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ClassLimitsTable, A::Error> {
+                let mut table = ClassLimitsTable::new();
+                while let Some((id, limits)) = map.next_entry::<String, ClassLimits>()? {
+                    // A repeated id keeps the last value, in the first one's place (as JSON
+                    // object semantics would).
+                    table.insert(id, limits);
+                }
+                Ok(table)
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
+/// What a decision reads of the limits in force: the global limits and, with admission
+/// classes, the sums of the classes' floors (each class's own limits are read with
+/// [`PublishedLimits::read_class`]). `Copy`: nothing here allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    pub(crate) revision: u64,
+    pub(crate) max_concurrent: u32,
+    pub(crate) max_queue: u32,
+    pub(crate) token_budget: Option<BudgetLimits>,
+    /// The sum of the classes' protected floors of concurrent calls (0 without classes).
+    pub(crate) protected_concurrent: u32,
+    /// The sum of the classes' protected floors of tokens (0 without classes).
+    pub(crate) protected_tokens: u64,
+}
+
+impl Bounds {
+    /// The budget a call of `priority` may fill, `None` without a token budget.
+    #[inline]
+    pub(crate) fn effective_budget(&self, priority: Priority) -> Option<u64> {
+        self.token_budget.map(|b| b.effective(priority))
+    }
+
+    /// The global limits of `limits` (the sums are filled in by the publication).
+    #[cfg(test)]
+    pub(crate) fn of(limits: &Limits) -> Bounds {
+        Bounds {
+            revision: limits.revision,
+            max_concurrent: limits.max_concurrent,
+            max_queue: limits.max_queue,
+            token_budget: limits.token_budget,
+            protected_concurrent: 0,
+            protected_tokens: 0,
+        }
+    }
+}
+
+/// One class's limits as a decision reads them: floors (0 when omitted) and ceilings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassCaps {
+    pub(crate) protected_slots: u32,
+    pub(crate) max_slots: Option<u32>,
+    pub(crate) protected_tokens: u64,
+    pub(crate) max_tokens: Option<u64>,
+}
+
+impl ClassCaps {
+    fn of(limits: &ClassLimits) -> ClassCaps {
+        ClassCaps {
+            protected_slots: limits.protected_concurrent.unwrap_or(0),
+            max_slots: limits.max_concurrent,
+            protected_tokens: limits.protected_in_flight_tokens.unwrap_or(0),
+            max_tokens: limits.max_in_flight_tokens,
+        }
+    }
+}
+
 /// Checks everything but the revision (its range and its order, which the caller checks first,
-/// so a stale snapshot is reported as stale without being examined).
-pub(crate) fn validate(next: &Limits, has_budget: bool) -> Result<(), LimitsError> {
+/// so a stale snapshot is reported as stale without being examined), in the order of
+/// `docs/design.md` §U8.2: the global limits, the budget's shape, the classes' shape (the ids
+/// the bulkhead was built with, `class_ids`), each class, then the floors' sums against the new
+/// limits.
+pub(crate) fn validate(
+    next: &Limits,
+    has_budget: bool,
+    class_ids: Option<&[&str]>,
+) -> Result<(), LimitsError> {
     debug_assert!(next.revision <= MAX_REVISION, "checked first by the caller");
     if next.max_concurrent > MAX_CONCURRENT {
         return Err(LimitsError::MaxConcurrentTooLarge {
@@ -256,14 +457,141 @@ pub(crate) fn validate(next: &Limits, has_budget: bool) -> Result<(), LimitsErro
         });
     }
     match (has_budget, next.token_budget) {
-        (true, None) => Err(LimitsError::TokenBudgetRequired),
-        (false, Some(_)) => Err(LimitsError::TokenBudgetNotConfigured),
-        (true, Some(b)) if b.budget > MAX_BUDGET => Err(LimitsError::BudgetTooLarge {
-            value: b.budget,
-            max: MAX_BUDGET,
-        }),
-        _ => Ok(()),
+        (true, None) => return Err(LimitsError::TokenBudgetRequired),
+        (false, Some(_)) => return Err(LimitsError::TokenBudgetNotConfigured),
+        (true, Some(b)) if b.budget > MAX_BUDGET => {
+            return Err(LimitsError::BudgetTooLarge {
+                value: b.budget,
+                max: MAX_BUDGET,
+            });
+        }
+        _ => {}
     }
+    let table = match (class_ids, &next.admission_classes) {
+        (None, None) => return Ok(()),
+        (Some(_), None) => return Err(LimitsError::AdmissionClassesRequired),
+        (None, Some(_)) => return Err(LimitsError::AdmissionClassesNotConfigured),
+        (Some(ids), Some(table)) => {
+            let same = table.len() == ids.len() && ids.iter().all(|id| table.get(id).is_some());
+            if !same {
+                return Err(LimitsError::ClassIdsMismatch);
+            }
+            table
+        }
+    };
+    for (id, limits) in table.iter() {
+        validate_class(id, limits, has_budget).map_err(LimitsError::Class)?;
+    }
+    let (slots, tokens) = floor_sums(table.iter().map(|(_, limits)| limits));
+    if slots > u64::from(next.max_concurrent) {
+        return Err(LimitsError::ProtectedConcurrentSumTooLarge {
+            sum: slots,
+            max_concurrent: next.max_concurrent,
+        });
+    }
+    if let Some(b) = next.token_budget
+        && tokens > b.budget
+    {
+        return Err(LimitsError::ProtectedTokensSumTooLarge {
+            sum: tokens,
+            budget: b.budget,
+        });
+    }
+    Ok(())
+}
+
+/// Checks one class's limits (`docs/design.md` §U6.1 step 4, after the id): each field within
+/// what the word counts, each floor at most its ceiling, token fields only with a budget.
+pub(crate) fn validate_class(
+    id: &str,
+    limits: &ClassLimits,
+    has_budget: bool,
+) -> Result<(), ClassLimitsError> {
+    let class = || id.to_owned();
+    let fields = [
+        (
+            ClassField::ProtectedConcurrent,
+            limits.protected_concurrent.map(u64::from),
+            u64::from(MAX_CONCURRENT),
+        ),
+        (
+            ClassField::MaxConcurrent,
+            limits.max_concurrent.map(u64::from),
+            u64::from(MAX_CONCURRENT),
+        ),
+        (
+            ClassField::ProtectedInFlightTokens,
+            limits.protected_in_flight_tokens,
+            MAX_BUDGET,
+        ),
+        (
+            ClassField::MaxInFlightTokens,
+            limits.max_in_flight_tokens,
+            MAX_BUDGET,
+        ),
+    ];
+    for (field, value, max) in fields {
+        if let Some(value) = value
+            && value > max
+        {
+            return Err(ClassLimitsError::TooLarge {
+                class: class(),
+                field,
+                value,
+                max,
+            });
+        }
+    }
+    if let (Some(max), protected) = (
+        limits.max_concurrent,
+        limits.protected_concurrent.unwrap_or(0),
+    ) && protected > max
+    {
+        return Err(ClassLimitsError::ProtectedAboveMax {
+            class: class(),
+            field: ClassField::ProtectedConcurrent,
+            protected: u64::from(protected),
+            max: u64::from(max),
+        });
+    }
+    if let (Some(max), protected) = (
+        limits.max_in_flight_tokens,
+        limits.protected_in_flight_tokens.unwrap_or(0),
+    ) && protected > max
+    {
+        return Err(ClassLimitsError::ProtectedAboveMax {
+            class: class(),
+            field: ClassField::ProtectedInFlightTokens,
+            protected,
+            max,
+        });
+    }
+    if !has_budget {
+        if limits.protected_in_flight_tokens.is_some() {
+            return Err(ClassLimitsError::TokensWithoutBudget {
+                class: class(),
+                field: ClassField::ProtectedInFlightTokens,
+            });
+        }
+        if limits.max_in_flight_tokens.is_some() {
+            return Err(ClassLimitsError::TokensWithoutBudget {
+                class: class(),
+                field: ClassField::MaxInFlightTokens,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The sums of the floors of `classes`: `(concurrent calls, tokens)`, in 64 bits (they cannot
+/// overflow: each field is at most `MAX_BUDGET` and there are fewer than 2^16 classes).
+pub(crate) fn floor_sums<'a>(classes: impl Iterator<Item = &'a ClassLimits>) -> (u64, u64) {
+    classes.fold((0, 0), |(slots, tokens), limits| {
+        (
+            slots + u64::from(limits.protected_concurrent.unwrap_or(0)),
+            tokens + limits.protected_in_flight_tokens.unwrap_or(0),
+        )
+    })
 }
 
 /// One published copy of the limits, as atomics (see the module docs).
@@ -274,7 +602,29 @@ struct LimitsSlot {
     concurrency: AtomicU64,
     budget: AtomicU64,
     reserve: AtomicU64,
+    /// With classes: the sum of the floors of concurrent calls in the low 32 bits (at most
+    /// `MAX_CONCURRENT`), unused high bits.
+    protected_concurrent: AtomicU64,
+    /// With classes: the sum of the floors of tokens.
+    protected_tokens: AtomicU64,
+    /// With classes: each class's limits.
+    classes: Box<[ClassSlot]>,
 }
+
+/// One class's published limits.
+#[derive(Debug, Default)]
+struct ClassSlot {
+    /// The floor of concurrent calls in the low 32 bits; the ceiling in the high 32
+    /// (`u32::MAX`: none; ceilings are at most `MAX_CONCURRENT`).
+    concurrency: AtomicU64,
+    protected_tokens: AtomicU64,
+    /// The ceiling of tokens (`u64::MAX`: none; ceilings are at most `MAX_BUDGET`).
+    max_tokens: AtomicU64,
+}
+
+/// How a published ceiling says "none".
+const NO_SLOT_CEILING: u32 = u32::MAX;
+const NO_TOKEN_CEILING: u64 = u64::MAX;
 
 /// The double-buffered limits that admissions read without a lock, and the full epoch.
 #[derive(Debug)]
@@ -283,18 +633,27 @@ pub(crate) struct PublishedLimits {
     epoch: CachePadded<AtomicU64>,
     slots: [CachePadded<LimitsSlot>; 2],
     has_budget: bool,
+    has_classes: bool,
 }
 
 impl PublishedLimits {
     /// Publishes `initial` for epoch 0.
     pub(crate) fn new(initial: &Limits) -> PublishedLimits {
+        let classes = initial
+            .admission_classes
+            .as_ref()
+            .map_or(0, ClassLimitsTable::len);
+        let slot = || {
+            CachePadded::new(LimitsSlot {
+                classes: (0..classes).map(|_| ClassSlot::default()).collect(),
+                ..LimitsSlot::default()
+            })
+        };
         let published = PublishedLimits {
             epoch: CachePadded::new(AtomicU64::new(0)),
-            slots: [
-                CachePadded::new(LimitsSlot::default()),
-                CachePadded::new(LimitsSlot::default()),
-            ],
+            slots: [slot(), slot()],
             has_budget: initial.token_budget.is_some(),
+            has_classes: initial.admission_classes.is_some(),
         };
         published.store(0, initial);
         published.set_epoch(0);
@@ -321,6 +680,25 @@ impl PublishedLimits {
             slot.reserve
                 .store(b.high_priority_reserve, Ordering::Release);
         }
+        if let Some(table) = &limits.admission_classes {
+            let (floors, tokens) = floor_sums(table.iter().map(|(_, limits)| limits));
+            slot.protected_concurrent.store(floors, Ordering::Release);
+            slot.protected_tokens.store(tokens, Ordering::Release);
+            debug_assert_eq!(table.len(), slot.classes.len());
+            for (class, (_, limits)) in slot.classes.iter().zip(table.iter()) {
+                let caps = ClassCaps::of(limits);
+                let concurrency = u64::from(caps.protected_slots)
+                    | (u64::from(caps.max_slots.unwrap_or(NO_SLOT_CEILING)) << 32);
+                class.concurrency.store(concurrency, Ordering::Release);
+                class
+                    .protected_tokens
+                    .store(caps.protected_tokens, Ordering::Release);
+                class.max_tokens.store(
+                    caps.max_tokens.unwrap_or(NO_TOKEN_CEILING),
+                    Ordering::Release,
+                );
+            }
+        }
     }
 
     /// Stores the full epoch (step 3 of the module docs), after the word's bits advanced.
@@ -331,7 +709,7 @@ impl PublishedLimits {
     /// Reads the slot of `epoch`. Only trustworthy if the epoch is still current afterwards
     /// (see the module docs).
     #[inline]
-    pub(crate) fn read(&self, epoch: u64) -> Limits {
+    pub(crate) fn read(&self, epoch: u64) -> Bounds {
         let slot = &self.slots[(epoch & 1) as usize];
         // Acquire: pairs with the Release stores in `store`, see the module docs.
         let revision = slot.revision.load(Ordering::Acquire);
@@ -344,11 +722,37 @@ impl PublishedLimits {
         } else {
             None
         };
-        Limits {
+        let (protected_concurrent, protected_tokens) = if self.has_classes {
+            (
+                slot.protected_concurrent.load(Ordering::Acquire) as u32,
+                slot.protected_tokens.load(Ordering::Acquire),
+            )
+        } else {
+            (0, 0)
+        };
+        Bounds {
             revision,
             max_concurrent: concurrency as u32,
             max_queue: (concurrency >> 32) as u32,
             token_budget,
+            protected_concurrent,
+            protected_tokens,
+        }
+    }
+
+    /// Reads class `index`'s limits from the slot of `epoch` (trustworthy as [`read`] is).
+    #[inline]
+    pub(crate) fn read_class(&self, epoch: u64, index: usize) -> ClassCaps {
+        let class = &self.slots[(epoch & 1) as usize].classes[index];
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
+        let concurrency = class.concurrency.load(Ordering::Acquire);
+        let max_slots = (concurrency >> 32) as u32;
+        let max_tokens = class.max_tokens.load(Ordering::Acquire);
+        ClassCaps {
+            protected_slots: concurrency as u32,
+            max_slots: (max_slots != NO_SLOT_CEILING).then_some(max_slots),
+            protected_tokens: class.protected_tokens.load(Ordering::Acquire),
+            max_tokens: (max_tokens != NO_TOKEN_CEILING).then_some(max_tokens),
         }
     }
 }

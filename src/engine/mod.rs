@@ -24,6 +24,7 @@
 //! one case the bits cannot settle). A release is one `fetch_sub` and serves the queue or the
 //! drainers only when the word says someone waits.
 
+pub(crate) mod classes;
 mod counters;
 pub(crate) mod drain;
 mod fifo;
@@ -40,17 +41,22 @@ use core::fmt;
 
 use crossbeam_utils::Backoff;
 
+use crate::admission_class::{AbandonCause, AdmissionClass, ClassLimits, Resources};
 use crate::error::{LimitsError, UsageError};
-use crate::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Mutex, lock};
 
-pub(crate) use counters::Counter;
-use counters::Hub;
+use classes::{ClassCounts, Classes, Returned};
+pub(crate) use counters::{ClassCounter, Counter};
+use counters::{Hub, Totals};
 pub(crate) use grant::Grant;
-use limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION, PublishedLimits};
+use limits::{
+    ApplyOutcome, Bounds, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_REVISION,
+    PublishedLimits,
+};
 pub(crate) use policy::Ask;
-use policy::{Refusal, Turn, Verdict};
+use policy::{ClassView, Refusal, Turn, Verdict};
 pub(crate) use queue::Waiter;
 use queue::{Arrival, HandedOff, WaitQueue};
 use state::{AtomicState, EPOCH_BITS, State};
@@ -76,11 +82,13 @@ pub(crate) enum Decision {
 }
 
 /// Figures read for a statistics snapshot (see `crate::stats`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Figures {
     pub(crate) limits: Limits,
     pub(crate) closed: bool,
     pub(crate) in_flight: u64,
+    /// Admissions that gave their borrowed slot back and have not settled.
+    pub(crate) abandoned_in_flight: u64,
     pub(crate) in_flight_tokens: u64,
     pub(crate) pending: u64,
     pub(crate) admitted: u64,
@@ -91,6 +99,43 @@ pub(crate) struct Figures {
     /// Net of re-holds.
     pub(crate) refunded: u64,
     pub(crate) overrun: u64,
+    /// Admissions that abandoned their borrowed slot, by cause.
+    pub(crate) abandoned: [u64; AbandonCause::ALL.len()],
+    /// With admission classes.
+    pub(crate) classes: Option<ClassesFigures>,
+}
+
+/// The classes' part of [`Figures`].
+#[derive(Clone, Debug)]
+pub(crate) struct ClassesFigures {
+    pub(crate) default_class: AdmissionClass,
+    /// The shared pool's capacity of slots (`max_concurrent` minus the floors).
+    pub(crate) shared_capacity: u64,
+    /// Slots borrowed from the shared pool, and tokens.
+    pub(crate) shared_slots: u64,
+    pub(crate) shared_tokens: u64,
+    /// The sum of the token floors.
+    pub(crate) protected_tokens: u64,
+    pub(crate) classes: Vec<ClassFigures>,
+}
+
+/// One class's part of [`Figures`].
+#[derive(Clone, Debug)]
+pub(crate) struct ClassFigures {
+    pub(crate) class: AdmissionClass,
+    pub(crate) limits: ClassLimits,
+    pub(crate) in_flight: u64,
+    pub(crate) in_flight_tokens: u64,
+    pub(crate) protected_concurrent: u64,
+    pub(crate) protected_tokens: u64,
+    /// The class's counters, by [`ClassCounter`].
+    totals: Totals,
+}
+
+impl ClassFigures {
+    pub(crate) fn get(&self, counter: ClassCounter) -> u64 {
+        self.totals.get(Counter::Class(self.class.index(), counter))
+    }
 }
 
 /// The engine shared by every clone of a bulkhead and every permit.
@@ -111,20 +156,38 @@ pub(crate) struct Engine {
     counters: Hub,
     /// Whether the limits carry a token budget (fixed at construction).
     has_budget: bool,
+    /// The admission classes, when the engine has them (fixed at construction).
+    classes: Option<Classes>,
 }
 
 impl Engine {
-    /// An engine enforcing `limits` (already validated), with nothing in flight.
-    pub(crate) fn new(limits: Limits) -> Engine {
+    /// An engine enforcing `limits` (already validated; with admission classes iff
+    /// `limits.admission_classes`, calls naming none going to class `default_class`), with
+    /// nothing in flight.
+    pub(crate) fn new(limits: Limits, default_class: usize) -> Engine {
+        let limits = normalized(limits, None);
+        let classes = limits.admission_classes.as_ref().map(|table| {
+            let ids: Vec<&'static str> = table
+                .iter()
+                .map(|(id, _)| crate::admission_class::intern(id))
+                .collect();
+            Classes::new(&ids, default_class)
+        });
+        let class_count = classes.as_ref().map_or(0, |c| c.handles().len());
         Engine {
-            state: AtomicState::new(),
+            state: if classes.is_some() {
+                AtomicState::wide()
+            } else {
+                AtomicState::narrow()
+            },
             published: PublishedLimits::new(&limits),
             has_budget: limits.token_budget.is_some(),
             writer: Mutex::new(limits),
             queue: WaitQueue::new(),
             drained: event_listener::Event::new(),
             idle_generation: AtomicU64::new(0),
-            counters: Hub::default(),
+            counters: Hub::new(class_count),
+            classes,
         }
     }
 
@@ -140,41 +203,76 @@ impl Engine {
     /// allows and only a slot is missing) queues it. Admissions and refusals are counted.
     #[inline]
     pub(crate) fn admit(&self, ask: Ask, wait: Wait) -> Decision {
-        match self.admit_now(ask) {
-            Ok(revision) => Decision::Admitted(self.grant(ask, revision)),
-            Err((Refusal::NoSlot, state, limits)) => {
+        let decided = match ask.class {
+            None => self
+                .admit_now(ask)
+                .map(|revision| (revision, Resources::NONE))
+                .map_err(|(refusal, state, bounds)| (refusal, Seen::global(state, bounds))),
+            Some(_) => self
+                .admit_class_now(ask)
+                .map_err(|(refusal, state, bounds, view)| {
+                    (refusal, Seen::class(state, bounds, view))
+                }),
+        };
+        match decided {
+            Ok((revision, borrowed)) => Decision::Admitted(self.grant(ask, revision, borrowed)),
+            Err((Refusal::NoSlot, seen)) => {
                 // The limits alone can refuse without the queue lock; the queue length cannot.
-                match (wait, policy::queue_or_refuse(&limits, 0)) {
+                match (wait, policy::queue_or_refuse(&seen.bounds, 0)) {
                     (Wait::Queue { blocking }, Ok(())) => match self.arrive(ask, blocking) {
-                        Arrival::Admitted { revision } => {
-                            Decision::Admitted(self.grant(ask, revision))
+                        Arrival::Admitted { revision, borrowed } => {
+                            Decision::Admitted(self.grant(ask, revision, borrowed))
                         }
                         Arrival::Queued(waiter) => Decision::Queued(waiter),
                         Arrival::Refused(rejection) => Decision::Refused(rejection),
                     },
                     (_, may_queue) => {
                         let reason = may_queue.err().unwrap_or(RejectReason::ConcurrencyLimit);
-                        Decision::Refused(self.reject(reason, state, &limits, ask))
+                        Decision::Refused(self.reject(reason, Some(Constraint::Global), &seen, ask))
                     }
                 }
             }
-            Err((refusal, state, limits)) => {
-                Decision::Refused(self.reject(refusal.reason(), state, &limits, ask))
+            Err((refusal, seen)) => {
+                Decision::Refused(self.reject(refusal.reason(), refusal.constraint(), &seen, ask))
             }
         }
     }
 
-    /// Counts an admission of `ask` under `revision` and mints its id: the grant of a decision
-    /// that committed (now, or by a hand-off the waiter picked up).
+    /// Counts an admission of `ask` under `revision`, which borrowed `borrowed` from the
+    /// shared pool, and mints its id: the grant of a decision that committed (now, or by a
+    /// hand-off the waiter picked up).
     #[inline]
-    pub(crate) fn grant(&self, ask: Ask, revision: u64) -> Grant {
-        let id = local::with(&self.counters, |sink| sink.admit(ask.reserved));
-        Grant::new(id, revision, ask.priority, ask.reserved)
+    pub(crate) fn grant(&self, ask: Ask, revision: u64, borrowed: Resources) -> Grant {
+        let id = local::with(&self.counters, |sink| {
+            if let Some(class) = ask.class {
+                let class = class.index();
+                sink.bump(Counter::Class(class, ClassCounter::Admitted), 1);
+                sink.bump(Counter::Class(class, ClassCounter::Reserved), ask.reserved);
+                sink.bump(
+                    Counter::Class(class, ClassCounter::BorrowedAdmissions),
+                    u64::from(borrowed.borrowed_concurrency),
+                );
+                sink.bump(
+                    Counter::Class(class, ClassCounter::BorrowedTokensReserved),
+                    borrowed.borrowed_tokens,
+                );
+            }
+            sink.admit(ask.reserved)
+        });
+        Grant::new(
+            id,
+            revision,
+            ask.priority,
+            ask.reserved,
+            ask.class,
+            borrowed,
+        )
     }
 
-    /// Admits `ask` now, as a newcomer, or says why not (with the word and limits it decided on).
+    /// Admits `ask` (without a class) now, as a newcomer, or says why not (with the word and
+    /// limits it decided on).
     #[inline]
-    fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Limits)> {
+    fn admit_now(&self, ask: Ask) -> Result<u64, (Refusal, State, Bounds)> {
         self.decide(false, |s, limits| {
             match policy::admit(s, limits, ask, Turn::Newcomer) {
                 Ok(next) => Ok((next, limits.revision)),
@@ -183,28 +281,72 @@ impl Engine {
         })
     }
 
-    /// Counts a refusal and builds its rejection. Inlined: refusing fast is a goal of its own,
-    /// and inlining lets the rejection be built where the caller returns it.
+    /// Counts a refusal for `reason` (bound by `constraint`) and builds its rejection from
+    /// what the decision saw. Inlined: refusing fast is a goal of its own, and inlining lets
+    /// the rejection be built where the caller returns it.
     #[inline]
     pub(crate) fn reject(
         &self,
         reason: RejectReason,
-        state: State,
-        limits: &Limits,
+        constraint: Option<Constraint>,
+        seen: &Seen,
         ask: Ask,
     ) -> Rejection {
-        self.count(Counter::Rejected(reason), 1);
-        Rejection::new(reason, policy::detail(state, limits, self.pending(), ask))
+        local::with(&self.counters, |sink| {
+            sink.bump(Counter::Rejected(reason), 1);
+            if let Some(class) = ask.class {
+                sink.bump(
+                    Counter::Class(class.index(), ClassCounter::Rejected(reason)),
+                    1,
+                );
+            }
+        });
+        Rejection::new(
+            reason,
+            policy::detail(
+                seen.state,
+                &seen.bounds,
+                self.pending(),
+                ask,
+                seen.class.as_ref(),
+                constraint,
+            ),
+        )
     }
 
     /// What an admission of `ask` would get now, and the snapshot it would be decided on;
     /// reserves and counts nothing.
     pub(crate) fn would_admit(&self, ask: Ask) -> (Verdict, CapacityDetail) {
-        let (state, limits) = self.snapshot();
+        let seen = match ask.class {
+            None => {
+                let (state, bounds) = self.snapshot();
+                Seen::global(state, bounds)
+            }
+            Some(class) => {
+                // The class's counts and the word at one moment: the class locked meanwhile.
+                let (guard, bounds, view) = self.lock_class(class);
+                let state = self.state.load();
+                drop(guard);
+                Seen::class(state, bounds, view)
+            }
+        };
         let pending = self.pending();
+        let (verdict, constraint) =
+            policy::verdict(seen.state, &seen.bounds, pending, ask, seen.class.as_ref());
+        let constraint = match verdict {
+            Verdict::Reject(RejectReason::Shutdown) => None,
+            _ => constraint,
+        };
         (
-            policy::verdict(state, &limits, pending, ask),
-            policy::detail(state, &limits, pending, ask),
+            verdict,
+            policy::detail(
+                seen.state,
+                &seen.bounds,
+                pending,
+                ask,
+                seen.class.as_ref(),
+                constraint,
+            ),
         )
     }
 
@@ -222,7 +364,7 @@ impl Engine {
     fn decide<T, U>(
         &self,
         queue_locked: bool,
-        mut decide: impl FnMut(State, &Limits) -> Result<(State, T), U>,
+        mut decide: impl FnMut(State, &Bounds) -> Result<(State, T), U>,
     ) -> Result<T, U> {
         let backoff = Backoff::new();
         'start: loop {
@@ -305,6 +447,9 @@ impl Engine {
     /// [`UsageError::HoldOverflow`] when the tokens in flight would pass what the word counts
     /// ([`MAX_BUDGET`](crate::MAX_BUDGET)); nothing changes.
     pub(crate) fn move_hold(&self, grant: &mut Grant, to: u64) -> Result<u64, UsageError> {
+        if grant.class().is_some() {
+            return self.move_class_hold(grant, to);
+        }
         let from = grant.held();
         if from != to {
             self.state.update(|s| {
@@ -327,7 +472,41 @@ impl Engine {
     /// someone waits for that.
     #[inline]
     pub(crate) fn release(&self, grant: &Grant) {
-        self.release_capacity(grant.held());
+        match grant.class() {
+            None => self.release_capacity(grant.held()),
+            Some(class) => {
+                let returned = if grant.holds_slot() {
+                    Returned::All
+                } else {
+                    Returned::Tokens
+                };
+                self.release_class(class, grant.held(), returned);
+                self.count(Counter::Class(class.index(), ClassCounter::Released), 1);
+            }
+        }
+    }
+
+    /// Returns `grant`'s slot now, keeping its hold until its release, if it borrowed its
+    /// slot, still holds it and the abandonment can be counted; says whether it did.
+    pub(crate) fn abandon(&self, grant: &mut Grant, cause: AbandonCause) -> bool {
+        let Some(class) = grant.class() else {
+            return false;
+        };
+        if !grant.holds_slot() || !grant.resources().borrowed_concurrency {
+            return false;
+        }
+        if !self.release_class(class, grant.held(), Returned::Slot) {
+            return false;
+        }
+        grant.set_slot_returned();
+        local::with(&self.counters, |sink| {
+            sink.bump(Counter::Abandoned(cause), 1);
+            sink.bump(
+                Counter::Class(class.index(), ClassCounter::Abandoned(cause)),
+                1,
+            );
+        });
+        true
     }
 
     /// Returns one slot and `held` tokens (see [`release`](Engine::release)).
@@ -356,12 +535,16 @@ impl Engine {
         local::with(&self.counters, |sink| sink.bump(counter, by));
     }
 
-    /// Bumps several counters in this thread's shard (one slot lookup).
+    /// Bumps several counters in this thread's shard (one slot lookup), and for an admission
+    /// of `class` the class's twin of each (see [`Counter::class_twin`]).
     #[inline]
-    pub(crate) fn count_all(&self, counts: &[(Counter, u64)]) {
+    pub(crate) fn count_all(&self, class: Option<AdmissionClass>, counts: &[(Counter, u64)]) {
         local::with(&self.counters, |sink| {
             for &(counter, by) in counts {
                 sink.bump(counter, by);
+                if let (Some(class), Some(twin)) = (class, counter.class_twin()) {
+                    sink.bump(Counter::Class(class.index(), twin), by);
+                }
             }
         });
     }
@@ -370,7 +553,7 @@ impl Engine {
 
     /// A consistent (word, limits) pair, without a lock: the word at one moment and the
     /// limits in force at that moment.
-    fn snapshot(&self) -> (State, Limits) {
+    fn snapshot(&self) -> (State, Bounds) {
         let backoff = Backoff::new();
         loop {
             let before = self.published.epoch();
@@ -386,9 +569,9 @@ impl Engine {
         }
     }
 
-    /// The limits in force.
+    /// The limits in force (with admission classes, their floors of 0 omitted).
     pub(crate) fn limits(&self) -> Limits {
-        self.snapshot().1
+        lock(&self.writer).clone()
     }
 
     /// Calls waiting in the queue.
@@ -396,9 +579,11 @@ impl Engine {
         self.queue.len()
     }
 
-    /// Slots held now.
-    pub(crate) fn in_flight(&self) -> u64 {
-        u64::from(self.state.load().slots())
+    /// Admissions not settled yet: those holding a slot, and those that gave their borrowed
+    /// slot back but still hold their tokens.
+    pub(crate) fn unsettled(&self) -> u64 {
+        let state = self.state.load();
+        u64::from(state.slots()) + u64::from(state.abandoned())
     }
 
     /// Whether the engine has been closed.
@@ -413,23 +598,61 @@ impl Engine {
         // `admitted - in_flight` never counts a call as released before it was; it may lag
         // calls completing right now, and is exact once the callers are synchronised with us.
         let totals = self.counters.totals();
-        let (state, limits) = self.snapshot();
+        let limits = self.limits();
+        let (state, bounds) = self.snapshot();
         let admitted = totals.get(Counter::Admitted);
         let in_flight = u64::from(state.slots());
         // Slots handed to waiters that have not picked them up are in flight but not yet
-        // admitted.
+        // admitted; admissions that abandoned their slot are unsettled but hold none.
         let handed = totals
             .get(Counter::HandedOut)
             .saturating_sub(totals.get(Counter::HandedBack));
+        let unsettled = in_flight.saturating_sub(handed) + u64::from(state.abandoned());
+        let classes = self.classes.as_ref().map(|classes| ClassesFigures {
+            default_class: classes.default_class(),
+            shared_capacity: u64::from(
+                bounds
+                    .max_concurrent
+                    .saturating_sub(bounds.protected_concurrent),
+            ),
+            shared_slots: u64::from(state.shared_slots()),
+            shared_tokens: state.shared_tokens(),
+            protected_tokens: bounds.protected_tokens,
+            classes: classes
+                .handles()
+                .iter()
+                .zip(
+                    limits
+                        .admission_classes
+                        .iter()
+                        .flat_map(ClassLimitsTable::iter),
+                )
+                .map(|(&class, (_, class_limits))| {
+                    let ClassCounts { slots, tokens } = classes.counts(class);
+                    ClassFigures {
+                        class,
+                        limits: *class_limits,
+                        in_flight: u64::from(slots),
+                        in_flight_tokens: tokens,
+                        protected_concurrent: u64::from(
+                            class_limits.protected_concurrent.unwrap_or(0),
+                        ),
+                        protected_tokens: class_limits.protected_in_flight_tokens.unwrap_or(0),
+                        totals: totals.clone(),
+                    }
+                })
+                .collect(),
+        });
         Figures {
             limits,
             closed: state.is_closed(),
             in_flight,
+            abandoned_in_flight: u64::from(state.abandoned()),
             in_flight_tokens: state.tokens(),
             pending: self.pending(),
             admitted,
-            // Every admission either holds a slot or has been settled.
-            released: admitted.saturating_sub(in_flight.saturating_sub(handed)),
+            // Every admission either holds a slot, abandoned it unsettled, or has been settled.
+            released: admitted.saturating_sub(unsettled),
             rejected: core::array::from_fn(|i| totals.rejected(RejectReason::ALL[i])),
             reserved: totals.get(Counter::Reserved),
             consumed: totals.get(Counter::Consumed),
@@ -437,6 +660,10 @@ impl Engine {
                 .get(Counter::Refunded)
                 .saturating_sub(totals.get(Counter::Reheld)),
             overrun: totals.get(Counter::Overrun),
+            abandoned: core::array::from_fn(|i| {
+                totals.get(Counter::Abandoned(AbandonCause::ALL[i]))
+            }),
+            classes,
         }
     }
 
@@ -453,10 +680,14 @@ impl Engine {
         }
         let mut current = lock(&self.writer);
         if next.revision <= current.revision {
-            return Ok(ApplyOutcome::Stale { current: *current });
+            return Ok(ApplyOutcome::Stale {
+                current: current.clone(),
+            });
         }
-        limits::validate(&next, self.has_budget)?;
-        let (previous, handed_off) = self.install(&mut current, next);
+        let ids = self.class_ids();
+        limits::validate(&next, self.has_budget, ids.as_deref())?;
+        let next = normalized(next, ids.as_deref());
+        let (previous, handed_off) = self.install(&mut current, next.clone());
         drop(current);
         // Wake only now: a woken task may be polled inline and call back into the limits.
         self.finish(handed_off);
@@ -483,15 +714,24 @@ impl Engine {
                 max: MAX_BUDGET,
             });
         }
+        if let Some(table) = &current.admission_classes {
+            let (_, floors) = limits::floor_sums(table.iter().map(|(_, l)| l));
+            if floors > tokens {
+                return Err(LimitsError::ProtectedTokensSumTooLarge {
+                    sum: floors,
+                    budget: tokens,
+                });
+            }
+        }
         let next = Limits {
             revision: current.revision + 1,
             token_budget: Some(BudgetLimits {
                 budget: tokens,
                 ..budget
             }),
-            ..*current
+            ..current.clone()
         };
-        let (previous, handed_off) = self.install(&mut current, next);
+        let (previous, handed_off) = self.install(&mut current, next.clone());
         drop(current);
         self.finish(handed_off);
         Ok((previous, next))
@@ -505,6 +745,29 @@ impl Engine {
     /// returns every waiter the new limits admit has its slot (no later change can slip in
     /// between and decide for them under other limits).
     fn install(&self, current: &mut Limits, next: Limits) -> (Limits, HandedOff) {
+        // With classes, hold every class still while the limits change (see `classes`): class
+        // decisions then read the limits once, and the shared figures are recomputed here
+        // from the class counts and the new floors.
+        let guards = self.classes.as_ref().map(Classes::lock_all);
+        let shared = guards.as_ref().map(|guards| {
+            let table = next.admission_classes.as_ref().expect("validated");
+            guards.iter().zip(table.iter()).fold(
+                (0u32, 0u64),
+                |(slots, tokens), (guard, (_, limits))| {
+                    let counts = guard.counts();
+                    (
+                        slots
+                            + counts
+                                .slots
+                                .saturating_sub(limits.protected_concurrent.unwrap_or(0)),
+                        tokens
+                            + counts
+                                .tokens
+                                .saturating_sub(limits.protected_in_flight_tokens.unwrap_or(0)),
+                    )
+                },
+            )
+        });
         // Only writers move the epoch and we hold the writer lock, so it is stable here.
         let epoch = self.published.epoch();
         self.published.store(epoch + 1, &next);
@@ -512,9 +775,15 @@ impl Engine {
         // and those that read it after see the new epoch's bits (and so read the new slot).
         let after = self.state.modify(|s| {
             debug_assert!(s.matches_epoch(epoch));
-            s.with_next_epoch()
+            let next = s.with_next_epoch();
+            match shared {
+                Some((slots, tokens)) => next.with_shared(slots, tokens),
+                None => next,
+            }
         });
         self.published.set_epoch(epoch + 1);
+        // The class locks go before the hand-offs, which take the queue lock then class locks.
+        drop(guards);
         let previous = core::mem::replace(current, next);
         let handed_off = if after.has_waiters() {
             // Raised limits admit waiters at once, in order.
@@ -569,6 +838,61 @@ impl Engine {
         self.idle_generation.fetch_add(1, Ordering::Release);
         self.drained.notify(usize::MAX);
     }
+}
+
+impl Engine {
+    /// The class ids, in order, with classes.
+    fn class_ids(&self) -> Option<Vec<&'static str>> {
+        self.classes
+            .as_ref()
+            .map(|c| c.handles().iter().map(|h| h.id()).collect())
+    }
+}
+
+/// What a decision saw: the word, the limits, and (for a class call) its class.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seen {
+    pub(crate) state: State,
+    pub(crate) bounds: Bounds,
+    pub(crate) class: Option<ClassView>,
+}
+
+impl Seen {
+    pub(crate) fn global(state: State, bounds: Bounds) -> Seen {
+        Seen {
+            state,
+            bounds,
+            class: None,
+        }
+    }
+
+    pub(crate) fn class(state: State, bounds: Bounds, view: ClassView) -> Seen {
+        Seen {
+            state,
+            bounds,
+            class: Some(view),
+        }
+    }
+}
+
+/// `limits` as the engine keeps and reports them: classes in their construction order (`order`;
+/// at construction, the order given) with floors of 0 omitted.
+fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
+    if let Some(table) = limits.admission_classes.take() {
+        // In the classes' order (fixed at construction; the published caps are stored by
+        // position), with floors of 0 omitted.
+        let ids: Vec<String> = match order {
+            Some(order) => order.iter().map(|&id| id.to_owned()).collect(),
+            None => table.iter().map(|(id, _)| id.to_owned()).collect(),
+        };
+        let mut ordered = ClassLimitsTable::new();
+        for id in ids {
+            let class = *table.get(&id).expect("validated: the same ids");
+            ordered.insert(id, class.normalized());
+        }
+        limits.admission_classes = Some(ordered);
+    }
+    limits
 }
 
 impl fmt::Debug for Engine {

@@ -6,10 +6,14 @@
 //! budget, then concurrency (a limit of 0 never queues), then the queue length. Admission
 //! classes will slot their ceilings and floors in between budget and concurrency.
 
-use super::limits::Limits;
+use super::limits::{Bounds, ClassCaps};
 use super::state::{MAX_TOKENS, State};
+use crate::admission_class::{AdmissionClass, Resources};
 use crate::priority::Priority;
-use crate::rejection::{CapacityDetail, RejectReason, TokenBudgetDetail};
+use crate::rejection::{
+    CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, SharedCapacity,
+    SharedPool, TokenBudgetDetail,
+};
 
 /// What a call asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +21,46 @@ pub(crate) struct Ask {
     /// Tokens to reserve (0 without a token budget).
     pub(crate) reserved: u64,
     pub(crate) priority: Priority,
+    /// Its admission class (always one when the bulkhead has classes, never otherwise).
+    pub(crate) class: Option<AdmissionClass>,
+}
+
+/// A class call's class as a decision sees it: its live counts (stable: the class is locked
+/// while it decides) and its limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassView {
+    pub(crate) class: AdmissionClass,
+    /// The class's calls in flight.
+    pub(crate) slots: u32,
+    /// The tokens the class holds.
+    pub(crate) tokens: u64,
+    pub(crate) caps: ClassCaps,
+}
+
+impl ClassView {
+    /// What an admission of `reserved` tokens would borrow from the shared pool: its slot if
+    /// the class is at or above its floor (a class without a floor always borrows), and its
+    /// tokens beyond the class's free token floor.
+    #[inline]
+    pub(crate) fn borrow(&self, reserved: u64) -> Resources {
+        Resources {
+            borrowed_concurrency: self.slots >= self.caps.protected_slots,
+            borrowed_tokens: reserved
+                .saturating_sub(self.caps.protected_tokens.saturating_sub(self.tokens)),
+        }
+    }
+
+    /// Calls of the class in flight beyond its floor when it has `slots` in flight.
+    #[inline]
+    pub(crate) fn borrowed_slots(&self, slots: u32) -> u32 {
+        slots.saturating_sub(self.caps.protected_slots)
+    }
+
+    /// Tokens of the class beyond its floor when it holds `tokens`.
+    #[inline]
+    pub(crate) fn borrowed_tokens(&self, tokens: u64) -> u64 {
+        tokens.saturating_sub(self.caps.protected_tokens)
+    }
 }
 
 /// Whose turn a decision is for.
@@ -35,6 +79,14 @@ pub(crate) enum Refusal {
     Shutdown,
     /// The reservation does not fit the priority-adjusted budget.
     Budget,
+    /// The class's token ceiling.
+    ClassTokens,
+    /// The class's ceiling of concurrent calls.
+    ClassSlots,
+    /// The call would borrow a slot the shared pool does not have (the rest is protected).
+    SharedSlots,
+    /// The call would borrow tokens the shared pool does not have.
+    SharedTokens,
     /// Budget fits, but no slot is free for a newcomer: the limit is reached, the limit is 0,
     /// or callers are already waiting (newcomers never pass them).
     NoSlot,
@@ -45,9 +97,35 @@ impl Refusal {
     pub(crate) fn reason(self) -> RejectReason {
         match self {
             Refusal::Shutdown => RejectReason::Shutdown,
-            Refusal::Budget => RejectReason::BudgetLimit,
-            Refusal::NoSlot => RejectReason::ConcurrencyLimit,
+            Refusal::Budget | Refusal::ClassTokens | Refusal::SharedTokens => {
+                RejectReason::BudgetLimit
+            }
+            Refusal::NoSlot | Refusal::ClassSlots | Refusal::SharedSlots => {
+                RejectReason::ConcurrencyLimit
+            }
         }
+    }
+
+    /// Which limit bound (for a bulkhead with classes).
+    pub(crate) fn constraint(self) -> Option<Constraint> {
+        match self {
+            Refusal::Shutdown => None,
+            Refusal::Budget | Refusal::NoSlot => Some(Constraint::Global),
+            Refusal::ClassTokens | Refusal::ClassSlots => Some(Constraint::AdmissionClass),
+            Refusal::SharedSlots | Refusal::SharedTokens => {
+                Some(Constraint::AdmissionClassProtection)
+            }
+        }
+    }
+}
+
+/// The constraint of a refusal for `reason` that [`admit`] did not decide (the queue's own
+/// reasons): global for the queue's limits and its timeout, none for a cancellation or a
+/// close.
+pub(crate) fn constraint_of(reason: RejectReason) -> Option<Constraint> {
+    match reason {
+        RejectReason::Shutdown | RejectReason::Aborted => None,
+        _ => Some(Constraint::Global),
     }
 }
 
@@ -60,7 +138,7 @@ impl Refusal {
 /// (a budget change must not refuse it before its turn), and once one is free its tokens must
 /// fit too or it is refused `budget_limit` and the turn passes on.
 #[inline]
-pub(crate) fn admit(state: State, limits: &Limits, ask: Ask, turn: Turn) -> Result<State, Refusal> {
+pub(crate) fn admit(state: State, limits: &Bounds, ask: Ask, turn: Turn) -> Result<State, Refusal> {
     if state.is_closed() {
         return Err(Refusal::Shutdown);
     }
@@ -83,7 +161,7 @@ pub(crate) fn admit(state: State, limits: &Limits, ask: Ask, turn: Turn) -> Resu
 
 /// Whether `ask`'s tokens fit the priority-adjusted budget on top of those in flight.
 #[inline]
-fn fits_budget(state: State, limits: &Limits, ask: Ask) -> Result<(), Refusal> {
+fn fits_budget(state: State, limits: &Bounds, ask: Ask) -> Result<(), Refusal> {
     match limits.token_budget {
         Some(budget) => {
             let effective = budget.effective(ask.priority);
@@ -102,10 +180,99 @@ fn fits_budget(state: State, limits: &Limits, ask: Ask) -> Result<(), Refusal> {
     }
 }
 
+/// Decides a class call's admission now (`docs/design.md` §D4): on success the state with its
+/// slot, its tokens and what it borrows of the shared pool taken, all at once, and what it
+/// borrowed.
+///
+/// The order: closed, the global budget, the class's token ceiling, its ceiling of calls,
+/// the shared pool of slots for a call that borrows its slot (only when some class has a
+/// floor), the shared pool of tokens for a call that borrows tokens (only when some class has
+/// a token floor), then a global slot. The queue head is judged on the slot first, as in
+/// [`admit`].
+#[inline]
+pub(crate) fn admit_class(
+    state: State,
+    limits: &Bounds,
+    class: &ClassView,
+    ask: Ask,
+    turn: Turn,
+) -> Result<(State, Resources), Refusal> {
+    if state.is_closed() {
+        return Err(Refusal::Shutdown);
+    }
+    let no_slot = |state: State| match turn {
+        Turn::Newcomer => state.has_waiters() || state.slots() >= limits.max_concurrent,
+        Turn::Head => state.slots() >= limits.max_concurrent,
+    };
+    if turn == Turn::Head && no_slot(state) {
+        return Err(Refusal::NoSlot);
+    }
+    fits_budget(state, limits, ask)?;
+    if let Some(max) = class.caps.max_tokens
+        && class
+            .tokens
+            .checked_add(ask.reserved)
+            .is_none_or(|t| t > max)
+    {
+        return Err(Refusal::ClassTokens);
+    }
+    if let Some(max) = class.caps.max_slots
+        && class.slots >= max
+    {
+        return Err(Refusal::ClassSlots);
+    }
+    let borrow = class.borrow(ask.reserved);
+    if limits.protected_concurrent > 0 && borrow.borrowed_concurrency {
+        let capacity = limits
+            .max_concurrent
+            .saturating_sub(limits.protected_concurrent);
+        if state.shared_slots() >= capacity {
+            return Err(Refusal::SharedSlots);
+        }
+    }
+    if let Some(budget) = limits.effective_budget(ask.priority)
+        && limits.protected_tokens > 0
+        && borrow.borrowed_tokens > 0
+    {
+        let capacity = budget.saturating_sub(limits.protected_tokens);
+        if state
+            .shared_tokens()
+            .checked_add(borrow.borrowed_tokens)
+            .is_none_or(|t| t > capacity)
+        {
+            return Err(Refusal::SharedTokens);
+        }
+    }
+    if turn == Turn::Newcomer && no_slot(state) {
+        return Err(Refusal::NoSlot);
+    }
+    let shared_slots = state.shared_slots() + u32::from(borrow.borrowed_concurrency);
+    let shared_tokens = state.shared_tokens() + borrow.borrowed_tokens;
+    let next = state
+        .with_admission(ask.reserved)
+        .with_shared(shared_slots, shared_tokens);
+    Ok((next, borrow))
+}
+
+/// [`admit`] or [`admit_class`], as the call has a class or not.
+#[inline]
+pub(crate) fn admit_any(
+    state: State,
+    limits: &Bounds,
+    class: Option<&ClassView>,
+    ask: Ask,
+    turn: Turn,
+) -> Result<(State, Resources), Refusal> {
+    match class {
+        Some(class) => admit_class(state, limits, class, ask, turn),
+        None => admit(state, limits, ask, turn).map(|next| (next, Resources::NONE)),
+    }
+}
+
 /// What happens to a call that found no free slot, given `pending` callers already waiting:
 /// `Ok(())` means it may join the queue.
 #[inline]
-pub(crate) fn queue_or_refuse(limits: &Limits, pending: u64) -> Result<(), RejectReason> {
+pub(crate) fn queue_or_refuse(limits: &Bounds, pending: u64) -> Result<(), RejectReason> {
     if limits.max_concurrent == 0 || limits.max_queue == 0 {
         // Zero concurrency is a kill switch: new work never queues behind it.
         Err(RejectReason::ConcurrencyLimit)
@@ -116,8 +283,79 @@ pub(crate) fn queue_or_refuse(limits: &Limits, pending: u64) -> Result<(), Rejec
     }
 }
 
-/// The capacity snapshot for a decision made on `state` under `limits`.
-pub(crate) fn detail(state: State, limits: &Limits, pending: u64, ask: Ask) -> CapacityDetail {
+/// The capacity snapshot for a decision made on `state` under `limits`, for a call of `class`
+/// (with classes) refused for `reason`.
+pub(crate) fn detail(
+    state: State,
+    limits: &Bounds,
+    pending: u64,
+    ask: Ask,
+    class: Option<&ClassView>,
+    constraint: Option<Constraint>,
+) -> CapacityDetail {
+    let mut detail = global_detail(state, limits, pending, ask);
+    if let Some(class) = class {
+        detail.constraint = constraint;
+        detail.shared_capacity = Some(shared_detail(state, limits, class, ask));
+        detail.admission_class = Some(class_detail(limits, class, ask));
+    }
+    detail
+}
+
+/// The shared pools at a decision for `class`'s call.
+fn shared_detail(state: State, limits: &Bounds, class: &ClassView, ask: Ask) -> SharedCapacity {
+    let borrow = class.borrow(ask.reserved);
+    let slots_capacity = limits
+        .max_concurrent
+        .saturating_sub(limits.protected_concurrent);
+    SharedCapacity {
+        concurrency: SharedPool::compute(
+            u64::from(slots_capacity),
+            u64::from(state.shared_slots()),
+            u64::from(borrow.borrowed_concurrency),
+        ),
+        token_budget: limits.effective_budget(ask.priority).map(|budget| {
+            SharedPool::compute(
+                budget.saturating_sub(limits.protected_tokens),
+                state.shared_tokens(),
+                borrow.borrowed_tokens,
+            )
+        }),
+    }
+}
+
+/// `class`'s own picture at a decision.
+fn class_detail(limits: &Bounds, class: &ClassView, ask: Ask) -> ClassDetail {
+    let caps = class.caps;
+    let slots = u64::from(class.slots);
+    let protected = u64::from(caps.protected_slots);
+    ClassDetail {
+        class: class.class,
+        in_flight: slots,
+        protected_concurrent: protected,
+        protected_concurrent_in_use: slots.min(protected),
+        borrowed_concurrent: slots.saturating_sub(protected),
+        available_protected_concurrent: protected.saturating_sub(slots),
+        max_concurrent: caps.max_slots.map(u64::from),
+        available_concurrent: caps
+            .max_slots
+            .map(|max| u64::from(max).saturating_sub(slots)),
+        token_budget: limits.token_budget.map(|_| ClassTokenDetail {
+            in_flight_tokens: class.tokens,
+            protected_in_flight_tokens: caps.protected_tokens,
+            protected_tokens_in_use: class.tokens.min(caps.protected_tokens),
+            borrowed_in_flight_tokens: class.tokens.saturating_sub(caps.protected_tokens),
+            available_protected_tokens: caps.protected_tokens.saturating_sub(class.tokens),
+            max_in_flight_tokens: caps.max_tokens,
+            available: caps.max_tokens.map(|max| max.saturating_sub(class.tokens)),
+            requested: ask.reserved,
+        }),
+    }
+}
+
+/// The global part of a capacity snapshot.
+#[inline]
+fn global_detail(state: State, limits: &Bounds, pending: u64, ask: Ask) -> CapacityDetail {
     CapacityDetail {
         limit_revision: limits.revision,
         in_flight: u64::from(state.slots()),
@@ -133,6 +371,9 @@ pub(crate) fn detail(state: State, limits: &Limits, pending: u64, ask: Ask) -> C
                 ask.reserved,
             )
         }),
+        constraint: None,
+        shared_capacity: None,
+        admission_class: None,
     }
 }
 
@@ -186,16 +427,26 @@ impl Verdict {
     }
 }
 
-/// The advisory verdict for `ask` on `state`, `pending` callers waiting.
-pub(crate) fn verdict(state: State, limits: &Limits, pending: u64, ask: Ask) -> Verdict {
-    match admit(state, limits, ask, Turn::Newcomer) {
-        Ok(_) => Verdict::Admit,
-        Err(Refusal::Shutdown) => Verdict::Reject(RejectReason::Shutdown),
-        Err(Refusal::Budget) => Verdict::Reject(RejectReason::BudgetLimit),
+/// The advisory verdict for `ask` (of `class`, with classes) on `state`, `pending` callers
+/// waiting, and the constraint behind a refusal.
+pub(crate) fn verdict(
+    state: State,
+    limits: &Bounds,
+    pending: u64,
+    ask: Ask,
+    class: Option<&ClassView>,
+) -> (Verdict, Option<Constraint>) {
+    let decided = match class {
+        Some(class) => admit_class(state, limits, class, ask, Turn::Newcomer).map(|_| ()),
+        None => admit(state, limits, ask, Turn::Newcomer).map(|_| ()),
+    };
+    match decided {
+        Ok(()) => (Verdict::Admit, None),
         Err(Refusal::NoSlot) => match queue_or_refuse(limits, pending) {
-            Ok(()) => Verdict::Queue,
-            Err(reason) => Verdict::Reject(reason),
+            Ok(()) => (Verdict::Queue, None),
+            Err(reason) => (Verdict::Reject(reason), Some(Constraint::Global)),
         },
+        Err(refusal) => (Verdict::Reject(refusal.reason()), refusal.constraint()),
     }
 }
 
@@ -204,22 +455,27 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::engine::limits::Limits;
 
     fn state(slots: u32, tokens: u64) -> State {
         State::for_tests(slots, tokens)
     }
 
-    fn admit_new(state: State, limits: &Limits, ask: Ask) -> Result<State, Refusal> {
+    fn admit_new(state: State, limits: &Bounds, ask: Ask) -> Result<State, Refusal> {
         admit(state, limits, ask, Turn::Newcomer)
     }
 
     fn ask(reserved: u64, priority: Priority) -> Ask {
-        Ask { reserved, priority }
+        Ask {
+            reserved,
+            priority,
+            class: None,
+        }
     }
 
     #[test]
     fn shutdown_wins_over_every_capacity_check() {
-        let limits = Limits::new(0, 0).with_token_budget(0, 0);
+        let limits = Bounds::of(&Limits::new(0, 0).with_token_budget(0, 0));
         let closed = State::INITIAL.with_closed();
         assert_eq!(
             admit_new(closed, &limits, ask(u64::MAX, Priority::High)),
@@ -229,7 +485,7 @@ mod tests {
 
     #[test]
     fn budget_is_checked_before_concurrency() {
-        let limits = Limits::new(0, 0).with_token_budget(10, 0);
+        let limits = Bounds::of(&Limits::new(0, 0).with_token_budget(10, 0));
         assert_eq!(
             admit_new(State::INITIAL, &limits, ask(11, Priority::Normal)),
             Err(Refusal::Budget)
@@ -242,7 +498,7 @@ mod tests {
 
     #[test]
     fn exact_fit_admits_and_takes_both_at_once() {
-        let limits = Limits::new(0, 2).with_token_budget(1000, 0);
+        let limits = Bounds::of(&Limits::new(0, 2).with_token_budget(1000, 0));
         let s = state(1, 400);
         let next = admit_new(s, &limits, ask(600, Priority::Normal)).unwrap();
         assert_eq!((next.slots(), next.tokens()), (2, 1000));
@@ -251,7 +507,7 @@ mod tests {
     #[test]
     fn reserve_limits_normal_priority_only() {
         // B=2400, R=400: one 1100 request fits; a second is refused for normal, admitted for high.
-        let limits = Limits::new(0, 4).with_token_budget(2400, 400);
+        let limits = Bounds::of(&Limits::new(0, 4).with_token_budget(2400, 400));
         let s = state(1, 1100);
         assert_eq!(
             admit_new(s, &limits, ask(1100, Priority::Normal)),
@@ -267,7 +523,7 @@ mod tests {
 
     #[test]
     fn reserve_above_budget_leaves_normal_nothing() {
-        let limits = Limits::new(0, 4).with_token_budget(100, 500);
+        let limits = Bounds::of(&Limits::new(0, 4).with_token_budget(100, 500));
         assert_eq!(
             admit_new(State::INITIAL, &limits, ask(1, Priority::Normal)),
             Err(Refusal::Budget)
@@ -278,7 +534,7 @@ mod tests {
 
     #[test]
     fn budget_zero_admits_zero_token_requests_until_overrun() {
-        let limits = Limits::new(0, 4).with_token_budget(0, 0);
+        let limits = Bounds::of(&Limits::new(0, 4).with_token_budget(0, 0));
         assert!(admit_new(State::INITIAL, &limits, ask(0, Priority::Normal)).is_ok());
         assert_eq!(
             admit_new(State::INITIAL, &limits, ask(1, Priority::High)),
@@ -293,7 +549,7 @@ mod tests {
 
     #[test]
     fn overflowing_token_sum_is_a_budget_refusal() {
-        let limits = Limits::new(0, 4).with_token_budget(MAX_TOKENS, 0);
+        let limits = Bounds::of(&Limits::new(0, 4).with_token_budget(MAX_TOKENS, 0));
         assert_eq!(
             admit_new(state(1, 2), &limits, ask(u64::MAX, Priority::High)),
             Err(Refusal::Budget)
@@ -310,7 +566,7 @@ mod tests {
     fn a_total_the_word_cannot_count_is_refused_even_under_a_larger_budget() {
         // Budgets are validated against MAX_TOKENS; the pure policy still never produces a
         // state the word cannot hold.
-        let limits = Limits::new(0, 4).with_token_budget(u64::MAX, 0);
+        let limits = Bounds::of(&Limits::new(0, 4).with_token_budget(u64::MAX, 0));
         assert_eq!(
             admit_new(state(0, 0), &limits, ask(MAX_TOKENS + 1, Priority::High)),
             Err(Refusal::Budget)
@@ -320,7 +576,7 @@ mod tests {
 
     #[test]
     fn waiters_block_newcomers_even_with_free_slots() {
-        let limits = Limits::new(0, 4).with_max_queue(2);
+        let limits = Bounds::of(&Limits::new(0, 4).with_max_queue(2));
         assert!(admit_new(state(1, 0), &limits, ask(0, Priority::Normal)).is_ok());
         let waiting = state(1, 0).with_waiters(true);
         assert_eq!(
@@ -328,7 +584,7 @@ mod tests {
             Err(Refusal::NoSlot)
         );
         assert_eq!(
-            verdict(waiting, &limits, 1, ask(0, Priority::Normal)),
+            verdict(waiting, &limits, 1, ask(0, Priority::Normal), None).0,
             Verdict::Queue
         );
         // The head of the queue is exactly who those free slots are for.
@@ -338,9 +594,11 @@ mod tests {
 
     #[test]
     fn the_head_keeps_its_place_until_a_slot_frees_whatever_its_tokens() {
-        let limits = Limits::new(0, 1)
-            .with_token_budget(300, 0)
-            .with_max_queue(4);
+        let limits = Bounds::of(
+            &Limits::new(0, 1)
+                .with_token_budget(300, 0)
+                .with_max_queue(4),
+        );
         // No slot and tokens that do not fit: a newcomer hears about the budget first...
         let full = state(1, 600).with_waiters(true);
         assert_eq!(
@@ -360,26 +618,35 @@ mod tests {
 
     #[test]
     fn zero_concurrency_never_queues() {
-        let limits = Limits::new(0, 0).with_max_queue(10);
+        let limits = Bounds::of(&Limits::new(0, 0).with_max_queue(10));
         assert_eq!(
             queue_or_refuse(&limits, 0),
             Err(RejectReason::ConcurrencyLimit)
         );
-        let limits = Limits::new(0, 1).with_max_queue(2);
+        let limits = Bounds::of(&Limits::new(0, 1).with_max_queue(2));
         assert_eq!(queue_or_refuse(&limits, 1), Ok(()));
         assert_eq!(queue_or_refuse(&limits, 2), Err(RejectReason::QueueLimit));
         assert_eq!(
-            queue_or_refuse(&Limits::new(0, 1), 0),
+            queue_or_refuse(&Bounds::of(&Limits::new(0, 1)), 0),
             Err(RejectReason::ConcurrencyLimit)
         );
     }
 
     #[test]
     fn detail_matches_the_upstream_example() {
-        let limits = Limits::new(4, 8)
-            .with_token_budget(2400, 400)
-            .with_max_queue(3);
-        let d = detail(state(1, 1100), &limits, 2, ask(1100, Priority::Normal));
+        let limits = Bounds::of(
+            &Limits::new(4, 8)
+                .with_token_budget(2400, 400)
+                .with_max_queue(3),
+        );
+        let d = detail(
+            state(1, 1100),
+            &limits,
+            2,
+            ask(1100, Priority::Normal),
+            None,
+            None,
+        );
         assert_eq!(
             (
                 d.limit_revision,
@@ -408,7 +675,7 @@ mod tests {
         closed: bool,
         slots: u32,
         tokens: u64,
-        limits: &Limits,
+        limits: &Bounds,
         reserved: u64,
         high: bool,
         pending: u64,
@@ -486,11 +753,13 @@ mod tests {
             if pending > 0 {
                 s = s.with_waiters(true);
             }
+            let limits = Bounds::of(&limits);
             let priority = if high { Priority::High } else { Priority::Normal };
-            let got = verdict(s, &limits, pending, Ask { reserved, priority });
+            let ask = Ask { reserved, priority, class: None };
+            let (got, _) = verdict(s, &limits, pending, ask, None);
             prop_assert_eq!(got, reference(closed, slots, tokens, &limits, reserved, high, pending));
             if let Verdict::Admit = got {
-                let next = admit_new(s, &limits, Ask { reserved, priority }).unwrap();
+                let next = admit_new(s, &limits, ask).unwrap();
                 prop_assert_eq!(next.slots(), slots + 1);
                 prop_assert_eq!(u128::from(next.tokens()), u128::from(tokens) + u128::from(reserved));
                 prop_assert_eq!(next.epoch_bits(), s.epoch_bits());

@@ -37,6 +37,7 @@ use event_listener::{Event, EventListener};
 use super::fifo::{Fifo, Key};
 use super::policy::Ask;
 use super::state::State;
+use crate::admission_class::Resources;
 use crate::rejection::Rejection;
 use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use crate::sync::{Arc, AtomicWaker, Mutex, MutexGuard, lock};
@@ -129,6 +130,9 @@ pub(crate) struct Waiter {
     key: AtomicU64,
     /// The limit revision of the hand-off; written before `GRANTED` is published.
     revision: AtomicU64,
+    /// What the hand-off borrowed of the shared pool (tokens, and the slot in the top bit);
+    /// written before `GRANTED` is published.
+    borrowed: AtomicU64,
     /// The refusal; written before `REFUSED` is published.
     refusal: Mutex<Option<Rejection>>,
     /// Wakes an async waiter.
@@ -160,7 +164,7 @@ pub(super) enum Withdrawn {
 /// A decided waiter, as its owner picks it up.
 #[derive(Debug)]
 pub(super) enum Decided {
-    Granted { revision: u64 },
+    Granted { revision: u64, borrowed: Resources },
     Refused(Rejection),
 }
 
@@ -171,6 +175,7 @@ impl Waiter {
             status: AtomicU8::new(QUEUED),
             key: AtomicU64::new(0),
             revision: AtomicU64::new(0),
+            borrowed: AtomicU64::new(0),
             refusal: Mutex::new(None),
             waker: AtomicWaker::default(),
             event: Event::new(),
@@ -190,9 +195,7 @@ impl Waiter {
         match self.status.load(Ordering::Acquire) {
             GRANTED => {
                 self.status.store(SETTLED, Ordering::Relaxed);
-                Some(Decided::Granted {
-                    revision: self.revision.load(Ordering::Relaxed),
-                })
+                Some(self.granted())
             }
             REFUSED => {
                 self.status.store(SETTLED, Ordering::Relaxed);
@@ -231,9 +234,7 @@ impl Waiter {
         // Relaxed: under the queue lock, which every publisher of the status holds.
         match self.status.swap(SETTLED, Ordering::Relaxed) {
             QUEUED => Withdrawn::Queued(unpack_key(self.key.load(Ordering::Relaxed))),
-            GRANTED => Withdrawn::Decided(Decided::Granted {
-                revision: self.revision.load(Ordering::Relaxed),
-            }),
+            GRANTED => Withdrawn::Decided(self.granted()),
             REFUSED => Withdrawn::Decided(Decided::Refused(
                 lock(&self.refusal).take().expect("a refusal is published"),
             )),
@@ -241,10 +242,26 @@ impl Waiter {
         }
     }
 
-    /// Under the queue lock: publishes the hand-off.
-    pub(super) fn grant(&self, revision: u64) {
+    /// Under the queue lock: publishes the hand-off, made under `revision`, which borrowed
+    /// `borrowed`.
+    pub(super) fn grant(&self, revision: u64, borrowed: Resources) {
         self.revision.store(revision, Ordering::Relaxed);
+        let borrowed = borrowed.borrowed_tokens | (u64::from(borrowed.borrowed_concurrency) << 63);
+        self.borrowed.store(borrowed, Ordering::Relaxed);
         self.status.store(GRANTED, Ordering::Release);
+    }
+
+    /// The hand-off, once `GRANTED` was read with `Acquire` (or under the queue lock).
+    fn granted(&self) -> Decided {
+        // Relaxed: published before `GRANTED` (Release), which the caller has seen.
+        let borrowed = self.borrowed.load(Ordering::Relaxed);
+        Decided::Granted {
+            revision: self.revision.load(Ordering::Relaxed),
+            borrowed: Resources {
+                borrowed_concurrency: borrowed >> 63 == 1,
+                borrowed_tokens: borrowed & !(1 << 63),
+            },
+        }
     }
 
     /// Under the queue lock: publishes a refusal.
@@ -310,7 +327,7 @@ pub(super) struct HandedOff {
 #[derive(Debug)]
 pub(super) enum Arrival {
     /// A slot was free after all (checked again under the lock).
-    Admitted { revision: u64 },
+    Admitted { revision: u64, borrowed: Resources },
     /// Queued; wait on the waiter.
     Queued(Arc<Waiter>),
     /// Refused (already counted).

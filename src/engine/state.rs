@@ -62,7 +62,7 @@
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicU128, Ordering};
 
 /// Bits that count tokens in flight.
 pub(crate) const TOKEN_BITS: u32 = 35;
@@ -109,28 +109,67 @@ const _: () = assert!(
         && (SLOT_MASK << SLOT_SHIFT) & TOKEN_MASK == 0
 );
 
+/// Position of the shared (borrowed) slots in the high half of a wide word.
+const SHARED_SLOTS_SHIFT: u32 = 0;
+/// Position of the shared (borrowed) tokens in the high half of a wide word.
+const SHARED_TOKENS_SHIFT: u32 = SLOT_BITS;
+/// Position of the count of abandoned, unsettled admissions in the high half of a wide word.
+const ABANDONED_SHIFT: u32 = SHARED_TOKENS_SHIFT + TOKEN_BITS;
+/// Bits that count abandoned, unsettled admissions.
+const ABANDONED_BITS: u32 = 64 - ABANDONED_SHIFT;
+/// Most admissions that may have abandoned their slot without settling yet, at once.
+pub(crate) const MAX_ABANDONED: u32 = (1 << ABANDONED_BITS) - 1;
+const _: () = assert!(ABANDONED_BITS >= 8 && ABANDONED_SHIFT + ABANDONED_BITS == 64);
+
 /// A decoded copy of the admission word.
+///
+/// `lo` is the word described in the module docs. `hi` exists only in the wide word of a
+/// bulkhead with admission classes (see `super::classes`), where one 128-bit CAS decides a
+/// class admission:
+///
+/// ```text
+///   63 ................. 51   50 ................... 16   15 ............... 0
+/// +------------------------+-----------------------------+--------------------+
+/// |  ABANDONED (13 bits)   |  SHARED TOKENS (35 bits)    | SHARED SLOTS (16)  |
+/// +------------------------+-----------------------------+--------------------+
+/// ```
+///
+/// - `SHARED SLOTS`: slots borrowed from the shared pool, `Σ_c max(0, in_flight_c −
+///   protected_c)`; `SHARED TOKENS` likewise for tokens. Kept equal to those sums at every
+///   moment (they change only in the same CAS as the class counts they derive from).
+/// - `ABANDONED`: admissions that gave their borrowed slot back and hold tokens until they
+///   settle; they keep the engine from being idle (a drain waits for them).
+///
+/// Without classes `hi` is always 0 and never stored: the narrow word is `lo` alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct State(u64);
+pub(crate) struct State {
+    lo: u64,
+    hi: u64,
+}
 
 impl State {
     /// The state of a new bulkhead: nothing in flight, epoch 0, open.
-    pub(crate) const INITIAL: State = State(0);
+    pub(crate) const INITIAL: State = State { lo: 0, hi: 0 };
+
+    #[inline]
+    const fn with_lo(self, lo: u64) -> State {
+        State { lo, hi: self.hi }
+    }
 
     #[inline]
     pub(crate) fn slots(self) -> u32 {
-        ((self.0 >> SLOT_SHIFT) & SLOT_MASK) as u32
+        ((self.lo >> SLOT_SHIFT) & SLOT_MASK) as u32
     }
 
     #[inline]
     pub(crate) fn tokens(self) -> u64 {
-        self.0 & TOKEN_MASK
+        self.lo & TOKEN_MASK
     }
 
     /// The low [`EPOCH_BITS`] bits of the limits epoch.
     #[inline]
     pub(crate) fn epoch_bits(self) -> u64 {
-        (self.0 >> EPOCH_SHIFT) & EPOCH_MASK
+        (self.lo >> EPOCH_SHIFT) & EPOCH_MASK
     }
 
     /// Whether this word was written under the full epoch `epoch` (as far as its low bits can
@@ -142,39 +181,39 @@ impl State {
 
     #[inline]
     pub(crate) fn is_closed(self) -> bool {
-        self.0 & CLOSED_BIT != 0
+        self.lo & CLOSED_BIT != 0
     }
 
     #[inline]
     pub(crate) fn has_waiters(self) -> bool {
-        self.0 & WAITERS_BIT != 0
+        self.lo & WAITERS_BIT != 0
     }
 
     #[inline]
     pub(crate) fn is_draining(self) -> bool {
-        self.0 & DRAINING_BIT != 0
+        self.lo & DRAINING_BIT != 0
     }
 
     /// Whether a release that saw this state before it must serve the queue or the drainers.
     #[inline]
     pub(crate) fn needs_attention_on_release(self) -> bool {
-        self.0 & (WAITERS_BIT | DRAINING_BIT) != 0
+        self.lo & (WAITERS_BIT | DRAINING_BIT) != 0
     }
 
-    /// Nothing in flight and nobody waiting.
+    /// Nothing in flight, nobody waiting, no abandoned admission unsettled.
     #[inline]
     pub(crate) fn is_idle(self) -> bool {
-        self.0 & ((SLOT_MASK << SLOT_SHIFT) | WAITERS_BIT) == 0
+        self.lo & ((SLOT_MASK << SLOT_SHIFT) | WAITERS_BIT) == 0 && self.abandoned() == 0
     }
 
     #[inline]
     pub(crate) fn with_waiters(self, waiters: bool) -> State {
-        State(set_bit(self.0, WAITERS_BIT, waiters))
+        self.with_lo(set_bit(self.lo, WAITERS_BIT, waiters))
     }
 
     #[inline]
     pub(crate) fn with_draining(self, draining: bool) -> State {
-        State(set_bit(self.0, DRAINING_BIT, draining))
+        self.with_lo(set_bit(self.lo, DRAINING_BIT, draining))
     }
 
     /// This state with one more slot and `tokens` more tokens in flight.
@@ -190,32 +229,95 @@ impl State {
                 .is_some_and(|t| t <= MAX_TOKENS),
             "token count overflow"
         );
-        State(self.0 + ONE_SLOT + tokens)
+        self.with_lo(self.lo + ONE_SLOT + tokens)
     }
 
     /// This state without the admission `with_admission(tokens)` added.
     #[inline]
     pub(crate) fn without_admission(self, tokens: u64) -> State {
         debug_assert!(self.slots() > 0 && self.tokens() >= tokens, "underflow");
-        State(self.0 - ONE_SLOT - tokens)
+        self.with_lo(self.lo - ONE_SLOT - tokens)
+    }
+
+    /// This state with one slot fewer (the tokens stay).
+    #[inline]
+    pub(crate) fn without_slot(self) -> State {
+        debug_assert!(self.slots() > 0, "underflow");
+        self.with_lo(self.lo - ONE_SLOT)
     }
 
     /// This state with the epoch's low bits advanced by one (wrapping within their field).
     #[inline]
     pub(crate) fn with_next_epoch(self) -> State {
         let bits = (self.epoch_bits() + 1) & EPOCH_MASK;
-        State((self.0 & !(EPOCH_MASK << EPOCH_SHIFT)) | (bits << EPOCH_SHIFT))
+        self.with_lo((self.lo & !(EPOCH_MASK << EPOCH_SHIFT)) | (bits << EPOCH_SHIFT))
     }
 
     /// This state with `tokens` tokens in flight, or `None` if that cannot be represented.
     #[inline]
     pub(crate) fn with_tokens(self, tokens: u64) -> Option<State> {
-        (tokens <= MAX_TOKENS).then_some(State((self.0 & !TOKEN_MASK) | tokens))
+        (tokens <= MAX_TOKENS).then_some(self.with_lo((self.lo & !TOKEN_MASK) | tokens))
     }
 
     #[inline]
     pub(crate) fn with_closed(self) -> State {
-        State(self.0 | CLOSED_BIT)
+        self.with_lo(self.lo | CLOSED_BIT)
+    }
+
+    /// Slots borrowed from the shared pool (0 without classes).
+    #[inline]
+    pub(crate) fn shared_slots(self) -> u32 {
+        ((self.hi >> SHARED_SLOTS_SHIFT) & SLOT_MASK) as u32
+    }
+
+    /// Tokens borrowed from the shared pool (0 without classes).
+    #[inline]
+    pub(crate) fn shared_tokens(self) -> u64 {
+        (self.hi >> SHARED_TOKENS_SHIFT) & TOKEN_MASK
+    }
+
+    /// Admissions that abandoned their slot and have not settled (0 without classes).
+    #[inline]
+    pub(crate) fn abandoned(self) -> u32 {
+        (self.hi >> ABANDONED_SHIFT) as u32
+    }
+
+    /// This state with the shared-pool figures replaced. The caller keeps them within their
+    /// fields (they never exceed the slots and tokens in flight).
+    #[inline]
+    pub(crate) fn with_shared(self, slots: u32, tokens: u64) -> State {
+        debug_assert!(slots <= MAX_SLOTS && tokens <= MAX_TOKENS);
+        let kept =
+            self.hi & !((SLOT_MASK << SHARED_SLOTS_SHIFT) | (TOKEN_MASK << SHARED_TOKENS_SHIFT));
+        State {
+            lo: self.lo,
+            hi: kept | (u64::from(slots) << SHARED_SLOTS_SHIFT) | (tokens << SHARED_TOKENS_SHIFT),
+        }
+    }
+
+    /// This state with `abandoned` admissions abandoned and unsettled (at most
+    /// [`MAX_ABANDONED`]).
+    #[inline]
+    pub(crate) fn with_abandoned(self, abandoned: u32) -> State {
+        debug_assert!(abandoned <= MAX_ABANDONED);
+        let kept = self.hi & !(u64::from(MAX_ABANDONED) << ABANDONED_SHIFT);
+        State {
+            lo: self.lo,
+            hi: kept | (u64::from(abandoned) << ABANDONED_SHIFT),
+        }
+    }
+
+    #[inline]
+    fn wide(self) -> u128 {
+        (u128::from(self.hi) << 64) | u128::from(self.lo)
+    }
+
+    #[inline]
+    fn from_wide(word: u128) -> State {
+        State {
+            lo: word as u64,
+            hi: (word >> 64) as u64,
+        }
     }
 }
 
@@ -229,48 +331,91 @@ impl State {
     /// A state with `slots` slots and `tokens` tokens in flight, epoch 0, open, no waiters.
     pub(crate) fn for_tests(slots: u32, tokens: u64) -> State {
         assert!(slots <= MAX_SLOTS && tokens <= MAX_TOKENS);
-        State((u64::from(slots) << SLOT_SHIFT) | tokens)
+        State {
+            lo: (u64::from(slots) << SLOT_SHIFT) | tokens,
+            hi: 0,
+        }
     }
 }
 
-/// The atomic cell holding a [`State`], alone on its cache line.
+/// The atomic cell holding a [`State`], alone on its cache line: the narrow 64-bit word, or
+/// (with admission classes) the wide 128-bit one.
 #[derive(Debug)]
-pub(crate) struct AtomicState(CachePadded<AtomicU64>);
+pub(crate) enum AtomicState {
+    Narrow(CachePadded<AtomicU64>),
+    Wide(CachePadded<AtomicU128>),
+}
 
 impl AtomicState {
-    pub(crate) fn new() -> AtomicState {
-        AtomicState(CachePadded::new(AtomicU64::new(State::INITIAL.0)))
+    /// A narrow word (no admission classes).
+    pub(crate) fn narrow() -> AtomicState {
+        AtomicState::Narrow(CachePadded::new(AtomicU64::new(State::INITIAL.lo)))
+    }
+
+    /// A wide word (with admission classes).
+    pub(crate) fn wide() -> AtomicState {
+        AtomicState::Wide(CachePadded::new(AtomicU128::new(State::INITIAL.wide())))
     }
 
     /// Loads the current state (`Acquire`).
     #[inline]
     pub(crate) fn load(&self) -> State {
-        State(self.0.load(Ordering::Acquire))
+        match self {
+            AtomicState::Narrow(word) => State {
+                lo: word.load(Ordering::Acquire),
+                hi: 0,
+            },
+            AtomicState::Wide(word) => State::from_wide(word.load(Ordering::Acquire)),
+        }
     }
 
     /// One compare-and-swap from `current` to `next`: `Err` carries the value found instead.
     /// `AcqRel` / `Acquire` (see "Memory ordering" in the module docs).
     #[inline]
     pub(crate) fn compare_exchange(&self, current: State, next: State) -> Result<(), State> {
-        self.0
-            .compare_exchange_weak(current.0, next.0, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| ())
-            .map_err(State)
+        match self {
+            AtomicState::Narrow(word) => {
+                debug_assert!(next.hi == 0, "a narrow word has no high half");
+                word.compare_exchange_weak(current.lo, next.lo, Ordering::AcqRel, Ordering::Acquire)
+                    .map(|_| ())
+                    .map_err(|lo| State { lo, hi: 0 })
+            }
+            AtomicState::Wide(word) => word
+                .compare_exchange_weak(
+                    current.wide(),
+                    next.wide(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .map(|_| ())
+                .map_err(State::from_wide),
+        }
     }
 
-    /// Returns one slot and `tokens` tokens; returns the state before.
+    /// Returns one slot and `tokens` tokens of the narrow word; returns the state before.
     ///
     /// A release decides nothing, so it is one `fetch_sub` (wait-free) rather than a CAS loop.
     /// It cannot borrow across fields: the releasing permit's slot and its `tokens` are part of
-    /// the counts it subtracts from. `AcqRel` for the same reason as a CAS (module docs).
+    /// the counts it subtracts from. `AcqRel` for the same reason as a CAS (module docs). (The
+    /// wide word's releases also move the shared-pool figures, and go through `update`.)
     #[inline]
     pub(crate) fn release(&self, tokens: u64) -> State {
-        let before = State(self.0.fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel));
-        debug_assert!(
-            before.slots() > 0 && before.tokens() >= tokens,
-            "slot or token count underflow"
-        );
-        before
+        match self {
+            AtomicState::Narrow(word) => {
+                let before = State {
+                    lo: word.fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel),
+                    hi: 0,
+                };
+                debug_assert!(
+                    before.slots() > 0 && before.tokens() >= tokens,
+                    "slot or token count underflow"
+                );
+                before
+            }
+            AtomicState::Wide(_) => {
+                unreachable!("a class admission is released through its class (see `classes`)")
+            }
+        }
     }
 
     /// A CAS loop for an update that always applies: `f` maps the current state to the next;
@@ -396,7 +541,7 @@ mod tests {
 
     #[test]
     fn update_reuses_the_failed_value() {
-        let cell = AtomicState::new();
+        let cell = AtomicState::narrow();
         let out: Result<u32, ()> = cell.update(|s| Ok((s.with_admission(4), s.slots())));
         assert_eq!(out, Ok(0));
         let err: Result<(), u64> = cell.update(|s| Err(s.tokens()));
@@ -406,7 +551,7 @@ mod tests {
 
     #[test]
     fn release_subtracts_both_fields_without_borrowing() {
-        let cell = AtomicState::new();
+        let cell = AtomicState::narrow();
         cell.update(|s| {
             Ok::<_, ()>((
                 s.with_next_epoch()

@@ -2,21 +2,26 @@
 //! to the queue head (`hand_off`, `pump`), a waiter's owner picking up its fate, giving up at
 //! its timeout or cancelling, and `close` refusing everyone. The queue's data and its hand-off
 //! protocol are described in `super::queue`.
+//!
+//! A class call's decisions here run with the queue lock held and then its class's lock (the
+//! lock order of `super::classes`); they change the class's counts only when they admit.
 
+use super::classes::{ClassCounts, Returned};
 use super::counters::Counter;
-use super::limits::Limits;
-use super::policy::{self, Ask, Refusal, Turn};
+use super::limits::Bounds;
+use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
-use super::{Engine, Grant};
-use crate::rejection::{RejectReason, Rejection};
+use super::{Engine, Grant, Seen};
+use crate::admission_class::Resources;
+use crate::rejection::{Constraint, RejectReason, Rejection};
 use crate::sync::Arc;
 
 /// What withdrawing a waiter found.
 #[derive(Debug)]
 enum Withdrawal {
     /// It had already been handed a slot and its tokens: the caller now owns them.
-    Granted { revision: u64 },
+    Granted { revision: u64, borrowed: Resources },
     /// It was refused (just now, for the withdrawal's reason, or earlier); already counted.
     Refused(Rejection),
 }
@@ -25,54 +30,113 @@ enum Withdrawal {
 enum Turned {
     Granted {
         revision: u64,
+        borrowed: Resources,
         /// Whether a slot was still free after this one (else the next head would be blocked).
         more: bool,
     },
     Refused {
-        reason: RejectReason,
+        refusal: Refusal,
         state: State,
-        limits: Limits,
+        bounds: Bounds,
         after: State,
     },
     Blocked,
 }
 
 impl Engine {
+    /// One decision of the queue's (the queue lock held): for a class call, its class locked
+    /// for it, and its counts written when `decide` admits (says so with its `bool`). Returns
+    /// the outcome and, for a class call, the class as the decision saw it.
+    fn decide_queued<T, U>(
+        &self,
+        ask: Ask,
+        mut decide: impl FnMut(State, &Bounds, Option<&ClassView>) -> Result<(State, T, bool), U>,
+    ) -> (Result<T, U>, Option<ClassView>) {
+        let Some(class) = ask.class else {
+            let out = self.decide(true, |s, b| decide(s, b, None).map(|(n, t, _)| (n, t)));
+            return (out, None);
+        };
+        let (guard, bounds, view) = self.lock_class(class);
+        let mut admitted = false;
+        let out = self.decide_class(&bounds, &view, |s, b, v| {
+            decide(s, b, Some(v)).map(|(next, out, admits)| {
+                admitted = admits;
+                (next, out)
+            })
+        });
+        if out.is_ok() && admitted {
+            guard.set(ClassCounts {
+                slots: view.slots + 1,
+                tokens: view.tokens + ask.reserved,
+            });
+        } else {
+            drop(guard);
+        }
+        (out, Some(view))
+    }
+
+    /// What a decision for `ask` would see now (a class call's class locked for the reading),
+    /// for the refusals the queue makes on its own (a timeout, a cancellation, a close).
+    fn seen(&self, ask: Ask) -> Seen {
+        match ask.class {
+            None => {
+                let (state, bounds) = self.snapshot();
+                Seen::global(state, bounds)
+            }
+            Some(class) => {
+                let (guard, bounds, view) = self.lock_class(class);
+                let state = self.state.load();
+                drop(guard);
+                Seen::class(state, bounds, view)
+            }
+        }
+    }
+
     /// A newcomer found no free slot on the fast path: under the queue lock, decide again
     /// (a slot may have freed meanwhile) and queue it if the queue has room.
     pub(super) fn arrive(&self, ask: Ask, blocking: bool) -> Arrival {
         enum Step {
-            Admitted(u64),
+            Admitted(u64, Resources),
             Queue,
-            Refused(RejectReason, State, Limits),
+            Refused(RejectReason, Option<Constraint>, State, Bounds),
         }
         // Allocated before taking the lock, to keep the critical section short: a newcomer
         // that reached this slow path almost always queues.
         let waiter = Arc::new(Waiter::new(ask, blocking));
         let mut list = self.queue.lock();
         let pending = list.len() as u64;
-        let step = self.decide(true, |s, limits| {
-            match policy::admit(s, limits, ask, Turn::Newcomer) {
-                Ok(next) => Ok((next, Step::Admitted(limits.revision))),
+        let (step, view) = self.decide_queued(ask, |s, bounds, class| {
+            match policy::admit_any(s, bounds, class, ask, Turn::Newcomer) {
+                Ok((next, borrowed)) => Ok((next, Step::Admitted(bounds.revision, borrowed), true)),
                 // Setting the flag is a CAS even when it is already set: it confirms that the
                 // limits which allowed queueing are still the ones in force.
-                Err(Refusal::NoSlot) => match policy::queue_or_refuse(limits, pending) {
-                    Ok(()) => Ok((s.with_waiters(true), Step::Queue)),
-                    Err(reason) => Err(Step::Refused(reason, s, *limits)),
+                Err(Refusal::NoSlot) => match policy::queue_or_refuse(bounds, pending) {
+                    Ok(()) => Ok((s.with_waiters(true), Step::Queue, false)),
+                    Err(reason) => Err(Step::Refused(reason, Some(Constraint::Global), s, *bounds)),
                 },
-                Err(refusal) => Err(Step::Refused(refusal.reason(), s, *limits)),
+                Err(refusal) => Err(Step::Refused(
+                    refusal.reason(),
+                    refusal.constraint(),
+                    s,
+                    *bounds,
+                )),
             }
         });
         match step.unwrap_or_else(|step| step) {
-            Step::Admitted(revision) => Arrival::Admitted { revision },
+            Step::Admitted(revision, borrowed) => Arrival::Admitted { revision, borrowed },
             Step::Queue => {
                 let key = list.push_back(Arc::clone(&waiter));
                 waiter.set_key(key);
                 Arrival::Queued(waiter)
             }
-            Step::Refused(reason, state, limits) => {
+            Step::Refused(reason, constraint, state, bounds) => {
                 drop(list);
-                Arrival::Refused(self.reject(reason, state, &limits, ask))
+                let seen = Seen {
+                    state,
+                    bounds,
+                    class: view,
+                };
+                Arrival::Refused(self.reject(reason, constraint, &seen, ask))
             }
         }
     }
@@ -107,28 +171,29 @@ impl Engine {
             let mut list = self.queue.lock();
             while let Some(ask) = list.front().map(|head| head.ask()) {
                 let last = list.len() == 1;
-                let turned = self.decide(true, |s, limits| {
-                    match policy::admit(s, limits, ask, Turn::Head) {
+                let (turned, view) = self.decide_queued(ask, |s, bounds, class| {
+                    match policy::admit_any(s, bounds, class, ask, Turn::Head) {
                         // The last waiter leaves the queue: clear the flag in the same CAS.
-                        Ok(next) => Ok((
+                        Ok((next, borrowed)) => Ok((
                             next.with_waiters(!last),
                             Turned::Granted {
-                                revision: limits.revision,
-                                more: next.slots() < limits.max_concurrent,
+                                revision: bounds.revision,
+                                borrowed,
+                                more: next.slots() < bounds.max_concurrent,
                             },
+                            true,
                         )),
                         Err(Refusal::NoSlot) => Err(Turned::Blocked),
                         Err(refusal) => {
-                            let (reason, limits) = (refusal.reason(), *limits);
                             let after = s.with_waiters(false);
                             let turned = Turned::Refused {
-                                reason,
+                                refusal,
                                 state: s,
-                                limits,
+                                bounds: *bounds,
                                 after,
                             };
                             if last {
-                                Ok((after, turned))
+                                Ok((after, turned, false))
                             } else {
                                 Err(turned)
                             }
@@ -137,11 +202,15 @@ impl Engine {
                 });
                 let head = match turned.unwrap_or_else(|t| t) {
                     Turned::Blocked => break,
-                    Turned::Granted { revision, more } => {
+                    Turned::Granted {
+                        revision,
+                        borrowed,
+                        more,
+                    } => {
                         let head = list.pop_front().expect("the head");
                         // Counted in this thread's shard: no shared counter under the lock.
                         self.count(Counter::HandedOut, 1);
-                        head.grant(revision);
+                        head.grant(revision, borrowed);
                         if !more {
                             // The next head would find no slot: skip deciding it. Whatever
                             // frees one next (a release, raised limits) pumps again.
@@ -151,13 +220,23 @@ impl Engine {
                         head
                     }
                     Turned::Refused {
-                        reason,
+                        refusal,
                         state,
-                        limits,
+                        bounds,
                         after,
                     } => {
                         let head = list.pop_front().expect("the head");
-                        head.refuse(self.reject(reason, state, &limits, ask));
+                        let seen = Seen {
+                            state,
+                            bounds,
+                            class: view,
+                        };
+                        head.refuse(self.reject(
+                            refusal.reason(),
+                            refusal.constraint(),
+                            &seen,
+                            ask,
+                        ));
                         if last {
                             emptied = Some(after);
                         }
@@ -183,13 +262,14 @@ impl Engine {
                 if let Some(after) = emptied {
                     self.idle_check(after);
                 }
-                let (state, limits) = self.snapshot();
-                Withdrawal::Refused(self.reject(reason, state, &limits, waiter.ask()))
+                let seen = self.seen(waiter.ask());
+                let constraint = policy::constraint_of(reason);
+                Withdrawal::Refused(self.reject(reason, constraint, &seen, waiter.ask()))
             }
-            Withdrawn::Decided(Decided::Granted { revision }) => {
+            Withdrawn::Decided(Decided::Granted { revision, borrowed }) => {
                 drop(list);
                 self.count(Counter::HandedBack, 1);
-                Withdrawal::Granted { revision }
+                Withdrawal::Granted { revision, borrowed }
             }
             Withdrawn::Decided(Decided::Refused(rejection)) => Withdrawal::Refused(rejection),
         }
@@ -209,9 +289,9 @@ impl Engine {
             }
             woken.extend(core::iter::from_fn(|| list.pop_front()));
             emptied = self.set_waiters_flag(false);
-            let (state, limits) = self.snapshot();
             for waiter in &woken {
-                waiter.refuse(self.reject(RejectReason::Shutdown, state, &limits, waiter.ask()));
+                let seen = self.seen(waiter.ask());
+                waiter.refuse(self.reject(RejectReason::Shutdown, None, &seen, waiter.ask()));
             }
         }
         for waiter in woken {
@@ -229,9 +309,9 @@ impl Engine {
     /// it is) or its refusal (counted when it was decided). Called by the waiter's owner.
     pub(crate) fn pick_up(&self, waiter: &Waiter) -> Option<Result<Grant, Rejection>> {
         Some(match waiter.take_decided()? {
-            Decided::Granted { revision } => {
+            Decided::Granted { revision, borrowed } => {
                 self.count(Counter::HandedBack, 1);
-                Ok(self.grant(waiter.ask(), revision))
+                Ok(self.grant(waiter.ask(), revision, borrowed))
             }
             Decided::Refused(rejection) => Err(rejection),
         })
@@ -241,7 +321,9 @@ impl Engine {
     /// unless a hand-off reached it first, which it keeps.
     pub(crate) fn time_out(&self, waiter: &Waiter) -> Result<Grant, Rejection> {
         match self.withdraw(waiter, RejectReason::Timeout) {
-            Withdrawal::Granted { revision } => Ok(self.grant(waiter.ask(), revision)),
+            Withdrawal::Granted { revision, borrowed } => {
+                Ok(self.grant(waiter.ask(), revision, borrowed))
+            }
             Withdrawal::Refused(rejection) => Err(rejection),
         }
     }
@@ -253,9 +335,15 @@ impl Engine {
     pub(crate) fn cancel(&self, waiter: &Waiter) -> Rejection {
         match self.withdraw(waiter, RejectReason::Aborted) {
             Withdrawal::Granted { .. } => {
-                let (state, limits) = self.snapshot();
-                let rejection = self.reject(RejectReason::Aborted, state, &limits, waiter.ask());
-                self.release_capacity(waiter.ask().reserved);
+                let ask = waiter.ask();
+                let seen = self.seen(ask);
+                let rejection = self.reject(RejectReason::Aborted, None, &seen, ask);
+                match ask.class {
+                    None => self.release_capacity(ask.reserved),
+                    Some(class) => {
+                        self.release_class(class, ask.reserved, Returned::All);
+                    }
+                }
                 rejection
             }
             // Counted when it was refused (now, or earlier while it waited).

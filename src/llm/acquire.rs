@@ -382,8 +382,12 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
                 Ok(admission)
             }
             Err(rejection) => {
-                self.core
-                    .announce_reject(&rejection, Some(waiting.timing), picked_at);
+                self.core.announce_reject(
+                    &rejection,
+                    waiting.call.ask.class,
+                    Some(waiting.timing),
+                    picked_at,
+                );
                 Err(AcquireError::Rejected(rejection))
             }
         }
@@ -465,7 +469,11 @@ impl<C: Deref<Target = LlmCore>> Drop for Machine<C> {
         };
         let picked_at = self.core.wants_decisions().then(Instant::now);
         let rejection = self.core.engine().cancel(&waiting.waiter);
-        self.core
-            .announce_reject(&rejection, Some(waiting.timing), picked_at);
+        self.core.announce_reject(
+            &rejection,
+            waiting.call.ask.class,
+            Some(waiting.timing),
+            picked_at,
+        );
     }
 }

@@ -5,6 +5,7 @@
 
 use core::fmt;
 
+use crate::admission_class::{AdmissionClass, Resources};
 use crate::admission_id::AdmissionId;
 use crate::engine::Grant;
 use crate::priority::Priority;
@@ -216,6 +217,79 @@ impl Admission {
         self.ledger.sequence
     }
 
+    /// The admission class the call was admitted in, on a bulkhead with admission classes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("standard")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(2))
+    ///             .class("standard", ClassLimits::new()),
+    ///     )
+    ///     .build()?;
+    /// let premium = bulkhead.class("premium")?;
+    /// let a = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new().class(premium))?;
+    /// let b = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert_eq!(a.class().map(|c| c.id()), Some("premium"));
+    /// assert_eq!(b.class().map(|c| c.id()), Some("standard")); // the default class
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn class(&self) -> Option<AdmissionClass> {
+        self.grant.class()
+    }
+
+    /// What the call borrowed from the shared pool when it was admitted: whether its slot
+    /// was beyond its class's protected floor, and how many of its reserved tokens were beyond
+    /// the class's token floor. Always [`Resources::NONE`] without admission classes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("standard")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(1))
+    ///             .class("standard", ClassLimits::new()),
+    ///     )
+    ///     .build()?;
+    /// let premium = AcquireOptions::new().class(bulkhead.class("premium")?);
+    /// let first = bulkhead.try_acquire(&LlmRequest::new(), premium)?;
+    /// let second = bulkhead.try_acquire(&LlmRequest::new(), premium)?;
+    /// assert!(!first.resources().borrowed_concurrency); // within the floor of 1
+    /// assert!(second.resources().borrowed_concurrency); // beyond it: from the shared pool
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn resources(&self) -> Resources {
+        self.grant.resources()
+    }
+
+    /// Whether the call still holds its slot (`false` once it abandoned its borrowed slot;
+    /// its tokens stay held until it settles).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 2)
+    ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
+    ///     .build()?;
+    /// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// assert!(permit.holds_slot());
+    /// assert!(permit.abandon_borrowed_concurrency()); // no floor: every slot is borrowed
+    /// assert!(!permit.holds_slot());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn holds_slot(&self) -> bool {
+        self.grant.holds_slot()
+    }
+
     /// The tokens reserved at admission (0 without a token budget).
     #[inline]
     pub(crate) fn reserved_tokens(&self) -> u64 {
@@ -255,6 +329,9 @@ impl fmt::Debug for Admission {
             .field("admission_id", &self.admission_id())
             .field("limit_revision", &self.limit_revision())
             .field("priority", &self.priority())
+            .field("class", &self.class())
+            .field("resources", &self.resources())
+            .field("holds_slot", &self.holds_slot())
             .field("reservation", &self.reservation())
             .field("held_tokens", &self.held_tokens())
             .field("usage", &self.usage())

@@ -8,8 +8,11 @@ use std::time::Duration;
 use super::bulkhead::LlmBulkhead;
 use super::core::LlmCore;
 use super::estimate::{Estimator, ModelAwareEstimator};
-use crate::engine::limits::{Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
-use crate::error::ConfigError;
+use crate::admission_class::ClassLimits;
+use crate::engine::limits::{
+    self, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+};
+use crate::error::{ClassLimitsError, ConfigError};
 use crate::reservation::DEFAULT_OUTPUT_CAP;
 
 /// Token-budget configuration: the budget, the output cap the estimator assumes when a request
@@ -187,6 +190,106 @@ pub struct LlmBulkheadBuilder {
     initial_revision: u64,
     token_budget: Option<TokenBudget>,
     estimator: Option<Arc<dyn Estimator>>,
+    admission_classes: Option<AdmissionClasses>,
+}
+
+/// Admission classes for [`LlmBulkheadBuilder::admission_classes`]: the class of calls that
+/// name none, and every class with its limits, in order (the order `limits()` and `stats()`
+/// keep). Ids are kept as given (not trimmed); every call of a bulkhead with classes belongs
+/// to one.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead, TokenBudget};
+///
+/// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 8)
+///     .token_budget(TokenBudget::new(20_000))
+///     .admission_classes(
+///         AdmissionClasses::new("standard")
+///             .class("premium", ClassLimits::new().protected_concurrent(3).protected_in_flight_tokens(6_000))
+///             .class("standard", ClassLimits::new().max_concurrent(6))
+///             .class("batch", ClassLimits::new().max_concurrent(2).max_in_flight_tokens(4_000)),
+///     )
+///     .build()?;
+/// let ids: Vec<&str> = bulkhead.classes().iter().map(|c| c.id()).collect();
+/// assert_eq!(ids, ["premium", "standard", "batch"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[must_use = "admission classes do nothing until given to a builder"]
+pub struct AdmissionClasses {
+    default_class: String,
+    classes: Vec<(String, ClassLimits)>,
+}
+
+impl AdmissionClasses {
+    /// No class yet; calls that name none will go to `default_class` (which must be added).
+    pub fn new(default_class: impl Into<String>) -> AdmissionClasses {
+        AdmissionClasses {
+            default_class: default_class.into(),
+            classes: Vec::new(),
+        }
+    }
+
+    /// Adds class `id` with `limits` (after the classes added so far).
+    pub fn class(mut self, id: impl Into<String>, limits: ClassLimits) -> AdmissionClasses {
+        self.classes.push((id.into(), limits));
+        self
+    }
+
+    /// Validates the classes in the original's order (`docs/design.md` §U6.1); returns the
+    /// table and the default class's position.
+    fn validate(
+        self,
+        max_concurrent: u32,
+        budget: Option<u64>,
+    ) -> Result<(ClassLimitsTable, usize), ConfigError> {
+        if self.default_class.trim().is_empty() {
+            return Err(ConfigError::DefaultClassEmpty {
+                default_class: self.default_class,
+            });
+        }
+        if self.classes.is_empty() {
+            return Err(ConfigError::NoClasses);
+        }
+        let mut table = ClassLimitsTable::new();
+        for (id, class) in &self.classes {
+            if id.trim().is_empty() {
+                return Err(ConfigError::Class(ClassLimitsError::EmptyId {
+                    class: id.clone(),
+                }));
+            }
+            if table.get(id).is_some() {
+                return Err(ConfigError::Class(ClassLimitsError::DuplicateId {
+                    class: id.clone(),
+                }));
+            }
+            limits::validate_class(id, class, budget.is_some()).map_err(ConfigError::Class)?;
+            table.insert(id.clone(), *class);
+        }
+        let Some(default) = table.iter().position(|(id, _)| id == self.default_class) else {
+            return Err(ConfigError::UnknownDefaultClass {
+                default_class: self.default_class,
+            });
+        };
+        let (slots, tokens) = limits::floor_sums(table.iter().map(|(_, class)| class));
+        if slots > u64::from(max_concurrent) {
+            return Err(ConfigError::ProtectedConcurrentSumTooLarge {
+                sum: slots,
+                max_concurrent,
+            });
+        }
+        if let Some(budget) = budget
+            && tokens > budget
+        {
+            return Err(ConfigError::ProtectedTokensSumTooLarge {
+                sum: tokens,
+                budget,
+            });
+        }
+        Ok((table, default))
+    }
 }
 
 impl LlmBulkheadBuilder {
@@ -200,7 +303,42 @@ impl LlmBulkheadBuilder {
             initial_revision: 0,
             token_budget: None,
             estimator: None,
+            admission_classes: None,
         }
+    }
+
+    /// Divides the bulkhead among admission classes (tenants, tiers): each class may have a
+    /// protected floor (capacity other classes never borrow) and a ceiling, for calls and for
+    /// tokens; calls beyond their class's floor share what no class protects. Whether a
+    /// bulkhead has classes, and which, is fixed for its lifetime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, AdmissionClasses, ClassLimits, Constraint, LlmBulkhead, LlmRequest, RejectReason};
+    ///
+    /// // 4 slots: 2 protected for premium, 1 for standard, 1 shared.
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("standard")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(2))
+    ///             .class("standard", ClassLimits::new().protected_concurrent(1)),
+    ///     )
+    ///     .build()?;
+    /// let premium = AcquireOptions::new().class(bulkhead.class("premium")?);
+    /// let held: Vec<_> = (0..3).map(|_| bulkhead.try_acquire(&LlmRequest::new(), premium)).collect();
+    /// assert!(held.iter().all(Result::is_ok)); // its floor and the shared slot
+    /// let refused = bulkhead.try_acquire(&LlmRequest::new(), premium).unwrap_err();
+    /// let rejection = refused.rejection().unwrap();
+    /// assert_eq!(rejection.reason(), RejectReason::ConcurrencyLimit);
+    /// assert_eq!(rejection.detail().constraint, Some(Constraint::AdmissionClassProtection));
+    /// // Standard's floor is still free for it.
+    /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn admission_classes(mut self, classes: AdmissionClasses) -> LlmBulkheadBuilder {
+        self.admission_classes = Some(classes);
+        self
     }
 
     /// Sets the revision of the initial limits (default 0); every applied snapshot must be
@@ -322,7 +460,12 @@ impl LlmBulkheadBuilder {
     ///
     /// In this order: [`ConfigError::EmptyModel`], [`ConfigError::MaxConcurrentTooLarge`],
     /// [`ConfigError::InitialRevisionTooLarge`], [`ConfigError::BudgetTooLarge`],
-    /// [`ConfigError::ReserveExceedsBudget`].
+    /// [`ConfigError::ReserveExceedsBudget`], then the admission classes':
+    /// [`ConfigError::DefaultClassEmpty`], [`ConfigError::NoClasses`], each class in order
+    /// ([`ConfigError::Class`]: an empty or repeated id, a field too large, a floor above its
+    /// ceiling, a token field without a budget), [`ConfigError::UnknownDefaultClass`],
+    /// [`ConfigError::ProtectedConcurrentSumTooLarge`],
+    /// [`ConfigError::ProtectedTokensSumTooLarge`].
     ///
     /// # Examples
     ///
@@ -373,6 +516,13 @@ impl LlmBulkheadBuilder {
             limits = limits.with_token_budget(budget.budget, budget.high_priority_reserve);
             output_cap = budget.output_cap;
         }
+        let mut default_class = 0;
+        if let Some(classes) = self.admission_classes {
+            let budget = self.token_budget.map(|b| b.budget);
+            let (table, default) = classes.validate(self.max_concurrent, budget)?;
+            limits = limits.with_admission_classes(table);
+            default_class = default;
+        }
         let estimator = match self.estimator {
             Some(estimator) => estimator,
             None => Arc::new(
@@ -384,7 +534,13 @@ impl LlmBulkheadBuilder {
             ),
         };
         Ok(LlmBulkhead {
-            core: crate::sync::Arc::new(LlmCore::new(model, limits, estimator, queue_timeout)),
+            core: crate::sync::Arc::new(LlmCore::new(
+                model,
+                limits,
+                default_class,
+                estimator,
+                queue_timeout,
+            )),
         })
     }
 }
@@ -400,6 +556,7 @@ impl fmt::Debug for LlmBulkheadBuilder {
             .field("initial_revision", &self.initial_revision)
             .field("token_budget", &self.token_budget)
             .field("estimator", &self.estimator.as_ref().map(|_| ".."))
+            .field("admission_classes", &self.admission_classes)
             .finish()
     }
 }

@@ -5,11 +5,12 @@
 use core::fmt;
 use std::time::Duration;
 
+use crate::admission_class::AdmissionClass;
 use crate::engine::drain::{Drain, DrainTimeout};
 use crate::engine::limits::{ApplyOutcome, Limits};
 use crate::engine::policy::Verdict;
 use crate::engine::{Ask, Wait};
-use crate::error::{AcquireError, LimitsError, RequestError};
+use crate::error::{AcquireError, ClassLookupError, LimitsError, RequestError};
 use crate::events::{ALL_KINDS, Event, EventKind, Subscription, kinds_mask};
 use crate::rejection::CapacityDetail;
 use crate::reservation::Reservation;
@@ -183,6 +184,89 @@ impl LlmBulkhead {
         }
     }
 
+    /// The handle of admission class `id`, to pass to [`AcquireOptions::class`]. Resolve a
+    /// name once (at startup, or per tenant) and keep the handle: it is `Copy`, and a call
+    /// carrying it is not looked up again.
+    ///
+    /// # Errors
+    ///
+    /// [`ClassLookupError::NotConfigured`] on a bulkhead without admission classes,
+    /// [`ClassLookupError::Unknown`] for an id that is not one of its classes. Nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, ClassLookupError, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 8)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("standard")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(4))
+    ///             .class("standard", ClassLimits::new()),
+    ///     )
+    ///     .build()?;
+    /// let premium = bulkhead.class("premium")?;
+    /// assert_eq!((premium.id(), premium.index()), ("premium", 0));
+    /// assert!(matches!(bulkhead.class("gold"), Err(ClassLookupError::Unknown { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn class(&self, id: &str) -> Result<AdmissionClass, ClassLookupError> {
+        let classes = self
+            .core
+            .engine()
+            .classes()
+            .ok_or(ClassLookupError::NotConfigured)?;
+        classes
+            .handles()
+            .iter()
+            .copied()
+            .find(|class| class.id() == id)
+            .ok_or_else(|| ClassLookupError::Unknown {
+                class: id.to_owned(),
+            })
+    }
+
+    /// The admission classes, in configured order (empty without classes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 8)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("b").class("a", ClassLimits::new()).class("b", ClassLimits::new()),
+    ///     )
+    ///     .build()?;
+    /// let ids: Vec<&str> = bulkhead.classes().iter().map(|c| c.id()).collect();
+    /// assert_eq!(ids, ["a", "b"]);
+    /// assert_eq!(bulkhead.default_class().map(|c| c.id()), Some("b"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn classes(&self) -> &[AdmissionClass] {
+        self.core
+            .engine()
+            .classes()
+            .map_or(&[], |classes| classes.handles())
+    }
+
+    /// The class of calls that name none (`None` without admission classes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::LlmBulkhead;
+    ///
+    /// assert_eq!(LlmBulkhead::builder("m", 1).build()?.default_class(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn default_class(&self) -> Option<AdmissionClass> {
+        self.core
+            .engine()
+            .classes()
+            .map(|classes| classes.default_class())
+    }
+
     /// Whether `request` would be admitted now, without reserving anything or counting
     /// anything. A closed bulkhead answers `shutdown` first.
     ///
@@ -304,7 +388,7 @@ impl LlmBulkhead {
     /// ```
     pub fn apply_limits(&self, next: Limits) -> Result<ApplyOutcome, LimitsError> {
         let outcome = self.core.engine().apply_limits(next)?;
-        if let ApplyOutcome::Applied { previous, current } = outcome {
+        if let ApplyOutcome::Applied { previous, current } = &outcome {
             self.core.announce_reconfigure(previous, current);
         }
         Ok(outcome)
@@ -335,7 +419,7 @@ impl LlmBulkhead {
     /// ```
     pub fn set_budget(&self, tokens: u64) -> Result<Limits, LimitsError> {
         let (previous, current) = self.core.engine().set_budget(tokens)?;
-        self.core.announce_reconfigure(previous, current);
+        self.core.announce_reconfigure(&previous, &current);
         Ok(current)
     }
 

@@ -5,11 +5,13 @@
 
 use std::time::{Duration, Instant};
 
+use crate::admission_class::{AbandonCause, AdmissionClass};
 use crate::engine::limits::Limits;
 use crate::engine::{Ask, Decision, Engine, Grant, Wait, Waiter};
 use crate::error::RequestError;
 use crate::events::{
-    AdmitEvent, DECISION_KINDS, Event, EventKind, Listeners, ReconfigureEvent, RejectEvent, Timing,
+    AdmitEvent, BorrowedConcurrencyAbandonEvent, DECISION_KINDS, Event, EventKind, Listeners,
+    ReconfigureEvent, RejectEvent, Timing,
 };
 use crate::rejection::Rejection;
 use crate::reservation::Reservation;
@@ -67,11 +69,12 @@ impl LlmCore {
     pub(crate) fn new(
         model: String,
         limits: Limits,
+        default_class: usize,
         estimator: unmodeled::Arc<dyn Estimator>,
         default_timeout: Option<Duration>,
     ) -> LlmCore {
         LlmCore {
-            engine: Engine::new(limits),
+            engine: Engine::new(limits, default_class),
             listeners: unmodeled::Arc::new(Listeners::default()),
             estimator,
             estimator_panics: unmodeled::AtomicU64::new(0),
@@ -108,9 +111,28 @@ impl LlmCore {
             .fetch_add(1, unmodeled::Ordering::Relaxed);
     }
 
-    /// Turns a call's input into what it asks of the bulkhead: the options' reservation, else
-    /// the estimate (only with a token budget; without one nothing is estimated and an
-    /// override is ignored).
+    /// The admission class of a call: the one it names (checked to be this bulkhead's), else
+    /// the default class; `None` without classes.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::ClassesNotConfigured`] when a call names a class on a bulkhead without
+    /// classes, [`RequestError::ForeignClass`] when it names another bulkhead's class.
+    #[inline]
+    pub(crate) fn class_of(
+        &self,
+        options: &AcquireOptions,
+    ) -> Result<Option<AdmissionClass>, RequestError> {
+        match (self.engine.classes(), options.class) {
+            (None, None) => Ok(None),
+            (None, Some(class)) => Err(RequestError::ClassesNotConfigured { class }),
+            (Some(classes), named) => classes.resolve(named).map(Some),
+        }
+    }
+
+    /// Turns a call's input into what it asks of the bulkhead: its class, and the options'
+    /// reservation, else the estimate (only with a token budget; without one nothing is
+    /// estimated and an override is ignored).
     #[inline]
     pub(crate) fn resolve(
         &self,
@@ -118,11 +140,13 @@ impl LlmCore {
         options: AcquireOptions,
     ) -> Result<Call, RequestError> {
         let priority = options.priority;
+        let class = self.class_of(&options)?;
         if !self.engine.has_budget() {
             return Ok(Call {
                 ask: Ask {
                     reserved: 0,
                     priority,
+                    class,
                 },
                 reservation: None,
                 memo: None,
@@ -139,6 +163,7 @@ impl LlmCore {
             ask: Ask {
                 reserved: reservation.reserved(),
                 priority,
+                class,
             },
             reservation: Some(reservation),
             memo,
@@ -164,7 +189,7 @@ impl LlmCore {
                 Admitted::Now(admission)
             }
             Decision::Refused(rejection) => {
-                self.announce_reject(&rejection, timing, None);
+                self.announce_reject(&rejection, call.ask.class, timing, None);
                 Admitted::Refused(rejection)
             }
             Decision::Queued(waiter) => Admitted::Queued(waiter, timing),
@@ -203,19 +228,22 @@ impl LlmCore {
             admission_id: grant.id(),
             limit_revision: grant.revision(),
             priority: grant.priority(),
+            class: grant.class(),
             reserved_tokens: admission.reserved_tokens(),
+            resources: grant.resources(),
             decision_duration,
             queue_wait,
         };
         self.listeners.emit(&Event::Admit(&event));
     }
 
-    /// Emits the reject event of `rejection` (no-op unless timing was started and anyone
-    /// listens).
+    /// Emits the reject event of `rejection` of a call of `class` (no-op unless timing was
+    /// started and anyone listens).
     #[inline]
     pub(crate) fn announce_reject(
         &self,
         rejection: &Rejection,
+        class: Option<AdmissionClass>,
         timing: Option<Timing>,
         picked_at: Option<Instant>,
     ) {
@@ -227,6 +255,7 @@ impl LlmCore {
             timing.durations(picked_at.unwrap_or_else(Instant::now));
         let event = RejectEvent {
             reason: rejection.reason(),
+            class,
             limit_revision: rejection.limit_revision(),
             detail: *rejection.detail(),
             decision_duration,
@@ -235,11 +264,37 @@ impl LlmCore {
         self.listeners.emit(&Event::Reject(&event));
     }
 
-    /// Emits a reconfigure event. The caller holds no lock.
-    pub(crate) fn announce_reconfigure(&self, previous: Limits, current: Limits) {
-        if self.listeners.wants(EventKind::Reconfigure) {
+    /// Returns `admission`'s borrowed slot now, keeping its tokens held until it settles (see
+    /// [`Permit::abandon_borrowed_concurrency`](crate::Permit::abandon_borrowed_concurrency)),
+    /// and announces it; `false` (nothing changed) unless the admission borrowed its slot and
+    /// still holds it.
+    pub(crate) fn abandon(&self, admission: &mut Admission, cause: AbandonCause) -> bool {
+        if !self.engine.abandon(admission.grant_mut(), cause) {
+            return false;
+        }
+        if self.listeners.wants(EventKind::BorrowedConcurrencyAbandon) {
+            let event = BorrowedConcurrencyAbandonEvent {
+                admission_id: admission.admission_id(),
+                limit_revision: admission.limit_revision(),
+                priority: admission.priority(),
+                class: admission.class(),
+                resources: admission.resources(),
+                cause,
+                held_tokens: admission.held_tokens(),
+            };
             self.listeners
-                .emit(&Event::Reconfigure(&ReconfigureEvent { previous, current }));
+                .emit(&Event::BorrowedConcurrencyAbandon(&event));
+        }
+        true
+    }
+
+    /// Emits a reconfigure event. The caller holds no lock.
+    pub(crate) fn announce_reconfigure(&self, previous: &Limits, current: &Limits) {
+        if self.listeners.wants(EventKind::Reconfigure) {
+            self.listeners.emit(&Event::Reconfigure(&ReconfigureEvent {
+                previous: previous.clone(),
+                current: current.clone(),
+            }));
         }
     }
 }

@@ -4,6 +4,7 @@
 use core::fmt;
 use core::ops::Deref;
 
+use crate::admission_class::AbandonCause;
 use crate::error::UsageError;
 use crate::reservation::{Progressive, ReleaseReport, TokenUsage, UsageReport};
 use crate::sync::Arc;
@@ -166,6 +167,52 @@ impl<'a> Permit<'a> {
     ) -> Result<UsageReport, UsageError> {
         let (core, admission) = self.parts();
         core.report(admission, usage, Some(progressive))
+    }
+
+    /// Gives the call's slot back now, before the call ends, if it was borrowed from the
+    /// shared pool (see [`resources`](Admission::resources)) and is still held: the slot goes
+    /// to the queue's head at once, while the tokens stay held (and usage can still be
+    /// reported) until the permit is released or dropped. Returns whether it did anything
+    /// (always `false` without admission classes, for a slot within the class's floor, and for
+    /// a second call).
+    ///
+    /// Use it when a call that borrowed capacity turns out to run long (a slow stream, a
+    /// tool loop): the concurrency it borrowed returns to other classes without cutting the
+    /// call. Counted in [`Stats::borrowed_concurrency_abandoned`](crate::Stats) (cause
+    /// `manual`) and announced as a
+    /// [`BorrowedConcurrencyAbandonEvent`](crate::BorrowedConcurrencyAbandonEvent).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 2)
+    ///     .token_budget(TokenBudget::new(1000))
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("batch")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(1))
+    ///             .class("batch", ClassLimits::new()),
+    ///     )
+    ///     .build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 200)?);
+    /// let mut batch = bulkhead.try_acquire(&LlmRequest::new(), opts)?; // the one shared slot
+    /// assert!(bulkhead.try_acquire(&LlmRequest::new(), opts).is_err());
+    ///
+    /// assert!(batch.abandon_borrowed_concurrency());
+    /// assert!(!batch.abandon_borrowed_concurrency()); // once
+    /// let stats = bulkhead.stats();
+    /// assert_eq!((stats.in_flight, stats.abandoned_in_flight), (0, 1));
+    /// assert_eq!(stats.token_budget.unwrap().in_flight_tokens, 300); // still held
+    ///
+    /// let next = bulkhead.try_acquire(&LlmRequest::new(), opts)?; // the slot is free again
+    /// batch.release(Some(TokenUsage::new(100, 50)?)); // settles the tokens
+    /// assert_eq!(bulkhead.stats().token_budget.unwrap().in_flight_tokens, 300);
+    /// # drop(next);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn abandon_borrowed_concurrency(&mut self) -> bool {
+        let (core, admission) = self.parts();
+        core.abandon(admission, AbandonCause::Manual)
     }
 
     /// Settles the admission: returns its slot and its whole hold, and books `usage` (else

@@ -1,9 +1,17 @@
-//! `run`: acquire, call, settle, in one future that cannot leak its permit.
+//! `run`: acquire, call, settle, in one future that cannot leak its permit; with an optional
+//! borrowed-slot deadline that cuts a call holding a slot it borrowed from the shared pool.
 
 use core::fmt;
 use core::future::Future;
 use core::ops::{AsyncFnOnce, Deref};
+use core::pin::pin;
+use core::task::Poll;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
+use crate::admission_id::AdmissionId;
+use crate::engine::timer::Sleep;
 use crate::error::{AcquireError, RequestError, UsageError};
 use crate::rejection::Rejection;
 use crate::reservation::{Progressive, TokenUsage, UsageReport};
@@ -11,7 +19,7 @@ use crate::reservation::{Progressive, TokenUsage, UsageReport};
 use super::admission::Admission;
 use super::bulkhead::LlmBulkhead;
 use super::core::LlmCore;
-use super::options::AcquireOptions;
+use super::options::RunOptions;
 use super::request::LlmRequest;
 
 /// What a [`run`](LlmBulkhead::run) callback knows about its admission: it dereferences to
@@ -40,6 +48,9 @@ use super::request::LlmRequest;
 pub struct RunContext<'a> {
     core: &'a LlmCore,
     admission: &'a mut Admission,
+    /// Set when the callback gave its borrowed slot back itself (the deadline then no longer
+    /// applies).
+    abandoned: &'a AtomicBool,
 }
 
 impl RunContext<'_> {
@@ -101,6 +112,37 @@ impl RunContext<'_> {
     ) -> Result<UsageReport, UsageError> {
         self.core.report(self.admission, usage, Some(progressive))
     }
+
+    /// Gives the call's borrowed slot back now, keeping its tokens until `run` settles; see
+    /// [`Permit::abandon_borrowed_concurrency`](crate::Permit::abandon_borrowed_concurrency).
+    /// After it, a borrowed-slot deadline no longer applies to the call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 1)
+    ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
+    ///     .build()?;
+    /// let gave_back = bulkhead.run(&LlmRequest::new(), AcquireOptions::new(), async |mut ctx| {
+    ///     let gave_back = ctx.abandon_borrowed_concurrency();
+    ///     assert!(!ctx.holds_slot());
+    ///     Ok::<_, std::io::Error>(gave_back)
+    /// }).await?;
+    /// assert!(gave_back);
+    /// assert_eq!(bulkhead.stats().borrowed_concurrency_abandoned_by_cause.manual, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn abandon_borrowed_concurrency(&mut self) -> bool {
+        let done = self.core.abandon(self.admission, AbandonCause::Manual);
+        if done {
+            // Relaxed: read by the future that polls this context, on the same thread.
+            self.abandoned.store(true, Ordering::Relaxed);
+        }
+        done
+    }
 }
 
 impl Deref for RunContext<'_> {
@@ -143,7 +185,67 @@ pub enum RunError<E> {
     Invalid(RequestError),
     /// The callback ran and failed with this error (its admission was settled).
     Failed(E),
+    /// The callback held a borrowed slot past the run's borrowed-slot deadline: its slot was
+    /// given back, its future dropped and its tokens settled with the last usage it reported.
+    BorrowedConcurrencyDeadline(BorrowedConcurrencyDeadlineError),
 }
+
+/// A [`run`](LlmBulkhead::run) was cut by its borrowed-slot deadline
+/// ([`RunOptions::borrowed_concurrency_deadline`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm::*;
+///
+/// # ::futures::executor::block_on(async {
+/// let bulkhead = LlmBulkhead::builder("m", 2)
+///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
+///     .build()?;
+/// let options = AcquireOptions::new().borrowed_concurrency_deadline(Duration::from_millis(10));
+/// let err = bulkhead
+///     .run(&LlmRequest::new(), options, async |_| {
+///         ::futures::future::pending::<Result<(), std::io::Error>>().await // a call that hangs
+///     })
+///     .await
+///     .unwrap_err();
+/// let RunError::BorrowedConcurrencyDeadline(cut) = err else { panic!("{err}") };
+/// assert_eq!(cut.deadline, Duration::from_millis(10));
+/// assert_eq!(cut.class.map(|c| c.id()), Some("batch"));
+/// assert!(cut.resources.borrowed_concurrency);
+/// assert_eq!(bulkhead.stats().in_flight, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BorrowedConcurrencyDeadlineError {
+    /// The deadline that passed.
+    pub deadline: Duration,
+    /// The admission that was cut.
+    pub admission_id: AdmissionId,
+    /// What it borrowed when it was admitted.
+    pub resources: Resources,
+    /// Its admission class.
+    pub class: Option<AdmissionClass>,
+}
+
+impl fmt::Display for BorrowedConcurrencyDeadlineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "borrowed concurrency deadline of {:?} exceeded by admission {}",
+            self.deadline, self.admission_id
+        )?;
+        if let Some(class) = self.class {
+            write!(f, " (admission class {:?})", class.id())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BorrowedConcurrencyDeadlineError {}
 
 impl<E> RunError<E> {
     /// The rejection, when the bulkhead refused the call.
@@ -177,6 +279,7 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             RunError::Rejected(rejection) => rejection.fmt(f),
             RunError::Invalid(error) => write!(f, "invalid request: {error}"),
             RunError::Failed(error) => write!(f, "call failed: {error}"),
+            RunError::BorrowedConcurrencyDeadline(error) => error.fmt(f),
         }
     }
 }
@@ -194,7 +297,9 @@ impl LlmBulkhead {
     /// # Errors
     ///
     /// [`RunError::Rejected`] / [`RunError::Invalid`] when the call was not admitted (the
-    /// callback never ran), [`RunError::Failed`] with the callback's own error.
+    /// callback never ran), [`RunError::Failed`] with the callback's own error, and
+    /// [`RunError::BorrowedConcurrencyDeadline`] when the options' borrowed-slot deadline cut
+    /// the call (see [`RunOptions::borrowed_concurrency_deadline`]).
     ///
     /// # Cancel safety
     ///
@@ -229,7 +334,7 @@ impl LlmBulkhead {
     pub fn run<'a, T, E, F>(
         &'a self,
         request: &LlmRequest,
-        options: AcquireOptions,
+        options: impl Into<RunOptions>,
         f: F,
     ) -> impl Future<Output = Result<T, RunError<E>>> + 'a
     where
@@ -277,7 +382,7 @@ impl LlmBulkhead {
     pub fn run_with_usage<'a, T, E, F, U>(
         &'a self,
         request: &LlmRequest,
-        options: AcquireOptions,
+        options: impl Into<RunOptions>,
         usage: U,
         f: F,
     ) -> impl Future<Output = Result<T, RunError<E>>> + 'a
@@ -285,24 +390,86 @@ impl LlmBulkhead {
         F: for<'c> AsyncFnOnce(RunContext<'c>) -> Result<T, E> + 'a,
         U: FnOnce(&T) -> Option<TokenUsage> + 'a,
     {
-        // Resolved now, so the future does not borrow the request.
-        let acquire = self.acquire(request, options);
+        let options = options.into();
+        let deadline = options.borrowed_concurrency_deadline;
+        // Checked first, even when the deadline would not apply; resolved now otherwise, so
+        // the future does not borrow the request.
+        let acquire =
+            (deadline != Some(Duration::ZERO)).then(|| self.acquire(request, options.acquire));
         async move {
+            let Some(acquire) = acquire else {
+                return Err(RunError::Invalid(
+                    RequestError::ZeroBorrowedConcurrencyDeadline,
+                ));
+            };
             let mut permit = acquire.await?;
+            // The deadline applies only to a borrowed slot, from admission on (a deadline too
+            // far to represent never passes).
+            let cut_at = deadline
+                .filter(|_| permit.resources().borrowed_concurrency)
+                .and_then(|d| Instant::now().checked_add(d));
+            let abandoned = AtomicBool::new(false);
             // The permit lives in this future: dropping the future settles it.
             let (core, admission) = permit.parts();
-            let result = f(RunContext { core, admission }).await;
-            match result {
-                Ok(value) => {
+            let finished = {
+                let call = f(RunContext {
+                    core,
+                    admission,
+                    abandoned: &abandoned,
+                });
+                match cut_at {
+                    None => Some(call.await),
+                    Some(cut_at) => until_cut(call, cut_at, &abandoned).await,
+                }
+                // The callback's future is dropped here, before a cut call is settled.
+            };
+            match finished {
+                Some(Ok(value)) => {
                     let usage = usage(&value);
                     permit.release(usage);
                     Ok(value)
                 }
-                Err(error) => {
+                Some(Err(error)) => {
                     permit.release(None);
                     Err(RunError::Failed(error))
+                }
+                None => {
+                    let (core, admission) = permit.parts();
+                    let cut = core.abandon(admission, AbandonCause::Deadline);
+                    debug_assert!(cut, "a borrowed slot not abandoned by the callback");
+                    let error = BorrowedConcurrencyDeadlineError {
+                        deadline: deadline.unwrap_or_default(),
+                        admission_id: permit.admission_id(),
+                        resources: permit.resources(),
+                        class: permit.class(),
+                    };
+                    // Its tokens settle now, with the last usage it reported.
+                    permit.release(None);
+                    Err(RunError::BorrowedConcurrencyDeadline(error))
                 }
             }
         }
     }
+}
+
+/// Polls `call` until it finishes (`Some`) or `cut_at` passes while it still holds its
+/// borrowed slot (`None`). After the callback gave its slot back itself, only `call` counts.
+async fn until_cut<R>(
+    call: impl Future<Output = R>,
+    cut_at: Instant,
+    abandoned: &AtomicBool,
+) -> Option<R> {
+    let mut call = pin!(call);
+    let mut sleep = Sleep::until(cut_at);
+    core::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = call.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
+        }
+        if abandoned.load(Ordering::Relaxed) {
+            sleep.cancel();
+            return Poll::Pending;
+        }
+        sleep.poll_elapsed(cx).map(|()| None)
+    })
+    .await
 }

@@ -92,11 +92,14 @@ impl LlmCore {
         if hold != previous_hold {
             let (overrun, refunded, reheld) =
                 book(admission.reserved_tokens(), previous_hold, hold);
-            self.engine().count_all(&[
-                (Counter::Overrun, overrun),
-                (Counter::Refunded, refunded),
-                (Counter::Reheld, reheld),
-            ]);
+            self.engine().count_all(
+                admission.class(),
+                &[
+                    (Counter::Overrun, overrun),
+                    (Counter::Refunded, refunded),
+                    (Counter::Reheld, reheld),
+                ],
+            );
         }
         let effective = usage_changed || hold != previous_hold;
         admission.record(reported, effective);
@@ -106,6 +109,7 @@ impl LlmCore {
                 admission_id: report.admission_id,
                 limit_revision: report.limit_revision,
                 priority: admission.priority(),
+                class: admission.class(),
                 sequence: report.sequence,
                 reserved_tokens: report.reserved,
                 previous_held_tokens: previous_hold,
@@ -150,14 +154,17 @@ impl LlmCore {
             if admission.reservation().is_some() {
                 (overrun, refunded, reheld) = book(admission.reserved_tokens(), held, consumed);
             }
-            self.engine().count_all(&[
-                // Reported usage always reaches the consumed total, even when the hold is 0
-                // (Q3).
-                (Counter::Consumed, consumed),
-                (Counter::Overrun, overrun),
-                (Counter::Refunded, refunded),
-                (Counter::Reheld, reheld),
-            ]);
+            self.engine().count_all(
+                admission.class(),
+                &[
+                    // Reported usage always reaches the consumed total, even when the hold is 0
+                    // (Q3).
+                    (Counter::Consumed, consumed),
+                    (Counter::Overrun, overrun),
+                    (Counter::Refunded, refunded),
+                    (Counter::Reheld, reheld),
+                ],
+            );
         }
         // Capacity returns before any user code runs: nothing the estimator or a listener does
         // can keep it (issue #11).
@@ -179,6 +186,8 @@ impl LlmCore {
                 admission_id: admission.admission_id(),
                 limit_revision: admission.limit_revision(),
                 priority: admission.priority(),
+                class: admission.class(),
+                resources: admission.resources(),
                 reserved_tokens: admission.reserved_tokens(),
                 held_tokens: held,
                 refunded_tokens: refunded,

@@ -88,9 +88,14 @@ fn stale_snapshots_are_not_validated() {
         Limits::new(10, 3).with_token_budget(9000, 0),
     ] {
         let outcome = bulkhead.apply_limits(stale).unwrap();
-        assert_eq!(outcome, ApplyOutcome::Stale { current });
+        assert_eq!(
+            outcome,
+            ApplyOutcome::Stale {
+                current: current.clone()
+            }
+        );
         assert!(!outcome.is_applied());
-        assert_eq!(outcome.current(), current);
+        assert_eq!(outcome.current(), &current);
     }
     // A budget on a budget-less bulkhead, stale: still Stale, not TokenBudgetNotConfigured.
     let unbudgeted = LlmBulkhead::builder("m", 2)
@@ -181,16 +186,16 @@ fn applied_snapshot_reports_previous_and_current() {
     let next = Limits::new(4, 8)
         .with_max_queue(2)
         .with_token_budget(5000, 500);
-    let outcome = bulkhead.apply_limits(next).unwrap();
+    let outcome = bulkhead.apply_limits(next.clone()).unwrap();
     assert_eq!(
         outcome,
         ApplyOutcome::Applied {
             previous: Limits::new(3, 2).with_token_budget(1000, 100),
-            current: next,
+            current: next.clone(),
         }
     );
     assert!(outcome.is_applied());
-    assert_eq!(outcome.current(), next);
+    assert_eq!(outcome.current(), &next);
     assert_eq!(bulkhead.limits(), next);
     assert_eq!(bulkhead.stats().limits, next);
     let t = tokens(&bulkhead);
@@ -201,15 +206,15 @@ fn applied_snapshot_reports_previous_and_current() {
         .with_max_queue(2)
         .with_token_budget(5000, 500);
     assert_eq!(
-        bulkhead.apply_limits(same),
+        bulkhead.apply_limits(same.clone()),
         Ok(ApplyOutcome::Applied {
-            previous: next,
-            current: same
+            previous: next.clone(),
+            current: same.clone()
         })
     );
     // Reaching MAX_REVISION is allowed.
     let top = Limits::new(MAX_REVISION, MAX_CONCURRENT).with_token_budget(0, 0);
-    assert!(bulkhead.apply_limits(top).unwrap().is_applied());
+    assert!(bulkhead.apply_limits(top.clone()).unwrap().is_applied());
     assert_eq!(bulkhead.limits(), top);
 }
 
@@ -323,7 +328,7 @@ fn zero_concurrency_at_runtime_is_a_kill_switch_until_raised() {
 fn reserve_above_budget_is_accepted_at_runtime() {
     let bulkhead = budgeted(4, 1000, 0);
     let next = Limits::new(1, 4).with_token_budget(100, 500);
-    assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+    assert!(bulkhead.apply_limits(next.clone()).unwrap().is_applied());
     assert_eq!(bulkhead.limits(), next);
     assert_eq!(
         bulkhead.limits().effective_budget(Priority::Normal),
@@ -470,12 +475,12 @@ fn upstream_apply_limits_example_adapted_to_fail_fast() {
         .with_max_queue(3)
         .with_token_budget(500, 100);
     assert_eq!(
-        bulkhead.apply_limits(next),
+        bulkhead.apply_limits(next.clone()),
         Ok(ApplyOutcome::Applied {
             previous: Limits::new(7, 1)
                 .with_max_queue(1)
                 .with_token_budget(1000, 0),
-            current: next,
+            current: next.clone(),
         })
     );
     let rejection = rejected(bulkhead.try_acquire(&req(), opts(100, 300)));

@@ -263,12 +263,12 @@ fn valid_edge_snapshots_are_applied_and_behave_as_documented() {
     let next = Limits::new(MAX_REVISION, MAX_CONCURRENT)
         .with_max_queue(u32::MAX)
         .with_token_budget(MAX_BUDGET, MAX_BUDGET);
-    let outcome = b.apply_limits(next).unwrap();
+    let outcome = b.apply_limits(next.clone()).unwrap();
     assert_eq!(
         outcome,
         ApplyOutcome::Applied {
             previous: Limits::new(0, 2).with_token_budget(1000, 100),
-            current: next
+            current: next.clone()
         }
     );
     assert_eq!(b.limits(), next);
@@ -298,7 +298,7 @@ fn valid_edge_snapshots_are_applied_and_behave_as_documented() {
         Verdict::Reject(RejectReason::BudgetLimit)
     );
     // Nothing newer exists now.
-    assert!(!b.apply_limits(next).unwrap().is_applied());
+    assert!(!b.apply_limits(next.clone()).unwrap().is_applied());
     assert_eq!(
         b.set_budget(1),
         Err(LimitsError::RevisionExhausted {

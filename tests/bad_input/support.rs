@@ -288,6 +288,7 @@ fn from_run<T>(result: Result<T, RunError<Infallible>>, ran: bool) -> Outcome {
                 RunError::Rejected(rejection) => Outcome::Rejected(rejection),
                 RunError::Invalid(error) => Outcome::Invalid(error),
                 RunError::Failed(never) => match never {},
+                RunError::BorrowedConcurrencyDeadline(cut) => panic!("no deadline was set: {cut}"),
             }
         }
     }

@@ -168,6 +168,7 @@ pub(crate) fn rejection<T: fmt::Debug>(result: Result<T, AcquireError>) -> Rejec
 
 /// An event as a listener saw it, owned.
 #[derive(Clone, Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)] // a test record, copied rarely
 pub(crate) enum Seen {
     Admit(AdmitEvent),
     Reject(RejectEvent),
@@ -184,7 +185,7 @@ impl Seen {
             Event::Reject(e) => Seen::Reject(**e),
             Event::Usage(e) => Seen::Usage(**e),
             Event::Release(e) => Seen::Release(**e),
-            Event::Reconfigure(e) => Seen::Reconfigure(**e),
+            Event::Reconfigure(e) => Seen::Reconfigure((*e).clone()),
             other => Seen::Other(other.kind()),
         }
     }

@@ -156,14 +156,14 @@ fn reconfigure_events_carry_previous_and_current_limits() {
         .with_max_queue(2)
         .with_token_budget(6000, 500);
     assert_eq!(
-        bulkhead.apply_limits(next).unwrap(),
+        bulkhead.apply_limits(next.clone()).unwrap(),
         ApplyOutcome::Applied {
-            previous: initial,
-            current: next
+            previous: initial.clone(),
+            current: next.clone()
         }
     );
     let e = one_reconfigure(&events);
-    assert_eq!((e.previous, e.current), (initial, next));
+    assert_eq!((e.previous, e.current), (initial, next.clone()));
 
     let now = bulkhead.set_budget(7000).unwrap();
     assert_eq!(
@@ -173,10 +173,10 @@ fn reconfigure_events_carry_previous_and_current_limits() {
             .with_token_budget(7000, 500)
     );
     let e = one_reconfigure(&events);
-    assert_eq!((e.previous, e.current), (next, now));
+    assert_eq!((e.previous, e.current), (next.clone(), now));
 
     // Stale and invalid snapshots apply nothing and emit nothing.
-    assert!(!bulkhead.apply_limits(next).unwrap().is_applied());
+    assert!(!bulkhead.apply_limits(next.clone()).unwrap().is_applied());
     assert_eq!(
         bulkhead.apply_limits(Limits::new(REV + 9, 3)).unwrap_err(),
         LimitsError::TokenBudgetRequired

@@ -455,6 +455,9 @@ async fn run_op(
             return shared.refused(rejection.reason(), closed_before);
         }
         Some(Err(RunError::Invalid(error))) => panic!("valid input refused: {error}"),
+        Some(Err(RunError::BorrowedConcurrencyDeadline(cut))) => {
+            panic!("no deadline was set, yet: {cut}")
+        }
         None => None, // cancelled: settled (if admitted) with the last reported usage
     };
     let Some((mut model, _)) = cell.into_inner().unwrap() else {

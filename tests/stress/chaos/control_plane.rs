@@ -54,12 +54,12 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
             shared
                 .peak_queue
                 .fetch_max(u64::from(max_queue), Ordering::AcqRel);
-            let outcome = bulkhead.apply_limits(next).unwrap();
+            let outcome = bulkhead.apply_limits(next.clone()).unwrap();
             assert_eq!(
                 outcome,
                 ApplyOutcome::Applied {
-                    previous: before,
-                    current: next
+                    previous: before.clone(),
+                    current: next.clone()
                 }
             );
             assert_eq!(bulkhead.limits(), next);
@@ -82,7 +82,9 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
             let stale = Limits::new(rng.u64(0..=before.revision), rng.u32(0..=PEAK_SLOTS));
             assert_eq!(
                 bulkhead.apply_limits(stale).unwrap(),
-                ApplyOutcome::Stale { current: before }
+                ApplyOutcome::Stale {
+                    current: before.clone()
+                }
             );
             assert_eq!(bulkhead.limits(), before);
         }

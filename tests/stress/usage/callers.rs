@@ -379,6 +379,9 @@ async fn run_call(
             return shared.tally.refused_for(rejection.reason());
         }
         Some(Err(RunError::Invalid(error))) => panic!("valid input refused: {error}"),
+        Some(Err(RunError::BorrowedConcurrencyDeadline(cut))) => {
+            panic!("no deadline was set, yet: {cut}")
+        }
         None => {} // cancelled while acquiring or while the callback ran
     }
     let Some((id, mut model)) = cell.into_inner().unwrap() else {

@@ -1,0 +1,268 @@
+//! The vocabulary of admission classes: [`AdmissionClass`] (a cheap handle to one configured
+//! class), [`ClassLimits`] (a class's floors and ceilings), [`Resources`] (what an admission
+//! borrowed from the shared pool) and [`AbandonCause`].
+
+use core::fmt;
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+/// One admission class of one bulkhead, resolved once from its id with
+/// [`LlmBulkhead::class`](crate::LlmBulkhead::class) and passed to
+/// [`AcquireOptions::class`](crate::AcquireOptions::class). `Copy`, two words: using it costs
+/// nothing, and it is checked against the bulkhead it came from.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 4)
+///     .admission_classes(
+///         AdmissionClasses::new("standard")
+///             .class("premium", ClassLimits::new().protected_concurrent(2))
+///             .class("standard", ClassLimits::new()),
+///     )
+///     .build()?;
+/// let premium = bulkhead.class("premium")?;
+/// assert_eq!(premium.id(), "premium");
+/// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new().class(premium))?;
+/// assert_eq!(permit.class(), Some(premium));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AdmissionClass {
+    /// The class id, interned for the life of the process.
+    id: &'static str,
+    /// Which bulkhead's classes this is.
+    table: u32,
+    /// Its position in the bulkhead's class order.
+    index: u16,
+}
+
+impl AdmissionClass {
+    pub(crate) fn new(id: &'static str, table: u32, index: u16) -> AdmissionClass {
+        AdmissionClass { id, table, index }
+    }
+
+    /// The class id, as configured.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 1)
+    ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
+    ///     .build()?;
+    /// assert_eq!(bulkhead.default_class().unwrap().id(), "batch");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn id(&self) -> &'static str {
+        self.id
+    }
+
+    /// The class's position in the bulkhead's class order (the order it was configured in,
+    /// and the order of [`ClassesStats::classes`](crate::ClassesStats)): handy to index a
+    /// per-class array of metrics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
+    ///     .admission_classes(AdmissionClasses::new("a").class("a", ClassLimits::new()).class("b", ClassLimits::new()))
+    ///     .build()?;
+    /// assert_eq!(bulkhead.class("b")?.index(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// Which bulkhead's class table this handle belongs to.
+    pub(crate) fn table(&self) -> u32 {
+        self.table
+    }
+}
+
+impl fmt::Debug for AdmissionClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AdmissionClass({:?})", self.id)
+    }
+}
+
+impl fmt::Display for AdmissionClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id)
+    }
+}
+
+/// Interns a class id: the same `&'static str` for every bulkhead that names the same class,
+/// so handles and events carry it without allocating, and building bulkheads again and again
+/// does not grow memory.
+pub(crate) fn intern(id: &str) -> &'static str {
+    static IDS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut ids = crate::sync::unmodeled::lock(IDS.get_or_init(Mutex::default));
+    match ids.get(id) {
+        Some(&interned) => interned,
+        None => {
+            let interned: &'static str = Box::leak(id.to_owned().into_boxed_str());
+            ids.insert(interned);
+            interned
+        }
+    }
+}
+
+/// A number that tells one bulkhead's class table from another's (so that a handle of one
+/// bulkhead is refused by another).
+pub(crate) fn next_table() -> u32 {
+    use crate::sync::unmodeled::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) as u32
+}
+
+/// The limits of one admission class: a protected floor (capacity no other class may borrow)
+/// and a ceiling, for concurrent calls and for tokens in flight. Every field is optional: an
+/// omitted floor is 0, an omitted ceiling leaves the class governed by the global limits only.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::ClassLimits;
+///
+/// let premium = ClassLimits::new()
+///     .protected_concurrent(2)
+///     .max_concurrent(6)
+///     .protected_in_flight_tokens(4_000);
+/// assert_eq!(premium.protected_concurrent, Some(2));
+/// assert_eq!(premium.max_in_flight_tokens, None);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default))]
+#[non_exhaustive]
+pub struct ClassLimits {
+    /// Calls in flight reserved for this class: other classes never borrow them, even idle.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub protected_concurrent: Option<u32>,
+    /// Most calls of this class in flight at once.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub max_concurrent: Option<u32>,
+    /// Tokens in flight reserved for this class (needs a token budget).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub protected_in_flight_tokens: Option<u64>,
+    /// Most tokens this class may hold in flight at once (needs a token budget).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub max_in_flight_tokens: Option<u64>,
+}
+
+impl ClassLimits {
+    /// No floor, no ceiling.
+    pub const fn new() -> ClassLimits {
+        ClassLimits {
+            protected_concurrent: None,
+            max_concurrent: None,
+            protected_in_flight_tokens: None,
+            max_in_flight_tokens: None,
+        }
+    }
+
+    /// Sets the protected floor of concurrent calls.
+    pub const fn protected_concurrent(mut self, slots: u32) -> ClassLimits {
+        self.protected_concurrent = Some(slots);
+        self
+    }
+
+    /// Sets the ceiling of concurrent calls.
+    pub const fn max_concurrent(mut self, slots: u32) -> ClassLimits {
+        self.max_concurrent = Some(slots);
+        self
+    }
+
+    /// Sets the protected floor of tokens in flight.
+    pub const fn protected_in_flight_tokens(mut self, tokens: u64) -> ClassLimits {
+        self.protected_in_flight_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets the ceiling of tokens in flight.
+    pub const fn max_in_flight_tokens(mut self, tokens: u64) -> ClassLimits {
+        self.max_in_flight_tokens = Some(tokens);
+        self
+    }
+
+    /// These limits as a snapshot reports them: a floor of 0 is omitted, a ceiling kept.
+    pub(crate) fn normalized(self) -> ClassLimits {
+        ClassLimits {
+            protected_concurrent: self.protected_concurrent.filter(|&n| n > 0),
+            protected_in_flight_tokens: self.protected_in_flight_tokens.filter(|&n| n > 0),
+            ..self
+        }
+    }
+}
+
+/// What an admission borrowed from the shared pool when it was admitted (fixed at that
+/// moment). Without admission classes nothing is ever borrowed.
+///
+/// A class's calls first fill its protected floor; a call beyond it *borrows* its slot from
+/// the shared pool (the capacity no class protects), and the part of its tokens beyond the
+/// class's token floor likewise. A class without a floor borrows for every call.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::Resources;
+///
+/// assert_eq!(Resources::NONE, Resources { borrowed_concurrency: false, borrowed_tokens: 0 });
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Resources {
+    /// Whether the call's slot was borrowed (its class was at or above its floor).
+    pub borrowed_concurrency: bool,
+    /// Tokens of its reservation beyond its class's free token floor.
+    pub borrowed_tokens: u64,
+}
+
+impl Resources {
+    /// Nothing borrowed.
+    pub const NONE: Resources = Resources {
+        borrowed_concurrency: false,
+        borrowed_tokens: 0,
+    };
+}
+
+/// Why an admission gave its borrowed slot back before settling.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(async_bulkhead_llm::AbandonCause::Deadline.as_str(), "deadline");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum AbandonCause {
+    /// Its holder called `abandon_borrowed_concurrency`.
+    Manual,
+    /// The `run` option `borrowed_concurrency_deadline` expired.
+    Deadline,
+}
+
+impl AbandonCause {
+    /// Every cause, in declaration order.
+    pub const ALL: &'static [AbandonCause] = &[AbandonCause::Manual, AbandonCause::Deadline];
+
+    /// The cause's wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AbandonCause::Manual => "manual",
+            AbandonCause::Deadline => "deadline",
+        }
+    }
+}
+
+impl fmt::Display for AbandonCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
