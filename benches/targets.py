@@ -44,6 +44,8 @@ def run_benches():
     # The multi-thread groups (scaling, events_2_threads) set their own sampling in code.
     run(["cargo", "bench", "--bench", "admission", "--bench", "estimate", "--"] + QUICK,
         stdout=subprocess.DEVNULL)
+    # classes_2_threads sets its own (longer) sampling in code, like the groups below.
+    run(["cargo", "bench", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
 
 
@@ -158,9 +160,23 @@ def main():
         awaited = m["vs_js/acquire_await_budget"]
         print(f"INFO vs_js_acquire_await ratio={theirs / awaited:.2f}  "
               f"(acquire().await + release {awaited:.1f} ns vs {theirs:.0f} ns)")
+    c = "classes_1_thread/"
+    if have(c + "four_classes", c + "no_classes", c + "tokio_three_semaphores"):
+        ours = m[c + "four_classes"]
+        target("classes_1_thread_vs_no_classes", ours / m[c + "no_classes"], 1.5, True,
+               f"4 classes, floors, budget {ours:.1f} ns vs the same without classes "
+               f"{m[c + 'no_classes']:.1f} ns")
+        target("classes_1_thread_vs_three_tokio_semaphores",
+               ours / m[c + "tokio_three_semaphores"], 0.6, True,
+               f"{ours:.1f} vs {m[c + 'tokio_three_semaphores']:.1f} ns")
+    c2 = "classes_2_threads/"
+    if have(c2 + "four_classes", c2 + "tokio_three_semaphores"):
+        ours, theirs = m[c2 + "four_classes"], m[c2 + "tokio_three_semaphores"]
+        target("classes_2_threads_throughput_vs_three_tokio_semaphores", theirs / ours, 1.5,
+               False, f"{ours:.1f} vs {theirs:.1f} ns per iteration (one op on each thread)")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
-               "tests/alloc.rs: admission, report, release, drop and refusal")
+               "tests/alloc.rs: admission, report, release, drop and refusal, classes included")
 
     if failed:
         print(f"\n{len(failed)} target(s) failed: {', '.join(failed)}")

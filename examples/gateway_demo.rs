@@ -11,6 +11,13 @@
 //! refunds and the admission timing. Prints what was admitted, what waited and for how long,
 //! what was refused and why, how the token budget was used, and the peaks against the limits.
 //!
+//! Two admission classes share the quota: `premium` (the interactive traffic) has a protected
+//! floor of slots and tokens that batch traffic may never borrow, `batch` has none and borrows
+//! from the shared pool. A third of the way through, a burst of batch calls arrives at once:
+//! the shared pool fills and the rest of the burst is refused at once with
+//! `admission_class_protection`, while premium calls keep getting in on their floor (the demo
+//! asserts that no premium call is refused while its class is below its floor).
+//!
 //! Run: `cargo run --release --example gateway_demo`
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -18,12 +25,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, Event, Limits, LlmBulkhead, LlmRequest, Priority, Profile,
-    Progressive, RejectReason, TokenBudget, TokenUsage,
+    AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint,
+    Event, Limits, LlmBulkhead, LlmRequest, Priority, Profile, Progressive, RejectReason,
+    TokenBudget, TokenUsage,
 };
 use tokio::task::JoinSet;
 
 const CALLS: usize = 600;
+/// Batch calls arriving at once, a third of the way through.
+const BURST: usize = 120;
+/// Premium's protected floor: slots, and tokens.
+const PREMIUM_SLOTS: u32 = 6;
+const PREMIUM_TOKENS: u64 = 25_000;
 const MODEL: &str = "claude-sonnet-4";
 /// Tokens a progressive report keeps on top of the output the provider may still write.
 const SAFETY_MARGIN: u64 = 32;
@@ -38,6 +51,10 @@ struct Gauges {
     batch_admitted: AtomicU64,
     uncapped: AtomicU64,
     streamed_chunks: AtomicU64,
+    premium_admitted: AtomicU64,
+    premium_borrowed: AtomicU64,
+    premium_refused: AtomicU64,
+    batch_protected_out: AtomicU64,
 }
 
 impl Gauges {
@@ -103,8 +120,8 @@ impl Tally {
 }
 
 /// One simulated call: build a request, ask the bulkhead, "call the provider" and report its
-/// streamed usage, settle.
-async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64) {
+/// streamed usage, settle. `burst` calls are batch calls.
+async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64, burst: bool) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let prompt = "x".repeat(rng.usize(200..24_000));
     // One call in five sets no output cap: the estimator reserves its default 100 output
@@ -116,13 +133,17 @@ async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64) {
     if let Some(cap) = cap {
         request = request.max_tokens(cap);
     }
-    let interactive = rng.bool();
+    let interactive = !burst && rng.bool();
     let priority = if interactive && rng.u8(0..4) == 0 {
         Priority::High
     } else {
         Priority::Normal
     };
-    let mut options = AcquireOptions::new().priority(priority);
+    // Interactive traffic is premium; the rest is batch (resolved once in a real gateway).
+    let class = bulkhead
+        .class(if interactive { "premium" } else { "batch" })
+        .expect("configured");
+    let mut options = AcquireOptions::new().priority(priority).class(class);
 
     let admitted = if interactive {
         // Interactive traffic never waits: answer 429 at once if there is no room.
@@ -137,9 +158,32 @@ async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64) {
     let mut permit = match admitted {
         Ok(permit) => permit,
         // A gateway answers 429 (or 503 for shutdown) with `rejection.detail()` as the body.
-        Err(AcquireError::Rejected(_)) => return,
+        Err(AcquireError::Rejected(rejection)) => {
+            let detail = rejection.detail();
+            let own = detail.admission_class.expect("classes configured");
+            if interactive {
+                gauges.premium_refused.fetch_add(1, Ordering::Relaxed);
+                // Premium keeps its floor: a premium call is refused for want of a slot only
+                // when it would borrow (its class already fills its floor).
+                if rejection.reason() == RejectReason::ConcurrencyLimit {
+                    assert!(
+                        own.in_flight >= own.protected_concurrent,
+                        "a premium call below its floor was refused: {rejection}"
+                    );
+                }
+            } else if detail.constraint == Some(Constraint::AdmissionClassProtection) {
+                gauges.batch_protected_out.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
         Err(AcquireError::Invalid(err)) => panic!("invalid request: {err}"),
     };
+    if interactive {
+        gauges.premium_admitted.fetch_add(1, Ordering::Relaxed);
+        if permit.resources().borrowed_concurrency {
+            gauges.premium_borrowed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     if !interactive {
         gauges.batch_admitted.fetch_add(1, Ordering::Relaxed);
     }
@@ -191,6 +235,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bulkhead = LlmBulkhead::builder(MODEL, 16)
         .profile(Profile::Batch)
         .token_budget(TokenBudget::new(100_000).high_priority_reserve(15_000))
+        .admission_classes(
+            AdmissionClasses::new("batch")
+                .class(
+                    "premium",
+                    ClassLimits::new()
+                        .protected_concurrent(PREMIUM_SLOTS)
+                        .protected_in_flight_tokens(PREMIUM_TOKENS),
+                )
+                .class("batch", ClassLimits::new()),
+        )
         .build()?;
     let first = bulkhead.limits();
     let budget = first.token_budget.expect("configured");
@@ -203,6 +257,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         first.max_queue,
         budget.budget,
         budget.high_priority_reserve,
+    );
+    println!(
+        "classes: premium (interactive) keeps {PREMIUM_SLOTS} slots and {PREMIUM_TOKENS} tokens \
+         batch may not borrow; batch borrows from the shared pool; a burst of {BURST} batch \
+         calls arrives at call {}",
+        CALLS / 3
     );
 
     let gauges = Arc::new(Gauges::default());
@@ -218,7 +278,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bulkhead.clone(),
             gauges.clone(),
             1000 + i as u64,
+            false,
         ));
+        if i == CALLS / 3 {
+            // A batch job floods the gateway: the shared pool fills, the rest is refused at
+            // once, and premium keeps its floor.
+            for j in 0..BURST {
+                calls.spawn(simulated_call(
+                    bulkhead.clone(),
+                    gauges.clone(),
+                    50_000 + j as u64,
+                    true,
+                ));
+            }
+        }
         // Bursty arrivals: mostly back to back, sometimes a pause.
         if arrivals.u8(0..3) == 0 {
             tokio::time::sleep(Duration::from_millis(arrivals.u64(2..20))).await;
@@ -228,7 +301,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             // admitted at once.
             let next = Limits::new(1, 32)
                 .with_max_queue(20)
-                .with_token_budget(160_000, 15_000);
+                .with_token_budget(160_000, 15_000)
+                .with_admission_classes(
+                    ClassLimitsTable::new()
+                        .with(
+                            "premium",
+                            ClassLimits::new()
+                                .protected_concurrent(PREMIUM_SLOTS + 2)
+                                .protected_in_flight_tokens(PREMIUM_TOKENS + 10_000),
+                        )
+                        .with("batch", ClassLimits::new()),
+                );
             raised = Some(bulkhead.apply_limits(next)?.current().clone());
         }
     }
@@ -252,9 +335,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!();
     println!(
-        "  calls                {:>9}  in {:.2} s",
+        "  calls                {:>9}  in {:.2} s ({} + a burst of {})",
+        CALLS + BURST,
+        elapsed.as_secs_f64(),
         CALLS,
-        elapsed.as_secs_f64()
+        BURST
     );
     println!(
         "  admitted             {:>9}  ({} high priority, {} batch)",
@@ -269,12 +354,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tally.max_wait_micros.load(Ordering::Relaxed) as f64 / 1000.0,
         gauges.max_pending.load(Ordering::Relaxed),
     );
+    if waited == 0 {
+        println!(
+            "                                (with a protected floor, a borrower meets the full \
+             shared pool before the bulkhead is full, and class refusals never queue)"
+        );
+    }
     println!("  rejected             {:>9}", stats.rejected);
     for &reason in RejectReason::ALL {
         if by.get(reason) > 0 {
             println!("    {:<18} {:>9}", reason.as_str(), by.get(reason));
         }
     }
+    let classes = stats.admission_classes.clone().expect("classes configured");
+    for class in &classes.classes {
+        let refused = class.rejected_by_reason;
+        println!(
+            "  class {:<14} {:>9}  admitted ({} borrowed a slot), {} refused ({} for slots, {} \
+             for tokens)",
+            class.class.id(),
+            class.admitted,
+            class.total_borrowed_admissions,
+            class.rejected,
+            refused.concurrency_limit,
+            refused.budget_limit,
+        );
+    }
+    println!(
+        "    batch refused by admission_class_protection {:>5}  (the shared pool was full; \
+         premium's floor was never lent)",
+        gauges.batch_protected_out.load(Ordering::Relaxed)
+    );
+    println!(
+        "    premium admitted   {:>9}  ({} beyond its floor, {} refused, none below its floor)",
+        gauges.premium_admitted.load(Ordering::Relaxed),
+        gauges.premium_borrowed.load(Ordering::Relaxed),
+        gauges.premium_refused.load(Ordering::Relaxed),
+    );
     let mut decisions = std::mem::take(&mut *tally.decision_nanos.lock().unwrap());
     decisions.sort_unstable();
     let percentile = |p: usize| {
@@ -340,8 +456,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     assert_eq!(
         stats.admitted + stats.rejected,
-        CALLS as u64,
+        (CALLS + BURST) as u64,
         "every call decided once"
+    );
+    assert!(
+        gauges.batch_protected_out.load(Ordering::Relaxed) > 0,
+        "the batch burst met premium's protected floor"
+    );
+    assert!(
+        classes
+            .classes
+            .iter()
+            .all(|c| c.in_flight == 0 && c.admitted == c.released),
+        "every class settled"
     );
     assert_eq!(
         (stats.in_flight, stats.pending, tokens.in_flight_tokens),

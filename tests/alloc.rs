@@ -1,7 +1,8 @@
 //! The fast paths allocate nothing: once a thread has used a bulkhead (its statistics shard is
 //! attached, see `crate::local`), admitting, reporting usage, releasing, dropping and refusing
 //! (the `Rejection` and its capacity snapshot included) never touch the heap, with or without a
-//! token budget, and a listener subscribed to other event kinds costs nothing either.
+//! token budget, with or without admission classes (abandoning a borrowed slot and every class
+//! refusal included), and a listener subscribed to other event kinds costs nothing either.
 //!
 //! The `allocation-counter` dev-dependency installs a counting global allocator in this test
 //! binary (and only here: no other target links it). It counts per thread, so the harness's
@@ -337,4 +338,84 @@ fn an_estimated_admission_allocates_nothing() {
         black_box(permit.release(Some(black_box(usage))));
     });
     assert_idle(&bulkhead);
+}
+
+/// 4 classes with floors and a budget: the class fast path (named class, default class,
+/// reports, abandonment and its settlement, every kind of class refusal) allocates nothing.
+#[test]
+fn class_paths_allocate_nothing() {
+    use async_bulkhead_llm::{AdmissionClasses, ClassLimits, Constraint};
+
+    let bulkhead = LlmBulkhead::builder("m", 8)
+        .token_budget(TokenBudget::new(10_000))
+        .admission_classes(
+            AdmissionClasses::new("batch")
+                .class(
+                    "premium",
+                    ClassLimits::new()
+                        .protected_concurrent(2)
+                        .protected_in_flight_tokens(2000),
+                )
+                .class("standard", ClassLimits::new().protected_concurrent(1))
+                .class("internal", ClassLimits::new().max_concurrent(1))
+                .class("batch", ClassLimits::new().max_in_flight_tokens(3000)),
+        )
+        .build()
+        .unwrap();
+    let premium = bulkhead.class("premium").unwrap();
+    let internal = bulkhead.class("internal").unwrap();
+    exercise_every_path("classes (default class)", &bulkhead);
+    let request = LlmRequest::new();
+    let opts = reservation(100, 1000).class(premium);
+    let usage = TokenUsage::new(20, 5).unwrap();
+    assert_allocation_free("classes: named class + report + release(Some)", || {
+        let mut permit = bulkhead.try_acquire(black_box(&request), opts).unwrap();
+        black_box(permit.report_usage(black_box(usage)).unwrap());
+        black_box(permit.release(Some(black_box(usage))));
+    });
+    assert_allocation_free("classes: abandon a borrowed slot, then settle", || {
+        let mut permit = bulkhead
+            .try_acquire(black_box(&request), reservation(1, 1).class(internal))
+            .unwrap();
+        assert!(permit.abandon_borrowed_concurrency());
+        drop(black_box(permit));
+    });
+    // A class ceiling refusal, with its class detail and shared pool.
+    let held = bulkhead
+        .try_acquire(&request, reservation(1, 1).class(internal))
+        .unwrap();
+    assert_allocation_free("classes: class ceiling refusal", || {
+        let err = bulkhead
+            .try_acquire(black_box(&request), reservation(1, 1).class(internal))
+            .err()
+            .unwrap();
+        let rejection = *err.rejection().unwrap();
+        let detail = rejection.detail();
+        assert_eq!(detail.constraint, Some(Constraint::AdmissionClass));
+        black_box((rejection, detail.admission_class.unwrap().in_flight));
+    });
+    drop(held);
+    // A protection refusal: the shared pool (8 - 3 = 5 slots) is full.
+    let held: Vec<_> = (0..7)
+        .map(|_| {
+            bulkhead
+                .try_acquire(&request, reservation(1, 1).class(premium))
+                .unwrap()
+        })
+        .collect();
+    assert_allocation_free("classes: protection refusal", || {
+        let err = bulkhead
+            .try_acquire(black_box(&request), reservation(1, 1).class(premium))
+            .err()
+            .unwrap();
+        let rejection = *err.rejection().unwrap();
+        assert_eq!(
+            rejection.detail().constraint,
+            Some(Constraint::AdmissionClassProtection)
+        );
+        black_box(rejection.detail().shared_capacity.unwrap());
+    });
+    drop(held);
+    assert_idle(&bulkhead);
+    assert_eq!(bulkhead.stats().abandoned_in_flight, 0);
 }

@@ -255,18 +255,32 @@ impl Engine {
 
     /// Locks `class` and reads what a decision of its calls sees: the limits in force (stable
     /// while any class lock is held) and the class's view.
+    #[inline]
     pub(super) fn lock_class(&self, class: AdmissionClass) -> (ClassGuard<'_>, Bounds, ClassView) {
         let guard = self.class_table().lock(class);
         let epoch = self.published.epoch();
         let bounds = self.published.read(epoch);
+        let view = self.class_view(&guard, class, epoch);
+        (guard, bounds, view)
+    }
+
+    /// Locks `class` and reads its view only (what moving its counts needs: its floors).
+    #[inline]
+    fn lock_class_view(&self, class: AdmissionClass) -> (ClassGuard<'_>, ClassView) {
+        let guard = self.class_table().lock(class);
+        let view = self.class_view(&guard, class, self.published.epoch());
+        (guard, view)
+    }
+
+    #[inline]
+    fn class_view(&self, guard: &ClassGuard<'_>, class: AdmissionClass, epoch: u64) -> ClassView {
         let counts = guard.counts();
-        let view = ClassView {
+        ClassView {
             class,
             slots: counts.slots,
             tokens: counts.tokens,
             caps: self.published.read_class(epoch, usize::from(class.index())),
-        };
-        (guard, bounds, view)
+        }
     }
 
     /// One class decision, its class locked (`view` read under the lock): `decide` maps the
@@ -322,7 +336,7 @@ impl Engine {
             return Ok(from);
         }
         let class = grant.class().expect("a class admission");
-        let (guard, _, view) = self.lock_class(class);
+        let (guard, view) = self.lock_class_view(class);
         let tokens = if to >= from {
             view.tokens.checked_add(to - from)
         } else {
@@ -363,7 +377,7 @@ impl Engine {
         held: u64,
         returned: Returned,
     ) -> bool {
-        let (guard, _, view) = self.lock_class(class);
+        let (guard, view) = self.lock_class_view(class);
         let (slot, tokens) = match returned {
             Returned::All => (1, held),
             Returned::Slot => (1, 0),

@@ -247,15 +247,18 @@ impl Engine {
             if let Some(class) = ask.class {
                 let class = class.index();
                 sink.bump(Counter::Class(class, ClassCounter::Admitted), 1);
-                sink.bump(Counter::Class(class, ClassCounter::Reserved), ask.reserved);
-                sink.bump(
-                    Counter::Class(class, ClassCounter::BorrowedAdmissions),
-                    u64::from(borrowed.borrowed_concurrency),
-                );
-                sink.bump(
-                    Counter::Class(class, ClassCounter::BorrowedTokensReserved),
-                    borrowed.borrowed_tokens,
-                );
+                if ask.reserved > 0 {
+                    sink.bump(Counter::Class(class, ClassCounter::Reserved), ask.reserved);
+                }
+                if borrowed.borrowed_concurrency {
+                    sink.bump(Counter::Class(class, ClassCounter::BorrowedAdmissions), 1);
+                }
+                if borrowed.borrowed_tokens > 0 {
+                    sink.bump(
+                        Counter::Class(class, ClassCounter::BorrowedTokensReserved),
+                        borrowed.borrowed_tokens,
+                    );
+                }
             }
             sink.admit(ask.reserved)
         });

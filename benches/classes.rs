@@ -1,0 +1,166 @@
+//! Admission classes, side by side with their baselines in one run.
+//!
+//! - `classes_1_thread/*`: `try_acquire` + drop with a token budget, one thread: the bulkhead
+//!   with 4 classes and floors (a call naming its class), the same bulkhead without classes,
+//!   and the tokio baseline of three semaphores a class gateway would otherwise stack (global
+//!   slots, global tokens with `try_acquire_many`, the class's own slots).
+//! - `classes_2_threads/*`: two threads admitting in different classes at once (time per
+//!   iteration is one operation on each thread), ours against the three-semaphore baseline
+//!   (one class semaphore per thread, the global two shared).
+//!
+//! Figures and ratios are recorded in `benches/README.md`; `benches/targets.py` checks them.
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm::{
+    AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, Reservation,
+    TokenBudget,
+};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+/// Reservation of every case: 100 input + 1000 max output.
+const RESERVED: u32 = 1100;
+const SLOTS: u32 = 1024;
+const BUDGET: u64 = 1 << 34;
+
+fn with_classes() -> LlmBulkhead {
+    LlmBulkhead::builder("claude-sonnet-4", SLOTS)
+        .token_budget(TokenBudget::new(BUDGET))
+        .admission_classes(
+            AdmissionClasses::new("standard")
+                .class(
+                    "premium",
+                    ClassLimits::new()
+                        .protected_concurrent(256)
+                        .protected_in_flight_tokens(1 << 30),
+                )
+                .class("standard", ClassLimits::new().protected_concurrent(128))
+                .class("batch", ClassLimits::new().max_concurrent(512))
+                .class(
+                    "internal",
+                    ClassLimits::new()
+                        .protected_concurrent(64)
+                        .max_in_flight_tokens(1 << 32),
+                ),
+        )
+        .build()
+        .expect("valid configuration")
+}
+
+fn without_classes() -> LlmBulkhead {
+    LlmBulkhead::builder("claude-sonnet-4", SLOTS)
+        .token_budget(TokenBudget::new(BUDGET))
+        .build()
+        .expect("valid configuration")
+}
+
+fn options() -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(100, 1000).expect("fits"))
+}
+
+/// The baseline: what a gateway would stack without a class-aware limiter.
+struct ThreeSemaphores {
+    slots: tokio::sync::Semaphore,
+    tokens: tokio::sync::Semaphore,
+    classes: [tokio::sync::Semaphore; 2],
+}
+
+impl ThreeSemaphores {
+    fn new() -> ThreeSemaphores {
+        ThreeSemaphores {
+            slots: tokio::sync::Semaphore::new(SLOTS as usize),
+            tokens: tokio::sync::Semaphore::new(1 << 30),
+            classes: [
+                tokio::sync::Semaphore::new(512),
+                tokio::sync::Semaphore::new(512),
+            ],
+        }
+    }
+
+    #[inline]
+    fn cycle(&self, class: usize) {
+        let slot = self.slots.try_acquire();
+        let tokens = self.tokens.try_acquire_many(black_box(RESERVED));
+        let own = self.classes[class].try_acquire();
+        drop(black_box((slot, tokens, own)));
+    }
+}
+
+fn one_thread(c: &mut Criterion) {
+    let request = LlmRequest::new();
+    let mut group = c.benchmark_group("classes_1_thread");
+    group.throughput(Throughput::Elements(1));
+    let classed = with_classes();
+    let premium = options().class(classed.class("premium").expect("configured"));
+    group.bench_function("four_classes", |b| {
+        b.iter(|| drop(black_box(classed.try_acquire(&request, black_box(premium)))))
+    });
+    let plain = without_classes();
+    let opts = options();
+    group.bench_function("no_classes", |b| {
+        b.iter(|| drop(black_box(plain.try_acquire(&request, black_box(opts)))))
+    });
+    let baseline = ThreeSemaphores::new();
+    group.bench_function("tokio_three_semaphores", |b| {
+        b.iter(|| baseline.cycle(black_box(0)))
+    });
+    group.finish();
+}
+
+/// Runs `op(thread)` `iters` times on each of two threads at once; returns the wall time.
+fn on_two_threads(iters: u64, op: &(impl Fn(usize) + Sync)) -> Duration {
+    let start = Barrier::new(3);
+    std::thread::scope(|s| {
+        for thread in 0..2 {
+            let start = &start;
+            s.spawn(move || {
+                start.wait();
+                for _ in 0..iters {
+                    op(thread);
+                }
+            });
+        }
+        start.wait();
+        Instant::now()
+    })
+    .elapsed()
+}
+
+fn two_threads(c: &mut Criterion) {
+    let request = LlmRequest::new();
+    let classed = with_classes();
+    let by_thread = [
+        options().class(classed.class("premium").expect("configured")),
+        options().class(classed.class("batch").expect("configured")),
+    ];
+    let baseline = ThreeSemaphores::new();
+    let mut group = c.benchmark_group("classes_2_threads");
+    // Multi-thread figures swing with how the VM schedules the threads: sample longer.
+    group
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Elements(2));
+    group.bench_function("four_classes", |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, &|thread| {
+                drop(black_box(classed.try_acquire(&request, by_thread[thread])))
+            })
+        })
+    });
+    group.bench_function("tokio_three_semaphores", |b| {
+        b.iter_custom(|iters| on_two_threads(iters, &|thread| baseline.cycle(thread)))
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(40);
+    targets = one_thread, two_threads
+}
+criterion_main!(benches);

@@ -1,0 +1,320 @@
+//! loom models of admission classes: the class lock, the wide (128-bit) admission word that
+//! commits a class decision together with the shared pool's figures, limits installed under
+//! every class lock, and abandoning a borrowed slot, in every interleaving of the threads
+//! involved.
+//!
+//! Invariants checked: a protected floor is never lent and the shared pool never overdrawn (at
+//! most one of two borrowers wins the last shared slot, and a call within its floor always
+//! gets in); every refusal is explained by a sequential order (its detail shows the pool full
+//! with someone else's committed admission, never a half-made one); an admission racing
+//! `apply_limits` is decided wholly under the old limits or wholly under the new ones; an
+//! abandoned slot reaches the queue's head exactly once; and at the end every slot, token,
+//! class count and shared figure returns exactly (`assert_classes_idle`).
+//!
+//! Run: see `loom-tests/README.md`.
+#![cfg(loom)]
+// Results carrying a `Rejection` (its capacity snapshot by value) are large by design.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
+
+mod common;
+
+use async_bulkhead_llm::{
+    AcquireOptions, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint, LlmBulkhead,
+    LlmRequest, OwnedPermit, RejectReason, Rejection, TokenBudget,
+};
+use common::{assert_idle, first_poll, settle, tokens};
+use loom::thread;
+
+fn in_class(bulkhead: &LlmBulkhead, id: &str) -> AcquireOptions {
+    AcquireOptions::new().class(bulkhead.class(id).unwrap())
+}
+
+fn try_admit(bulkhead: &LlmBulkhead, options: AcquireOptions) -> Result<OwnedPermit, Rejection> {
+    bulkhead
+        .try_acquire_owned(&LlmRequest::new(), options)
+        .map_err(|e| *e.rejection().expect("a capacity refusal"))
+}
+
+/// Everything returned: the global figures, every class's counts and the shared pool.
+fn assert_classes_idle(bulkhead: &LlmBulkhead) {
+    assert_idle(bulkhead);
+    let stats = bulkhead.stats();
+    assert_eq!(stats.abandoned_in_flight, 0);
+    let classes = stats.admission_classes.expect("classes");
+    assert_eq!(classes.shared.in_flight, 0, "shared slots returned exactly");
+    if let Some(tokens) = classes.shared.token_budget {
+        assert_eq!(tokens.in_flight_tokens, 0, "shared tokens returned exactly");
+    }
+    for class in &classes.classes {
+        assert_eq!(
+            (class.in_flight, class.in_flight_tokens),
+            (0, 0),
+            "class {} returned exactly",
+            class.class
+        );
+        assert_eq!(class.admitted, class.released);
+    }
+}
+
+/// Two classes race for the last shared slot at a floor boundary: 3 slots, floors a = 1 and
+/// b = 1, so 1 slot is shared. `a` already holds its floor; a second `a` call borrows, while
+/// `b` makes a call within its floor and then one that borrows. Exactly one of the two
+/// borrowers wins the shared slot, the call within its floor always gets in, and the loser's
+/// refusal shows the pool held by a committed admission.
+#[test]
+fn two_classes_race_at_a_floor_boundary_for_the_last_shared_slot() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 3)
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", ClassLimits::new().protected_concurrent(1))
+                    .class("b", ClassLimits::new().protected_concurrent(1)),
+            )
+            .build()
+            .unwrap();
+        let floor_a = try_admit(&bulkhead, in_class(&bulkhead, "a")).unwrap();
+
+        let borrower_a = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || try_admit(&bulkhead, in_class(&bulkhead, "a")))
+        };
+        let b_calls = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let first = try_admit(&bulkhead, in_class(&bulkhead, "b"));
+                let second = try_admit(&bulkhead, in_class(&bulkhead, "b"));
+                (first, second)
+            })
+        };
+        let a = borrower_a.join().unwrap();
+        let (b_floor, b_borrow) = b_calls.join().unwrap();
+
+        // b's first call is within b's floor: the shared pool cannot take it away.
+        let b_floor = b_floor.expect("a call within its floor is admitted");
+        assert!(!b_floor.resources().borrowed_concurrency);
+        // Exactly one borrower won the one shared slot.
+        let (winner, loser) = match (a, b_borrow) {
+            (Ok(w), Err(l)) | (Err(l), Ok(w)) => (w, l),
+            (Ok(_), Ok(_)) => panic!("the shared pool of 1 slot was lent twice"),
+            (Err(x), Err(y)) => panic!("both borrowers refused: {x} / {y}"),
+        };
+        assert!(winner.resources().borrowed_concurrency);
+        assert_eq!(loser.reason(), RejectReason::ConcurrencyLimit);
+        let detail = loser.detail();
+        assert_eq!(
+            detail.constraint,
+            Some(Constraint::AdmissionClassProtection)
+        );
+        let shared = detail.shared_capacity.unwrap().concurrency;
+        assert_eq!(
+            (shared.capacity, shared.in_use, shared.requested_borrowed),
+            (1, 1, 1),
+            "refused only on a committed borrow"
+        );
+        let stats = bulkhead.stats();
+        assert_eq!(stats.in_flight, 3);
+        assert_eq!(stats.admission_classes.unwrap().shared.in_flight, 1);
+        drop((floor_a, b_floor, winner));
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// Two class admissions race `apply_limits` that moves a floor from class a to class b and
+/// gives b a ceiling of 1. Each decision is made wholly under one revision, and what it
+/// records agrees with that revision: under revision 0 (a's floor 1, b none: one shared slot)
+/// b's first call borrows and its second is refused by protection; under revision 1 (b's floor
+/// 1, ceiling 1) b's first call is within its floor and a second is refused by the ceiling. The
+/// shared figure recomputed at install agrees with the new floors whatever was admitted before.
+#[test]
+fn class_admissions_racing_apply_limits_each_see_one_set_of_limits() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .token_budget(TokenBudget::new(100))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", ClassLimits::new().protected_concurrent(1))
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+
+        let caller = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let options =
+                    in_class(&bulkhead, "b").reservation(tokens(10, 10).reservation.unwrap());
+                let first = try_admit(&bulkhead, options);
+                let second = try_admit(&bulkhead, options);
+                (first, second)
+            })
+        };
+        let control = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let mut next = bulkhead.limits();
+                next.revision = 1;
+                next.admission_classes =
+                    Some(ClassLimitsTable::new().with("a", ClassLimits::new()).with(
+                        "b",
+                        ClassLimits::new().protected_concurrent(1).max_concurrent(1),
+                    ));
+                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+            })
+        };
+        let (first, second) = caller.join().unwrap();
+        control.join().unwrap();
+
+        let first = first.expect("b's first call fits under either revision");
+        match first.limit_revision() {
+            0 => assert!(
+                first.resources().borrowed_concurrency,
+                "b had no floor then"
+            ),
+            1 => assert!(
+                !first.resources().borrowed_concurrency,
+                "within b's new floor"
+            ),
+            other => panic!("revision {other}"),
+        }
+        let refused = second.expect_err("b's second call never fits");
+        assert!(refused.limit_revision() >= first.limit_revision());
+        assert_eq!(refused.reason(), RejectReason::ConcurrencyLimit);
+        let expected = if refused.limit_revision() == 0 {
+            Constraint::AdmissionClassProtection
+        } else {
+            Constraint::AdmissionClass
+        };
+        assert_eq!(refused.detail().constraint, Some(expected));
+        // Under the new floors b's one call is within b's floor: nothing is shared now.
+        let classes = bulkhead.stats().admission_classes.unwrap();
+        assert_eq!(
+            (classes.shared.max_concurrent, classes.shared.in_flight),
+            (1, 0)
+        );
+        assert_eq!(classes.classes[1].in_flight, 1);
+        drop(first);
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// A borrowed slot is abandoned while its holder's twin releases and a call of another class
+/// waits in the queue: the waiter gets a slot exactly once (by whichever frees one first), the
+/// abandoned admission's tokens stay held until it settles, and everything returns exactly.
+#[test]
+fn abandonment_races_a_release_and_a_hand_off() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .max_queue(1)
+            .token_budget(TokenBudget::new(100))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", ClassLimits::new())
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let a = in_class(&bulkhead, "a");
+        let mut abandoning =
+            try_admit(&bulkhead, a.reservation(tokens(10, 0).reservation.unwrap())).unwrap();
+        let releasing =
+            try_admit(&bulkhead, a.reservation(tokens(20, 0).reservation.unwrap())).unwrap();
+        let b = in_class(&bulkhead, "b").reservation(tokens(30, 0).reservation.unwrap());
+        let mut waiter = bulkhead.acquire_owned(&LlmRequest::new(), b);
+        let (first, flag) = first_poll(&mut waiter);
+        assert!(first.is_pending(), "joins the queue");
+
+        let abandoner = thread::spawn(move || {
+            assert!(abandoning.abandon_borrowed_concurrency());
+            abandoning
+        });
+        let releaser = thread::spawn(move || drop(releasing));
+        let abandoning = abandoner.join().unwrap();
+        releaser.join().unwrap();
+
+        let handed = settle(waiter, first, &flag).expect("a freed slot reaches the waiter");
+        assert_eq!(handed.class().unwrap().id(), "b");
+        let stats = bulkhead.stats();
+        assert_eq!(
+            (stats.in_flight, stats.abandoned_in_flight, stats.pending),
+            (1, 1, 0)
+        );
+        // The abandoned admission still holds its 10 tokens; the releaser's 20 returned.
+        assert_eq!(stats.token_budget.unwrap().in_flight_tokens, 40);
+        let classes = stats.admission_classes.unwrap();
+        assert_eq!(
+            (
+                classes.classes[0].in_flight,
+                classes.classes[0].in_flight_tokens
+            ),
+            (0, 10)
+        );
+        assert_eq!(classes.classes[0].borrowed_concurrency_abandoned, 1);
+        assert_eq!(
+            (
+                classes.shared.in_flight,
+                classes.shared.token_budget.unwrap().in_flight_tokens
+            ),
+            (1, 40)
+        );
+        drop(abandoning);
+        drop(handed);
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// An abandonment races the same class's new admission: the class lock serializes them, so the
+/// class's count and the shared pool stay the sum of what is held at every step, and the slot
+/// given back is there for the newcomer (which is admitted in every interleaving, since the
+/// bulkhead had room for it anyway) with its borrow computed from a settled count.
+#[test]
+fn abandonment_races_an_admission_of_the_same_class() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", ClassLimits::new().protected_concurrent(1))
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let a = in_class(&bulkhead, "a");
+        let _floor = try_admit(&bulkhead, a).unwrap();
+        let mut borrowed = try_admit(&bulkhead, a).unwrap();
+        assert!(borrowed.resources().borrowed_concurrency);
+
+        let abandoner = thread::spawn(move || {
+            assert!(borrowed.abandon_borrowed_concurrency());
+            borrowed
+        });
+        let newcomer = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || try_admit(&bulkhead, in_class(&bulkhead, "a")))
+        };
+        let borrowed = abandoner.join().unwrap();
+        let newcomer = newcomer.join();
+        let stats = bulkhead.stats();
+        let classes = stats.admission_classes.clone().unwrap();
+        match newcomer.unwrap() {
+            // Admitted after the abandonment: it borrows the shared slot given back.
+            Ok(permit) => {
+                assert!(permit.resources().borrowed_concurrency);
+                assert_eq!(
+                    (classes.classes[0].in_flight, classes.shared.in_flight),
+                    (2, 1)
+                );
+                drop(permit);
+            }
+            // Before it: the one shared slot was still borrowed (and no global slot was free).
+            Err(rejection) => {
+                assert_eq!(rejection.reason(), RejectReason::ConcurrencyLimit);
+                assert_eq!(
+                    (classes.classes[0].in_flight, classes.shared.in_flight),
+                    (1, 0)
+                );
+            }
+        }
+        drop(borrowed);
+        drop(_floor);
+        assert_classes_idle(&bulkhead);
+    });
+}
