@@ -300,3 +300,111 @@ fn stats_report_every_class_in_order() {
         assert_eq!(classes["classes"][1]["in_flight_tokens"], 60);
     }
 }
+
+#[test]
+fn every_class_value_too_large_for_the_engine_is_refused_in_config_and_limits() {
+    use async_bulkhead_llm::{ConfigError, MAX_BUDGET, MAX_CONCURRENT};
+    let fields = [
+        (
+            ClassField::ProtectedConcurrent,
+            ClassLimits::new().protected_concurrent(MAX_CONCURRENT + 1),
+            u64::from(MAX_CONCURRENT),
+        ),
+        (
+            ClassField::MaxConcurrent,
+            ClassLimits::new().max_concurrent(MAX_CONCURRENT + 1),
+            u64::from(MAX_CONCURRENT),
+        ),
+        (
+            ClassField::ProtectedInFlightTokens,
+            ClassLimits::new().protected_in_flight_tokens(MAX_BUDGET + 1),
+            MAX_BUDGET,
+        ),
+        (
+            ClassField::MaxInFlightTokens,
+            ClassLimits::new().max_in_flight_tokens(MAX_BUDGET + 1),
+            MAX_BUDGET,
+        ),
+    ];
+    let b = tiers();
+    for (field, limits, max) in fields {
+        let expected = ClassLimitsError::TooLarge {
+            class: "premium".into(),
+            field,
+            value: max + 1,
+            max,
+        };
+        let built = LlmBulkhead::builder("m", 4)
+            .token_budget(TokenBudget::new(1000))
+            .admission_classes(AdmissionClasses::new("premium").class("premium", limits))
+            .build();
+        assert_eq!(built.unwrap_err(), ConfigError::Class(expected.clone()));
+        let before = b.limits();
+        let next = with_classes(
+            &b,
+            Some(
+                ClassLimitsTable::new()
+                    .with("premium", limits)
+                    .with("standard", ClassLimits::new()),
+            ),
+        );
+        assert_eq!(b.apply_limits(next), Err(LimitsError::Class(expected)));
+        assert_eq!(b.limits(), before);
+    }
+    // Token limits on a bulkhead without a budget, through apply_limits too.
+    let plain = LlmBulkhead::builder("m", 4)
+        .admission_classes(AdmissionClasses::new("a").class("a", ClassLimits::new()))
+        .build()
+        .unwrap();
+    let next = with_classes(
+        &plain,
+        Some(ClassLimitsTable::new().with("a", ClassLimits::new().max_in_flight_tokens(5))),
+    );
+    assert_eq!(
+        plain.apply_limits(next),
+        Err(LimitsError::Class(ClassLimitsError::TokensWithoutBudget {
+            class: "a".into(),
+            field: ClassField::MaxInFlightTokens,
+        }))
+    );
+    let stats = plain.stats();
+    assert_eq!(stats.limits.revision, 0);
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn class_limits_round_trip_as_json_for_a_control_plane() {
+    let b = tiers();
+    let json = serde_json::to_string(&b.limits()).unwrap();
+    assert!(json.contains(r#""admission_classes":{"premium":{"protected_concurrent":1,"max_concurrent":3},"standard":{}}"#), "{json}");
+    // A control plane pushes a new snapshot as JSON, keys in any order.
+    let pushed: Limits = serde_json::from_str(
+        r#"{"revision": 5, "max_concurrent": 6, "max_queue": 0,
+            "token_budget": {"budget": 2000, "high_priority_reserve": 0},
+            "admission_classes": {"standard": {"max_in_flight_tokens": 900},
+                                  "premium": {"protected_concurrent": 2}}}"#,
+    )
+    .unwrap();
+    b.apply_limits(pushed).unwrap();
+    let now = b.limits();
+    assert_eq!(now.revision, 5);
+    let classes: Vec<_> = now
+        .admission_classes
+        .unwrap()
+        .iter()
+        .map(|(id, l)| (id.to_owned(), *l))
+        .collect();
+    assert_eq!(
+        classes,
+        [
+            (
+                "premium".to_owned(),
+                ClassLimits::new().protected_concurrent(2)
+            ),
+            (
+                "standard".to_owned(),
+                ClassLimits::new().max_in_flight_tokens(900)
+            ),
+        ]
+    );
+}
