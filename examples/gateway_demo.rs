@@ -160,7 +160,7 @@ async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64, b
         // A gateway answers 429 (or 503 for shutdown) with `rejection.detail()` as the body.
         Err(AcquireError::Rejected(rejection)) => {
             let detail = rejection.detail();
-            let own = detail.admission_class.expect("classes configured");
+            let own = detail.admission_class().expect("classes configured");
             if interactive {
                 gauges.premium_refused.fetch_add(1, Ordering::Relaxed);
                 // Premium keeps its floor: a premium call is refused for want of a slot only

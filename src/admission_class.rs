@@ -3,13 +3,18 @@
 //! borrowed from the shared pool) and [`AbandonCause`].
 
 use core::fmt;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// One admission class of one bulkhead, resolved once from its id with
+/// One admission class, resolved once from its id with
 /// [`LlmBulkhead::class`](crate::LlmBulkhead::class) and passed to
-/// [`AcquireOptions::class`](crate::AcquireOptions::class). `Copy`, two words: using it costs
-/// nothing, and it is checked against the bulkhead it came from.
+/// [`AcquireOptions::class`](crate::AcquireOptions::class). `Copy` and one word: using it costs
+/// nothing.
+///
+/// A handle names a class id *at a position* in a bulkhead's class order: two bulkheads
+/// configured with the same id at the same position share the handle, and a bulkhead refuses
+/// a handle whose id it does not have at that position
+/// ([`RequestError::ForeignClass`](crate::RequestError::ForeignClass)).
 ///
 /// # Examples
 ///
@@ -29,19 +34,30 @@ use std::sync::{Mutex, OnceLock};
 /// assert_eq!(permit.class(), Some(premium));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AdmissionClass {
-    /// The class id, interned for the life of the process.
+#[derive(Clone, Copy)]
+pub struct AdmissionClass(&'static ClassInfo);
+
+/// What a handle points to: interned once per (id, position) for the life of the process, so
+/// building bulkheads again and again does not grow memory.
+#[derive(Debug)]
+struct ClassInfo {
     id: &'static str,
-    /// Which bulkhead's classes this is.
-    table: u32,
-    /// Its position in the bulkhead's class order.
     index: u16,
 }
 
 impl AdmissionClass {
-    pub(crate) fn new(id: &'static str, table: u32, index: u16) -> AdmissionClass {
-        AdmissionClass { id, table, index }
+    /// The handle of class `id` at position `index`.
+    pub(crate) fn new(id: &str, index: u16) -> AdmissionClass {
+        type Table = HashMap<(&'static str, u16), &'static ClassInfo>;
+        static CLASSES: OnceLock<Mutex<Table>> = OnceLock::new();
+        let mut classes = crate::sync::unmodeled::lock(CLASSES.get_or_init(Mutex::default));
+        if let Some(&info) = classes.get(&(id, index)) {
+            return AdmissionClass(info);
+        }
+        let id: &'static str = Box::leak(id.to_owned().into_boxed_str());
+        let info: &'static ClassInfo = Box::leak(Box::new(ClassInfo { id, index }));
+        classes.insert((id, index), info);
+        AdmissionClass(info)
     }
 
     /// The class id, as configured.
@@ -49,15 +65,16 @@ impl AdmissionClass {
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::*;
-    /// let bulkhead = LlmBulkhead::builder("m", 1)
+    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
     ///     .build()?;
     /// assert_eq!(bulkhead.default_class().unwrap().id(), "batch");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn id(&self) -> &'static str {
-        self.id
+        self.0.id
     }
 
     /// The class's position in the bulkhead's class order (the order it was configured in,
@@ -76,49 +93,34 @@ impl AdmissionClass {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn index(&self) -> u16 {
-        self.index
+        self.0.index
     }
+}
 
-    /// Which bulkhead's class table this handle belongs to.
-    pub(crate) fn table(&self) -> u32 {
-        self.table
+impl PartialEq for AdmissionClass {
+    fn eq(&self, other: &AdmissionClass) -> bool {
+        core::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for AdmissionClass {}
+
+impl core::hash::Hash for AdmissionClass {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        core::ptr::hash(self.0, state);
     }
 }
 
 impl fmt::Debug for AdmissionClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AdmissionClass({:?})", self.id)
+        write!(f, "AdmissionClass({:?})", self.0.id)
     }
 }
 
 impl fmt::Display for AdmissionClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.id)
+        f.write_str(self.0.id)
     }
-}
-
-/// Interns a class id: the same `&'static str` for every bulkhead that names the same class,
-/// so handles and events carry it without allocating, and building bulkheads again and again
-/// does not grow memory.
-pub(crate) fn intern(id: &str) -> &'static str {
-    static IDS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut ids = crate::sync::unmodeled::lock(IDS.get_or_init(Mutex::default));
-    match ids.get(id) {
-        Some(&interned) => interned,
-        None => {
-            let interned: &'static str = Box::leak(id.to_owned().into_boxed_str());
-            ids.insert(interned);
-            interned
-        }
-    }
-}
-
-/// A number that tells one bulkhead's class table from another's (so that a handle of one
-/// bulkhead is refused by another).
-pub(crate) fn next_table() -> u32 {
-    use crate::sync::unmodeled::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed) as u32
 }
 
 /// The limits of one admission class: a protected floor (capacity no other class may borrow)
@@ -173,7 +175,9 @@ impl ClassLimits {
         self
     }
 
-    /// Sets the ceiling of concurrent calls.
+    /// Sets the ceiling of concurrent calls. A ceiling of
+    /// [`MAX_CONCURRENT`](crate::MAX_CONCURRENT) can never bind, and the bulkhead reports it
+    /// as no ceiling.
     pub const fn max_concurrent(mut self, slots: u32) -> ClassLimits {
         self.max_concurrent = Some(slots);
         self

@@ -92,7 +92,7 @@ impl fmt::Display for RejectReason {
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct CapacityDetail {
     /// Revision of the limits in force at the decision.
@@ -110,10 +110,262 @@ pub struct CapacityDetail {
     /// Which limit bound, when the bulkhead has admission classes and a limit did (none for
     /// `shutdown` and `aborted`).
     pub constraint: Option<Constraint>,
-    /// The shared pool (capacity no class protects), with admission classes.
-    pub shared_capacity: Option<SharedCapacity>,
-    /// The call's class, with admission classes.
-    pub admission_class: Option<ClassDetail>,
+    /// The refusal's reason (a rejection's detail only; see [`Rejection`] for why it is here).
+    reason: Option<RejectReason>,
+    /// The class and shared-pool figures of a class decision, packed (see [`ClassFacts`]);
+    /// read them with [`admission_class`](CapacityDetail::admission_class) and
+    /// [`shared_capacity`](CapacityDetail::shared_capacity).
+    class: Option<ClassFacts>,
+}
+
+impl CapacityDetail {
+    /// The global part of a snapshot (no class figures, no constraint).
+    pub(crate) const fn global(
+        limit_revision: u64,
+        in_flight: u64,
+        max_concurrent: u32,
+        pending: u64,
+        max_queue: u32,
+        token_budget: Option<TokenBudgetDetail>,
+    ) -> CapacityDetail {
+        CapacityDetail {
+            limit_revision,
+            in_flight,
+            max_concurrent,
+            pending,
+            max_queue,
+            token_budget,
+            constraint: None,
+            reason: None,
+            class: None,
+        }
+    }
+
+    /// This snapshot with the figures of a class decision.
+    pub(crate) fn with_class(mut self, constraint: Option<Constraint>, facts: ClassFacts) -> Self {
+        self.constraint = constraint;
+        self.class = Some(facts);
+        self
+    }
+
+    /// The call's admission class at the decision, with admission classes: its calls and
+    /// tokens in flight against its floors and ceilings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::*;
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("batch")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(2))
+    ///             .class("batch", ClassLimits::new().max_concurrent(1)),
+    ///     )
+    ///     .build()?;
+    /// let _batch = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// let detail = err.rejection().unwrap().detail();
+    /// assert_eq!(detail.constraint, Some(Constraint::AdmissionClass));
+    /// let class = detail.admission_class().unwrap();
+    /// assert_eq!((class.class.id(), class.in_flight, class.max_concurrent), ("batch", 1, Some(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn admission_class(&self) -> Option<ClassDetail> {
+        let facts = self.class?;
+        let [slots, protected, max_slots, _, _] = facts.slots.map(u64::from);
+        let max_slots = (max_slots != u64::from(NO_SLOT_CEILING)).then_some(max_slots);
+        let [tokens, protected_tokens, max_tokens, _, _] = facts.tokens();
+        let max_tokens = facts.has_token_ceiling().then_some(max_tokens);
+        Some(ClassDetail {
+            class: facts.class,
+            in_flight: slots,
+            protected_concurrent: protected,
+            protected_concurrent_in_use: slots.min(protected),
+            borrowed_concurrent: slots.saturating_sub(protected),
+            available_protected_concurrent: protected.saturating_sub(slots),
+            max_concurrent: max_slots,
+            available_concurrent: max_slots.map(|max| max.saturating_sub(slots)),
+            token_budget: self.token_budget.map(|budget| ClassTokenDetail {
+                in_flight_tokens: tokens,
+                protected_in_flight_tokens: protected_tokens,
+                protected_tokens_in_use: tokens.min(protected_tokens),
+                borrowed_in_flight_tokens: tokens.saturating_sub(protected_tokens),
+                available_protected_tokens: protected_tokens.saturating_sub(tokens),
+                max_in_flight_tokens: max_tokens,
+                available: max_tokens.map(|max| max.saturating_sub(tokens)),
+                requested: budget.requested,
+            }),
+        })
+    }
+
+    /// The shared pools at the decision, with admission classes: the capacity no class
+    /// protects, what calls beyond their floors borrow of it, and what this call would borrow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::*;
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 3)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("batch")
+    ///             .class("premium", ClassLimits::new().protected_concurrent(2))
+    ///             .class("batch", ClassLimits::new()),
+    ///     )
+    ///     .build()?;
+    /// let _batch = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// let pool = err.rejection().unwrap().detail().shared_capacity().unwrap().concurrency;
+    /// assert_eq!((pool.capacity, pool.in_use, pool.available, pool.requested_borrowed), (1, 1, 0, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shared_capacity(&self) -> Option<SharedCapacity> {
+        let facts = self.class?;
+        let [slots, protected, _, shared_slots, slot_capacity] = facts.slots.map(u64::from);
+        let [tokens, protected_tokens, _, shared_tokens, token_capacity] = facts.tokens();
+        Some(SharedCapacity {
+            concurrency: SharedPool::compute(
+                slot_capacity,
+                shared_slots,
+                u64::from(slots >= protected),
+            ),
+            token_budget: self.token_budget.map(|budget| {
+                let r = budget.requested;
+                let free_floor = protected_tokens.saturating_sub(tokens);
+                SharedPool::compute(token_capacity, shared_tokens, r.saturating_sub(free_floor))
+            }),
+        })
+    }
+}
+
+impl PartialEq for CapacityDetail {
+    /// Compares the figures (the class figures included), not the reason.
+    fn eq(&self, other: &CapacityDetail) -> bool {
+        self.limit_revision == other.limit_revision
+            && self.in_flight == other.in_flight
+            && self.max_concurrent == other.max_concurrent
+            && self.pending == other.pending
+            && self.max_queue == other.max_queue
+            && self.token_budget == other.token_budget
+            && self.constraint == other.constraint
+            && self.class == other.class
+    }
+}
+
+impl Eq for CapacityDetail {}
+
+impl fmt::Debug for CapacityDetail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("CapacityDetail");
+        d.field("limit_revision", &self.limit_revision)
+            .field("in_flight", &self.in_flight)
+            .field("max_concurrent", &self.max_concurrent)
+            .field("pending", &self.pending)
+            .field("max_queue", &self.max_queue)
+            .field("token_budget", &self.token_budget)
+            .field("constraint", &self.constraint);
+        if self.class.is_some() {
+            d.field("shared_capacity", &self.shared_capacity())
+                .field("admission_class", &self.admission_class());
+        }
+        d.finish()
+    }
+}
+
+/// A class ceiling of this many slots is stored as "none" in [`ClassFacts`] (a class ceiling
+/// of `MAX_CONCURRENT` can never bind and is normalized away when limits are validated).
+pub(crate) const NO_SLOT_CEILING: u16 = u16::MAX;
+
+/// Bits of each token figure in [`ClassFacts`] (`MAX_TOKENS` fits).
+const TOKEN_BITS: u32 = 35;
+const TOKEN_FIGURES: usize = 5;
+/// The bit after the token figures: whether the class has a token ceiling.
+const TOKEN_CEILING_BIT: u32 = TOKEN_BITS * TOKEN_FIGURES as u32;
+
+/// The raw figures of a class decision, packed into 40 bytes so that a [`Rejection`] stays
+/// within the 128 bytes the compiler copies inline (every derived figure is computed when
+/// read). Slots: the class's in flight, its floor, its ceiling ([`NO_SLOT_CEILING`] for none),
+/// the shared pool's in use and its capacity. Tokens, 35 bits each: the class's in flight,
+/// its floor, its ceiling, the shared pool's in use and its capacity (for the call's
+/// priority), then one bit saying whether the class has a token ceiling.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClassFacts {
+    class: AdmissionClass,
+    slots: [u16; 5],
+    tokens: [u8; 22],
+}
+
+impl ClassFacts {
+    /// Packs the figures. Slots are at most `MAX_CONCURRENT`, tokens at most `MAX_TOKENS`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        class: AdmissionClass,
+        slots: [u32; 5],
+        tokens: [u64; TOKEN_FIGURES],
+        has_token_ceiling: bool,
+    ) -> ClassFacts {
+        let mut words = [0u64; 3];
+        for (i, &value) in tokens.iter().enumerate() {
+            debug_assert!(value < 1 << TOKEN_BITS, "a token figure fits 35 bits");
+            set_bits(&mut words, TOKEN_BITS * i as u32, TOKEN_BITS, value);
+        }
+        set_bits(
+            &mut words,
+            TOKEN_CEILING_BIT,
+            1,
+            u64::from(has_token_ceiling),
+        );
+        let mut bytes = [0u8; 24];
+        for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        let mut packed = [0u8; 22];
+        packed.copy_from_slice(&bytes[..22]);
+        ClassFacts {
+            class,
+            slots: slots.map(|n| {
+                debug_assert!(n <= u32::from(u16::MAX));
+                n as u16
+            }),
+            tokens: packed,
+        }
+    }
+
+    fn words(&self) -> [u64; 3] {
+        let mut bytes = [0u8; 24];
+        bytes[..22].copy_from_slice(&self.tokens);
+        let mut words = [0u64; 3];
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+        }
+        words
+    }
+
+    fn tokens(&self) -> [u64; TOKEN_FIGURES] {
+        let words = self.words();
+        core::array::from_fn(|i| get_bits(&words, TOKEN_BITS * i as u32, TOKEN_BITS))
+    }
+
+    fn has_token_ceiling(&self) -> bool {
+        get_bits(&self.words(), TOKEN_CEILING_BIT, 1) == 1
+    }
+}
+
+fn set_bits(words: &mut [u64; 3], offset: u32, width: u32, value: u64) {
+    for bit in 0..width {
+        if value >> bit & 1 == 1 {
+            let at = offset + bit;
+            words[(at / 64) as usize] |= 1 << (at % 64);
+        }
+    }
+}
+
+fn get_bits(words: &[u64; 3], offset: u32, width: u32) -> u64 {
+    (0..width).fold(0, |value, bit| {
+        let at = offset + bit;
+        value | (words[(at / 64) as usize] >> (at % 64) & 1) << bit
+    })
 }
 
 /// Which limit bound a refusal, with admission classes.
@@ -324,15 +576,18 @@ impl TokenBudgetDetail {
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// The reason is kept inside the detail (a private field) so that a rejection is exactly its
+/// 128-byte detail: a larger value is copied by a `memcpy` call at every layer it crosses.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Rejection {
-    reason: RejectReason,
     detail: CapacityDetail,
 }
 
 impl Rejection {
-    pub(crate) fn new(reason: RejectReason, detail: CapacityDetail) -> Rejection {
-        Rejection { reason, detail }
+    pub(crate) fn new(reason: RejectReason, mut detail: CapacityDetail) -> Rejection {
+        detail.reason = Some(reason);
+        Rejection { detail }
     }
 
     /// Why the call was refused.
@@ -348,7 +603,9 @@ impl Rejection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reason(&self) -> RejectReason {
-        self.reason
+        self.detail
+            .reason
+            .expect("a rejection's detail carries its reason")
     }
 
     /// Revision of the limits that decided the refusal.
@@ -385,9 +642,11 @@ impl Rejection {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.detail;
-        write!(f, "bulkhead rejected: {} (", self.reason)?;
-        let class = d.admission_class.as_ref();
-        match (self.reason, d.constraint) {
+        let reason = self.reason();
+        write!(f, "bulkhead rejected: {reason} (")?;
+        let class = d.admission_class();
+        let class = class.as_ref();
+        match (reason, d.constraint) {
             (RejectReason::ConcurrencyLimit, Some(Constraint::AdmissionClass)) => {
                 let c = class.expect("a class decision carries its class");
                 write!(
@@ -414,7 +673,9 @@ impl fmt::Display for Rejection {
             }
             (reason, Some(Constraint::AdmissionClassProtection)) => {
                 let c = class.expect("a class decision carries its class");
-                let shared = d.shared_capacity.expect("a protection decision has a pool");
+                let shared = d
+                    .shared_capacity()
+                    .expect("a protection decision has a pool");
                 let (what, pool) = match reason {
                     RejectReason::BudgetLimit => {
                         ("tokens", shared.token_budget.expect("a token pool"))
@@ -433,7 +694,7 @@ impl fmt::Display for Rejection {
             }
             _ => {}
         }
-        match self.reason {
+        match reason {
             RejectReason::Shutdown => f.write_str("the bulkhead is closed")?,
             RejectReason::ConcurrencyLimit if d.max_concurrent == 0 => {
                 f.write_str("max_concurrent is 0")?
@@ -464,4 +725,36 @@ impl fmt::Display for Rejection {
     }
 }
 
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejection")
+            .field("reason", &self.reason())
+            .field("detail", &self.detail)
+            .finish()
+    }
+}
+
 impl std::error::Error for Rejection {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_facts_round_trip_every_width_and_fit_the_budget() {
+        let class = AdmissionClass::new("facts", 3);
+        let max = (1u64 << TOKEN_BITS) - 1;
+        for (tokens, ceiling) in [
+            ([0, 0, 0, 0, 0], false),
+            ([max, 1, max, 7, max], true),
+            ([12_345, max - 1, 0, 1 << 34, 99], true),
+        ] {
+            let facts = ClassFacts::new(class, [65_535, 0, 65_535, 1, 40_000], tokens, ceiling);
+            assert_eq!(facts.tokens(), tokens);
+            assert_eq!(facts.has_token_ceiling(), ceiling);
+            assert_eq!(facts.slots, [65_535, 0, 65_535, 1, 40_000]);
+        }
+        assert_eq!(core::mem::size_of::<ClassFacts>(), 40);
+        assert_eq!(core::mem::size_of::<Rejection>(), 128);
+    }
+}

@@ -392,7 +392,7 @@ fn class_paths_allocate_nothing() {
         let rejection = *err.rejection().unwrap();
         let detail = rejection.detail();
         assert_eq!(detail.constraint, Some(Constraint::AdmissionClass));
-        black_box((rejection, detail.admission_class.unwrap().in_flight));
+        black_box((rejection, detail.admission_class().unwrap().in_flight));
     });
     drop(held);
     // A protection refusal: the shared pool (8 - 3 = 5 slots) is full.
@@ -413,7 +413,7 @@ fn class_paths_allocate_nothing() {
             rejection.detail().constraint,
             Some(Constraint::AdmissionClassProtection)
         );
-        black_box(rejection.detail().shared_capacity.unwrap());
+        black_box(rejection.detail().shared_capacity().unwrap());
     });
     drop(held);
     assert_idle(&bulkhead);

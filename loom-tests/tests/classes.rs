@@ -105,7 +105,7 @@ fn two_classes_race_at_a_floor_boundary_for_the_last_shared_slot() {
             detail.constraint,
             Some(Constraint::AdmissionClassProtection)
         );
-        let shared = detail.shared_capacity.unwrap().concurrency;
+        let shared = detail.shared_capacity().unwrap().concurrency;
         assert_eq!(
             (shared.capacity, shared.in_use, shared.requested_borrowed),
             (1, 1, 1),

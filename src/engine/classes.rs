@@ -107,12 +107,11 @@ pub(crate) struct Classes {
 
 impl Classes {
     /// Classes with these ids (validated, distinct), calls naming none going to `default`.
-    pub(crate) fn new(ids: &[&'static str], default: usize) -> Classes {
-        let table = crate::admission_class::next_table();
+    pub(crate) fn new(ids: &[&str], default: usize) -> Classes {
         let handles: Box<[AdmissionClass]> = ids
             .iter()
             .enumerate()
-            .map(|(index, &id)| AdmissionClass::new(id, table, index as u16))
+            .map(|(index, &id)| AdmissionClass::new(id, index as u16))
             .collect();
         Classes {
             words: ids
@@ -140,12 +139,8 @@ impl Classes {
     ) -> Result<AdmissionClass, RequestError> {
         match class {
             None => Ok(self.default),
-            // The index check keeps a handle of a bulkhead whose table number wrapped around to
-            // ours (after 2^32 bulkheads) from indexing out of bounds.
-            Some(class)
-                if class.table() == self.default.table()
-                    && usize::from(class.index()) < self.handles.len() =>
-            {
+            // Ours iff we have its id at its position (one pointer comparison).
+            Some(class) if self.handles.get(usize::from(class.index())) == Some(&class) => {
                 Ok(class)
             }
             Some(class) => Err(RequestError::ForeignClass { class }),

@@ -7,21 +7,34 @@ use crate::admission_class::{AdmissionClass, Resources};
 use crate::admission_id::{AdmissionId, IdParts};
 use crate::priority::Priority;
 
-/// One admission, as the engine knows it. Kept small and `Copy`: it is moved into every
-/// permit on the fast path.
+/// One admission, as the engine knows it. Kept small and `Copy` (48 bytes): it is moved into
+/// every permit on the fast path, and a permit must stay within the 128 bytes the compiler
+/// copies inline (a larger one is copied by a `memcpy` call at every layer it crosses, which
+/// measured as doubling the cost of an admission). So what it borrowed and whether it still
+/// holds its slot are packed into the padding after `priority`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grant {
     id: IdParts,
     revision: u64,
-    priority: Priority,
     /// Tokens this admission currently contributes to the tokens in flight (its reservation
     /// at first; moved by [`Engine::move_hold`](super::Engine::move_hold)).
     held: u64,
     class: Option<AdmissionClass>,
-    resources: Resources,
-    /// Whether it still holds its slot (not after abandoning it).
-    holds_slot: bool,
+    /// The low 32 bits of the tokens it borrowed (the rest in `flags`, see below).
+    borrowed_low: u32,
+    priority: Priority,
+    /// `HOLDS_SLOT`, `BORROWED_SLOT`, and bits 32.. of the borrowed tokens from bit
+    /// `BORROWED_HIGH_SHIFT` on (borrowed tokens are at most `MAX_TOKENS`, 35 bits).
+    flags: u8,
 }
+
+/// It still holds its slot (not after abandoning it).
+const HOLDS_SLOT: u8 = 1;
+/// It borrowed its slot from the shared pool.
+const BORROWED_SLOT: u8 = 1 << 1;
+const BORROWED_HIGH_SHIFT: u32 = 2;
+
+const _: () = assert!(super::state::MAX_TOKENS >> 32 < 1 << (8 - BORROWED_HIGH_SHIFT));
 
 impl Grant {
     #[inline]
@@ -33,14 +46,20 @@ impl Grant {
         class: Option<AdmissionClass>,
         resources: Resources,
     ) -> Grant {
+        debug_assert!(resources.borrowed_tokens <= super::state::MAX_TOKENS);
+        let mut flags =
+            HOLDS_SLOT | ((resources.borrowed_tokens >> 32) as u8) << BORROWED_HIGH_SHIFT;
+        if resources.borrowed_concurrency {
+            flags |= BORROWED_SLOT;
+        }
         Grant {
             id,
             revision,
-            priority,
             held,
             class,
-            resources,
-            holds_slot: true,
+            borrowed_low: resources.borrowed_tokens as u32,
+            priority,
+            flags,
         }
     }
 
@@ -81,17 +100,21 @@ impl Grant {
     /// What it borrowed from the shared pool when it was admitted.
     #[inline]
     pub(crate) fn resources(&self) -> Resources {
-        self.resources
+        Resources {
+            borrowed_concurrency: self.flags & BORROWED_SLOT != 0,
+            borrowed_tokens: u64::from(self.borrowed_low)
+                | u64::from(self.flags >> BORROWED_HIGH_SHIFT) << 32,
+        }
     }
 
     /// Whether it still holds its slot.
     #[inline]
     pub(crate) fn holds_slot(&self) -> bool {
-        self.holds_slot
+        self.flags & HOLDS_SLOT != 0
     }
 
     #[inline]
     pub(super) fn set_slot_returned(&mut self) {
-        self.holds_slot = false;
+        self.flags &= !HOLDS_SLOT;
     }
 }

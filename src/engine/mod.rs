@@ -167,10 +167,7 @@ impl Engine {
     pub(crate) fn new(limits: Limits, default_class: usize) -> Engine {
         let limits = normalized(limits, None);
         let classes = limits.admission_classes.as_ref().map(|table| {
-            let ids: Vec<&'static str> = table
-                .iter()
-                .map(|(id, _)| crate::admission_class::intern(id))
-                .collect();
+            let ids: Vec<&str> = table.iter().map(|(id, _)| id).collect();
             Classes::new(&ids, default_class)
         });
         let class_count = classes.as_ref().map_or(0, |c| c.handles().len());
@@ -201,40 +198,60 @@ impl Engine {
 
     /// The front door of every admission: admits `ask` now, refuses it now, or (if `wait`
     /// allows and only a slot is missing) queues it. Admissions and refusals are counted.
+    ///
+    /// A call of an admission class goes through [`admit_class`](Engine::admit_class): the
+    /// caller dispatches, so that this path stays exactly what it was before classes (a
+    /// branch here costs the path without classes its in-place construction of the result).
     #[inline]
     pub(crate) fn admit(&self, ask: Ask, wait: Wait) -> Decision {
-        let decided = match ask.class {
-            None => self
-                .admit_now(ask)
-                .map(|revision| (revision, Resources::NONE))
-                .map_err(|(refusal, state, bounds)| (refusal, Seen::global(state, bounds))),
-            Some(_) => self
-                .admit_class_now(ask)
-                .map_err(|(refusal, state, bounds, view)| {
-                    (refusal, Seen::class(state, bounds, view))
-                }),
-        };
-        match decided {
-            Ok((revision, borrowed)) => Decision::Admitted(self.grant(ask, revision, borrowed)),
-            Err((Refusal::NoSlot, seen)) => {
+        debug_assert!(ask.class.is_none(), "a class call goes through admit_class");
+        match self.admit_now(ask) {
+            Ok(revision) => Decision::Admitted(self.grant(ask, revision, Resources::NONE)),
+            Err((Refusal::NoSlot, state, bounds)) => {
                 // The limits alone can refuse without the queue lock; the queue length cannot.
-                match (wait, policy::queue_or_refuse(&seen.bounds, 0)) {
-                    (Wait::Queue { blocking }, Ok(())) => match self.arrive(ask, blocking) {
-                        Arrival::Admitted { revision, borrowed } => {
-                            Decision::Admitted(self.grant(ask, revision, borrowed))
-                        }
-                        Arrival::Queued(waiter) => Decision::Queued(waiter),
-                        Arrival::Refused(rejection) => Decision::Refused(rejection),
-                    },
+                match (wait, policy::queue_or_refuse(&bounds, 0)) {
+                    (Wait::Queue { blocking }, Ok(())) => self.arrive_or_refuse(ask, blocking),
                     (_, may_queue) => {
                         let reason = may_queue.err().unwrap_or(RejectReason::ConcurrencyLimit);
+                        Decision::Refused(self.reject_global(reason, state, &bounds, ask))
+                    }
+                }
+            }
+            Err((refusal, state, bounds)) => {
+                Decision::Refused(self.reject_global(refusal.reason(), state, &bounds, ask))
+            }
+        }
+    }
+
+    /// [`admit`](Engine::admit) for a call of an admission class (see `classes`).
+    pub(crate) fn admit_class(&self, ask: Ask, wait: Wait) -> Decision {
+        match self.admit_class_now(ask) {
+            Ok((revision, borrowed)) => Decision::Admitted(self.grant(ask, revision, borrowed)),
+            Err((Refusal::NoSlot, state, bounds, view)) => {
+                match (wait, policy::queue_or_refuse(&bounds, 0)) {
+                    (Wait::Queue { blocking }, Ok(())) => self.arrive_or_refuse(ask, blocking),
+                    (_, may_queue) => {
+                        let reason = may_queue.err().unwrap_or(RejectReason::ConcurrencyLimit);
+                        let seen = Seen::class(state, bounds, view);
                         Decision::Refused(self.reject(reason, Some(Constraint::Global), &seen, ask))
                     }
                 }
             }
-            Err((refusal, seen)) => {
+            Err((refusal, state, bounds, view)) => {
+                let seen = Seen::class(state, bounds, view);
                 Decision::Refused(self.reject(refusal.reason(), refusal.constraint(), &seen, ask))
             }
+        }
+    }
+
+    /// A call that found no free slot and may queue: decided again under the queue lock.
+    fn arrive_or_refuse(&self, ask: Ask, blocking: bool) -> Decision {
+        match self.arrive(ask, blocking) {
+            Arrival::Admitted { revision, borrowed } => {
+                Decision::Admitted(self.grant(ask, revision, borrowed))
+            }
+            Arrival::Queued(waiter) => Decision::Queued(waiter),
+            Arrival::Refused(rejection) => Decision::Refused(rejection),
         }
     }
 
@@ -282,6 +299,23 @@ impl Engine {
                 Err(refusal) => Err((refusal, s, *limits)),
             }
         })
+    }
+
+    /// Counts a refusal for `reason` of a call without a class and builds its rejection from
+    /// what the decision saw (the path without classes, kept as small as it was before them).
+    #[inline]
+    pub(crate) fn reject_global(
+        &self,
+        reason: RejectReason,
+        state: State,
+        bounds: &Bounds,
+        ask: Ask,
+    ) -> Rejection {
+        self.count(Counter::Rejected(reason), 1);
+        Rejection::new(
+            reason,
+            policy::detail(state, bounds, self.pending(), ask, None, None),
+        )
     }
 
     /// Counts a refusal for `reason` (bound by `constraint`) and builds its rejection from
@@ -879,7 +913,8 @@ impl Seen {
 }
 
 /// `limits` as the engine keeps and reports them: classes in their construction order (`order`;
-/// at construction, the order given) with floors of 0 omitted.
+/// at construction, the order given) with floors of 0 and ceilings of `MAX_CONCURRENT` slots
+/// omitted.
 fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
     if let Some(table) = limits.admission_classes.take() {
         // In the classes' order (fixed at construction; the published caps are stored by
@@ -890,8 +925,14 @@ fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
         };
         let mut ordered = ClassLimitsTable::new();
         for id in ids {
-            let class = *table.get(&id).expect("validated: the same ids");
-            ordered.insert(id, class.normalized());
+            let mut class = table
+                .get(&id)
+                .expect("validated: the same ids")
+                .normalized();
+            // A ceiling of `MAX_CONCURRENT` calls can never bind: no ceiling (so a refusal's
+            // packed class figures can use that value for "none", see `ClassFacts`).
+            class.max_concurrent = class.max_concurrent.filter(|&n| n < limits::MAX_CONCURRENT);
+            ordered.insert(id, class);
         }
         limits.admission_classes = Some(ordered);
     }

@@ -11,8 +11,7 @@ use super::state::{MAX_TOKENS, State};
 use crate::admission_class::{AdmissionClass, Resources};
 use crate::priority::Priority;
 use crate::rejection::{
-    CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, SharedCapacity,
-    SharedPool, TokenBudgetDetail,
+    CapacityDetail, ClassFacts, Constraint, NO_SLOT_CEILING, RejectReason, TokenBudgetDetail,
 };
 
 /// What a call asks for.
@@ -293,76 +292,57 @@ pub(crate) fn detail(
     class: Option<&ClassView>,
     constraint: Option<Constraint>,
 ) -> CapacityDetail {
-    let mut detail = global_detail(state, limits, pending, ask);
-    if let Some(class) = class {
-        detail.constraint = constraint;
-        detail.shared_capacity = Some(shared_detail(state, limits, class, ask));
-        detail.admission_class = Some(class_detail(limits, class, ask));
+    let detail = global_detail(state, limits, pending, ask);
+    match class {
+        Some(class) => detail.with_class(constraint, class_facts(state, limits, class, ask)),
+        None => detail,
     }
-    detail
 }
 
-/// The shared pools at a decision for `class`'s call.
-fn shared_detail(state: State, limits: &Bounds, class: &ClassView, ask: Ask) -> SharedCapacity {
-    let borrow = class.borrow(ask.reserved);
-    let slots_capacity = limits
+/// The class's and the shared pools' figures at a decision for `class`'s call (every derived
+/// figure of [`ClassDetail`](crate::ClassDetail) and [`SharedCapacity`](crate::SharedCapacity)
+/// is computed from these when read).
+fn class_facts(state: State, limits: &Bounds, class: &ClassView, ask: Ask) -> ClassFacts {
+    let caps = class.caps;
+    let slot_capacity = limits
         .max_concurrent
         .saturating_sub(limits.protected_concurrent);
-    SharedCapacity {
-        concurrency: SharedPool::compute(
-            u64::from(slots_capacity),
-            u64::from(state.shared_slots()),
-            u64::from(borrow.borrowed_concurrency),
-        ),
-        token_budget: limits.effective_budget(ask.priority).map(|budget| {
-            SharedPool::compute(
-                budget.saturating_sub(limits.protected_tokens),
-                state.shared_tokens(),
-                borrow.borrowed_tokens,
-            )
-        }),
-    }
-}
-
-/// `class`'s own picture at a decision.
-fn class_detail(limits: &Bounds, class: &ClassView, ask: Ask) -> ClassDetail {
-    let caps = class.caps;
-    let slots = u64::from(class.slots);
-    let protected = u64::from(caps.protected_slots);
-    ClassDetail {
-        class: class.class,
-        in_flight: slots,
-        protected_concurrent: protected,
-        protected_concurrent_in_use: slots.min(protected),
-        borrowed_concurrent: slots.saturating_sub(protected),
-        available_protected_concurrent: protected.saturating_sub(slots),
-        max_concurrent: caps.max_slots.map(u64::from),
-        available_concurrent: caps
-            .max_slots
-            .map(|max| u64::from(max).saturating_sub(slots)),
-        token_budget: limits.token_budget.map(|_| ClassTokenDetail {
-            in_flight_tokens: class.tokens,
-            protected_in_flight_tokens: caps.protected_tokens,
-            protected_tokens_in_use: class.tokens.min(caps.protected_tokens),
-            borrowed_in_flight_tokens: class.tokens.saturating_sub(caps.protected_tokens),
-            available_protected_tokens: caps.protected_tokens.saturating_sub(class.tokens),
-            max_in_flight_tokens: caps.max_tokens,
-            available: caps.max_tokens.map(|max| max.saturating_sub(class.tokens)),
-            requested: ask.reserved,
-        }),
-    }
+    let token_capacity = limits
+        .effective_budget(ask.priority)
+        .map_or(0, |budget| budget.saturating_sub(limits.protected_tokens));
+    ClassFacts::new(
+        class.class,
+        [
+            class.slots,
+            caps.protected_slots,
+            caps.max_slots.map_or(u32::from(NO_SLOT_CEILING), |max| {
+                debug_assert!(max < u32::from(NO_SLOT_CEILING), "normalized away");
+                max
+            }),
+            state.shared_slots(),
+            slot_capacity,
+        ],
+        [
+            class.tokens,
+            caps.protected_tokens,
+            caps.max_tokens.unwrap_or(0),
+            state.shared_tokens(),
+            token_capacity,
+        ],
+        caps.max_tokens.is_some(),
+    )
 }
 
 /// The global part of a capacity snapshot.
 #[inline]
 fn global_detail(state: State, limits: &Bounds, pending: u64, ask: Ask) -> CapacityDetail {
-    CapacityDetail {
-        limit_revision: limits.revision,
-        in_flight: u64::from(state.slots()),
-        max_concurrent: limits.max_concurrent,
+    CapacityDetail::global(
+        limits.revision,
+        u64::from(state.slots()),
+        limits.max_concurrent,
         pending,
-        max_queue: limits.max_queue,
-        token_budget: limits.token_budget.map(|b| {
+        limits.max_queue,
+        limits.token_budget.map(|b| {
             TokenBudgetDetail::compute(
                 b.budget,
                 b.high_priority_reserve,
@@ -371,10 +351,7 @@ fn global_detail(state: State, limits: &Bounds, pending: u64, ask: Ask) -> Capac
                 ask.reserved,
             )
         }),
-        constraint: None,
-        shared_capacity: None,
-        admission_class: None,
-    }
+    )
 }
 
 /// The answer of an advisory check ([`LlmBulkhead::would_admit`](crate::LlmBulkhead::would_admit)).

@@ -52,8 +52,9 @@ pub(crate) struct Ledger {
     memo: Memo,
     /// Cumulative usage reported so far, per-field maximum (meaningful with `REPORTED`).
     reported: TokenUsage,
-    /// Effective reports so far.
-    sequence: u64,
+    /// Effective reports so far (saturating; `u32` keeps a permit within 128 bytes, see
+    /// `Grant`).
+    sequence: u32,
     flags: u8,
 }
 
@@ -63,6 +64,8 @@ const HAS_RESERVATION: u8 = 1;
 const HAS_MEMO: u8 = 1 << 1;
 /// Usage was reported.
 const REPORTED: u8 = 1 << 2;
+/// Its permit was released (so dropping it settles nothing more).
+const SETTLED: u8 = 1 << 3;
 
 impl Admission {
     /// The record of `grant`, admitted with `reservation` (none without a token budget) as
@@ -214,7 +217,7 @@ impl Admission {
     /// ```
     #[inline]
     pub fn usage_sequence(&self) -> u64 {
-        self.ledger.sequence
+        u64::from(self.ledger.sequence)
     }
 
     /// The admission class the call was admitted in, on a bulkhead with admission classes.
@@ -312,13 +315,25 @@ impl Admission {
         &mut self.grant
     }
 
+    /// Marks the admission settled by its permit's `release`.
+    #[inline]
+    pub(crate) fn mark_settled(&mut self) {
+        self.ledger.flags |= SETTLED;
+    }
+
+    /// Whether its permit's `release` settled it.
+    #[inline]
+    pub(crate) fn is_settled(&self) -> bool {
+        self.ledger.flags & SETTLED != 0
+    }
+
     /// Records the cumulative usage reported so far, and whether the report was effective.
     #[inline]
     pub(crate) fn record(&mut self, usage: TokenUsage, effective: bool) {
         self.ledger.reported = usage;
         self.ledger.flags |= REPORTED;
         if effective {
-            self.ledger.sequence += 1;
+            self.ledger.sequence = self.ledger.sequence.saturating_add(1);
         }
     }
 }

@@ -182,7 +182,12 @@ impl LlmCore {
         // Decision timing starts here: after estimation, before the decision. Without a
         // listener for decisions it is `None` and no clock is read.
         let timing = self.timing();
-        match self.engine.admit(call.ask, wait) {
+        let decision = if call.ask.class.is_none() {
+            self.engine.admit(call.ask, wait)
+        } else {
+            self.engine.admit_class(call.ask, wait)
+        };
+        match decision {
             Decision::Admitted(grant) => {
                 let admission = call.admission(grant);
                 self.announce_admit(&admission, timing, None);

@@ -57,9 +57,10 @@ impl CoreRef<'_> {
 #[clippy::has_significant_drop]
 pub struct Permit<'a> {
     core: CoreRef<'a>,
+    /// Marked settled by `release` (see [`Admission::mark_settled`]), so that `Drop` settles
+    /// only a permit that was not released. The mark lives in the admission's flags: a
+    /// separate `bool` would push a permit past the 128 bytes the compiler copies inline.
     admission: Admission,
-    /// Set by `release`, so that `Drop` settles only a permit that was not released.
-    settled: bool,
 }
 
 /// An admission that keeps its bulkhead alive: `'static`, so it can move into a spawned task or
@@ -88,7 +89,6 @@ impl<'a> Permit<'a> {
         Permit {
             core: CoreRef::Borrowed(core),
             admission,
-            settled: false,
         }
     }
 
@@ -248,7 +248,7 @@ impl<'a> Permit<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn release(mut self, usage: Option<TokenUsage>) -> ReleaseReport {
-        self.settled = true;
+        self.admission.mark_settled();
         self.core.get().settle(&self.admission, usage)
     }
 }
@@ -259,7 +259,6 @@ impl Permit<'static> {
         Permit {
             core: CoreRef::Owned(core),
             admission,
-            settled: false,
         }
     }
 }
@@ -275,7 +274,7 @@ impl Deref for Permit<'_> {
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if !self.settled {
+        if !self.admission.is_settled() {
             self.core.get().settle_unused(&self.admission);
         }
     }

@@ -264,15 +264,29 @@ fn a_class_the_bulkhead_cannot_take_is_refused_and_changes_nothing() {
         AdmissionClasses::new("a").class("a", ClassLimits::new()),
     )
     .unwrap();
-    let other = build(
+    // A handle names an id at a position: the same id at the same position elsewhere is the
+    // same class, the same id at another position is not.
+    let twin = build(
         2,
         None,
         AdmissionClasses::new("a").class("a", ClassLimits::new()),
     )
     .unwrap();
+    let other = build(
+        2,
+        None,
+        AdmissionClasses::new("a")
+            .class("b", ClassLimits::new())
+            .class("a", ClassLimits::new()),
+    )
+    .unwrap();
     let a = classed.class("a").unwrap();
-    // Same id, another bulkhead: not interchangeable.
-    assert_ne!(Some(a), other.class("a").ok());
+    assert_eq!(twin.class("a"), Ok(a));
+    assert_ne!(other.class("a"), Ok(a));
+    drop(
+        twin.try_acquire(&LlmRequest::new(), AcquireOptions::new().class(a))
+            .unwrap(),
+    );
 
     let request = LlmRequest::new();
     match plain.try_acquire(&request, AcquireOptions::new().class(a)) {

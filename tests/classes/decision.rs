@@ -25,11 +25,11 @@ fn a_full_shared_pool_refuses_a_borrowing_premium_call_with_protection_detail() 
     let d = r.detail();
     assert_eq!(d.constraint, Some(Constraint::AdmissionClassProtection));
     assert_eq!(
-        d.shared_capacity.unwrap().concurrency,
+        d.shared_capacity().unwrap().concurrency,
         SharedPool::compute(1, 1, 1)
     );
-    assert_eq!(d.shared_capacity.unwrap().token_budget, None);
-    let class = d.admission_class.unwrap();
+    assert_eq!(d.shared_capacity().unwrap().token_budget, None);
+    let class = d.admission_class().unwrap();
     assert_eq!(class.class.id(), "premium");
     assert_eq!(
         (
@@ -75,10 +75,10 @@ fn a_full_shared_token_pool_refuses_with_budget_limit_and_token_detail() {
     let d = r.detail();
     assert_eq!(d.constraint, Some(Constraint::AdmissionClassProtection));
     assert_eq!(
-        d.shared_capacity.unwrap().token_budget,
+        d.shared_capacity().unwrap().token_budget,
         Some(SharedPool::compute(800, 800, 400))
     );
-    let t = d.admission_class.unwrap().token_budget.unwrap();
+    let t = d.admission_class().unwrap().token_budget.unwrap();
     assert_eq!(
         (
             t.in_flight_tokens,
@@ -210,7 +210,7 @@ fn class_ceilings_come_before_protection_and_tokens_before_slots() {
         (r.reason(), r.detail().constraint),
         (RejectReason::BudgetLimit, Some(Constraint::AdmissionClass))
     );
-    let t = r.detail().admission_class.unwrap().token_budget.unwrap();
+    let t = r.detail().admission_class().unwrap().token_budget.unwrap();
     assert_eq!(
         (
             t.in_flight_tokens,
@@ -229,7 +229,7 @@ fn class_ceilings_come_before_protection_and_tokens_before_slots() {
             Some(Constraint::AdmissionClass)
         )
     );
-    let class = r.detail().admission_class.unwrap();
+    let class = r.detail().admission_class().unwrap();
     assert_eq!(
         (class.max_concurrent, class.available_concurrent),
         (Some(2), Some(0))
@@ -252,7 +252,7 @@ fn shutdown_refuses_first_and_names_no_constraint() {
         (r.reason(), r.detail().constraint),
         (RejectReason::Shutdown, None)
     );
-    assert_eq!(r.detail().admission_class.unwrap().class.id(), "premium");
+    assert_eq!(r.detail().admission_class().unwrap().class.id(), "premium");
 }
 
 #[test]

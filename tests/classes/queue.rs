@@ -68,7 +68,7 @@ fn a_head_whose_class_no_longer_fits_is_refused_with_the_class_reason() {
             Err(AcquireError::Rejected(r)) => {
                 assert_eq!(r.reason(), RejectReason::ConcurrencyLimit);
                 assert_eq!(r.detail().constraint, Some(Constraint::AdmissionClass));
-                let class = r.detail().admission_class.unwrap();
+                let class = r.detail().admission_class().unwrap();
                 assert_eq!((class.class.id(), class.max_concurrent), ("a", Some(0)));
             }
             other => panic!("{other:?}"),
