@@ -120,6 +120,7 @@ pub struct CapacityDetail {
 
 impl CapacityDetail {
     /// The global part of a snapshot (no class figures, no constraint).
+    #[inline(always)]
     pub(crate) const fn global(
         limit_revision: u64,
         in_flight: u64,
@@ -173,7 +174,7 @@ impl CapacityDetail {
     /// ```
     pub fn admission_class(&self) -> Option<ClassDetail> {
         let facts = self.class?;
-        let [slots, protected, max_slots, _, _] = facts.slots.map(u64::from);
+        let [slots, protected, max_slots, _, _] = facts.slots();
         let max_slots = (max_slots != u64::from(NO_SLOT_CEILING)).then_some(max_slots);
         let [tokens, protected_tokens, max_tokens, _, _] = facts.tokens();
         let max_tokens = facts.has_token_ceiling().then_some(max_tokens);
@@ -222,7 +223,7 @@ impl CapacityDetail {
     /// ```
     pub fn shared_capacity(&self) -> Option<SharedCapacity> {
         let facts = self.class?;
-        let [slots, protected, _, shared_slots, slot_capacity] = facts.slots.map(u64::from);
+        let [slots, protected, _, shared_slots, slot_capacity] = facts.slots();
         let [tokens, protected_tokens, _, shared_tokens, token_capacity] = facts.tokens();
         Some(SharedCapacity {
             concurrency: SharedPool::compute(
@@ -277,38 +278,63 @@ impl fmt::Debug for CapacityDetail {
 /// of `MAX_CONCURRENT` can never bind and is normalized away when limits are validated).
 pub(crate) const NO_SLOT_CEILING: u16 = u16::MAX;
 
-/// Bits of each token figure in [`ClassFacts`] (`MAX_TOKENS` fits).
+/// Bits of each slot figure in [`ClassFacts`] (`MAX_CONCURRENT` fits).
+const SLOT_BITS: u32 = 16;
+/// Bits of each token figure (`MAX_TOKENS` fits).
 const TOKEN_BITS: u32 = 35;
-const TOKEN_FIGURES: usize = 5;
-/// The bit after the token figures: whether the class has a token ceiling.
-const TOKEN_CEILING_BIT: u32 = TOKEN_BITS * TOKEN_FIGURES as u32;
+const FIGURES: usize = 5;
+/// Where the token figures start, after the slot figures.
+const TOKENS_AT: u32 = SLOT_BITS * FIGURES as u32;
+/// The last bit: whether the class has a token ceiling.
+const TOKEN_CEILING_BIT: u32 = TOKENS_AT + TOKEN_BITS * FIGURES as u32;
+
+const _: () = assert!(TOKEN_CEILING_BIT == 255);
 
 /// The raw figures of a class decision, packed into 40 bytes so that a [`Rejection`] stays
 /// within the 128 bytes the compiler copies inline (every derived figure is computed when
-/// read). Slots: the class's in flight, its floor, its ceiling ([`NO_SLOT_CEILING`] for none),
-/// the shared pool's in use and its capacity. Tokens, 35 bits each: the class's in flight,
-/// its floor, its ceiling, the shared pool's in use and its capacity (for the call's
-/// priority), then one bit saying whether the class has a token ceiling.
+/// read). Five slot figures of 16 bits: the class's in flight, its floor, its ceiling
+/// ([`NO_SLOT_CEILING`] for none), the shared pool's in use and its capacity. Five token
+/// figures of 35 bits: the same for tokens (the shared pool's capacity for the call's
+/// priority). Then one bit saying whether the class has a token ceiling: 256 bits in all,
+/// kept in plain integer fields (the optimizer keeps those in registers; arrays it would not).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ClassFacts {
     class: AdmissionClass,
-    slots: [u16; 5],
-    tokens: [u8; 22],
+    w0: u64,
+    w1: u64,
+    w2: u64,
+    w3: u32,
+    w4: u16,
+    w5: u16,
 }
 
 impl ClassFacts {
     /// Packs the figures. Slots are at most `MAX_CONCURRENT`, tokens at most `MAX_TOKENS`.
-    #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn new(
         class: AdmissionClass,
-        slots: [u32; 5],
-        tokens: [u64; TOKEN_FIGURES],
+        slots: [u32; FIGURES],
+        tokens: [u64; FIGURES],
         has_token_ceiling: bool,
     ) -> ClassFacts {
-        let mut words = [0u64; 3];
+        let mut words = [0u64; 4];
+        for (i, &value) in slots.iter().enumerate() {
+            debug_assert!(value < 1 << SLOT_BITS, "a slot figure fits 16 bits");
+            set_bits(
+                &mut words,
+                SLOT_BITS * i as u32,
+                SLOT_BITS,
+                u64::from(value),
+            );
+        }
         for (i, &value) in tokens.iter().enumerate() {
             debug_assert!(value < 1 << TOKEN_BITS, "a token figure fits 35 bits");
-            set_bits(&mut words, TOKEN_BITS * i as u32, TOKEN_BITS, value);
+            set_bits(
+                &mut words,
+                TOKENS_AT + TOKEN_BITS * i as u32,
+                TOKEN_BITS,
+                value,
+            );
         }
         set_bits(
             &mut words,
@@ -316,35 +342,34 @@ impl ClassFacts {
             1,
             u64::from(has_token_ceiling),
         );
-        let mut bytes = [0u8; 24];
-        for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
-            chunk.copy_from_slice(&word.to_le_bytes());
-        }
-        let mut packed = [0u8; 22];
-        packed.copy_from_slice(&bytes[..22]);
         ClassFacts {
             class,
-            slots: slots.map(|n| {
-                debug_assert!(n <= u32::from(u16::MAX));
-                n as u16
-            }),
-            tokens: packed,
+            w0: words[0],
+            w1: words[1],
+            w2: words[2],
+            w3: words[3] as u32,
+            w4: (words[3] >> 32) as u16,
+            w5: (words[3] >> 48) as u16,
         }
     }
 
-    fn words(&self) -> [u64; 3] {
-        let mut bytes = [0u8; 24];
-        bytes[..22].copy_from_slice(&self.tokens);
-        let mut words = [0u64; 3];
-        for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-            *word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-        }
-        words
+    fn words(&self) -> [u64; 4] {
+        [
+            self.w0,
+            self.w1,
+            self.w2,
+            u64::from(self.w3) | u64::from(self.w4) << 32 | u64::from(self.w5) << 48,
+        ]
     }
 
-    fn tokens(&self) -> [u64; TOKEN_FIGURES] {
+    fn slots(&self) -> [u64; FIGURES] {
         let words = self.words();
-        core::array::from_fn(|i| get_bits(&words, TOKEN_BITS * i as u32, TOKEN_BITS))
+        core::array::from_fn(|i| get_bits(&words, SLOT_BITS * i as u32, SLOT_BITS))
+    }
+
+    fn tokens(&self) -> [u64; FIGURES] {
+        let words = self.words();
+        core::array::from_fn(|i| get_bits(&words, TOKENS_AT + TOKEN_BITS * i as u32, TOKEN_BITS))
     }
 
     fn has_token_ceiling(&self) -> bool {
@@ -352,20 +377,28 @@ impl ClassFacts {
     }
 }
 
-fn set_bits(words: &mut [u64; 3], offset: u32, width: u32, value: u64) {
-    for bit in 0..width {
-        if value >> bit & 1 == 1 {
-            let at = offset + bit;
-            words[(at / 64) as usize] |= 1 << (at % 64);
-        }
+/// Sets `width` (at most 64) bits at bit `offset` of a 256-bit little-endian number.
+#[inline]
+fn set_bits(words: &mut [u64; 4], offset: u32, width: u32, value: u64) {
+    let (word, shift) = ((offset / 64) as usize, offset % 64);
+    words[word] |= value << shift;
+    if shift + width > 64 {
+        words[word + 1] |= value >> (64 - shift);
     }
 }
 
-fn get_bits(words: &[u64; 3], offset: u32, width: u32) -> u64 {
-    (0..width).fold(0, |value, bit| {
-        let at = offset + bit;
-        value | (words[(at / 64) as usize] >> (at % 64) & 1) << bit
-    })
+/// Reads `width` (at most 64) bits at bit `offset` of a 256-bit little-endian number.
+fn get_bits(words: &[u64; 4], offset: u32, width: u32) -> u64 {
+    let (word, shift) = ((offset / 64) as usize, offset % 64);
+    let mut value = words[word] >> shift;
+    if shift + width > 64 {
+        value |= words[word + 1] << (64 - shift);
+    }
+    if width == 64 {
+        value
+    } else {
+        value & ((1 << width) - 1)
+    }
 }
 
 /// Which limit bound a refusal, with admission classes.
@@ -585,6 +618,7 @@ pub struct Rejection {
 }
 
 impl Rejection {
+    #[inline(always)]
     pub(crate) fn new(reason: RejectReason, mut detail: CapacityDetail) -> Rejection {
         detail.reason = Some(reason);
         Rejection { detail }
@@ -744,15 +778,16 @@ mod tests {
     fn class_facts_round_trip_every_width_and_fit_the_budget() {
         let class = AdmissionClass::new("facts", 3);
         let max = (1u64 << TOKEN_BITS) - 1;
-        for (tokens, ceiling) in [
-            ([0, 0, 0, 0, 0], false),
-            ([max, 1, max, 7, max], true),
-            ([12_345, max - 1, 0, 1 << 34, 99], true),
+        for (slots, tokens, ceiling) in [
+            ([0; 5], [0; 5], false),
+            ([65_535, 0, 65_535, 1, 40_000], [max, 1, max, 7, max], true),
+            ([1, 2, 3, 4, 5], [12_345, max - 1, 0, 1 << 34, 99], true),
+            ([65_535; 5], [max; 5], false),
         ] {
-            let facts = ClassFacts::new(class, [65_535, 0, 65_535, 1, 40_000], tokens, ceiling);
+            let facts = ClassFacts::new(class, slots, tokens, ceiling);
             assert_eq!(facts.tokens(), tokens);
             assert_eq!(facts.has_token_ceiling(), ceiling);
-            assert_eq!(facts.slots, [65_535, 0, 65_535, 1, 40_000]);
+            assert_eq!(facts.slots(), slots.map(u64::from));
         }
         assert_eq!(core::mem::size_of::<ClassFacts>(), 40);
         assert_eq!(core::mem::size_of::<Rejection>(), 128);

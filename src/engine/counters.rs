@@ -120,8 +120,10 @@ pub(crate) struct Shard(CachePadded<ShardCells>);
 
 #[derive(Debug)]
 struct ShardCells {
-    /// The global counters, then `ClassCounter::COUNT` per class.
-    counts: Box<[AtomicU64]>,
+    /// The global counters, inline: the path without classes indexes them with constants.
+    global: [AtomicU64; Counter::COUNT],
+    /// `ClassCounter::COUNT` per class (empty without classes).
+    classes: Box<[AtomicU64]>,
     /// This shard's id tag (immutable).
     tag: u64,
 }
@@ -130,11 +132,28 @@ impl Shard {
     /// A shard for an engine with `classes` admission classes.
     fn new(classes: usize) -> Shard {
         Shard(CachePadded::new(ShardCells {
-            counts: (0..Counter::COUNT + classes * ClassCounter::COUNT)
+            global: core::array::from_fn(|_| AtomicU64::new(0)),
+            classes: (0..classes * ClassCounter::COUNT)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             tag: admission_id::new_tag(),
         }))
+    }
+
+    /// The cell of `counter`.
+    #[inline(always)]
+    fn cell(&self, counter: Counter) -> &AtomicU64 {
+        match counter {
+            Counter::Class(class, counter) => {
+                &self.0.classes[usize::from(class) * ClassCounter::COUNT + counter.index()]
+            }
+            counter => &self.0.global[counter.index()],
+        }
+    }
+
+    /// Every cell, global first, in [`Counter::index`] order.
+    fn cells(&self) -> impl Iterator<Item = &AtomicU64> {
+        self.0.global.iter().chain(self.0.classes.iter())
     }
 }
 
@@ -142,7 +161,7 @@ impl Shard {
     /// Counts an admission of `reserved` tokens and mints its id. Single-writer, like `bump`.
     #[inline]
     pub(crate) fn admit(&self, reserved: u64) -> IdParts {
-        let admitted = &self.0.counts[Counter::Admitted.index()];
+        let admitted = &self.0.global[Counter::Admitted.index()];
         let seq = admitted.load(Ordering::Relaxed);
         admitted.store(seq + 1, Ordering::Release);
         if reserved > 0 {
@@ -160,7 +179,7 @@ impl Shard {
     /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
     #[inline]
     pub(crate) fn bump(&self, counter: Counter, by: u64) {
-        let cell = &self.0.counts[counter.index()];
+        let cell = self.cell(counter);
         cell.store(
             cell.load(Ordering::Relaxed).saturating_add(by),
             Ordering::Release,
@@ -225,7 +244,7 @@ impl Hub {
     pub(crate) fn totals(&self) -> Totals {
         let mut totals = Totals(vec![0; Counter::COUNT + self.classes * ClassCounter::COUNT]);
         let mut add = |shard: &Shard| {
-            for (total, cell) in totals.0.iter_mut().zip(shard.0.counts.iter()) {
+            for (total, cell) in totals.0.iter_mut().zip(shard.cells()) {
                 *total = total.saturating_add(cell.load(Ordering::Acquire));
             }
         };

@@ -98,7 +98,7 @@ impl Sink<'_> {
 }
 
 /// Runs `f` with this thread's counter sink for `hub`.
-#[inline]
+#[inline(always)]
 pub(crate) fn with<R>(hub: &Hub, f: impl FnOnce(Sink<'_>) -> R) -> R {
     let slot = SLOT.try_with(Cell::get).unwrap_or(RELEASED);
     match hub.shard(slot) {

@@ -223,6 +223,40 @@ impl Engine {
         }
     }
 
+    /// Admits `ask` (without a class) now or refuses it now: [`admit`](Engine::admit) with
+    /// [`Wait::Never`], as a plain `Result` (which the callers build their own result from in
+    /// place: `try_acquire`'s fast path).
+    #[inline]
+    pub(crate) fn try_admit(&self, ask: Ask) -> Result<Grant, Rejection> {
+        debug_assert!(
+            ask.class.is_none(),
+            "a class call goes through try_admit_class"
+        );
+        match self.admit_now(ask) {
+            Ok(revision) => Ok(self.grant(ask, revision, Resources::NONE)),
+            Err((refusal, state, bounds)) => {
+                let reason = match refusal {
+                    // Never queued: a missing slot is `concurrency_limit`, or the limits' own
+                    // reason (a queue of 0 behind `max_concurrent` 0).
+                    Refusal::NoSlot => policy::queue_or_refuse(&bounds, 0)
+                        .err()
+                        .unwrap_or(RejectReason::ConcurrencyLimit),
+                    refusal => refusal.reason(),
+                };
+                Err(self.reject_global(reason, state, &bounds, ask))
+            }
+        }
+    }
+
+    /// [`try_admit`](Engine::try_admit) for a call of an admission class.
+    pub(crate) fn try_admit_class(&self, ask: Ask) -> Result<Grant, Rejection> {
+        match self.admit_class(ask, Wait::Never) {
+            Decision::Admitted(grant) => Ok(grant),
+            Decision::Refused(rejection) => Err(rejection),
+            Decision::Queued(_) => unreachable!("`Wait::Never` never queues"),
+        }
+    }
+
     /// [`admit`](Engine::admit) for a call of an admission class (see `classes`).
     pub(crate) fn admit_class(&self, ask: Ask, wait: Wait) -> Decision {
         match self.admit_class_now(ask) {
@@ -302,8 +336,9 @@ impl Engine {
     }
 
     /// Counts a refusal for `reason` of a call without a class and builds its rejection from
-    /// what the decision saw (the path without classes, kept as small as it was before them).
-    #[inline]
+    /// what the decision saw (the path without classes, kept as small as it was before them:
+    /// inlined, it builds the rejection where the caller returns it).
+    #[inline(always)]
     pub(crate) fn reject_global(
         &self,
         reason: RejectReason,
@@ -314,7 +349,7 @@ impl Engine {
         self.count(Counter::Rejected(reason), 1);
         Rejection::new(
             reason,
-            policy::detail(state, bounds, self.pending(), ask, None, None),
+            policy::global_detail(state, bounds, self.pending(), ask),
         )
     }
 

@@ -333,9 +333,14 @@ fn class_facts(state: State, limits: &Bounds, class: &ClassView, ask: Ask) -> Cl
     )
 }
 
-/// The global part of a capacity snapshot.
-#[inline]
-fn global_detail(state: State, limits: &Bounds, pending: u64, ask: Ask) -> CapacityDetail {
+/// The global part of a capacity snapshot (the whole snapshot of a call without a class).
+#[inline(always)]
+pub(crate) fn global_detail(
+    state: State,
+    limits: &Bounds,
+    pending: u64,
+    ask: Ask,
+) -> CapacityDetail {
     CapacityDetail::global(
         limits.revision,
         u64::from(state.slots()),

@@ -6,10 +6,10 @@ use core::fmt;
 use std::time::Duration;
 
 use crate::admission_class::AdmissionClass;
+use crate::engine::Ask;
 use crate::engine::drain::{Drain, DrainTimeout};
 use crate::engine::limits::{ApplyOutcome, Limits};
 use crate::engine::policy::Verdict;
-use crate::engine::{Ask, Wait};
 use crate::error::{AcquireError, ClassLookupError, LimitsError, RequestError};
 use crate::events::{ALL_KINDS, Event, EventKind, Subscription, kinds_mask};
 use crate::rejection::CapacityDetail;
@@ -17,7 +17,7 @@ use crate::reservation::Reservation;
 use crate::stats::Stats;
 use crate::sync::Arc;
 
-use super::core::{Admitted, LlmCore};
+use super::core::LlmCore;
 use super::options::AcquireOptions;
 use super::permit::{OwnedPermit, Permit};
 use super::request::LlmRequest;
@@ -111,11 +111,8 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
         let call = self.core.resolve(request, options)?;
-        match self.core.admit(call, Wait::Never) {
-            Admitted::Now(admission) => Ok(Permit::borrowed(&self.core, admission)),
-            Admitted::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
-            Admitted::Queued(..) => unreachable!("`Wait::Never` never queues"),
-        }
+        self.core
+            .try_admit(call, |admission| Permit::borrowed(&self.core, admission))
     }
 
     /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
@@ -143,11 +140,9 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
         let call = self.core.resolve(request, options)?;
-        match self.core.admit(call, Wait::Never) {
-            Admitted::Now(admission) => Ok(Permit::owned(Arc::clone(&self.core), admission)),
-            Admitted::Refused(rejection) => Err(AcquireError::Rejected(rejection)),
-            Admitted::Queued(..) => unreachable!("`Wait::Never` never queues"),
-        }
+        self.core.try_admit(call, |admission| {
+            Permit::owned(Arc::clone(&self.core), admission)
+        })
     }
 
     /// The reservation an admission of `request` would make, without reserving anything:

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::admission_class::{AbandonCause, AdmissionClass};
 use crate::engine::limits::Limits;
 use crate::engine::{Ask, Decision, Engine, Grant, Wait, Waiter};
-use crate::error::RequestError;
+use crate::error::{AcquireError, RequestError};
 use crate::events::{
     AdmitEvent, BorrowedConcurrencyAbandonEvent, DECISION_KINDS, Event, EventKind, Listeners,
     ReconfigureEvent, RejectEvent, Timing,
@@ -198,6 +198,34 @@ impl LlmCore {
                 Admitted::Refused(rejection)
             }
             Decision::Queued(waiter) => Admitted::Queued(waiter, timing),
+        }
+    }
+
+    /// Admits `call` now or refuses it now (never queues), announcing the outcome, and makes
+    /// the caller's permit of the admission with `permit`: `try_acquire`'s path, which builds
+    /// its result in place (no intermediate [`Admitted`] to copy through).
+    #[inline]
+    pub(crate) fn try_admit<P>(
+        &self,
+        call: Call,
+        permit: impl FnOnce(Admission) -> P,
+    ) -> Result<P, AcquireError> {
+        let timing = self.timing();
+        let decided = if call.ask.class.is_none() {
+            self.engine.try_admit(call.ask)
+        } else {
+            self.engine.try_admit_class(call.ask)
+        };
+        match decided {
+            Ok(grant) => {
+                let admission = call.admission(grant);
+                self.announce_admit(&admission, timing, None);
+                Ok(permit(admission))
+            }
+            Err(rejection) => {
+                self.announce_reject(&rejection, call.ask.class, timing, None);
+                Err(AcquireError::Rejected(rejection))
+            }
         }
     }
 
