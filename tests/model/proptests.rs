@@ -189,7 +189,7 @@ fn timeout() -> impl Strategy<Value = u8> {
 // ----- the family with admission classes -----
 
 /// One class's limits: small floors and ceilings (zeros included), sometimes a value too large
-/// for the engine.
+/// for the engine or the largest it counts.
 fn class_caps() -> BoxedStrategy<ClassCaps> {
     (
         prop_oneof![6 => Just(None), 2 => Just(Some(0u32)), 4 => Just(Some(1u32)), 1 => Just(Some(2u32))],
@@ -198,10 +198,7 @@ fn class_caps() -> BoxedStrategy<ClassCaps> {
         prop_oneof![8 => Just(None), 1 => Just(Some(0u64)), 4 => (0..2500u64).prop_map(Some)],
         prop_oneof![
             30 => Just(None),
-            1 => Just(Some(0u8)),
-            1 => Just(Some(1u8)),
-            1 => Just(Some(2u8)),
-            1 => Just(Some(3u8)),
+            6 => (0..6u8).prop_map(Some),
         ],
     )
         .prop_map(|(protected_concurrent, max_concurrent, protected_tokens, max_tokens, huge)| {
@@ -216,6 +213,9 @@ fn class_caps() -> BoxedStrategy<ClassCaps> {
                 Some(1) => caps.max_concurrent = Some(MAX_CONCURRENT + 1),
                 Some(2) => caps.protected_tokens = Some(MAX_BUDGET + 1),
                 Some(3) => caps.max_tokens = Some(MAX_BUDGET + 1),
+                // The largest valid ceilings.
+                Some(4) => caps.max_concurrent = Some(MAX_CONCURRENT),
+                Some(5) => caps.max_tokens = Some(MAX_BUDGET),
                 _ => {}
             }
             caps
@@ -249,7 +249,7 @@ fn fit(caps: &mut [ClassCaps], max_concurrent: u32, budget: Option<u64>) {
 }
 
 /// A bulkhead with 1 to 4 classes (a few without classes, a few configurations the builder
-/// refuses).
+/// refuses, a few at the engine's bounds).
 fn class_config() -> BoxedStrategy<Config> {
     (
         prop_oneof![1 => Just(0u32), 8 => 1..=4u32],
@@ -260,12 +260,33 @@ fn class_config() -> BoxedStrategy<Config> {
         ],
         0..3u64,
         (0..4usize, vec(class_caps(), 1..=4)),
-        prop_oneof![1 => Just(0u8), 1 => Just(1u8), 18 => Just(2u8)],
+        prop_oneof![1 => Just(0u8), 1 => Just(1u8), 1 => Just(3u8), 17 => Just(2u8)],
     )
         .prop_map(
-            |(max_concurrent, max_queue, budget, initial_revision, (default, mut caps), kind)| {
-                // 0: no classes; 1: the classes as drawn (often refused); else fitted.
-                if kind == 2 {
+            |(
+                mut max_concurrent,
+                max_queue,
+                mut budget,
+                initial_revision,
+                (default, mut caps),
+                kind,
+            )| {
+                // 0: no classes; 1: the classes as drawn (often refused); 3: at the engine's
+                // bounds (the most slots and tokens, floors scaled up to them); else fitted.
+                if kind == 3 {
+                    max_concurrent = MAX_CONCURRENT;
+                    budget = budget.map(|(_, reserve)| (MAX_BUDGET, reserve));
+                    let tokens = MAX_BUDGET / 1200;
+                    for c in &mut caps {
+                        c.protected_concurrent = c
+                            .protected_concurrent
+                            .map(|n| n.saturating_mul(MAX_CONCURRENT / 2));
+                        c.max_concurrent = c.max_concurrent.map(|n| n.saturating_mul(20_000));
+                        c.protected_tokens = c.protected_tokens.map(|n| n.saturating_mul(tokens));
+                        c.max_tokens = c.max_tokens.map(|n| n.saturating_mul(tokens));
+                    }
+                }
+                if kind >= 2 {
                     fit(&mut caps, max_concurrent, budget.map(|(b, _)| b));
                 }
                 Config {
@@ -381,17 +402,30 @@ fn class_op() -> BoxedStrategy<Op> {
         66 => op_using(class_call).boxed(),
         6 => index().prop_map(|permit| Op::Abandon { permit }),
         5 => class_limits_op(),
-        3 => (
+        4 => (
             class_call(),
             timeout(),
-            prop_oneof![4 => Just(0u8), 1 => Just(1u8), 2 => Just(2u8), 2 => Just(3u8), 1 => Just(4u8)],
+            prop_oneof![
+                3 => Just(0u8),
+                1 => Just(1u8),
+                3 => Just(2u8),
+                2 => Just(3u8),
+                1 => Just(4u8),
+            ],
             prop::option::weighted(0.4, small_usage()),
-            prop::bool::weighted(0.15),
-            prop::bool::weighted(0.15),
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.25),
         )
-            .prop_map(|(call, timeout, deadline, report_first, abandon_first, finish_first)| {
-                Op::Run { call, timeout, deadline, report_first, abandon_first, finish_first }
-            }),
+            .prop_map(
+                |(call, timeout, deadline, report_first, abandon_first, finish_first)| Op::Run {
+                    call,
+                    timeout,
+                    deadline,
+                    report_first,
+                    abandon_first,
+                    finish_first,
+                },
+            ),
         3 => (
             index(),
             small_usage(),
@@ -546,7 +580,7 @@ proptest! {
 }
 
 /// Cases of each class family.
-const CLASS_CASES: u32 = 600;
+const CLASS_CASES: u32 = 2000;
 
 /// The random sequences above do reach every situation the scenarios below pin.
 #[test]
@@ -603,16 +637,27 @@ fn random_class_sequences_reach_the_class_cases() {
     );
 }
 
-const EVERY_CLASS_CASE: [&str; 22] = [
+const EVERY_CLASS_CASE: [&str; 34] = [
     "abandon refused: already abandoned",
     "abandon refused: slot not borrowed",
     "abandoned slot served the queue",
     "abandoned: deadline",
     "abandoned: manual",
     "budget below the token floors refused",
+    "cancelled after a hand-off",
     "class limits changed under calls in flight",
     "class limits refused",
+    "class limits refused: floor above ceiling",
+    "class limits refused: floor sum",
+    "class limits refused: ids mismatch",
+    "class limits refused: required",
+    "class limits refused: token floor sum",
+    "class limits refused: tokens without a budget",
+    "class limits refused: too large",
     "class token identity checked",
+    "classes at the engine's bounds",
+    "classes refused by the builder",
+    "deadline passed",
     "invalid request: classes not configured",
     "invalid request: foreign class",
     "queue head refused by its class",
@@ -624,6 +669,7 @@ const EVERY_CLASS_CASE: [&str; 22] = [
     "released an abandoned admission",
     "run deadline not applied: slot within the floor",
     "run dropped while running",
+    "run dropped while waiting",
     "run finished first under a deadline",
     "run: zero deadline refused",
 ];

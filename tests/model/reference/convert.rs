@@ -23,8 +23,8 @@ pub(crate) const NOT_OURS: usize = usize::MAX;
 /// Builds the bulkhead for `config`: first the raw values, whose out-of-range ones the builder
 /// must refuse in its documented order (crate config.rs `build`; classes design §U6.1), then
 /// the clamped global values with the raw classes, then everything repaired. Answers the
-/// bulkhead, its limits and its default class.
-pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>) {
+/// bulkhead, its limits, its default class, and whether the builder refused the classes.
+pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>, bool) {
     let classes = config
         .classes
         .as_ref()
@@ -124,7 +124,13 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         }),
         ..limits
     };
-    (bulkhead, limits, repaired.map(|(default, _)| default))
+    let refused = class_error.is_some();
+    (
+        bulkhead,
+        limits,
+        repaired.map(|(default, _)| default),
+        refused,
+    )
 }
 
 fn admission_classes(default: usize, caps: &[ClassCaps]) -> AdmissionClasses {

@@ -8,6 +8,8 @@ use std::fmt::Debug;
 use std::sync::mpsc;
 use std::thread;
 
+use async_bulkhead_llm::MAX_CONCURRENT;
+
 use super::convert::build;
 use super::driver::Driver;
 use super::state::Model;
@@ -305,8 +307,14 @@ enum Reply {
 
 /// The worker: owns the bulkhead and everything that borrows it.
 fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Reply>) {
-    let (bulkhead, limits, default_class) = build(&config);
+    let (bulkhead, limits, default_class, classes_refused) = build(&config);
     let mut driver = Driver::new(&bulkhead, limits, default_class, config);
+    if classes_refused {
+        driver.model.note("classes refused by the builder");
+    }
+    if limits.classes.is_some() && limits.max_concurrent == MAX_CONCURRENT {
+        driver.model.note("classes at the engine's bounds");
+    }
     driver.check_all();
     if outbox.send(Reply::Done).is_err() {
         return;

@@ -39,16 +39,32 @@ impl Model {
             Ok(installed) => installed,
             Err(error) => {
                 self.note("limits refused");
-                if matches!(
-                    error,
-                    LimitsError::AdmissionClassesRequired
-                        | LimitsError::AdmissionClassesNotConfigured
-                        | LimitsError::ClassIdsMismatch
-                        | LimitsError::Class(_)
-                        | LimitsError::ProtectedConcurrentSumTooLarge { .. }
-                        | LimitsError::ProtectedTokensSumTooLarge { .. }
-                ) {
+                let class_error = match &error {
+                    LimitsError::AdmissionClassesRequired => "class limits refused: required",
+                    LimitsError::AdmissionClassesNotConfigured => {
+                        "class limits refused: not configured"
+                    }
+                    LimitsError::ClassIdsMismatch => "class limits refused: ids mismatch",
+                    LimitsError::Class(ClassLimitsError::TooLarge { .. }) => {
+                        "class limits refused: too large"
+                    }
+                    LimitsError::Class(ClassLimitsError::ProtectedAboveMax { .. }) => {
+                        "class limits refused: floor above ceiling"
+                    }
+                    LimitsError::Class(ClassLimitsError::TokensWithoutBudget { .. }) => {
+                        "class limits refused: tokens without a budget"
+                    }
+                    LimitsError::ProtectedConcurrentSumTooLarge { .. } => {
+                        "class limits refused: floor sum"
+                    }
+                    LimitsError::ProtectedTokensSumTooLarge { .. } => {
+                        "class limits refused: token floor sum"
+                    }
+                    _ => "",
+                };
+                if !class_error.is_empty() {
                     self.note("class limits refused");
+                    self.note(class_error);
                 }
                 return Err(error);
             }
