@@ -43,7 +43,7 @@ impl Driver<'_> {
         self.agree(
             "looking up an unknown class",
             self.bulkhead.class(UNKNOWN_CLASS),
-            Err(unknown.clone()),
+            Err(unknown),
         );
         if let Some(trimmed) = CLASS_IDS[..count].iter().find(|id| id.trim() != **id) {
             self.agree(

@@ -55,6 +55,7 @@ struct Mailbox {
     view: Option<View>,
 }
 
+/// The model's side of a run: waiting (the model's waiter key), or running (its admission).
 enum RunState {
     Waiting(u64),
     Running { model: ModelPermit, id: AdmissionId },
@@ -63,6 +64,8 @@ enum RunState {
 /// The first things a callback does when it is called (see `Op::Run`).
 pub(super) type Script = (Option<(u64, u64)>, bool, bool);
 
+/// A run the worker keeps: its future, the mailbox to its callback, its deadline and first
+/// steps, and the model's side; `serial` tells runs apart in creation order.
 pub(crate) struct LiveRun<'b> {
     future: RunFuture<'b>,
     mailbox: Rc<RefCell<Mailbox>>,

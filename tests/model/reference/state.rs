@@ -525,7 +525,9 @@ impl Model {
 
     /// Counts an admission (design §U3.2: count; §U4.1: `total_reserved += r`; §U6.3 and
     /// §U7.1: in its class too, with what it borrowed) and builds its permit: it holds its
-    /// reservation (design §U4.1).
+    /// reservation (design §U4.1). What it borrowed was fixed at commit, but like every
+    /// counter it is counted with the admission: for a waiter when it picks its hand-off up,
+    /// so a hand-off dropped before that counts as `aborted` only.
     pub(crate) fn admit(&mut self, ask: Ask, revision: u64, borrowed: Borrowed) -> ModelPermit {
         self.admitted += 1;
         self.reserved += u128::from(ask.reserved());
