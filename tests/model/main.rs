@@ -10,5 +10,7 @@
 
 mod reference;
 
+mod class_limits;
+mod class_scenarios;
 mod proptests;
 mod scenarios;

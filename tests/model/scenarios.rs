@@ -6,8 +6,9 @@ use crate::proptests::run;
 use crate::reference::{Call, Config, Op};
 
 /// An explicit reservation of `input + max_output` tokens, normal priority.
-fn ask(input: u64, max_output: u64) -> Call {
+pub(crate) fn ask(input: u64, max_output: u64) -> Call {
     Call {
+        class: 0,
         high: false,
         explicit: true,
         input,
@@ -21,16 +22,16 @@ fn ask(input: u64, max_output: u64) -> Call {
     }
 }
 
-fn high(call: Call) -> Call {
+pub(crate) fn high(call: Call) -> Call {
     Call { high: true, ..call }
 }
 
-fn try_acquire(call: Call) -> Op {
+pub(crate) fn try_acquire(call: Call) -> Op {
     Op::TryAcquire { owned: false, call }
 }
 
 /// An acquire without timeout, polled once and kept if it waits.
-fn acquire(call: Call) -> Op {
+pub(crate) fn acquire(call: Call) -> Op {
     Op::Acquire {
         owned: true,
         timeout: 0,
@@ -38,7 +39,7 @@ fn acquire(call: Call) -> Op {
     }
 }
 
-fn release(permit: u32, usage: Option<(u64, u64)>) -> Op {
+pub(crate) fn release(permit: u32, usage: Option<(u64, u64)>) -> Op {
     let (input, output) = usage.unwrap_or((0, 0));
     Op::Release {
         permit,
@@ -48,7 +49,12 @@ fn release(permit: u32, usage: Option<(u64, u64)>) -> Op {
     }
 }
 
-fn limits(revision_delta: i64, max_concurrent: u32, max_queue: u32, budget: (u64, u64)) -> Op {
+pub(crate) fn limits(
+    revision_delta: i64,
+    max_concurrent: u32,
+    max_queue: u32,
+    budget: (u64, u64),
+) -> Op {
     Op::ApplyLimits {
         revision_delta,
         max_concurrent,
@@ -56,20 +62,24 @@ fn limits(revision_delta: i64, max_concurrent: u32, max_queue: u32, budget: (u64
         flip_budget: false,
         budget: budget.0,
         reserve: budget.1,
+        class_shape: 0,
+        class_order: 0,
+        classes: Default::default(),
     }
 }
 
-fn config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u64)>) -> Config {
+pub(crate) fn config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u64)>) -> Config {
     Config {
         max_concurrent,
         max_queue,
         budget,
         initial_revision: 0,
+        classes: None,
     }
 }
 
 /// Runs a scenario and checks that each situation it is about happened as often as stated.
-fn scenario(config: Config, ops: &[Op], expected: &[(&str, u64)]) {
+pub(crate) fn scenario(config: Config, ops: &[Op], expected: &[(&str, u64)]) {
     let tally = run(config, ops);
     for &(what, count) in expected {
         assert_eq!(
@@ -137,6 +147,7 @@ fn the_upstream_example_of_limits_refusing_a_queued_call() {
             max_queue: 1,
             budget: Some((1000, 0)),
             initial_revision: 7,
+            classes: None,
         },
         &[
             try_acquire(ask(0, 400)),
@@ -485,18 +496,21 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             max_queue: u32::MAX,
             budget: Some((u64::MAX, u64::MAX)),
             initial_revision: u64::MAX,
+            classes: None,
         },
         Config {
             max_concurrent: 1,
             max_queue: 0,
             budget: Some((MAX_BUDGET + 1, 0)),
             initial_revision: MAX_REVISION,
+            classes: None,
         },
         Config {
             max_concurrent: 1,
             max_queue: 0,
             budget: Some((10, 11)),
             initial_revision: 0,
+            classes: None,
         },
     ] {
         run(

@@ -1,29 +1,47 @@
 //! Building the bulkhead, and converting between the crate's values and the model's.
 
 use async_bulkhead_llm::{
-    AcquireOptions, CapacityDetail, ConfigError, Event, Limits, LlmBulkhead, LlmRequest,
-    MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, Priority, RejectReason, Rejection, RequestError,
-    Reservation, Stats, TokenBudget, TokenUsage,
+    AbandonCause, AcquireOptions, Admission, AdmissionClass, AdmissionClasses, AdmissionId,
+    CapacityDetail, ClassLimits, ClassLimitsTable, ConfigError, Constraint as CrateConstraint,
+    Event, Limits, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, Priority,
+    RejectReason, Rejection, RequestError, Reservation, Resources, SharedPool, Stats, TokenBudget,
+    TokenUsage,
 };
 
 use super::harness::{Call, Config, MAX_CHARS};
+use super::limits::check_class;
 use super::values::{
-    Detail, MODEL_NAME, ModelLimits, ModelStats, Observed, Reason, Refused, TokenDetail, TokenStats,
+    Borrowed, CLASS_IDS, Cause, ClassCaps, ClassDetail, ClassStats, ClassTable, ClassTokenDetail,
+    ClassesStats, Constraint, Detail, MAX_CLASSES, MODEL_NAME, ModelLimits, ModelStats, Observed,
+    Pool, Reason, Refused, Snapshot, TokenDetail, TokenStats,
 };
 
+/// A class handle the model does not know (another bulkhead's, or one whose id or index is
+/// not its position's).
+pub(crate) const NOT_OURS: usize = usize::MAX;
+
 /// Builds the bulkhead for `config`: first the raw values, whose out-of-range ones the builder
-/// must refuse in its documented order (crate config.rs `build`), then the clamped ones.
-pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits) {
-    let builder = |max_concurrent, initial_revision, budget: Option<(u64, u64)>| {
+/// must refuse in its documented order (crate config.rs `build`; classes design §U6.1), then
+/// the clamped global values with the raw classes, then everything repaired. Answers the
+/// bulkhead, its limits, its default class, and whether the builder refused the classes.
+pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>, bool) {
+    let classes = config
+        .classes
+        .as_ref()
+        .map(|c| (c.default, &c.caps[..c.caps.len().min(MAX_CLASSES)]));
+    let builder = |max_concurrent, initial_revision, budget: Option<(u64, u64)>, classes| {
         let mut builder = LlmBulkhead::builder(MODEL_NAME, max_concurrent)
             .max_queue(config.max_queue)
             .initial_revision(initial_revision);
         if let Some((budget, reserve)) = budget {
             builder = builder.token_budget(TokenBudget::new(budget).high_priority_reserve(reserve));
         }
+        if let Some((default, caps)) = classes {
+            builder = builder.admission_classes(admission_classes(default, caps));
+        }
         builder.build()
     };
-    let expected = if config.max_concurrent > MAX_CONCURRENT {
+    let global = if config.max_concurrent > MAX_CONCURRENT {
         Some(ConfigError::MaxConcurrentTooLarge {
             value: config.max_concurrent,
             max: MAX_CONCURRENT,
@@ -45,16 +63,6 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits) {
             _ => None,
         }
     };
-    let raw = builder(
-        config.max_concurrent,
-        config.initial_revision,
-        config.budget,
-    );
-    assert_eq!(
-        raw.as_ref().err(),
-        expected.as_ref(),
-        "the builder's verdict on {config:?}"
-    );
     let limits = ModelLimits {
         revision: config.initial_revision.min(MAX_REVISION),
         max_concurrent: config.max_concurrent.min(MAX_CONCURRENT),
@@ -63,13 +71,176 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits) {
             let budget = budget.min(MAX_BUDGET);
             (budget, reserve.min(budget))
         }),
+        classes: None,
     };
+    let budget = limits.budget.map(|(budget, _)| budget);
+    let raw = builder(
+        config.max_concurrent,
+        config.initial_revision,
+        config.budget,
+        classes,
+    );
+    let class_error = classes.and_then(|(_, caps)| class_config_error(caps, limits, budget));
+    assert_eq!(
+        raw.as_ref().err(),
+        global.as_ref().or(class_error.as_ref()),
+        "the builder's verdict on {config:?}"
+    );
+    if global.is_some() {
+        let clamped = builder(
+            limits.max_concurrent,
+            limits.revision,
+            limits.budget,
+            classes,
+        );
+        assert_eq!(
+            clamped.as_ref().err(),
+            class_error.as_ref(),
+            "the builder's verdict on the classes of {config:?}"
+        );
+    }
+    let repaired = classes.map(|(default, caps)| {
+        let caps = repair(caps, limits.max_concurrent, budget);
+        (default % caps.len(), caps)
+    });
     let bulkhead = match raw {
-        Ok(bulkhead) => bulkhead,
-        Err(_) => builder(limits.max_concurrent, limits.revision, limits.budget)
-            .expect("a clamped configuration builds"),
+        Ok(bulkhead) if class_error.is_none() => bulkhead,
+        _ => builder(
+            limits.max_concurrent,
+            limits.revision,
+            limits.budget,
+            repaired.as_ref().map(|(d, caps)| (*d, &caps[..])),
+        )
+        .expect("a clamped and repaired configuration builds"),
     };
-    (bulkhead, limits)
+    let limits = ModelLimits {
+        classes: repaired.as_ref().map(|(_, caps)| {
+            let entries: Vec<_> = caps
+                .iter()
+                .enumerate()
+                .map(|(i, caps)| (CLASS_IDS[i], caps.normalized()))
+                .collect();
+            ClassTable::new(&entries)
+        }),
+        ..limits
+    };
+    let refused = class_error.is_some();
+    (
+        bulkhead,
+        limits,
+        repaired.map(|(default, _)| default),
+        refused,
+    )
+}
+
+fn admission_classes(default: usize, caps: &[ClassCaps]) -> AdmissionClasses {
+    let default = CLASS_IDS[if caps.is_empty() {
+        0
+    } else {
+        default % caps.len()
+    }];
+    caps.iter()
+        .enumerate()
+        .fold(AdmissionClasses::new(default), |classes, (i, caps)| {
+            classes.class(CLASS_IDS[i], class_limits(caps))
+        })
+}
+
+/// What the builder must refuse of `caps` (design §U6.1; the default class is always
+/// configured, and ids are never blank or repeated here): no class, a class's limits, the
+/// floor sums.
+fn class_config_error(
+    caps: &[ClassCaps],
+    limits: ModelLimits,
+    budget: Option<u64>,
+) -> Option<ConfigError> {
+    if caps.is_empty() {
+        return Some(ConfigError::NoClasses);
+    }
+    for (i, caps) in caps.iter().enumerate() {
+        if let Err(error) = check_class(CLASS_IDS[i], caps, budget.is_some()) {
+            return Some(ConfigError::Class(error));
+        }
+    }
+    let slots: u64 = caps.iter().map(ClassCaps::floor).sum();
+    let tokens: u64 = caps.iter().map(ClassCaps::token_floor).sum();
+    if slots > u64::from(limits.max_concurrent) {
+        return Some(ConfigError::ProtectedConcurrentSumTooLarge {
+            sum: slots,
+            max_concurrent: limits.max_concurrent,
+        });
+    }
+    match budget {
+        Some(budget) if tokens > budget => Some(ConfigError::ProtectedTokensSumTooLarge {
+            sum: tokens,
+            budget,
+        }),
+        _ => None,
+    }
+}
+
+/// `caps` made valid (see [`Classes`](super::harness::Classes)).
+fn repair(caps: &[ClassCaps], max_concurrent: u32, budget: Option<u64>) -> Vec<ClassCaps> {
+    let mut caps: Vec<ClassCaps> = caps
+        .iter()
+        .map(|c| {
+            let max_concurrent = c.max_concurrent.map(|n| n.min(MAX_CONCURRENT));
+            let max_tokens = c.max_tokens.map(|n| n.min(MAX_BUDGET));
+            let mut floor = c.protected_concurrent.map(|n| n.min(MAX_CONCURRENT));
+            let mut token_floor = c.protected_tokens.map(|n| n.min(MAX_BUDGET));
+            if let (Some(f), Some(max)) = (floor, max_concurrent) {
+                floor = Some(f.min(max));
+            }
+            if let (Some(f), Some(max)) = (token_floor, max_tokens) {
+                token_floor = Some(f.min(max));
+            }
+            ClassCaps {
+                protected_concurrent: floor,
+                max_concurrent,
+                protected_tokens: token_floor.filter(|_| budget.is_some()),
+                max_tokens: max_tokens.filter(|_| budget.is_some()),
+            }
+        })
+        .collect();
+    if caps.is_empty() {
+        caps.push(ClassCaps::default());
+    }
+    if caps.iter().map(ClassCaps::floor).sum::<u64>() > u64::from(max_concurrent) {
+        caps.iter_mut().for_each(|c| c.protected_concurrent = None);
+    }
+    if let Some(budget) = budget
+        && caps.iter().map(ClassCaps::token_floor).sum::<u64>() > budget
+    {
+        caps.iter_mut().for_each(|c| c.protected_tokens = None);
+    }
+    caps
+}
+
+pub(crate) fn class_limits(caps: &ClassCaps) -> ClassLimits {
+    let mut limits = ClassLimits::new();
+    limits.protected_concurrent = caps.protected_concurrent;
+    limits.max_concurrent = caps.max_concurrent;
+    limits.protected_in_flight_tokens = caps.protected_tokens;
+    limits.max_in_flight_tokens = caps.max_tokens;
+    limits
+}
+
+fn caps_of(limits: &ClassLimits) -> ClassCaps {
+    ClassCaps {
+        protected_concurrent: limits.protected_concurrent,
+        max_concurrent: limits.max_concurrent,
+        protected_tokens: limits.protected_in_flight_tokens,
+        max_tokens: limits.max_in_flight_tokens,
+    }
+}
+
+/// The position of `class` among `handles` (the bulkhead's classes, in order), checking its
+/// id and index; [`NOT_OURS`] otherwise.
+pub(crate) fn class_index(class: AdmissionClass, handles: &[AdmissionClass]) -> usize {
+    match handles.iter().position(|&h| h == class) {
+        Some(i) if class.id() == CLASS_IDS[i] && usize::from(class.index()) == i => i,
+        _ => NOT_OURS,
+    }
 }
 
 pub(crate) fn reason_of(reason: RejectReason) -> Reason {
@@ -92,18 +263,56 @@ pub(crate) fn limits_of(limits: &Limits) -> ModelLimits {
         budget: limits
             .token_budget
             .map(|b| (b.budget, b.high_priority_reserve)),
+        classes: limits.admission_classes.as_ref().map(|table| {
+            let entries: Vec<_> = table
+                .iter()
+                .map(|(id, limits)| {
+                    let id = CLASS_IDS.iter().find(|&&known| known == id).unwrap_or(&"?");
+                    (*id, caps_of(limits))
+                })
+                .collect();
+            ClassTable::new(&entries[..entries.len().min(MAX_CLASSES)])
+        }),
     }
 }
 
-pub(crate) fn limits_from(limits: ModelLimits) -> Limits {
-    let next = Limits::new(limits.revision, limits.max_concurrent).with_max_queue(limits.max_queue);
-    match limits.budget {
-        Some((budget, reserve)) => next.with_token_budget(budget, reserve),
-        None => next,
+pub(crate) fn limits_from(limits: &Snapshot) -> Limits {
+    let mut next =
+        Limits::new(limits.revision, limits.max_concurrent).with_max_queue(limits.max_queue);
+    if let Some((budget, reserve)) = limits.budget {
+        next = next.with_token_budget(budget, reserve);
+    }
+    if let Some(classes) = &limits.classes {
+        next = next.with_admission_classes(
+            classes
+                .iter()
+                .fold(ClassLimitsTable::new(), |table, (id, caps)| {
+                    table.with(*id, class_limits(caps))
+                }),
+        );
+    }
+    next
+}
+
+fn constraint_of(constraint: CrateConstraint) -> Constraint {
+    match constraint {
+        CrateConstraint::Global => Constraint::Global,
+        CrateConstraint::AdmissionClass => Constraint::AdmissionClass,
+        CrateConstraint::AdmissionClassProtection => Constraint::AdmissionClassProtection,
+        other => panic!("a constraint the model does not know: {other:?}"),
     }
 }
 
-pub(crate) fn detail_of(d: &CapacityDetail) -> Detail {
+fn pool_of(p: &SharedPool) -> Pool {
+    Pool {
+        capacity: p.capacity,
+        in_use: p.in_use,
+        available: p.available,
+        requested_borrowed: p.requested_borrowed,
+    }
+}
+
+pub(crate) fn detail_of(d: &CapacityDetail, handles: &[AdmissionClass]) -> Detail {
     Detail {
         limit_revision: d.limit_revision,
         in_flight: d.in_flight,
@@ -117,13 +326,40 @@ pub(crate) fn detail_of(d: &CapacityDetail) -> Detail {
             available: t.available,
             requested: t.requested,
         }),
+        constraint: d.constraint.map(constraint_of),
+        shared: d.shared_capacity.map(|s| {
+            (
+                pool_of(&s.concurrency),
+                s.token_budget.as_ref().map(pool_of),
+            )
+        }),
+        class: d.admission_class.map(|c| ClassDetail {
+            class: class_index(c.class, handles),
+            in_flight: c.in_flight,
+            protected_concurrent: c.protected_concurrent,
+            protected_concurrent_in_use: c.protected_concurrent_in_use,
+            borrowed_concurrent: c.borrowed_concurrent,
+            available_protected_concurrent: c.available_protected_concurrent,
+            max_concurrent: c.max_concurrent,
+            available_concurrent: c.available_concurrent,
+            tokens: c.token_budget.map(|t| ClassTokenDetail {
+                in_flight_tokens: t.in_flight_tokens,
+                protected_tokens: t.protected_in_flight_tokens,
+                protected_tokens_in_use: t.protected_tokens_in_use,
+                borrowed_tokens: t.borrowed_in_flight_tokens,
+                available_protected_tokens: t.available_protected_tokens,
+                max_tokens: t.max_in_flight_tokens,
+                available: t.available,
+                requested: t.requested,
+            }),
+        }),
     }
 }
 
-pub(crate) fn refused_of(rejection: &Rejection) -> Refused {
+pub(crate) fn refused_of(rejection: &Rejection, handles: &[AdmissionClass]) -> Refused {
     let refused = Refused {
         reason: reason_of(rejection.reason()),
-        detail: detail_of(rejection.detail()),
+        detail: detail_of(rejection.detail(), handles),
     };
     assert_eq!(
         rejection.limit_revision(),
@@ -137,17 +373,75 @@ pub(crate) fn usage_of(usage: Option<TokenUsage>) -> Option<(u64, u64)> {
     usage.map(|u| (u.input(), u.output()))
 }
 
-pub(crate) fn stats_of(s: &Stats) -> ModelStats {
-    let by_reason = core::array::from_fn(|i| s.rejected_by_reason.get(RejectReason::ALL[i]));
+pub(crate) fn borrowed_of(resources: Resources) -> Borrowed {
+    Borrowed {
+        slot: resources.borrowed_concurrency,
+        tokens: resources.borrowed_tokens,
+    }
+}
+
+fn cause_of(cause: AbandonCause) -> Cause {
+    match cause {
+        AbandonCause::Manual => Cause::Manual,
+        AbandonCause::Deadline => Cause::Deadline,
+        other => panic!("a cause the model does not know: {other:?}"),
+    }
+}
+
+fn class_of(class: Option<AdmissionClass>, handles: &[AdmissionClass]) -> Option<usize> {
+    class.map(|c| class_index(c, handles))
+}
+
+/// What an admission shows through its permit or run context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct View {
+    pub(crate) id: AdmissionId,
+    pub(crate) held: u64,
+    pub(crate) reservation: Option<(u64, u64)>,
+    pub(crate) revision: u64,
+    pub(crate) high: bool,
+    pub(crate) class: Option<usize>,
+    pub(crate) borrowed: Borrowed,
+    pub(crate) holds_slot: bool,
+    pub(crate) usage: Option<(u64, u64)>,
+    pub(crate) sequence: u64,
+}
+
+pub(crate) fn view_of(a: &Admission, handles: &[AdmissionClass]) -> View {
+    View {
+        id: a.admission_id(),
+        held: a.held_tokens(),
+        reservation: a.reservation().map(|r| (r.input(), r.max_output())),
+        revision: a.limit_revision(),
+        high: a.priority() == Priority::High,
+        class: class_of(a.class(), handles),
+        borrowed: borrowed_of(a.resources()),
+        holds_slot: a.holds_slot(),
+        usage: usage_of(a.usage()),
+        sequence: a.usage_sequence(),
+    }
+}
+
+pub(crate) fn stats_of(s: &Stats, handles: &[AdmissionClass]) -> ModelStats {
+    let by_reason = |counts: &async_bulkhead_llm::RejectionCounts| {
+        core::array::from_fn(|i| counts.get(RejectReason::ALL[i]))
+    };
+    let abandoned =
+        |total: u64, by: &async_bulkhead_llm::AbandonCounts| (total, by.manual, by.deadline);
     ModelStats {
         limits: limits_of(&s.limits),
         closed: s.closed,
         in_flight: s.in_flight,
+        abandoned_in_flight: s.abandoned_in_flight,
+        abandoned: abandoned(
+            s.borrowed_concurrency_abandoned,
+            &s.borrowed_concurrency_abandoned_by_cause,
+        ),
         pending: s.pending,
         admitted: s.admitted,
         released: s.released,
         rejected: s.rejected,
-        rejected_by_reason: by_reason,
+        rejected_by_reason: by_reason(&s.rejected_by_reason),
         tokens: s.token_budget.map(|t| TokenStats {
             budget: t.budget,
             high_priority_reserve: t.high_priority_reserve,
@@ -159,25 +453,74 @@ pub(crate) fn stats_of(s: &Stats) -> ModelStats {
             total_overrun: t.total_overrun,
         }),
         listener_panics: s.listener_panics,
+        classes: s.admission_classes.as_ref().map(|c| ClassesStats {
+            default_class: class_index(c.default_class, handles),
+            shared: (
+                c.shared.max_concurrent,
+                c.shared.in_flight,
+                c.shared.available_concurrent,
+            ),
+            shared_tokens: c
+                .shared
+                .token_budget
+                .map(|t| (t.budget, t.in_flight_tokens, t.available)),
+            classes: c
+                .classes
+                .iter()
+                .map(|k| ClassStats {
+                    class: class_index(k.class, handles),
+                    limits: caps_of(&k.limits),
+                    slots: (
+                        k.in_flight,
+                        k.protected_concurrent_in_use,
+                        k.borrowed_concurrent,
+                    ),
+                    tokens: (
+                        k.in_flight_tokens,
+                        k.protected_tokens_in_use,
+                        k.borrowed_in_flight_tokens,
+                    ),
+                    admitted: k.admitted,
+                    released: k.released,
+                    abandoned: abandoned(
+                        k.borrowed_concurrency_abandoned,
+                        &k.borrowed_concurrency_abandoned_by_cause,
+                    ),
+                    rejected: k.rejected,
+                    rejected_by_reason: by_reason(&k.rejected_by_reason),
+                    total_reserved: k.total_reserved,
+                    total_consumed: k.total_consumed,
+                    total_refunded: k.total_refunded,
+                    total_overrun: k.total_overrun,
+                    total_borrowed_admissions: k.total_borrowed_admissions,
+                    total_borrowed_tokens_reserved: k.total_borrowed_tokens_reserved,
+                })
+                .collect(),
+        }),
     }
 }
 
-pub(crate) fn observe(event: &Event<'_>) -> Observed {
+/// An event as the model records it. Never panics (a listener's panic would be caught and
+/// counted): what the model does not know shows as a disagreement instead.
+pub(crate) fn observe(event: &Event<'_>, handles: &[AdmissionClass]) -> Observed {
     match event {
         Event::Admit(e) => Observed::Admit {
             revision: e.limit_revision,
+            class: class_of(e.class, handles),
+            borrowed: borrowed_of(e.resources),
             reserved: e.reserved_tokens,
             high: e.priority == Priority::High,
         },
-        Event::Reject(e) => Observed::Reject(Refused {
-            reason: reason_of(e.reason),
-            detail: {
-                assert_eq!(e.limit_revision, e.detail.limit_revision);
-                detail_of(&e.detail)
+        Event::Reject(e) if e.limit_revision == e.detail.limit_revision => Observed::Reject {
+            class: class_of(e.class, handles),
+            refused: Refused {
+                reason: reason_of(e.reason),
+                detail: detail_of(&e.detail, handles),
             },
-        }),
+        },
         Event::Usage(e) => Observed::Usage {
             revision: e.limit_revision,
+            class: class_of(e.class, handles),
             sequence: e.sequence,
             reserved: e.reserved_tokens,
             previous_held: e.previous_held_tokens,
@@ -186,6 +529,8 @@ pub(crate) fn observe(event: &Event<'_>) -> Observed {
         },
         Event::Release(e) => Observed::Release {
             revision: e.limit_revision,
+            class: class_of(e.class, handles),
+            borrowed: borrowed_of(e.resources),
             reserved: e.reserved_tokens,
             held: e.held_tokens,
             refunded: e.refunded_tokens,
@@ -196,12 +541,24 @@ pub(crate) fn observe(event: &Event<'_>) -> Observed {
             previous: limits_of(&e.previous),
             current: limits_of(&e.current),
         },
+        Event::BorrowedConcurrencyAbandon(e) => Observed::Abandon {
+            revision: e.limit_revision,
+            high: e.priority == Priority::High,
+            class: class_of(e.class, handles),
+            borrowed: borrowed_of(e.resources),
+            cause: cause_of(e.cause),
+            held: e.held_tokens,
+        },
         other => Observed::Other(format!("{other:?}")),
     }
 }
 
-/// The request and options of a call, or the error building its explicit reservation.
-pub(crate) fn prepare(call: &Call) -> Result<(LlmRequest, AcquireOptions), RequestError> {
+/// The request and options of a call naming `class`, or the error building its explicit
+/// reservation.
+pub(crate) fn prepare(
+    call: &Call,
+    class: Option<AdmissionClass>,
+) -> Result<(LlmRequest, AcquireOptions), RequestError> {
     let mut request = LlmRequest::new();
     match call.model % 4 {
         1 => request = request.model("gpt-4o"),
@@ -221,6 +578,9 @@ pub(crate) fn prepare(call: &Call) -> Result<(LlmRequest, AcquireOptions), Reque
     } else {
         Priority::Normal
     });
+    if let Some(class) = class {
+        options = options.class(class);
+    }
     if call.explicit {
         options = options.reservation(Reservation::new(call.input, call.max_output)?);
     }

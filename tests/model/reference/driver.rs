@@ -10,19 +10,22 @@ use std::time::Duration;
 
 use async_bulkhead_llm::futures::{Acquire, AcquireOwned, Drain};
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionId, ApplyOutcome, DrainReport, LlmBulkhead, LlmRequest,
-    OwnedPermit, Permit, Priority, Progressive, RejectReason, ReleaseReport, RequestError,
-    Subscription, TokenUsage, UsageError, UsageReport, Verdict,
+    AcquireError, AcquireOptions, Admission, AdmissionClass, AdmissionClasses, AdmissionId,
+    ApplyOutcome, ClassLimits, DrainReport, LlmBulkhead, LlmRequest, OwnedPermit, Permit,
+    Progressive, RejectReason, ReleaseReport, RequestError, Subscription, TokenUsage, UsageError,
+    UsageReport, Verdict,
 };
 
 use super::convert::{
-    detail_of, limits_from, limits_of, observe, prepare, reason_of, refused_of, stats_of, usage_of,
+    View, detail_of, limits_from, limits_of, observe, prepare, reason_of, refused_of, stats_of,
+    usage_of, view_of,
 };
 use super::harness::{Call, Config, Op};
+use super::runs::LiveRun;
 use super::state::Model;
 use super::values::{
-    Ask, LimitsOutcome, ModelLimits, ModelPermit, ModelVerdict, Observed, REASONS, Refused,
-    Settled, Started, UsageSnapshot,
+    Ask, CLASS_IDS, Cause, LimitsOutcome, ModelLimits, ModelPermit, ModelVerdict, Observed,
+    REASONS, Refused, Settled, Snapshot, Started, UsageSnapshot,
 };
 
 /// A live permit of either kind.
@@ -52,31 +55,34 @@ impl Live<'_> {
         }
     }
 
-    /// `(admission_id, held_tokens, reservation, limit_revision, high priority)`.
-    fn accessors(&self) -> (AdmissionId, u64, Option<(u64, u64)>, u64, bool) {
-        let (id, held, reservation, revision, priority) = match self {
-            Live::Borrowed(p) => (
-                p.admission_id(),
-                p.held_tokens(),
-                p.reservation(),
-                p.limit_revision(),
-                p.priority(),
-            ),
-            Live::Owned(p) => (
-                p.admission_id(),
-                p.held_tokens(),
-                p.reservation(),
-                p.limit_revision(),
-                p.priority(),
-            ),
-        };
-        (
-            id,
-            held,
-            reservation.map(|r| (r.input(), r.max_output())),
-            revision,
-            priority == Priority::High,
-        )
+    fn abandon(&mut self) -> bool {
+        match self {
+            Live::Borrowed(p) => p.abandon_borrowed_concurrency(),
+            Live::Owned(p) => p.abandon_borrowed_concurrency(),
+        }
+    }
+
+    fn admission(&self) -> &Admission {
+        match self {
+            Live::Borrowed(p) => p,
+            Live::Owned(p) => p,
+        }
+    }
+}
+
+/// What the model expects a permit or run context of `permit` to show.
+pub(super) fn model_view(id: AdmissionId, permit: &ModelPermit) -> View {
+    View {
+        id,
+        held: permit.held,
+        reservation: permit.reservation,
+        revision: permit.revision,
+        high: permit.high,
+        class: permit.class,
+        borrowed: permit.borrowed,
+        holds_slot: permit.holds_slot,
+        usage: permit.reported,
+        sequence: permit.sequence,
     }
 }
 
@@ -103,18 +109,24 @@ struct LivePermit<'b> {
 }
 
 pub(crate) struct Driver<'b> {
-    bulkhead: &'b LlmBulkhead,
+    pub(super) bulkhead: &'b LlmBulkhead,
+    /// The bulkhead's class handles, in order (empty without classes).
+    pub(super) handles: Vec<AdmissionClass>,
+    /// Class handles of another bulkhead (design §U6.2: refused before anything is counted).
+    pub(super) foreign: Vec<AdmissionClass>,
     pub(crate) model: Model,
     config: Config,
     permits: Vec<LivePermit<'b>>,
     /// Waiting futures with their model keys, in creation order.
     waiters: Vec<(Waiting<'b>, u64)>,
+    /// Runs, waiting or running, in creation order.
+    pub(super) runs: Vec<LiveRun<'b>>,
     /// Pending drains with the model's idle epoch when they started.
     drains: Vec<(Drain<'b>, u64)>,
     auto_poll: bool,
     recorded: Arc<Mutex<Vec<Observed>>>,
     subscription: Option<Subscription>,
-    ids: HashSet<AdmissionId>,
+    pub(super) ids: HashSet<AdmissionId>,
     step: usize,
     /// The operation being checked, for messages.
     op: String,
@@ -124,6 +136,7 @@ impl<'b> Driver<'b> {
     pub(crate) fn new(
         bulkhead: &'b LlmBulkhead,
         limits: ModelLimits,
+        default_class: Option<usize>,
         config: Config,
     ) -> Driver<'b> {
         // The model counts refusals by `reason as usize`, in the crate's order.
@@ -134,12 +147,25 @@ impl<'b> Driver<'b> {
                 .collect::<Vec<_>>(),
             REASONS
         );
-        Driver {
+        let foreign = LlmBulkhead::builder("other", 1)
+            .admission_classes(
+                CLASS_IDS
+                    .iter()
+                    .fold(AdmissionClasses::new(CLASS_IDS[0]), |classes, id| {
+                        classes.class(*id, ClassLimits::new())
+                    }),
+            )
+            .build()
+            .expect("another bulkhead");
+        let driver = Driver {
             bulkhead,
-            model: Model::new(limits),
+            handles: bulkhead.classes().to_vec(),
+            foreign: foreign.classes().to_vec(),
+            model: Model::new(limits, default_class),
             config,
             permits: Vec::new(),
             waiters: Vec::new(),
+            runs: Vec::new(),
             drains: Vec::new(),
             auto_poll: true,
             recorded: Arc::new(Mutex::new(Vec::new())),
@@ -147,12 +173,14 @@ impl<'b> Driver<'b> {
             ids: HashSet::new(),
             step: 0,
             op: "building the bulkhead".into(),
-        }
+        };
+        driver.check_handles(default_class);
+        driver
     }
 
     /// Panics unless the crate's `real` equals the model's `model`.
     #[track_caller]
-    fn agree<T: PartialEq + Debug>(&self, what: &str, real: T, model: T) {
+    pub(super) fn agree<T: PartialEq + Debug>(&self, what: &str, real: T, model: T) {
         if real != model {
             panic!(
                 "the crate and the model disagree on {what}\n  at step {} ({})\n  config: \
@@ -201,6 +229,16 @@ impl<'b> Driver<'b> {
                     self.model.settle(model, None);
                 }
             }
+            Op::Abandon { permit } => {
+                if !self.permits.is_empty() {
+                    let at = permit as usize % self.permits.len();
+                    let real = self.permits[at].real.abandon();
+                    let mut model = self.permits[at].model;
+                    let expected = self.model.abandon(&mut model, Cause::Manual);
+                    self.permits[at].model = model;
+                    self.agree("abandon_borrowed_concurrency", real, expected);
+                }
+            }
             Op::CancelWaiter { waiter } => {
                 if !self.waiters.is_empty() {
                     let at = waiter as usize % self.waiters.len();
@@ -222,28 +260,32 @@ impl<'b> Driver<'b> {
                 flip_budget,
                 budget,
                 reserve,
+                class_shape,
+                class_order,
+                classes,
             } => {
                 let revision = (i128::from(self.model.limits.revision) + i128::from(revision_delta))
                     .clamp(0, i128::from(u64::MAX)) as u64;
-                let next = ModelLimits {
+                let next = Snapshot {
                     revision,
                     max_concurrent,
                     max_queue,
                     budget: (self.model.has_budget != flip_budget).then_some((budget, reserve)),
+                    classes: self.class_part(class_shape, class_order, &classes),
                 };
-                let real =
-                    self.bulkhead
-                        .apply_limits(limits_from(next))
-                        .map(|outcome| match outcome {
-                            ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
-                                previous: limits_of(&previous),
-                                current: limits_of(&current),
-                            },
-                            ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
-                                current: limits_of(&current),
-                            },
-                        });
-                let model = self.model.apply_limits(next);
+                let real = self
+                    .bulkhead
+                    .apply_limits(limits_from(&next))
+                    .map(|outcome| match outcome {
+                        ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
+                            previous: limits_of(&previous),
+                            current: limits_of(&current),
+                        },
+                        ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
+                            current: limits_of(&current),
+                        },
+                    });
+                let model = self.model.apply_limits(&next);
                 self.agree("apply_limits", real, model);
             }
             Op::SetBudget { tokens } => {
@@ -261,14 +303,39 @@ impl<'b> Driver<'b> {
             Op::Listen { on } => {
                 if on && self.subscription.is_none() {
                     let sink = Arc::clone(&self.recorded);
+                    let handles = self.handles.clone();
                     self.subscription = Some(self.bulkhead.on(move |event| {
-                        sink.lock().expect("the recorder").push(observe(event));
+                        sink.lock()
+                            .expect("the recorder")
+                            .push(observe(event, &handles));
                     }));
                 } else if !on {
                     self.subscription = None;
                 }
                 self.model.listening = on;
             }
+            Op::Run {
+                call,
+                timeout,
+                deadline,
+                report_first,
+                abandon_first,
+                finish_first,
+            } => self.run(
+                &call,
+                timeout,
+                deadline,
+                (report_first, abandon_first, finish_first),
+            ),
+            Op::RunReport {
+                run,
+                input,
+                output,
+                progressive,
+            } => self.run_report(run, (input, output), progressive),
+            Op::RunAbandon { run } => self.run_abandon(run),
+            Op::RunFinish { run, ok, usage } => self.run_finish(run, ok, usage),
+            Op::DropRun { run } => self.drop_run(run),
         }
         self.check_all();
         if self.auto_poll {
@@ -279,7 +346,7 @@ impl<'b> Driver<'b> {
 
     /// A permit the crate granted, checked against the model's, and kept.
     fn keep(&mut self, real: Live<'b>, model: ModelPermit) {
-        let (id, ..) = real.accessors();
+        let id = real.admission().admission_id();
         let new = self.ids.insert(id);
         self.agree("whether the admission id is new", new, true);
         self.permits.push(LivePermit { real, model, id });
@@ -287,12 +354,13 @@ impl<'b> Driver<'b> {
 
     /// The call's request and options, and the model's resolution of it; `None` when the
     /// explicit reservation cannot even be built (checked against the model).
-    fn resolve(
+    pub(super) fn resolve(
         &mut self,
         call: &Call,
     ) -> Option<(LlmRequest, AcquireOptions, Result<Ask, RequestError>)> {
-        match prepare(call) {
-            Ok((request, options)) => Some((request, options, self.model.resolve(call))),
+        let (named, handle) = self.named(call);
+        match prepare(call, handle) {
+            Ok((request, options)) => Some((request, options, self.model.resolve(call, named))),
             Err(error) => {
                 let expected = RequestError::ReservationOverflow {
                     input: call.input,
@@ -331,30 +399,32 @@ impl<'b> Driver<'b> {
     ) {
         match (real, model) {
             (Ok(permit), Ok(Ok(expected))) => {
-                let (_, held, reservation, revision, high) = permit.accessors();
-                self.agree(
-                    what,
-                    (held, reservation, revision, high),
-                    (
-                        expected.held,
-                        expected.reservation,
-                        expected.revision,
-                        expected.high,
-                    ),
-                );
+                let view = view_of(permit.admission(), &self.handles);
+                self.agree(what, view, model_view(view.id, &expected));
                 self.keep(permit, expected);
             }
             (Err(AcquireError::Rejected(rejection)), Ok(Err(expected))) => {
-                self.agree(what, refused_of(&rejection), expected);
+                self.agree(what, refused_of(&rejection, &self.handles), expected);
             }
             (Err(AcquireError::Invalid(error)), Err(expected)) => {
-                self.model.note("invalid request");
+                self.note_invalid(&error);
                 self.agree(what, error, expected);
             }
             (real, model) => {
-                let real = real.map(|p| p.accessors());
+                let real = real.map(|p| view_of(p.admission(), &self.handles));
                 self.agree(what, format!("{real:?}"), format!("{model:?}"));
             }
+        }
+    }
+
+    pub(super) fn note_invalid(&mut self, error: &RequestError) {
+        self.model.note("invalid request");
+        match error {
+            RequestError::ForeignClass { .. } => self.model.note("invalid request: foreign class"),
+            RequestError::ClassesNotConfigured { .. } => {
+                self.model.note("invalid request: classes not configured")
+            }
+            _ => {}
         }
     }
 
@@ -385,7 +455,7 @@ impl<'b> Driver<'b> {
             }
             (Poll::Ready(real), Err(error)) => self.outcome("acquire", real, Err(error)),
             (real, model) => {
-                let real = real.map(|r| r.map(|p| p.accessors()));
+                let real = real.map(|r| r.map(|p| view_of(p.admission(), &self.handles)));
                 let model = model.map(|started| match started {
                     Started::Admitted(p) => format!("admitted {p:?}"),
                     Started::Refused(r) => format!("refused {r:?}"),
@@ -407,7 +477,7 @@ impl<'b> Driver<'b> {
                 self.outcome("a waiter's poll", real, Ok(model));
             }
             (real, model) => {
-                let real = real.map(|r| r.map(|p| p.accessors()));
+                let real = real.map(|r| r.map(|p| view_of(p.admission(), &self.handles)));
                 self.agree("a waiter's poll", format!("{real:?}"), format!("{model:?}"));
             }
         }
@@ -427,7 +497,7 @@ impl<'b> Driver<'b> {
             let real = self
                 .bulkhead
                 .would_admit_with_detail(&request, options)
-                .map(|(verdict, detail)| (verdict_of(verdict), detail_of(&detail)));
+                .map(|(verdict, detail)| (verdict_of(verdict), detail_of(&detail, &self.handles)));
             self.agree("would_admit_with_detail", real, model);
         } else {
             let real = self.bulkhead.would_admit(&request, options).map(verdict_of);
@@ -436,10 +506,13 @@ impl<'b> Driver<'b> {
     }
 
     fn estimate(&mut self, call: &Call) {
-        let request = match prepare(&Call {
-            explicit: false,
-            ..call.clone()
-        }) {
+        let request = match prepare(
+            &Call {
+                explicit: false,
+                ..call.clone()
+            },
+            None,
+        ) {
             Ok((request, _)) => request,
             Err(_) => unreachable!("only an explicit reservation can fail to build"),
         };
@@ -480,6 +553,16 @@ impl<'b> Driver<'b> {
         let mut model_permit = live.model;
         let model = self.model.report(&mut model_permit, usage, progressive);
         self.permits[at].model = model_permit;
+        self.agree_report(real, id, model);
+    }
+
+    /// Checks a usage report's answer.
+    pub(super) fn agree_report(
+        &self,
+        real: Result<UsageReport, UsageError>,
+        id: AdmissionId,
+        model: Result<UsageSnapshot, UsageError>,
+    ) {
         let real = real.map(|r| {
             self.agree("a usage report's admission id", r.admission_id, id);
             UsageSnapshot {
@@ -562,6 +645,7 @@ impl<'b> Driver<'b> {
                 .expect("still waiting");
             self.poll_waiter(at);
         }
+        self.poll_runs();
         let mut cx = Context::from_waker(Waker::noop());
         let mut at = 0;
         while at < self.drains.len() {
@@ -586,7 +670,7 @@ impl<'b> Driver<'b> {
     pub(crate) fn check_all(&mut self) {
         self.agree(
             "stats()",
-            stats_of(&self.bulkhead.stats()),
+            stats_of(&self.bulkhead.stats(), &self.handles),
             self.model.stats(),
         );
         self.agree(
@@ -600,16 +684,11 @@ impl<'b> Driver<'b> {
         for p in &self.permits {
             self.agree(
                 "a live permit's accessors",
-                p.real.accessors(),
-                (
-                    p.id,
-                    p.model.held,
-                    p.model.reservation,
-                    p.model.revision,
-                    p.model.high,
-                ),
+                view_of(p.real.admission(), &self.handles),
+                model_view(p.id, &p.model),
             );
         }
+        self.check_runs();
     }
 
     /// Cancels every waiter, drops every permit (oldest first), and checks the end
@@ -621,6 +700,10 @@ impl<'b> Driver<'b> {
             let (future, key) = self.waiters.remove(0);
             drop(future);
             self.model.cancel_waiter(key);
+            self.check_all();
+        }
+        while !self.runs.is_empty() {
+            self.drop_run(0);
             self.check_all();
         }
         while !self.permits.is_empty() {
@@ -641,12 +724,41 @@ impl<'b> Driver<'b> {
 
         let stats = self.bulkhead.stats();
         self.agree("the slots in flight at the end", stats.in_flight, 0);
+        self.agree(
+            "the abandoned admissions at the end",
+            stats.abandoned_in_flight,
+            0,
+        );
         self.agree("the calls waiting at the end", stats.pending, 0);
         self.agree(
             "admitted == released at the end",
             stats.admitted,
             stats.released,
         );
+        for class in stats.admission_classes.iter().flat_map(|c| &c.classes) {
+            self.agree("a class's slots at the end", class.in_flight, 0);
+            self.agree("a class's tokens at the end", class.in_flight_tokens, 0);
+            self.agree(
+                "a class's admitted == released at the end",
+                class.admitted,
+                class.released,
+            );
+            let saturated = [
+                class.total_reserved,
+                class.total_consumed,
+                class.total_refunded,
+                class.total_overrun,
+            ]
+            .contains(&u64::MAX);
+            if self.model.all_settled_with_usage && stats.token_budget.is_some() && !saturated {
+                self.agree(
+                    "a class's reserved + overrun == consumed + refunded",
+                    u128::from(class.total_reserved) + u128::from(class.total_overrun),
+                    u128::from(class.total_consumed) + u128::from(class.total_refunded),
+                );
+                self.model.note("class token identity checked");
+            }
+        }
         if let Some(t) = stats.token_budget {
             self.agree("the tokens in flight at the end", t.in_flight_tokens, 0);
             let saturated = [

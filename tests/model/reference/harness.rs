@@ -2,13 +2,18 @@
 //! operations ([`Op`], [`Call`]), and the [`Harness`] that applies them to the crate and
 //! the model on a worker thread.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::mpsc;
 use std::thread;
 
+use async_bulkhead_llm::MAX_CONCURRENT;
+
 use super::convert::build;
 use super::driver::Driver;
+use super::state::Model;
+use super::values::ClassCaps;
 
 /// A bulkhead to build. [`Harness::new`] checks that the builder refuses out-of-range values
 /// (in its documented order), then clamps them into range and builds that.
@@ -19,12 +24,29 @@ pub struct Config {
     /// `(budget, high_priority_reserve)`.
     pub budget: Option<(u64, u64)>,
     pub initial_revision: u64,
+    /// Admission classes, if any.
+    pub classes: Option<Classes>,
 }
 
-/// What one call asks for: its priority, and either an explicit reservation or a request for
-/// the bulkhead's estimator (the default model-aware one, design §U13.3).
+/// Admission classes to build with: each class's limits, in order (the ids are the first of
+/// `CLASS_IDS`, at most four classes), and the default class (a position, taken modulo the
+/// number of classes). Values the builder refuses (design §U6.1) are checked, then repaired:
+/// clamped, floors lowered to their ceilings, token limits dropped without a budget, and
+/// floors dropped whose sum is too large.
+#[derive(Clone, Debug)]
+pub struct Classes {
+    pub default: usize,
+    pub caps: Vec<ClassCaps>,
+}
+
+/// What one call asks for: its class, its priority, and either an explicit reservation or a
+/// request for the bulkhead's estimator (the default model-aware one, design §U13.3).
 #[derive(Clone, Debug)]
 pub struct Call {
+    /// 0 = none (the default class); 1 to 4 = the bulkhead's class `(n - 1)` modulo the number
+    /// of classes; 5 and more = a handle of another bulkhead (design §U6.2). Without classes,
+    /// any class is another bulkhead's.
+    pub class: u8,
     pub high: bool,
     /// Use `Reservation::new(input, max_output)` instead of the estimator.
     pub explicit: bool,
@@ -82,6 +104,8 @@ pub enum Op {
     },
     /// Drops a live permit.
     DropPermit { permit: u32 },
+    /// `abandon_borrowed_concurrency` on a live permit.
+    Abandon { permit: u32 },
     /// Drops a waiting future (cancellation).
     CancelWaiter { waiter: u32 },
     /// Polls one waiting future.
@@ -89,7 +113,11 @@ pub enum Op {
     /// Turns re-polling every waiter and drain after each operation on or off.
     AutoPoll { on: bool },
     /// `apply_limits` at `current revision + revision_delta` (clamped to `0..=u64::MAX`), with
-    /// a token budget iff the bulkhead has one, unless `flip_budget`.
+    /// a token budget iff the bulkhead has one, unless `flip_budget`. Its class part
+    /// (`class_shape` modulo 9): 0 = the classes' limits in force; 1 to 4 = `classes` (the
+    /// first of them, one per class); 5 = present iff the bulkhead has no classes; 6 = the last
+    /// class left out; 7 = the last class renamed to an unknown id; 8 = an unknown id added.
+    /// The ids come in an order picked by `class_order` (a rotation, reversed if odd).
     ApplyLimits {
         revision_delta: i64,
         max_concurrent: u32,
@@ -97,6 +125,9 @@ pub enum Op {
         flip_budget: bool,
         budget: u64,
         reserve: u64,
+        class_shape: u8,
+        class_order: u8,
+        classes: [ClassCaps; 4],
     },
     /// `set_budget`.
     SetBudget { tokens: u64 },
@@ -107,6 +138,40 @@ pub enum Op {
     Drain { zero_timeout: bool },
     /// Subscribes (or drops) an event listener that records every event.
     Listen { on: bool },
+    /// `run_with_usage`, polled once, kept while it waits or its callback runs. `timeout` as
+    /// for [`Op::Acquire`]; `deadline` (modulo 5), the borrowed-slot deadline: 0 = none, 1 =
+    /// zero (refused), 2 = 1 ms (a borrowed slot is then driven to the deadline at once,
+    /// blocking), 3 = one hour, 4 = `Duration::MAX` (never passes). At admission the callback
+    /// first reports `report_first` if any, abandons its borrowed slot if `abandon_first`,
+    /// and finishes at once (with no usage of its own) if `finish_first`; then it waits for
+    /// the operations below.
+    Run {
+        call: Call,
+        timeout: u8,
+        deadline: u8,
+        report_first: Option<(u64, u64)>,
+        abandon_first: bool,
+        finish_first: bool,
+    },
+    /// A running callback reports usage (progressive if `progressive` is some:
+    /// `(remaining, margin)`).
+    RunReport {
+        run: u32,
+        input: u64,
+        output: u64,
+        progressive: Option<(u64, u64)>,
+    },
+    /// A running callback abandons its borrowed slot.
+    RunAbandon { run: u32 },
+    /// A running callback finishes: `Ok(usage)` (settled with it, else the last reported
+    /// one) or an error (settled with the last reported usage).
+    RunFinish {
+        run: u32,
+        ok: bool,
+        usage: Option<(u64, u64)>,
+    },
+    /// Drops a run's future, waiting or running (index over every run).
+    DropRun { run: u32 },
 }
 
 /// Characters of a request's text are taken modulo this.
@@ -153,7 +218,7 @@ impl Harness {
     pub(crate) fn finish_with_tally(mut self) -> BTreeMap<&'static str, u64> {
         let tally = match self.request(Command::Finish) {
             Reply::Tally(tally) => tally,
-            Reply::Done => unreachable!("finishing is answered with the tally"),
+            _ => unreachable!("finishing is answered with the tally"),
         };
         self.commands = None;
         if let Some(worker) = self.worker.take()
@@ -169,7 +234,20 @@ impl Harness {
     pub(crate) fn tally(&mut self) -> BTreeMap<&'static str, u64> {
         match self.request(Command::Tally) {
             Reply::Tally(tally) => tally,
-            Reply::Done => unreachable!("a tally request is answered with the tally"),
+            _ => unreachable!("a tally request is answered with the tally"),
+        }
+    }
+
+    /// Reads the model (which agrees with the crate so far): for scenarios that pin exact
+    /// figures.
+    pub(crate) fn inspect<R: Send + 'static>(
+        &mut self,
+        read: impl FnOnce(&Model) -> R + Send + 'static,
+    ) -> R {
+        let read: Inspect = Box::new(move |model| Box::new(read(model)));
+        match self.request(Command::Inspect(read)) {
+            Reply::Inspected(value) => *value.downcast().expect("the type read"),
+            _ => unreachable!("an inspection is answered with its value"),
         }
     }
 
@@ -212,21 +290,31 @@ impl Drop for Harness {
     }
 }
 
+type Inspect = Box<dyn FnOnce(&Model) -> Box<dyn Any + Send> + Send>;
+
 enum Command {
     Apply(Op),
     Tally,
+    Inspect(Inspect),
     Finish,
 }
 
 enum Reply {
     Done,
     Tally(BTreeMap<&'static str, u64>),
+    Inspected(Box<dyn Any + Send>),
 }
 
 /// The worker: owns the bulkhead and everything that borrows it.
 fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Reply>) {
-    let (bulkhead, limits) = build(&config);
-    let mut driver = Driver::new(&bulkhead, limits, config);
+    let (bulkhead, limits, default_class, classes_refused) = build(&config);
+    let mut driver = Driver::new(&bulkhead, limits, default_class, config);
+    if classes_refused {
+        driver.model.note("classes refused by the builder");
+    }
+    if limits.classes.is_some() && limits.max_concurrent == MAX_CONCURRENT {
+        driver.model.note("classes at the engine's bounds");
+    }
     driver.check_all();
     if outbox.send(Reply::Done).is_err() {
         return;
@@ -238,6 +326,7 @@ fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Re
                 Reply::Done
             }
             Command::Tally => Reply::Tally(driver.model.tally.clone()),
+            Command::Inspect(read) => Reply::Inspected(read(&driver.model)),
             Command::Finish => {
                 driver.finish();
                 let _ = outbox.send(Reply::Tally(driver.model.tally.clone()));

@@ -6,37 +6,79 @@
 //! `Qn` a deliberate difference from it (design §D4), both in `docs/design.md`, and a few rules
 //! are the crate's own documented design (named with their source file).
 //!
+//! # What the model covers
+//!
+//! The gate and the queue (design §U2), admission and its judging order (§D4, §U3), token
+//! accounting (§U4), the high-priority reserve (§U5), admission classes (§U6: floors,
+//! ceilings, the shared pool, the class decision, its detail), resources, abandoning a
+//! borrowed slot and the `run` borrowed-slot deadline (§U7), limits with and without classes
+//! (§U8), events (§U11), statistics with the per-class block (§U12), the default estimator
+//! (§U13.3), close and drain (§U15).
+//!
 //! # What the harness checks
 //!
-//! After every operation: every result (permit, rejection with reason and full capacity detail,
-//! usage report, release report, verdict, limits outcome, error value), every live permit's
-//! accessors, `stats()` field by field, and the events a subscribed listener received. When
-//! auto-polling is on (the default), it then polls every waiting future and every pending
-//! drain, in creation order, and checks everything again: the crate hands capacity to the
-//! queue head at release time and the future picks it up at its next poll, so the state
-//! between the two (a slot in flight that is not yet an admission) is checked too. `finish`
-//! cancels every waiter, drops every permit and checks the end invariants.
+//! After every operation: every result (permit, rejection with reason and full capacity
+//! detail including the constraint, the shared pools and the class's figures, usage report,
+//! release report, verdict, limits outcome, error value), every live permit's and every
+//! running `run` context's accessors (id, hold, reservation, revision, priority, class,
+//! resources, whether it holds its slot, usage, sequence), `stats()` field by field (the
+//! abandonment counts and the class block included), `limits()`, and the events a subscribed
+//! listener received (with their class, resources and the abandon event). When auto-polling
+//! is on (the default), it then polls every waiting future, waiting run and pending drain, in
+//! creation order, and checks everything again: the crate hands capacity to the queue head at
+//! release time and the future picks it up at its next poll, so the state between the two (a
+//! slot in flight that is not yet an admission) is checked too. At construction it checks the
+//! builder's refusals (global values, then the classes in the order of design §U6.1) and the
+//! class handles and lookups. `finish` cancels every waiter, drops every run and permit and
+//! checks the end invariants (nothing in flight or abandoned, every class empty, the token
+//! identity of §U4.5 globally and per class).
+//!
+//! # Classes
+//!
+//! A configuration has up to four classes with fixed ids (`CLASS_IDS`, one with spaces kept
+//! verbatim). A call names one of them, none (the default class) or a handle of another
+//! bulkhead; `apply_limits` snapshots carry the class part in any order and of any shape (the
+//! ids of construction, one left out, renamed or added, or absent/present against the
+//! build), so every validation error of design §U8.2 is reached.
+//!
+//! # `run`
+//!
+//! A `run` future lives on the worker like a waiter; its callback is driven through a mailbox
+//! (report usage, abandon its slot, finish, fail), so everything it does happens at a known
+//! step. The borrowed-slot deadline (design §U7.3) is deterministic: a 1 ms deadline is only
+//! set with a callback that then waits for the worker, and as soon as the run is admitted with
+//! a borrowed slot it still holds, the worker blocks on it until the crate's timer cuts it
+//! (giving up after ten seconds); a callback that finishes or abandons at once is never cut;
+//! long deadlines (an hour, `Duration::MAX`) never pass during a test.
 //!
 //! # Why a worker thread
 //!
-//! Borrowed permits and futures ([`Permit`], [`Acquire`], [`Drain`]) borrow the bulkhead, so
-//! they cannot live in a struct next to it. The harness therefore keeps the bulkhead, the
-//! model and everything borrowed on the stack of one worker thread and sends it the
-//! operations one by one. A disagreement panics on the worker; the caller re-raises that panic
-//! with its original message. Everything the crate does still happens on one thread, in a
-//! deterministic order.
+//! Borrowed permits and futures ([`Permit`], [`Acquire`], [`Drain`], `run`) borrow the
+//! bulkhead, so they cannot live in a struct next to it. The harness therefore keeps the
+//! bulkhead, the model and everything borrowed on the stack of one worker thread and sends it
+//! the operations one by one. A disagreement panics on the worker; the caller re-raises that
+//! panic with its original message. Everything the crate does still happens on one thread, in
+//! a deterministic order (the crate's timer thread only ever fires a deadline the worker is
+//! blocked on).
 //!
 //! # Left out
 //!
 //! Queue timeouts other than zero (a non-zero timeout is only ever "long", and never expires
-//! during a run), several threads, `run`, the blocking acquires, estimators other than the
-//! default model-aware one, and the timing figures of events.
+//! during a run), a borrowed-slot deadline passing while the worker does something else,
+//! several threads, the blocking acquires, estimators other than the default model-aware one,
+//! builder refusals of class ids (blank, repeated, an unknown default class: the ids here are
+//! fixed), the panics of listeners and estimators, and the timing figures of events.
 
 mod convert;
 mod driver;
+mod handles;
 mod harness;
+mod limits;
 mod operations;
+mod runs;
 mod state;
 mod values;
 
-pub use harness::{Call, Config, Harness, MAX_CHARS, Op};
+pub use harness::{Call, Classes, Config, Harness, MAX_CHARS, Op};
+pub use values::ClassCaps;
+pub(crate) use values::{Constraint, Pool, Reason, Refused};

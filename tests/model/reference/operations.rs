@@ -2,13 +2,13 @@
 
 use std::task::Poll;
 
-use async_bulkhead_llm::{LimitsError, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, UsageError};
+use async_bulkhead_llm::{MAX_BUDGET, UsageError};
 
 use super::state::Model;
 use super::values::{
-    Ask, Booking, Detail, LimitsOutcome, ModelLimits, ModelPermit, ModelStats, ModelVerdict,
-    ModelWaiter, Observed, Reason, Refusal, Refused, Settled, Started, TokenStats, UsageSnapshot,
-    WaiterState, book, saturate,
+    Ask, Booking, Cause, ClassStats, ClassesStats, Constraint, Detail, ModelLimits, ModelPermit,
+    ModelStats, ModelVerdict, ModelWaiter, Observed, Reason, Refusal, Refused, Settled, Started,
+    TokenStats, UsageSnapshot, WaiterState, book, saturate,
 };
 
 impl Model {
@@ -16,13 +16,14 @@ impl Model {
     pub(crate) fn try_acquire(&mut self, ask: Ask) -> Result<ModelPermit, Refused> {
         match self.judge_newcomer(ask) {
             Ok(()) => {
-                self.take(ask.reserved());
-                Ok(self.admit(ask, self.limits.revision))
+                let borrowed = self.take(ask);
+                Ok(self.admit(ask, self.limits.revision, borrowed))
             }
             Err(refusal) => {
-                let refused = self.refuse(Model::reason_of(refusal, Reason::ConcurrencyLimit), ask);
-                self.announce_reject(refused);
-                self.note_refusal(refused.reason);
+                let (reason, constraint) = refusal.reason(Reason::ConcurrencyLimit);
+                self.note_refusal(reason, constraint, Some(ask));
+                let refused = self.refuse(reason, constraint, ask);
+                self.announce_reject(ask.class, refused);
                 Err(refused)
             }
         }
@@ -30,10 +31,10 @@ impl Model {
 
     /// An `acquire` at its first poll (design §U3.2 with Q1 and Q7, §U2.1).
     pub(crate) fn acquire(&mut self, ask: Ask, zero_timeout: bool) -> Started {
-        let reason = match self.judge_newcomer(ask) {
+        let (reason, constraint) = match self.judge_newcomer(ask) {
             Ok(()) => {
-                self.take(ask.reserved());
-                return Started::Admitted(self.admit(ask, self.limits.revision));
+                let borrowed = self.take(ask);
+                return Started::Admitted(self.admit(ask, self.limits.revision, borrowed));
             }
             Err(Refusal::NoSlot) => match self.queue_verdict() {
                 Ok(()) => {
@@ -41,6 +42,11 @@ impl Model {
                     self.next_key += 1;
                     self.queue.push_back(key);
                     self.note("queued");
+                    if ask.class.is_some_and(|c| self.caps(c).floor() > 0)
+                        && !self.borrowing(ask).slot
+                    {
+                        self.note("queued within a floor");
+                    }
                     if !zero_timeout {
                         self.waiters.push(ModelWaiter {
                             key,
@@ -53,19 +59,21 @@ impl Model {
                     // nothing can have been handed to it in between.
                     self.leave_queue(key);
                     self.note("timed out");
-                    Reason::Timeout
+                    (Reason::Timeout, Some(Constraint::Global))
                 }
-                Err(reason) => reason,
+                Err(reason) => (reason, Some(Constraint::Global)),
             },
-            Err(refusal) => Model::reason_of(refusal, Reason::ConcurrencyLimit),
+            Err(refusal) => refusal.reason(Reason::ConcurrencyLimit),
         };
-        let refused = self.refuse(reason, ask);
-        self.announce_reject(refused);
-        self.note_refusal(reason);
+        self.note_refusal(reason, constraint, Some(ask));
+        let refused = self.refuse(reason, constraint, ask);
+        self.announce_reject(ask.class, refused);
         Started::Refused(refused)
     }
 
-    fn note_refusal(&mut self, reason: Reason) {
+    /// Notes a refusal announced to its caller; `now` is the call refused at this moment
+    /// (before it is counted), none for an outcome decided earlier.
+    fn note_refusal(&mut self, reason: Reason, constraint: Option<Constraint>, now: Option<Ask>) {
         self.note(match reason {
             Reason::Shutdown => "refused: shutdown",
             Reason::ConcurrencyLimit => "refused: concurrency_limit",
@@ -74,6 +82,28 @@ impl Model {
             Reason::Timeout => "refused: timeout",
             Reason::Aborted => "refused: aborted",
         });
+        match (reason, constraint) {
+            (Reason::BudgetLimit, Some(Constraint::AdmissionClass)) => {
+                self.note("refused: class token ceiling")
+            }
+            (Reason::ConcurrencyLimit, Some(Constraint::AdmissionClass)) => {
+                self.note("refused: class concurrency ceiling")
+            }
+            (Reason::ConcurrencyLimit, Some(Constraint::AdmissionClassProtection)) => {
+                self.note("refused: concurrency protection")
+            }
+            (Reason::BudgetLimit, Some(Constraint::AdmissionClassProtection)) => {
+                self.note("refused: token protection")
+            }
+            (Reason::ConcurrencyLimit | Reason::QueueLimit, Some(Constraint::Global))
+                if now.is_some_and(|ask| {
+                    ask.class.is_some_and(|c| self.caps(c).floor() > 0) && !self.borrowing(ask).slot
+                }) =>
+            {
+                self.note("refused: global concurrency within a floor")
+            }
+            _ => {}
+        }
     }
 
     fn waiter_mut(&mut self, key: u64) -> &mut ModelWaiter {
@@ -94,33 +124,43 @@ impl Model {
 
     /// Hands free capacity to the queue head, in order (design §U2.3, with Q7: the head's
     /// slot and tokens are taken together). The head keeps its place until a slot frees,
-    /// whatever its tokens; when one is free, tokens that do not fit refuse it `budget_limit`
-    /// and the turn passes on (design §U3.2; crate policy.rs `Turn::Head`).
+    /// whatever its tokens; when one is free, it is judged again on the budget and its class
+    /// (design §D4, §U6.4): what does not fit refuses it with that reason and the turn passes
+    /// on (design §U3.2; crate policy.rs `Turn::Head`).
     pub(crate) fn pump(&mut self) {
         while let Some(&key) = self.queue.front() {
             let ask = self.waiter_mut(key).ask;
-            let reason = if self.closed {
+            let (reason, constraint) = if self.closed {
                 // Unreachable: `close` empties the queue. The crate's policy says shutdown.
-                Reason::Shutdown
+                (Reason::Shutdown, None)
             } else if !self.slot_free() {
                 break;
-            } else if self.tokens_fit(ask) {
-                // Slot and tokens first, then out of the queue: one step in the crate.
-                self.take(ask.reserved());
-                self.leave_queue(key);
-                let revision = self.limits.revision;
-                self.waiter_mut(key).state = WaiterState::Handed { revision };
-                self.note("handed a slot");
-                if ask.reserved() > 0 {
-                    self.note("handed a slot and tokens");
-                }
-                continue;
             } else {
-                self.note("queue head refused for its tokens");
-                Reason::BudgetLimit
+                match self.judge_capacity(ask) {
+                    Ok(()) => {
+                        // Slot and tokens first, then out of the queue: one step in the crate.
+                        let borrowed = self.take(ask);
+                        self.leave_queue(key);
+                        let revision = self.limits.revision;
+                        self.waiter_mut(key).state = WaiterState::Handed { revision, borrowed };
+                        self.note("handed a slot");
+                        if ask.reserved() > 0 {
+                            self.note("handed a slot and tokens");
+                        }
+                        continue;
+                    }
+                    Err(refusal) => {
+                        self.note(if refusal == Refusal::Budget {
+                            "queue head refused for its tokens"
+                        } else {
+                            "queue head refused by its class"
+                        });
+                        refusal.reason(Reason::ConcurrencyLimit)
+                    }
+                }
             };
             self.leave_queue(key);
-            let refused = self.refuse(reason, ask);
+            let refused = self.refuse(reason, constraint, ask);
             self.waiter_mut(key).state = WaiterState::Refused(refused);
         }
     }
@@ -131,17 +171,17 @@ impl Model {
         let waiter = *self.waiter_mut(key);
         match waiter.state {
             WaiterState::Queued => Poll::Pending,
-            WaiterState::Handed { revision } => {
+            WaiterState::Handed { revision, borrowed } => {
                 self.remove_waiter(key);
                 if self.closed {
                     self.note("hand-off picked up after close");
                 }
-                Poll::Ready(Ok(self.admit(waiter.ask, revision)))
+                Poll::Ready(Ok(self.admit(waiter.ask, revision, borrowed)))
             }
             WaiterState::Refused(refused) => {
                 self.remove_waiter(key);
-                self.announce_reject(refused);
-                self.note_refusal(refused.reason);
+                self.announce_reject(waiter.ask.class, refused);
+                self.note_refusal(refused.reason, refused.detail.constraint, None);
                 Poll::Ready(Err(refused))
             }
         }
@@ -151,17 +191,18 @@ impl Model {
     /// hand-off it received passes on, so no waiter is stranded).
     pub(crate) fn cancel_waiter(&mut self, key: u64) {
         let waiter = self.remove_waiter(key);
+        let ask = waiter.ask;
         let refused = match waiter.state {
             WaiterState::Queued => {
                 self.leave_queue(key);
                 self.note("cancelled while queued");
-                self.refuse(Reason::Aborted, waiter.ask)
+                self.refuse(Reason::Aborted, None, ask)
             }
             WaiterState::Handed { .. } => {
                 // Counted with the slot still held, then the slot and tokens go back as a
                 // release returns them (to the next waiter, if any).
-                let refused = self.refuse(Reason::Aborted, waiter.ask);
-                self.release_capacity(waiter.ask.reserved());
+                let refused = self.refuse(Reason::Aborted, None, ask);
+                self.release_capacity(ask.class, true, ask.reserved());
                 self.note("cancelled after a hand-off");
                 refused
             }
@@ -170,7 +211,7 @@ impl Model {
                 refused
             }
         };
-        self.announce_reject(refused);
+        self.announce_reject(ask.class, refused);
     }
 
     /// `report_usage` / `report_usage_progressive` (design §U4.3; Q4 booking). Checks
@@ -230,7 +271,13 @@ impl Model {
         let moved = hold != previous_hold;
         if moved {
             self.tokens = tokens;
-            self.record(book(permit.reserved(), previous_hold, hold));
+            // The class's tokens move with the hold (design §U6.3: they fall only at
+            // settlement, and otherwise follow the hold like `T`).
+            if let Some(class) = permit.class {
+                let state = &mut self.classes[class];
+                state.tokens = state.tokens - previous_hold + hold;
+            }
+            self.record(permit.class, book(permit.reserved(), previous_hold, hold));
         }
         let usage_changed = permit.reported != Some(reported);
         permit.held = hold;
@@ -241,6 +288,7 @@ impl Model {
             if self.listening {
                 self.events.push(Observed::Usage {
                     revision: permit.revision,
+                    class: permit.class,
                     sequence: permit.sequence,
                     reserved: permit.reserved(),
                     previous_held: previous_hold,
@@ -269,10 +317,17 @@ impl Model {
         })
     }
 
-    fn record(&mut self, booking: Booking) {
+    /// Books a move of a hold, globally and for the class (design §U6.3).
+    fn record(&mut self, class: Option<usize>, booking: Booking) {
         self.overrun += u128::from(booking.overrun);
         self.refunded += u128::from(booking.refunded);
         self.reheld += u128::from(booking.reheld);
+        if let Some(class) = class {
+            let state = &mut self.classes[class];
+            state.overrun += u128::from(booking.overrun);
+            state.refunded += u128::from(booking.refunded);
+            state.reheld += u128::from(booking.reheld);
+        }
         if booking.overrun > 0 {
             self.note("overrun booked");
         }
@@ -284,16 +339,26 @@ impl Model {
     /// Settles an admission: `release(usage)`, or a drop (`usage` none) (design §U4.4 with
     /// Q3: the usage given, else the last reported one, always reaches `total_consumed`; the
     /// hold moves to that usage before it is returned, booked like any move, crate usage.rs).
+    /// An admission that gave its slot back settles its tokens only (design §U7.2).
     pub(crate) fn settle(&mut self, permit: ModelPermit, usage: Option<(u64, u64)>) -> Settled {
         let usage = usage.or(permit.reported);
         let mut booking = book(0, 0, 0);
+        if let Some(class) = permit.class {
+            self.classes[class].released += 1;
+        }
+        if !permit.holds_slot {
+            self.note("released an abandoned admission");
+        }
         match usage {
             Some((input, output)) => {
                 let total = input + output;
                 self.consumed += u128::from(total);
+                if let Some(class) = permit.class {
+                    self.classes[class].consumed += u128::from(total);
+                }
                 if permit.reservation.is_some() {
                     booking = book(permit.reserved(), permit.held, total);
-                    self.record(booking);
+                    self.record(permit.class, booking);
                     if permit.held == 0 {
                         self.note("settled a hold of zero with usage");
                     }
@@ -306,10 +371,12 @@ impl Model {
             }
         }
         self.released += 1;
-        self.release_capacity(permit.held);
+        self.release_capacity(permit.class, permit.holds_slot, permit.held);
         if self.listening {
             self.events.push(Observed::Release {
                 revision: permit.revision,
+                class: permit.class,
+                borrowed: permit.borrowed,
                 reserved: permit.reserved(),
                 held: permit.held,
                 refunded: booking.refunded,
@@ -325,9 +392,49 @@ impl Model {
         }
     }
 
+    /// `abandon_borrowed_concurrency` (design §U7.2), or a `run` deadline (§U7.3): only an
+    /// admission that borrowed its slot and still holds it gives it back; the slot serves the
+    /// queue at once, the tokens stay held, the abandonment is counted and announced.
+    pub(crate) fn abandon(&mut self, permit: &mut ModelPermit, cause: Cause) -> bool {
+        if !permit.borrowed.slot || !permit.holds_slot {
+            self.note(if permit.holds_slot {
+                "abandon refused: slot not borrowed"
+            } else {
+                "abandon refused: already abandoned"
+            });
+            return false;
+        }
+        permit.holds_slot = false;
+        self.slots -= 1;
+        self.abandoned += 1;
+        self.abandoned_by[cause as usize] += 1;
+        let class = permit.class.expect("only a class admission borrows");
+        self.classes[class].slots -= 1;
+        self.classes[class].abandoned[cause as usize] += 1;
+        if self.listening {
+            self.events.push(Observed::Abandon {
+                revision: permit.revision,
+                high: permit.high,
+                class: permit.class,
+                borrowed: permit.borrowed,
+                cause,
+                held: permit.held,
+            });
+        }
+        self.note(match cause {
+            Cause::Manual => "abandoned: manual",
+            Cause::Deadline => "abandoned: deadline",
+        });
+        if !self.queue.is_empty() {
+            self.note("abandoned slot served the queue");
+            self.pump();
+        }
+        true
+    }
+
     /// Installs new limits (design §U8.2): shrink by attrition, raised limits serve
     /// the queue at once.
-    fn install(&mut self, next: ModelLimits) -> ModelLimits {
+    pub(crate) fn install(&mut self, next: ModelLimits) -> ModelLimits {
         let previous = self.limits;
         self.limits = next;
         if !self.queue.is_empty() {
@@ -341,82 +448,6 @@ impl Model {
             });
         }
         previous
-    }
-
-    /// `apply_limits` (design §U8.2): the revision bound first, then staleness without
-    /// examining the rest, then the rest (crate limits.rs `validate`: the word's bounds, and
-    /// the budget's presence fixed at construction).
-    pub(crate) fn apply_limits(&mut self, next: ModelLimits) -> Result<LimitsOutcome, LimitsError> {
-        if next.revision > MAX_REVISION {
-            self.note("limits refused");
-            return Err(LimitsError::RevisionTooLarge {
-                value: next.revision,
-                max: MAX_REVISION,
-            });
-        }
-        if next.revision <= self.limits.revision {
-            self.note("stale limits");
-            return Ok(LimitsOutcome::Stale {
-                current: self.limits,
-            });
-        }
-        let invalid = if next.max_concurrent > MAX_CONCURRENT {
-            Some(LimitsError::MaxConcurrentTooLarge {
-                value: next.max_concurrent,
-                max: MAX_CONCURRENT,
-            })
-        } else {
-            match (self.has_budget, next.budget) {
-                (true, None) => Some(LimitsError::TokenBudgetRequired),
-                (false, Some(_)) => Some(LimitsError::TokenBudgetNotConfigured),
-                (true, Some((budget, _))) if budget > MAX_BUDGET => {
-                    Some(LimitsError::BudgetTooLarge {
-                        value: budget,
-                        max: MAX_BUDGET,
-                    })
-                }
-                _ => None,
-            }
-        };
-        if let Some(error) = invalid {
-            self.note("limits refused");
-            return Err(error);
-        }
-        self.note("limits applied");
-        let previous = self.install(next);
-        Ok(LimitsOutcome::Applied {
-            previous,
-            current: next,
-        })
-    }
-
-    /// `set_budget` (design §U8.4): the budget only, at the next revision, keeping the
-    /// reserve.
-    pub(crate) fn set_budget(&mut self, tokens: u64) -> Result<ModelLimits, LimitsError> {
-        let Some((_, reserve)) = self.limits.budget else {
-            return Err(LimitsError::TokenBudgetNotConfigured);
-        };
-        if self.limits.revision >= MAX_REVISION {
-            self.note("limits refused");
-            return Err(LimitsError::RevisionExhausted {
-                current: self.limits.revision,
-            });
-        }
-        if tokens > MAX_BUDGET {
-            self.note("limits refused");
-            return Err(LimitsError::BudgetTooLarge {
-                value: tokens,
-                max: MAX_BUDGET,
-            });
-        }
-        let next = ModelLimits {
-            revision: self.limits.revision + 1,
-            budget: Some((tokens, reserve)),
-            ..self.limits
-        };
-        self.note("budget set");
-        self.install(next);
-        Ok(next)
     }
 
     /// `close` (design §U15.1, Q1/Q2): idempotent; every queued waiter is refused
@@ -434,34 +465,38 @@ impl Model {
         }
         for key in refused {
             let ask = self.waiter_mut(key).ask;
-            let refused = self.refuse(Reason::Shutdown, ask);
+            let refused = self.refuse(Reason::Shutdown, None, ask);
             self.waiter_mut(key).state = WaiterState::Refused(refused);
             self.note("waiter refused by close");
         }
         true
     }
 
-    /// `would_admit` (design §U3.6 with Q1): reserves and counts nothing.
+    /// `would_admit` (design §U3.6 with Q1): reserves and counts nothing. The detail is the
+    /// snapshot a refusal would carry; a verdict that refuses nothing (admit, or queue) names
+    /// no constraint.
     pub(crate) fn would_admit(&self, ask: Ask) -> (ModelVerdict, Detail) {
-        let verdict = match self.judge_newcomer(ask) {
-            Ok(()) => ModelVerdict::Admit,
+        let (verdict, constraint) = match self.judge_newcomer(ask) {
+            Ok(()) => (ModelVerdict::Admit, None),
             Err(Refusal::NoSlot) => match self.queue_verdict() {
-                Ok(()) => ModelVerdict::Queue,
-                Err(reason) => ModelVerdict::Reject(reason),
+                Ok(()) => (ModelVerdict::Queue, None),
+                Err(reason) => (ModelVerdict::Reject(reason), Some(Constraint::Global)),
             },
             Err(refusal) => {
-                ModelVerdict::Reject(Model::reason_of(refusal, Reason::ConcurrencyLimit))
+                let (reason, constraint) = refusal.reason(Reason::ConcurrencyLimit);
+                (ModelVerdict::Reject(reason), constraint)
             }
         };
-        (verdict, self.detail(ask))
+        (verdict, self.detail(ask, constraint))
     }
 
-    /// `drain_timeout(0)` (design §U15.3: an idle bulkhead wins over the zero timer).
+    /// `drain_timeout(0)` (design §U15.3: an idle bulkhead wins over the zero timer; its
+    /// `in_flight` counts abandoned admissions not settled, §U7.4).
     pub(crate) fn drain_now(&self) -> (bool, u64, u64) {
         if self.is_idle() {
             (true, 0, 0)
         } else {
-            (false, self.slots, self.pending())
+            (false, self.slots + self.abandoned, self.pending())
         }
     }
 
@@ -472,10 +507,13 @@ impl Model {
     }
 
     pub(crate) fn stats(&self) -> ModelStats {
+        let [manual, deadline] = self.abandoned_by;
         ModelStats {
             limits: self.limits,
             closed: self.closed,
             in_flight: self.slots,
+            abandoned_in_flight: self.abandoned,
+            abandoned: (manual + deadline, manual, deadline),
             pending: self.pending(),
             admitted: self.admitted,
             released: self.released,
@@ -493,6 +531,56 @@ impl Model {
                 total_overrun: saturate(self.overrun),
             }),
             listener_panics: 0,
+            classes: self
+                .default_class
+                .map(|default_class| self.classes_stats(default_class)),
+        }
+    }
+
+    /// The class part of `stats()` (design §U12, §U6.3, §U6.4): the shared pools (tokens
+    /// against the raw budget), each class in order.
+    fn classes_stats(&self, default_class: usize) -> ClassesStats {
+        let (floors, token_floors) = self.floor_sums();
+        let (slots_in_use, tokens_in_use) = self.shared_in_use();
+        let pool = |capacity: u64, in_use: u64| (capacity, in_use, capacity.saturating_sub(in_use));
+        ClassesStats {
+            default_class,
+            shared: pool(
+                u64::from(self.limits.max_concurrent).saturating_sub(floors),
+                slots_in_use,
+            ),
+            shared_tokens: self
+                .limits
+                .budget
+                .map(|(budget, _)| pool(budget.saturating_sub(token_floors), tokens_in_use)),
+            classes: self
+                .classes
+                .iter()
+                .enumerate()
+                .map(|(class, state)| {
+                    let caps = self.caps(class);
+                    let split =
+                        |held: u64, floor: u64| (held, held.min(floor), held.saturating_sub(floor));
+                    let [manual, deadline] = state.abandoned;
+                    ClassStats {
+                        class,
+                        limits: caps,
+                        slots: split(state.slots, caps.floor()),
+                        tokens: split(state.tokens, caps.token_floor()),
+                        admitted: state.admitted,
+                        released: state.released,
+                        abandoned: (manual + deadline, manual, deadline),
+                        rejected: state.rejected.iter().sum(),
+                        rejected_by_reason: state.rejected,
+                        total_reserved: saturate(state.reserved),
+                        total_consumed: saturate(state.consumed),
+                        total_refunded: saturate(state.refunded - state.reheld),
+                        total_overrun: saturate(state.overrun),
+                        total_borrowed_admissions: state.borrowed_admissions,
+                        total_borrowed_tokens_reserved: saturate(state.borrowed_tokens),
+                    }
+                })
+                .collect(),
         }
     }
 }

@@ -31,7 +31,16 @@ pub(crate) const REASONS: [Reason; 6] = [
     Reason::Aborted,
 ];
 
-/// The versioned limits (design §U8.1, without admission classes).
+/// The ids of the admission classes a configuration may have, in construction order (a
+/// bulkhead with `n` classes has the first `n`). Ids are kept verbatim (design §U6.1), so one
+/// has spaces around it.
+pub(crate) const CLASS_IDS: [&str; MAX_CLASSES] = ["premium", "standard", "batch", " spare "];
+/// At most this many classes in a configuration.
+pub(crate) const MAX_CLASSES: usize = 4;
+/// An id no configuration has (for snapshots naming the wrong classes).
+pub(crate) const UNKNOWN_CLASS: &str = "gold";
+
+/// The versioned limits (design §U8.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ModelLimits {
     pub(crate) revision: u64,
@@ -39,10 +48,85 @@ pub(crate) struct ModelLimits {
     pub(crate) max_queue: u32,
     /// `(budget B, high-priority reserve R)`.
     pub(crate) budget: Option<(u64, u64)>,
+    /// The classes' limits, in construction order, iff the bulkhead has classes.
+    pub(crate) classes: Option<ClassTable>,
 }
 
-/// The capacity snapshot of a decision (design §U1.6: a refusal's capacity detail, without
-/// classes).
+/// One class's floors and ceilings (design §U6.1), as given: `None` is omitted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassCaps {
+    pub protected_concurrent: Option<u32>,
+    pub max_concurrent: Option<u32>,
+    pub protected_tokens: Option<u64>,
+    pub max_tokens: Option<u64>,
+}
+
+impl ClassCaps {
+    /// An omitted floor is 0 (design §U6.1).
+    pub(crate) fn floor(&self) -> u64 {
+        u64::from(self.protected_concurrent.unwrap_or(0))
+    }
+
+    pub(crate) fn token_floor(&self) -> u64 {
+        self.protected_tokens.unwrap_or(0)
+    }
+
+    /// As a snapshot reports it: a floor of 0 is omitted, a ceiling appears iff set (design
+    /// §U8.1).
+    pub(crate) fn normalized(self) -> ClassCaps {
+        ClassCaps {
+            protected_concurrent: self.protected_concurrent.filter(|&n| n > 0),
+            protected_tokens: self.protected_tokens.filter(|&n| n > 0),
+            ..self
+        }
+    }
+}
+
+/// A table of class limits: `(id, caps)` in order, `len` of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassTable {
+    pub(crate) len: usize,
+    pub(crate) entries: [(&'static str, ClassCaps); MAX_CLASSES],
+}
+
+impl ClassTable {
+    pub(crate) fn new(entries: &[(&'static str, ClassCaps)]) -> ClassTable {
+        let mut table = ClassTable {
+            len: entries.len(),
+            entries: [("", ClassCaps::default()); MAX_CLASSES],
+        };
+        table.entries[..entries.len()].copy_from_slice(entries);
+        table
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(&'static str, ClassCaps)> {
+        self.entries[..self.len].iter()
+    }
+
+    pub(crate) fn caps(&self, class: usize) -> ClassCaps {
+        self.entries[class].1
+    }
+}
+
+/// A limits snapshot as given to `apply_limits`: its class part may name any ids, in any order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub(crate) revision: u64,
+    pub(crate) max_concurrent: u32,
+    pub(crate) max_queue: u32,
+    pub(crate) budget: Option<(u64, u64)>,
+    pub(crate) classes: Option<Vec<(&'static str, ClassCaps)>>,
+}
+
+/// Which limit bound a decision, with classes (design §U6.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Constraint {
+    Global,
+    AdmissionClass,
+    AdmissionClassProtection,
+}
+
+/// The capacity snapshot of a decision (design §U1.6, and with classes §U6.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Detail {
     pub(crate) limit_revision: u64,
@@ -51,6 +135,62 @@ pub(crate) struct Detail {
     pub(crate) pending: u64,
     pub(crate) max_queue: u32,
     pub(crate) tokens: Option<TokenDetail>,
+    pub(crate) constraint: Option<Constraint>,
+    /// `(slots, tokens)`: the shared pools.
+    pub(crate) shared: Option<(Pool, Option<Pool>)>,
+    pub(crate) class: Option<ClassDetail>,
+}
+
+/// A shared pool at a decision (design §U6.5): `{capacity, in_use, available,
+/// requested_borrowed}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pool {
+    pub(crate) capacity: u64,
+    pub(crate) in_use: u64,
+    pub(crate) available: u64,
+    pub(crate) requested_borrowed: u64,
+}
+
+/// The call's class at a decision (design §U6.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassDetail {
+    /// The class's position in construction order.
+    pub(crate) class: usize,
+    pub(crate) in_flight: u64,
+    pub(crate) protected_concurrent: u64,
+    pub(crate) protected_concurrent_in_use: u64,
+    pub(crate) borrowed_concurrent: u64,
+    pub(crate) available_protected_concurrent: u64,
+    pub(crate) max_concurrent: Option<u64>,
+    pub(crate) available_concurrent: Option<u64>,
+    pub(crate) tokens: Option<ClassTokenDetail>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassTokenDetail {
+    pub(crate) in_flight_tokens: u64,
+    pub(crate) protected_tokens: u64,
+    pub(crate) protected_tokens_in_use: u64,
+    pub(crate) borrowed_tokens: u64,
+    pub(crate) available_protected_tokens: u64,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) available: Option<u64>,
+    pub(crate) requested: u64,
+}
+
+/// What an admission borrowed from the shared pool, fixed at commit (design §U7.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Borrowed {
+    pub(crate) slot: bool,
+    pub(crate) tokens: u64,
+}
+
+/// Why an admission gave its borrowed slot back (design §U7.2, §U7.3), in the crate's order
+/// (`AbandonCause::ALL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Manual,
+    Deadline,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,10 +208,11 @@ pub(crate) struct Refused {
     pub(crate) detail: Detail,
 }
 
-/// A resolved call (design §U3.1): its priority and its reservation `(input, max_output)`,
-/// none without a token budget.
+/// A resolved call (design §U3.1): its class (none without classes), its priority and its
+/// reservation `(input, max_output)`, none without a token budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ask {
+    pub(crate) class: Option<usize>,
     pub(crate) high: bool,
     pub(crate) reservation: Option<(u64, u64)>,
 }
@@ -87,6 +228,10 @@ impl Ask {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ModelPermit {
     pub(crate) revision: u64,
+    pub(crate) class: Option<usize>,
+    pub(crate) borrowed: Borrowed,
+    /// False once it gave its borrowed slot back (design §U7.2).
+    pub(crate) holds_slot: bool,
     pub(crate) high: bool,
     pub(crate) reservation: Option<(u64, u64)>,
     /// Tokens it contributes to the tokens in flight (design §U4.2).
@@ -107,9 +252,10 @@ impl ModelPermit {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WaiterState {
     Queued,
-    /// Handed a slot and its tokens at this revision; not yet picked up.
+    /// Handed a slot and its tokens at this revision, borrowing this; not yet picked up.
     Handed {
         revision: u64,
+        borrowed: Borrowed,
     },
     /// Refused while waiting (already counted); not yet picked up.
     Refused(Refused),
@@ -122,12 +268,40 @@ pub(crate) struct ModelWaiter {
     pub(crate) state: WaiterState,
 }
 
-/// How a newcomer is refused before the queue is considered.
+/// How a call is refused before the queue is considered, in the judging order (design §D4,
+/// §U6.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
     Shutdown,
     Budget,
+    ClassTokenCeiling,
+    ClassSlotCeiling,
+    SlotProtection,
+    TokenProtection,
     NoSlot,
+}
+
+impl Refusal {
+    /// The reason and the constraint (design §U6.4); `no_slot` is the reason of a missing slot.
+    pub(crate) fn reason(self, no_slot: Reason) -> (Reason, Option<Constraint>) {
+        match self {
+            Refusal::Shutdown => (Reason::Shutdown, None),
+            Refusal::Budget => (Reason::BudgetLimit, Some(Constraint::Global)),
+            Refusal::ClassTokenCeiling => (Reason::BudgetLimit, Some(Constraint::AdmissionClass)),
+            Refusal::ClassSlotCeiling => {
+                (Reason::ConcurrencyLimit, Some(Constraint::AdmissionClass))
+            }
+            Refusal::SlotProtection => (
+                Reason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection),
+            ),
+            Refusal::TokenProtection => (
+                Reason::BudgetLimit,
+                Some(Constraint::AdmissionClassProtection),
+            ),
+            Refusal::NoSlot => (no_slot, Some(Constraint::Global)),
+        }
+    }
 }
 
 /// What an `acquire` did at its first poll.
@@ -142,12 +316,18 @@ pub(crate) enum Started {
 pub(crate) enum Observed {
     Admit {
         revision: u64,
+        class: Option<usize>,
+        borrowed: Borrowed,
         reserved: u64,
         high: bool,
     },
-    Reject(Refused),
+    Reject {
+        class: Option<usize>,
+        refused: Refused,
+    },
     Usage {
         revision: u64,
+        class: Option<usize>,
         sequence: u64,
         reserved: u64,
         previous_held: u64,
@@ -156,6 +336,8 @@ pub(crate) enum Observed {
     },
     Release {
         revision: u64,
+        class: Option<usize>,
+        borrowed: Borrowed,
         reserved: u64,
         held: u64,
         refunded: u64,
@@ -165,6 +347,14 @@ pub(crate) enum Observed {
     Reconfigure {
         previous: ModelLimits,
         current: ModelLimits,
+    },
+    Abandon {
+        revision: u64,
+        high: bool,
+        class: Option<usize>,
+        borrowed: Borrowed,
+        cause: Cause,
+        held: u64,
     },
     Other(String),
 }
@@ -210,11 +400,14 @@ pub(crate) enum ModelVerdict {
 }
 
 /// `stats()` (design §U12, merged into one block as the crate's stats.rs documents).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ModelStats {
     pub(crate) limits: ModelLimits,
     pub(crate) closed: bool,
     pub(crate) in_flight: u64,
+    pub(crate) abandoned_in_flight: u64,
+    /// `(total, manual, deadline)`.
+    pub(crate) abandoned: (u64, u64, u64),
     pub(crate) pending: u64,
     pub(crate) admitted: u64,
     pub(crate) released: u64,
@@ -222,6 +415,41 @@ pub(crate) struct ModelStats {
     pub(crate) rejected_by_reason: [u64; 6],
     pub(crate) tokens: Option<TokenStats>,
     pub(crate) listener_panics: u64,
+    pub(crate) classes: Option<ClassesStats>,
+}
+
+/// The class part of `stats()` (design §U12, §U6.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClassesStats {
+    pub(crate) default_class: usize,
+    /// `(capacity, in use, available)` of the shared slots.
+    pub(crate) shared: (u64, u64, u64),
+    /// The same for the shared tokens (against the raw budget), with a budget.
+    pub(crate) shared_tokens: Option<(u64, u64, u64)>,
+    pub(crate) classes: Vec<ClassStats>,
+}
+
+/// One class's figures (design §U6.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClassStats {
+    pub(crate) class: usize,
+    pub(crate) limits: ClassCaps,
+    /// `(in_flight, protected in use, borrowed)`.
+    pub(crate) slots: (u64, u64, u64),
+    /// `(in_flight_tokens, protected in use, borrowed)`.
+    pub(crate) tokens: (u64, u64, u64),
+    pub(crate) admitted: u64,
+    pub(crate) released: u64,
+    /// `(total, manual, deadline)`.
+    pub(crate) abandoned: (u64, u64, u64),
+    pub(crate) rejected: u64,
+    pub(crate) rejected_by_reason: [u64; 6],
+    pub(crate) total_reserved: u64,
+    pub(crate) total_consumed: u64,
+    pub(crate) total_refunded: u64,
+    pub(crate) total_overrun: u64,
+    pub(crate) total_borrowed_admissions: u64,
+    pub(crate) total_borrowed_tokens_reserved: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
