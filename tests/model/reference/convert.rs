@@ -327,13 +327,13 @@ pub(crate) fn detail_of(d: &CapacityDetail, handles: &[AdmissionClass]) -> Detai
             requested: t.requested,
         }),
         constraint: d.constraint.map(constraint_of),
-        shared: d.shared_capacity.map(|s| {
+        shared: d.shared_capacity().map(|s| {
             (
                 pool_of(&s.concurrency),
                 s.token_budget.as_ref().map(pool_of),
             )
         }),
-        class: d.admission_class.map(|c| ClassDetail {
+        class: d.admission_class().map(|c| ClassDetail {
             class: class_index(c.class, handles),
             in_flight: c.in_flight,
             protected_concurrent: c.protected_concurrent,

@@ -147,14 +147,13 @@ impl<'b> Driver<'b> {
                 .collect::<Vec<_>>(),
             REASONS
         );
+        // Another bulkhead's classes: other ids (a handle names an id at a position, so the
+        // same ids at the same positions would be the same classes, design §U6.2).
         let foreign = LlmBulkhead::builder("other", 1)
-            .admission_classes(
-                CLASS_IDS
-                    .iter()
-                    .fold(AdmissionClasses::new(CLASS_IDS[0]), |classes, id| {
-                        classes.class(*id, ClassLimits::new())
-                    }),
-            )
+            .admission_classes(CLASS_IDS.iter().fold(
+                AdmissionClasses::new(format!("other {}", CLASS_IDS[0])),
+                |classes, id| classes.class(format!("other {id}"), ClassLimits::new()),
+            ))
             .build()
             .expect("another bulkhead");
         let driver = Driver {

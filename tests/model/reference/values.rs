@@ -71,12 +71,15 @@ impl ClassCaps {
         self.protected_tokens.unwrap_or(0)
     }
 
-    /// As a snapshot reports it: a floor of 0 is omitted, a ceiling appears iff set (design
-    /// §U8.1).
+    /// As a snapshot reports it: a floor of 0 is omitted, a ceiling appears iff set, except a
+    /// ceiling of `MAX_CONCURRENT` slots, which can never bind (design §U8.1).
     pub(crate) fn normalized(self) -> ClassCaps {
         ClassCaps {
             protected_concurrent: self.protected_concurrent.filter(|&n| n > 0),
             protected_tokens: self.protected_tokens.filter(|&n| n > 0),
+            max_concurrent: self
+                .max_concurrent
+                .filter(|&n| n < async_bulkhead_llm::MAX_CONCURRENT),
             ..self
         }
     }
