@@ -118,15 +118,17 @@ fn floor_of<T: Copy + Default + PartialEq>(rng: &mut fastrand::Rng, n: T) -> Opt
 }
 
 /// Random limits for `n` classes, valid under `max_concurrent` and `budget`: floors summing to
-/// at most those (often some slots and tokens left shared, often classes without a floor),
-/// ceilings at or above the floors or none.
+/// at most those (often some slots and tokens left shared, often classes without a floor; a
+/// third of the time no slot floor at all, so that nothing is protected and a full bulkhead
+/// queues), ceilings at or above the floors or none.
 pub(crate) fn random_classes(
     rng: &mut fastrand::Rng,
     n: usize,
     max_concurrent: u32,
     budget: u64,
 ) -> Vec<ClassLimits> {
-    let (mut slots, mut tokens) = (max_concurrent, budget);
+    let slot_floors = rng.u8(0..3) != 0;
+    let (mut slots, mut tokens) = (if slot_floors { max_concurrent } else { 0 }, budget);
     let mut order: Vec<usize> = (0..n).collect();
     rng.shuffle(&mut order);
     let mut classes = vec![ClassLimits::new(); n];
@@ -143,7 +145,12 @@ pub(crate) fn random_classes(
         tokens -= token_floor;
         let limits = &mut classes[c];
         limits.protected_concurrent = floor_of(rng, floor);
-        limits.max_concurrent = (rng.u8(0..4) != 0).then(|| floor + rng.u32(0..=3));
+        // A ceiling at the floor (0 too: a class refusing everything) only now and then.
+        limits.max_concurrent = match rng.u8(0..8) {
+            0 | 1 => None,
+            2 => Some(floor),
+            _ => Some(floor + rng.u32(1..=4)),
+        };
         limits.protected_in_flight_tokens = floor_of(rng, token_floor);
         limits.max_in_flight_tokens = (rng.u8(0..4) != 0).then(|| token_floor + rng.u64(0..=2_000));
     }

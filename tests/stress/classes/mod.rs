@@ -66,9 +66,9 @@ mod runs;
 mod runtimes;
 
 /// `max_concurrent` of the scenarios that keep it.
-const SLOTS: u32 = 6;
+const SLOTS: u32 = 4;
 /// The largest `max_concurrent` the varying control plane applies.
-const PEAK_SLOTS: u32 = 9;
+const PEAK_SLOTS: u32 = 7;
 /// The initial `max_queue`.
 const QUEUE: u32 = 6;
 /// The largest `max_queue` the control plane applies.
