@@ -343,14 +343,6 @@ impl Shared {
             );
         }
 
-        // Not a vacuous pass.
-        assert!(stats.admitted > 0);
-        let post_close: u64 = self
-            .classes
-            .iter()
-            .map(|b| load(&b.post_close_refused))
-            .sum();
-        assert!(post_close > 0, "calls after the close");
         let kept: u64 = self.classes.iter().map(|b| load(&b.deadline_kept)).sum();
         let per_class: Vec<_> = classes
             .classes
@@ -388,5 +380,13 @@ impl Shared {
                 .collect::<Vec<_>>(),
             load(&self.ledger.peak_total),
         );
+        // Not a vacuous pass.
+        assert!(stats.admitted > 0);
+        let post_close: u64 = self
+            .classes
+            .iter()
+            .map(|b| load(&b.post_close_refused))
+            .sum();
+        assert!(post_close > 0, "calls after the close");
     }
 }

@@ -11,7 +11,8 @@
 //! pool; `abandon_borrowed_concurrency` answers exactly whether the slot is borrowed and held;
 //! sampled statistics stay within the ceilings and the shared pool. At the end, exact per-class
 //! books (admissions, releases, refusals by reason, tokens, borrowing, abandonments) and the
-//! classes summing to the globals.
+//! classes summing to the globals. The chaos watchdog aborts a hang; `CHAOS_SEED` replays a
+//! failure's random choices and `STRESS_SCALE` multiplies the operations.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -22,6 +23,7 @@ use async_bulkhead_llm::{
 };
 
 use super::books::reason_index;
+use crate::chaos::runtime::Guard;
 use crate::chaos::{fresh_seed, mix, scale};
 
 const THREADS: u64 = 4;
@@ -304,6 +306,10 @@ fn run(config: Config) {
         )
         .build()
         .unwrap();
+    let _guard = Guard::new(
+        format!("classes contention: seed {seed} {config:?}"),
+        bulkhead.clone(),
+    );
     let bench = Arc::new(Bench {
         config,
         bulkhead: bulkhead.clone(),
@@ -344,7 +350,6 @@ fn run(config: Config) {
         }
     }
     if let Some(panic) = failure {
-        eprintln!("contention: FAILED {config:?} (replay with CHAOS_SEED={seed})");
         std::panic::resume_unwind(panic);
     }
 

@@ -248,7 +248,13 @@ fn build(rng: &mut fastrand::Rng) -> (LlmBulkhead, Vec<&'static str>, usize) {
     let mut ids: Vec<&'static str> = IDS[..n - 1].to_vec();
     ids.push(SOLO);
     let default = rng.usize(0..n - 1);
-    let classes = random_classes(rng, n, SLOTS, BUDGET);
+    // Some class admits something (the limits may stay fixed for the whole run).
+    let classes = loop {
+        let classes = random_classes(rng, n, SLOTS, BUDGET);
+        if classes.iter().any(|c| c.max_concurrent != Some(0)) {
+            break classes;
+        }
+    };
     let config = ids.iter().zip(&classes).fold(
         AdmissionClasses::new(ids[default]),
         |config, (id, limits)| config.class(*id, *limits),
