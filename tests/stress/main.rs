@@ -6,6 +6,8 @@
 //! - `queue`: queueing with random timeouts and cancellations;
 //! - `usage`: streaming usage reports checked by every caller and by a listener;
 //! - `chaos`: random mixes of every operation, with cancellations and a random close;
+//! - `classes`: the chaos mix with admission classes (floors, ceilings, abandonments, `run`
+//!   deadlines, class limits changing), and two classes hammered at a floor boundary;
 //! - `threads`: statistics shards and admission ids across thread lifetimes;
 //! - `phantom_probe`: the "phantom commit" probe of issue #11.
 //!
@@ -20,6 +22,7 @@ mod common;
 
 mod admission;
 mod chaos;
+mod classes;
 mod phantom_probe;
 mod queue;
 mod threads;

@@ -87,12 +87,13 @@ async fn hold(shared: &Shared, rng: &mut fastrand::Rng, mut permit: AnyPermit<'_
         .expect("a budget: every admission reserves");
     let mut model = Model::new(reservation);
     assert_eq!(permit.held(), reservation.reserved());
+    let effective = &shared.tally.effective_reports;
     if shared.setup.always_usage {
-        report_step(&mut permit, &mut model, rng, true, &shared.tally);
+        report_step(&mut permit, &mut model, rng, true, effective);
     }
     for _ in 0..rng.usize(0..5) {
         pause(shared, rng).await;
-        report_step(&mut permit, &mut model, rng, false, &shared.tally);
+        report_step(&mut permit, &mut model, rng, false, effective);
     }
     pause(shared, rng).await;
     shared.leave();
@@ -401,14 +402,15 @@ async fn run_op(
                 shared.enter();
             }
             let mut model = Model::new(ctx.reservation().unwrap());
+            let effective = &shared.tally.effective_reports;
             if shared.setup.always_usage {
                 // Before any await: a cancellation cannot come first.
-                report_step(&mut ctx, &mut model, run_rng, true, &shared.tally);
+                report_step(&mut ctx, &mut model, run_rng, true, effective);
             }
             *cell.lock().unwrap() = Some((model, None));
             for _ in 0..run_rng.usize(0..4) {
                 pause(shared, run_rng).await;
-                report_step(&mut ctx, &mut model, run_rng, false, &shared.tally);
+                report_step(&mut ctx, &mut model, run_rng, false, effective);
                 *cell.lock().unwrap() = Some((model, None));
             }
             pause(shared, run_rng).await;

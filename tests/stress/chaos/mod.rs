@@ -40,11 +40,11 @@ use async_bulkhead_llm::TokenUsage;
 mod books;
 mod callers;
 mod control_plane;
-mod model;
-mod runtime;
+pub(crate) mod model;
+pub(crate) mod runtime;
 mod runtimes;
 
-fn scale() -> u64 {
+pub(crate) fn scale() -> u64 {
     std::env::var("STRESS_SCALE")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -53,7 +53,7 @@ fn scale() -> u64 {
 }
 
 /// `CHAOS_SEED` if set (to replay a failure's random choices), else a fresh random seed.
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -61,14 +61,14 @@ fn fresh_seed() -> u64 {
 }
 
 /// Mixes a seed with a stream number (splitmix64), so workers get unrelated sequences.
-fn mix(seed: u64, stream: u64) -> u64 {
+pub(crate) fn mix(seed: u64, stream: u64) -> u64 {
     let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
 
-fn usage(input: u64, output: u64) -> TokenUsage {
+pub(crate) fn usage(input: u64, output: u64) -> TokenUsage {
     TokenUsage::new(input, output).expect("usage fits in u64")
 }
 

@@ -1,11 +1,10 @@
 //! The callers' model of one admission (extending `crate::common::caller_model::Model`),
 //! and random reports checked against it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_bulkhead_llm::{Progressive, TokenUsage};
 
-use super::books::Tally;
 use super::{HUGE, usage};
 use crate::common::caller_model::{Model, Reporter};
 
@@ -80,13 +79,14 @@ impl Model {
 // Permits and reports.
 // ------------------------------------------------------------------------------------------
 
-/// One random report through `reporter`, checked against (and applied to) the model.
+/// One random report through `reporter`, checked against (and applied to) the model; an
+/// effective one is counted in `effective_reports`.
 pub(crate) fn report_step(
     reporter: &mut impl Reporter,
     model: &mut Model,
     rng: &mut fastrand::Rng,
     valid: bool,
-    tally: &Tally,
+    effective_reports: &AtomicU64,
 ) {
     assert_eq!(reporter.held(), model.held);
     let (report, progressive) = model.random_report(rng, valid);
@@ -111,7 +111,7 @@ pub(crate) fn report_step(
             assert_eq!(got.output_cap, Some(model.cap()));
             assert_eq!(reporter.held(), model.held);
             if effective {
-                tally.effective_reports.fetch_add(1, Ordering::Relaxed);
+                effective_reports.fetch_add(1, Ordering::Relaxed);
             }
         }
         (predicted, got) => panic!(
