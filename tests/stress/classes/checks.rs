@@ -19,7 +19,7 @@ impl Shared {
             RejectReason::Shutdown => assert_eq!(d.constraint, None, "{}", context()),
             _ => assert!(d.constraint.is_some(), "{}", context()),
         }
-        let Some(cd) = d.admission_class else {
+        let Some(cd) = d.admission_class() else {
             assert!(
                 matches!(reason, RejectReason::Shutdown | RejectReason::Timeout),
                 "a capacity refusal carries its class: {}",
@@ -28,7 +28,7 @@ impl Shared {
             return;
         };
         let ct = cd.token_budget.expect("a budget");
-        let sc = d.shared_capacity.expect("classes: the shared pool");
+        let sc = d.shared_capacity().expect("classes: the shared pool");
         let st = sc.token_budget.expect("a budget");
         assert_eq!(cd.class, self.handles[c], "{}", context());
         assert_eq!(

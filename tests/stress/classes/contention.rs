@@ -248,7 +248,7 @@ impl Bench {
                                 ),
                                 "{r:?}"
                             );
-                            let detail = r.detail().admission_class.unwrap();
+                            let detail = r.detail().admission_class().unwrap();
                             assert_eq!(detail.class, classes[class]);
                             books[class].refused[reason_index(reason)] += 1;
                         }

@@ -284,13 +284,18 @@ pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
     let handles: Vec<_> = ids.iter().map(|id| bulkhead.class(id).unwrap()).collect();
     assert_eq!(bulkhead.classes(), &handles[..]);
     assert_eq!(bulkhead.default_class(), Some(handles[default]));
-    // The same id on another bulkhead: a different class.
+    // A handle names an id at a position: another bulkhead with our first id at its second
+    // position has a class this bulkhead does not.
     let other = LlmBulkhead::builder("m", 1)
-        .admission_classes(AdmissionClasses::new(ids[0]).class(ids[0], ClassLimits::new()))
+        .admission_classes(
+            AdmissionClasses::new(ids[0])
+                .class("elsewhere", ClassLimits::new())
+                .class(ids[0], ClassLimits::new()),
+        )
         .build()
         .unwrap();
     let foreign = other.class(ids[0]).unwrap();
-    assert_ne!(foreign, handles[0]);
+    assert!(!handles.contains(&foreign));
     let revisions = Revisions::default();
     revisions.record(0, Caps::of(&bulkhead.limits()));
     let heard = Arc::new(Heard::default());
