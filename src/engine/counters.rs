@@ -77,6 +77,9 @@ impl ClassCounter {
     }
 }
 
+/// Where the refusal counters start among the global counters.
+const REJECTED_AT: usize = 8;
+
 impl Counter {
     /// The class counter booked beside this ledger counter for an admission of a class.
     #[inline]
@@ -104,7 +107,7 @@ impl Counter {
             Counter::Reheld => 5,
             Counter::HandedOut => 6,
             Counter::HandedBack => 7,
-            Counter::Rejected(reason) => 8 + reason as usize,
+            Counter::Rejected(reason) => REJECTED_AT + reason as usize,
             Counter::Abandoned(cause) => 8 + RejectReason::ALL.len() + cause as usize,
             Counter::Class(class, counter) => {
                 Counter::COUNT + usize::from(class) * ClassCounter::COUNT + counter.index()
@@ -168,6 +171,17 @@ impl Shard {
             self.bump(Counter::Reserved, reserved);
         }
         IdParts::new(self.0.tag, seq)
+    }
+
+    /// Counts one refusal for `reason` (the refusal path: indexed directly, no [`Counter`]
+    /// value built and read back).
+    #[inline(always)]
+    pub(crate) fn bump_rejected(&self, reason: RejectReason) {
+        let cell = &self.0.global[REJECTED_AT + reason as usize];
+        cell.store(
+            cell.load(Ordering::Relaxed).saturating_add(1),
+            Ordering::Release,
+        );
     }
 
     /// Adds `by` to `counter`, saturating.

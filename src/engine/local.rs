@@ -87,6 +87,15 @@ impl Sink<'_> {
         }
     }
 
+    /// Counts one refusal for `reason`.
+    #[inline(always)]
+    pub(crate) fn bump_rejected(&self, reason: crate::rejection::RejectReason) {
+        match self {
+            Sink::Own(shard) => shard.bump_rejected(reason),
+            Sink::Fallback(hub) => hub.fallback().bump_rejected(reason),
+        }
+    }
+
     /// Counts an admission of `reserved` tokens and mints its id.
     #[inline]
     pub(crate) fn admit(&self, reserved: u64) -> IdParts {

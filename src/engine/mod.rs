@@ -224,16 +224,22 @@ impl Engine {
     }
 
     /// Admits `ask` (without a class) now or refuses it now: [`admit`](Engine::admit) with
-    /// [`Wait::Never`], as a plain `Result` (which the callers build their own result from in
-    /// place: `try_acquire`'s fast path).
-    #[inline]
-    pub(crate) fn try_admit(&self, ask: Ask) -> Result<Grant, Rejection> {
+    /// [`Wait::Never`], handing the grant to `admitted` or the rejection to `refused`, so
+    /// that the caller's result is built in place (`try_acquire`'s fast path: an intermediate
+    /// result would be copied at every layer).
+    #[inline(always)]
+    pub(crate) fn try_admit<T, E>(
+        &self,
+        ask: Ask,
+        admitted: impl FnOnce(Grant) -> T,
+        refused: impl FnOnce(Rejection) -> E,
+    ) -> Result<T, E> {
         debug_assert!(
             ask.class.is_none(),
             "a class call goes through try_admit_class"
         );
         match self.admit_now(ask) {
-            Ok(revision) => Ok(self.grant(ask, revision, Resources::NONE)),
+            Ok(revision) => Ok(admitted(self.grant(ask, revision, Resources::NONE))),
             Err((refusal, state, bounds)) => {
                 let reason = match refusal {
                     // Never queued: a missing slot is `concurrency_limit`, or the limits' own
@@ -243,16 +249,21 @@ impl Engine {
                         .unwrap_or(RejectReason::ConcurrencyLimit),
                     refusal => refusal.reason(),
                 };
-                Err(self.reject_global(reason, state, &bounds, ask))
+                Err(refused(self.reject_global(reason, state, &bounds, ask)))
             }
         }
     }
 
     /// [`try_admit`](Engine::try_admit) for a call of an admission class.
-    pub(crate) fn try_admit_class(&self, ask: Ask) -> Result<Grant, Rejection> {
+    pub(crate) fn try_admit_class<T, E>(
+        &self,
+        ask: Ask,
+        admitted: impl FnOnce(Grant) -> T,
+        refused: impl FnOnce(Rejection) -> E,
+    ) -> Result<T, E> {
         match self.admit_class(ask, Wait::Never) {
-            Decision::Admitted(grant) => Ok(grant),
-            Decision::Refused(rejection) => Err(rejection),
+            Decision::Admitted(grant) => Ok(admitted(grant)),
+            Decision::Refused(rejection) => Err(refused(rejection)),
             Decision::Queued(_) => unreachable!("`Wait::Never` never queues"),
         }
     }
@@ -346,7 +357,7 @@ impl Engine {
         bounds: &Bounds,
         ask: Ask,
     ) -> Rejection {
-        self.count(Counter::Rejected(reason), 1);
+        local::with(&self.counters, |sink| sink.bump_rejected(reason));
         Rejection::new(
             reason,
             policy::global_detail(state, bounds, self.pending(), ask),
