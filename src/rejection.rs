@@ -120,7 +120,7 @@ pub struct CapacityDetail {
 
 impl CapacityDetail {
     /// The global part of a snapshot (no class figures, no constraint).
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) const fn global(
         limit_revision: u64,
         in_flight: u64,
@@ -618,7 +618,7 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn new(reason: RejectReason, mut detail: CapacityDetail) -> Rejection {
         detail.reason = Some(reason);
         Rejection { detail }

@@ -144,7 +144,7 @@ impl Shard {
     }
 
     /// The cell of `counter`.
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     fn cell(&self, counter: Counter) -> &AtomicU64 {
         match counter {
             Counter::Class(class, counter) => {
@@ -175,11 +175,22 @@ impl Shard {
 
     /// Counts one refusal for `reason` (the refusal path: indexed directly, no [`Counter`]
     /// value built and read back).
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_rejected(&self, reason: RejectReason) {
         let cell = &self.0.global[REJECTED_AT + reason as usize];
         cell.store(
             cell.load(Ordering::Relaxed).saturating_add(1),
+            Ordering::Release,
+        );
+    }
+
+    /// Adds `by` to class `class`'s `counter` (its arguments stay scalars: a [`Counter`] value
+    /// built and read back through memory costs a store-forwarding stall on the fast path).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_class(&self, class: u16, counter: ClassCounter, by: u64) {
+        let cell = &self.0.classes[usize::from(class) * ClassCounter::COUNT + counter.index()];
+        cell.store(
+            cell.load(Ordering::Relaxed).saturating_add(by),
             Ordering::Release,
         );
     }
@@ -191,7 +202,7 @@ impl Shard {
     /// is `Relaxed` (the writer reads its own latest value). The store is `Release` so that a
     /// reader whose `Acquire` load sees a count also sees the admission-word update that came
     /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
-    #[inline]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump(&self, counter: Counter, by: u64) {
         let cell = self.cell(counter);
         cell.store(
@@ -242,10 +253,11 @@ impl Hub {
     #[cold]
     pub(crate) fn shard_or_init(&self, slot: u32) -> Option<&Shard> {
         let slot = slot as usize;
-        let chunk = self
-            .chunks
-            .get(slot / CHUNK)?
-            .get_or_init(|| Box::new(core::array::from_fn(|_| Shard::new(self.classes))));
+        let chunk = self.chunks.get(slot / CHUNK)?.get_or_init(|| {
+            // Built on the heap: a chunk is too large for a small stack (loom's threads).
+            let shards: Box<[Shard]> = (0..CHUNK).map(|_| Shard::new(self.classes)).collect();
+            shards.try_into().expect("CHUNK shards")
+        });
         Some(&chunk[slot % CHUNK])
     }
 

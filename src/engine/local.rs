@@ -79,7 +79,7 @@ pub(crate) enum Sink<'a> {
 }
 
 impl Sink<'_> {
-    #[inline]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump(&self, counter: Counter, by: u64) {
         match self {
             Sink::Own(shard) => shard.bump(counter, by),
@@ -87,8 +87,17 @@ impl Sink<'_> {
         }
     }
 
+    /// Adds `by` to class `class`'s `counter`.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_class(&self, class: u16, counter: super::counters::ClassCounter, by: u64) {
+        match self {
+            Sink::Own(shard) => shard.bump_class(class, counter, by),
+            Sink::Fallback(hub) => hub.fallback().bump_class(class, counter, by),
+        }
+    }
+
     /// Counts one refusal for `reason`.
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_rejected(&self, reason: crate::rejection::RejectReason) {
         match self {
             Sink::Own(shard) => shard.bump_rejected(reason),
@@ -107,7 +116,7 @@ impl Sink<'_> {
 }
 
 /// Runs `f` with this thread's counter sink for `hub`.
-#[inline(always)]
+#[cfg_attr(not(loom), inline(always))]
 pub(crate) fn with<R>(hub: &Hub, f: impl FnOnce(Sink<'_>) -> R) -> R {
     let slot = SLOT.try_with(Cell::get).unwrap_or(RELEASED);
     match hub.shard(slot) {

@@ -61,12 +61,11 @@ pub(crate) use queue::Waiter;
 use queue::{Arrival, HandedOff, WaitQueue};
 use state::{AtomicState, EPOCH_BITS, State};
 
-/// Whether a call that finds no free slot may wait for one.
+/// How a call that finds no free slot waits for one (a call that may not wait goes through
+/// [`Engine::try_admit`] instead).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
-    /// Refused at once (`try_acquire`).
-    Never,
-    /// May join the queue, to be woken through its waker, or as a parked thread if `blocking`.
+    /// In the queue, woken through its waker, or as a parked thread if `blocking`.
     Queue { blocking: bool },
 }
 
@@ -196,8 +195,10 @@ impl Engine {
 
     // ----- admission -----
 
-    /// The front door of every admission: admits `ask` now, refuses it now, or (if `wait`
-    /// allows and only a slot is missing) queues it. Admissions and refusals are counted.
+    /// The front door of every admission that may wait: admits `ask` now, refuses it now, or
+    /// (when only a slot is missing and the queue has room) queues it. Admissions and
+    /// refusals are counted. A call that may not wait goes through
+    /// [`try_admit`](Engine::try_admit).
     ///
     /// A call of an admission class goes through [`admit_class`](Engine::admit_class): the
     /// caller dispatches, so that this path stays exactly what it was before classes (a
@@ -224,10 +225,10 @@ impl Engine {
     }
 
     /// Admits `ask` (without a class) now or refuses it now: [`admit`](Engine::admit) with
-    /// [`Wait::Never`], handing the grant to `admitted` or the rejection to `refused`, so
+    /// a call that may not wait, handing the grant to `admitted` or the rejection to `refused`, so
     /// that the caller's result is built in place (`try_acquire`'s fast path: an intermediate
     /// result would be copied at every layer).
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit<T, E>(
         &self,
         ask: Ask,
@@ -255,17 +256,37 @@ impl Engine {
     }
 
     /// [`try_admit`](Engine::try_admit) for a call of an admission class.
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit_class<T, E>(
         &self,
         ask: Ask,
         admitted: impl FnOnce(Grant) -> T,
         refused: impl FnOnce(Rejection) -> E,
     ) -> Result<T, E> {
-        match self.admit_class(ask, Wait::Never) {
-            Decision::Admitted(grant) => Ok(admitted(grant)),
-            Decision::Refused(rejection) => Err(refused(rejection)),
-            Decision::Queued(_) => unreachable!("`Wait::Never` never queues"),
+        match self.admit_class_now(ask) {
+            Ok((revision, borrowed)) => Ok(admitted(self.grant(ask, revision, borrowed))),
+            Err(refusal) => Err(refused(self.refuse_class_now(ask, refusal))),
         }
+    }
+
+    /// The rejection of a class call refused now (never queued).
+    #[cold]
+    fn refuse_class_now(
+        &self,
+        ask: Ask,
+        refusal: (Refusal, State, Bounds, ClassView),
+    ) -> Rejection {
+        let (refusal, state, bounds, view) = refusal;
+        let (reason, constraint) = match refusal {
+            Refusal::NoSlot => (
+                policy::queue_or_refuse(&bounds, 0)
+                    .err()
+                    .unwrap_or(RejectReason::ConcurrencyLimit),
+                Some(Constraint::Global),
+            ),
+            refusal => (refusal.reason(), refusal.constraint()),
+        };
+        self.reject(reason, constraint, &Seen::class(state, bounds, view), ask)
     }
 
     /// [`admit`](Engine::admit) for a call of an admission class (see `classes`).
@@ -308,16 +329,17 @@ impl Engine {
         let id = local::with(&self.counters, |sink| {
             if let Some(class) = ask.class {
                 let class = class.index();
-                sink.bump(Counter::Class(class, ClassCounter::Admitted), 1);
+                sink.bump_class(class, ClassCounter::Admitted, 1);
                 if ask.reserved > 0 {
-                    sink.bump(Counter::Class(class, ClassCounter::Reserved), ask.reserved);
+                    sink.bump_class(class, ClassCounter::Reserved, ask.reserved);
                 }
                 if borrowed.borrowed_concurrency {
-                    sink.bump(Counter::Class(class, ClassCounter::BorrowedAdmissions), 1);
+                    sink.bump_class(class, ClassCounter::BorrowedAdmissions, 1);
                 }
                 if borrowed.borrowed_tokens > 0 {
-                    sink.bump(
-                        Counter::Class(class, ClassCounter::BorrowedTokensReserved),
+                    sink.bump_class(
+                        class,
+                        ClassCounter::BorrowedTokensReserved,
                         borrowed.borrowed_tokens,
                     );
                 }
@@ -349,7 +371,7 @@ impl Engine {
     /// Counts a refusal for `reason` of a call without a class and builds its rejection from
     /// what the decision saw (the path without classes, kept as small as it was before them:
     /// inlined, it builds the rejection where the caller returns it).
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn reject_global(
         &self,
         reason: RejectReason,
@@ -376,12 +398,9 @@ impl Engine {
         ask: Ask,
     ) -> Rejection {
         local::with(&self.counters, |sink| {
-            sink.bump(Counter::Rejected(reason), 1);
+            sink.bump_rejected(reason);
             if let Some(class) = ask.class {
-                sink.bump(
-                    Counter::Class(class.index(), ClassCounter::Rejected(reason)),
-                    1,
-                );
+                sink.bump_class(class.index(), ClassCounter::Rejected(reason), 1);
             }
         });
         Rejection::new(
@@ -443,7 +462,7 @@ impl Engine {
     /// check right after the CAS (then the word's epoch bits cannot tell whether it used stale
     /// limits): such a commit is undone (see [`undo_commit`](Engine::undo_commit)) and the
     /// decision starts over. `queue_locked` says whether the caller holds the queue lock.
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     fn decide<T, U>(
         &self,
         queue_locked: bool,
@@ -564,7 +583,9 @@ impl Engine {
                     Returned::Tokens
                 };
                 self.release_class(class, grant.held(), returned);
-                self.count(Counter::Class(class.index(), ClassCounter::Released), 1);
+                local::with(&self.counters, |sink| {
+                    sink.bump_class(class.index(), ClassCounter::Released, 1);
+                });
             }
         }
     }
@@ -584,10 +605,7 @@ impl Engine {
         grant.set_slot_returned();
         local::with(&self.counters, |sink| {
             sink.bump(Counter::Abandoned(cause), 1);
-            sink.bump(
-                Counter::Class(class.index(), ClassCounter::Abandoned(cause)),
-                1,
-            );
+            sink.bump_class(class.index(), ClassCounter::Abandoned(cause), 1);
         });
         true
     }
@@ -626,7 +644,7 @@ impl Engine {
             for &(counter, by) in counts {
                 sink.bump(counter, by);
                 if let (Some(class), Some(twin)) = (class, counter.class_twin()) {
-                    sink.bump(Counter::Class(class.index(), twin), by);
+                    sink.bump_class(class.index(), twin, by);
                 }
             }
         });

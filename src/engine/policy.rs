@@ -334,7 +334,7 @@ fn class_facts(state: State, limits: &Bounds, class: &ClassView, ask: Ask) -> Cl
 }
 
 /// The global part of a capacity snapshot (the whole snapshot of a call without a class).
-#[inline(always)]
+#[cfg_attr(not(loom), inline(always))]
 pub(crate) fn global_detail(
     state: State,
     limits: &Bounds,

@@ -205,7 +205,7 @@ impl LlmCore {
     /// Admits `call` now or refuses it now (never queues), announcing the outcome, and makes
     /// the caller's permit of the admission with `permit`: `try_acquire`'s path, which builds
     /// its result in place (no intermediate [`Admitted`] to copy through).
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit<P: Deref<Target = Admission>>(
         &self,
         call: Call,
@@ -230,7 +230,7 @@ impl LlmCore {
     }
 
     /// The decision of [`try_admit`](LlmCore::try_admit), announced by the caller.
-    #[inline(always)]
+    #[cfg_attr(not(loom), inline(always))]
     fn decide_now<P>(
         &self,
         call: Call,
