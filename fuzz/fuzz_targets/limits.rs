@@ -325,7 +325,7 @@ impl Harness {
         let seen = events.clone();
         let subscription = bulkhead.on_events([EventKind::Reconfigure], move |event| {
             if let Event::Reconfigure(e) = event {
-                seen.lock().unwrap().push((e.previous, e.current));
+                seen.lock().unwrap().push((e.previous.clone(), e.current.clone()));
             } else {
                 panic!("subscribed to reconfigure only, got {event:?}");
             }
@@ -456,15 +456,17 @@ impl Harness {
 
     fn apply(&mut self, next: Limits) {
         let before = self.bulkhead.stats();
-        let current = self.limits;
-        let result = self.bulkhead.apply_limits(next);
+        let current = self.limits.clone();
+        let result = self.bulkhead.apply_limits(next.clone());
         let expected: Result<ApplyOutcome, LimitsError> = if next.revision > MAX_REVISION {
             Err(LimitsError::RevisionTooLarge {
                 value: next.revision,
                 max: MAX_REVISION,
             })
         } else if next.revision <= current.revision {
-            Ok(ApplyOutcome::Stale { current })
+            Ok(ApplyOutcome::Stale {
+                current: current.clone(),
+            })
         } else if next.max_concurrent > MAX_CONCURRENT {
             Err(LimitsError::MaxConcurrentTooLarge {
                 value: next.max_concurrent,
@@ -479,8 +481,8 @@ impl Harness {
                     max: MAX_BUDGET,
                 }),
                 _ => Ok(ApplyOutcome::Applied {
-                    previous: current,
-                    current: next,
+                    previous: current.clone(),
+                    current: next.clone(),
                 }),
             }
         };
@@ -491,8 +493,8 @@ impl Harness {
                     next.revision > current.revision,
                     "revision did not increase"
                 );
-                self.limits = next;
-                self.expected_events.push((current, next));
+                self.limits = next.clone();
+                self.expected_events.push((current, next.clone()));
                 assert_eq!(self.bulkhead.limits(), next, "applied snapshot");
             }
             Ok(ApplyOutcome::Stale { .. }) => self.unchanged(&before, "stale apply"),
@@ -505,7 +507,7 @@ impl Harness {
 
     fn set_budget(&mut self, tokens: u64) {
         let before = self.bulkhead.stats();
-        let current = self.limits;
+        let current = self.limits.clone();
         let result = self.bulkhead.set_budget(tokens);
         let expected = match current.token_budget {
             None => Err(LimitsError::TokenBudgetNotConfigured),
@@ -524,8 +526,8 @@ impl Harness {
         match result {
             Ok(next) => {
                 assert!(next.revision > current.revision);
-                self.limits = next;
-                self.expected_events.push((current, next));
+                self.limits = next.clone();
+                self.expected_events.push((current, next.clone()));
                 assert_eq!(self.bulkhead.limits(), next);
             }
             Err(err) => {

@@ -26,7 +26,7 @@ mod model;
 use arbitrary::Arbitrary;
 use async_bulkhead_llm::{MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
 use libfuzzer_sys::fuzz_target;
-use model::{Call, Config, Harness, MAX_CHARS, Op};
+use model::{Call, ClassCaps, Config, Harness, MAX_CHARS, Op};
 
 /// Most operations applied per input (the proptest sequences have up to 60).
 const MAX_OPS: usize = 64;
@@ -212,11 +212,13 @@ impl FuzzConfig {
             Revision::Over(true) => u64::MAX,
             Revision::Raw(n) => n,
         };
+        // Admission classes are left to the model's class proptests (tests/model).
         Config {
             max_concurrent,
             max_queue,
             budget,
             initial_revision,
+            classes: None,
         }
     }
 }
@@ -257,6 +259,7 @@ impl FuzzCall {
             input: self.input.get(),
             max_output: self.max_output.get(),
             model: self.model % 4,
+            class: 0,
             chars,
             has_max_tokens: self.max_tokens.is_some(),
             max_tokens: self.max_tokens.map_or(0, Tokens::get),
@@ -453,6 +456,9 @@ impl FuzzOp {
                 flip_budget: flip.is_multiple_of(16),
                 budget: budget.get(4000),
                 reserve: reserve.get(1500),
+                class_shape: 0,
+                class_order: 0,
+                classes: [ClassCaps::default(); 4],
             },
             FuzzOp::SetBudget { tokens } => Op::SetBudget {
                 tokens: tokens.get(4000),

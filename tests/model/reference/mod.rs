@@ -79,6 +79,10 @@ mod runs;
 mod state;
 mod values;
 
+// The fuzz target `fuzz/fuzz_targets/operations.rs` includes this model too and uses only part
+// of what the proptests and scenarios do.
+#[allow(unused_imports)]
 pub use harness::{Call, Classes, Config, Harness, MAX_CHARS, Op};
 pub use values::ClassCaps;
+#[allow(unused_imports)]
 pub(crate) use values::{Constraint, Pool, Reason, Refused};
