@@ -1,7 +1,8 @@
 //! Small end-to-end runs of every path that goes through a dependency's `unsafe` code, sized to
 //! finish under Miri in minutes: the crate itself has no `unsafe` (`unsafe_code = "forbid"`),
 //! but `event-listener` (the queue's and the blocking wait's wake-ups), `atomic-waker` (async
-//! wake-ups), `arc-swap` (the listener list) and `crossbeam-utils` (padded counters) do.
+//! wake-ups), `arc-swap` (the listener list), `crossbeam-utils` (padded counters) and
+//! `portable-atomic` (the 128-bit admission word of a bulkhead with admission classes) do.
 //!
 //! They are ordinary tests too (plain `cargo test` runs them in milliseconds). Under Miri:
 //!
@@ -191,4 +192,50 @@ fn listeners_come_and_go_while_another_thread_admits() {
     assert!(heard.load(Ordering::Relaxed) <= 20);
     assert_idle(&b);
     assert_eq!(b.stats().admitted, 20);
+}
+
+/// Admission classes: the 128-bit admission word goes through `portable-atomic` (its own
+/// `unsafe`), and the class words through the class lock, from two threads at once.
+#[test]
+fn admission_classes_across_threads() {
+    use async_bulkhead_llm::{AdmissionClasses, ClassLimits};
+
+    let bulkhead = LlmBulkhead::builder("gpt-4o", 3)
+        .token_budget(TokenBudget::new(1000))
+        .admission_classes(
+            AdmissionClasses::new("batch")
+                .class("premium", ClassLimits::new().protected_concurrent(1))
+                .class("batch", ClassLimits::new()),
+        )
+        .build()
+        .unwrap();
+    let premium = bulkhead.class("premium").unwrap();
+    let handles: Vec<_> = [Some(premium), None]
+        .into_iter()
+        .map(|class| {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                for _ in 0..3 {
+                    let mut options = tokens(10, 20);
+                    if let Some(class) = class {
+                        options = options.class(class);
+                    }
+                    if let Ok(mut permit) = bulkhead.try_acquire_owned(&LlmRequest::new(), options)
+                    {
+                        permit.abandon_borrowed_concurrency();
+                        permit.report_usage(TokenUsage::new(5, 5).unwrap()).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    assert_idle(&bulkhead);
+    let classes = bulkhead.stats().admission_classes.unwrap();
+    assert_eq!(
+        (classes.shared.in_flight, classes.classes[0].in_flight),
+        (0, 0)
+    );
 }
