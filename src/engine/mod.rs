@@ -6,14 +6,18 @@
 //! Everything above it (the LLM wing in `crate::llm`, and whatever bulkhead is built next) goes
 //! through [`Engine`]'s methods; its fields are private to this folder.
 //!
-//! - `state`: the packed admission word (slots, tokens, epoch bits, flags).
+//! - `state`: the packed admission word (slots, tokens, epoch bits, flags; 128 bits with
+//!   admission classes).
 //! - `limits`: the public [`Limits`] snapshot, its validation, and the double-buffered copy that
-//!   admissions read without a lock.
+//!   admissions read without a lock; `reconfigure`: `apply_limits`, `set_budget`, `close`.
 //! - `policy`: the decision as a pure function of (word, limits, ask).
-//! - `queue` and `fifo`: the wait queue and its hand-off protocol.
+//! - `classes`: admission classes (class words, their locks, the class path).
+//! - `queue`, `fifo` and `waiting`: the wait queue's data, its slab list, and the engine's
+//!   methods that arrive, hand off, withdraw and refuse.
 //! - `grant`: what the engine records of one admission.
-//! - `counters` and `local`: cumulative counters in per-thread shards; admission ids.
-//! - `timer`: the process-wide timer behind queue timeouts and bounded drains.
+//! - `counters` and `local`: cumulative counters in per-thread shards; admission ids;
+//!   `figures`: what a statistics snapshot reads.
+//! - `timer`: the process-wide timer behind queue timeouts, bounded drains and run deadlines.
 //! - `drain`: waiting for quiescence.
 //!
 //! # How a decision is made
@@ -28,11 +32,13 @@ pub(crate) mod classes;
 mod counters;
 pub(crate) mod drain;
 mod fifo;
+mod figures;
 mod grant;
 pub(crate) mod limits;
 mod local;
 pub(crate) mod policy;
 mod queue;
+mod reconfigure;
 mod state;
 pub(crate) mod timer;
 mod waiting;
@@ -41,24 +47,23 @@ use core::fmt;
 
 use crossbeam_utils::Backoff;
 
-use crate::admission_class::{AbandonCause, AdmissionClass, ClassLimits, Resources};
-use crate::error::{LimitsError, UsageError};
+use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
+use crate::error::UsageError;
 use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Mutex, lock};
 
-use classes::{ClassCounts, Classes, Returned};
+use classes::{Classes, Returned};
+use counters::Hub;
 pub(crate) use counters::{ClassCounter, Counter};
-use counters::{Hub, Totals};
+pub(crate) use figures::{ClassFigures, ClassesFigures, Figures};
 pub(crate) use grant::Grant;
-use limits::{
-    ApplyOutcome, Bounds, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_REVISION,
-    PublishedLimits,
-};
+use limits::{Bounds, Limits, PublishedLimits};
 pub(crate) use policy::Ask;
 use policy::{ClassView, Refusal, Turn, Verdict};
 pub(crate) use queue::Waiter;
-use queue::{Arrival, HandedOff, WaitQueue};
+use queue::{Arrival, WaitQueue};
+use reconfigure::normalized;
 use state::{AtomicState, EPOCH_BITS, State};
 
 /// How a call that finds no free slot waits for one (a call that may not wait goes through
@@ -78,63 +83,6 @@ pub(crate) enum Decision {
     Refused(Rejection),
     /// Waiting in the queue: its outcome comes through the waiter.
     Queued(crate::sync::Arc<Waiter>),
-}
-
-/// Figures read for a statistics snapshot (see `crate::stats`).
-#[derive(Clone, Debug)]
-pub(crate) struct Figures {
-    pub(crate) limits: Limits,
-    pub(crate) closed: bool,
-    pub(crate) in_flight: u64,
-    /// Admissions that gave their borrowed slot back and have not settled.
-    pub(crate) abandoned_in_flight: u64,
-    pub(crate) in_flight_tokens: u64,
-    pub(crate) pending: u64,
-    pub(crate) admitted: u64,
-    pub(crate) released: u64,
-    pub(crate) rejected: [u64; RejectReason::ALL.len()],
-    pub(crate) reserved: u64,
-    pub(crate) consumed: u64,
-    /// Net of re-holds.
-    pub(crate) refunded: u64,
-    pub(crate) overrun: u64,
-    /// Admissions that abandoned their borrowed slot, by cause.
-    pub(crate) abandoned: [u64; AbandonCause::ALL.len()],
-    /// With admission classes.
-    pub(crate) classes: Option<ClassesFigures>,
-}
-
-/// The classes' part of [`Figures`].
-#[derive(Clone, Debug)]
-pub(crate) struct ClassesFigures {
-    pub(crate) default_class: AdmissionClass,
-    /// The shared pool's capacity of slots (`max_concurrent` minus the floors).
-    pub(crate) shared_capacity: u64,
-    /// Slots borrowed from the shared pool, and tokens.
-    pub(crate) shared_slots: u64,
-    pub(crate) shared_tokens: u64,
-    /// The sum of the token floors.
-    pub(crate) protected_tokens: u64,
-    pub(crate) classes: Vec<ClassFigures>,
-}
-
-/// One class's part of [`Figures`].
-#[derive(Clone, Debug)]
-pub(crate) struct ClassFigures {
-    pub(crate) class: AdmissionClass,
-    pub(crate) limits: ClassLimits,
-    pub(crate) in_flight: u64,
-    pub(crate) in_flight_tokens: u64,
-    pub(crate) protected_concurrent: u64,
-    pub(crate) protected_tokens: u64,
-    /// The class's counters, by [`ClassCounter`].
-    totals: Totals,
-}
-
-impl ClassFigures {
-    pub(crate) fn get(&self, counter: ClassCounter) -> u64 {
-        self.totals.get(Counter::Class(self.class.index(), counter))
-    }
 }
 
 /// The engine shared by every clone of a bulkhead and every permit.
@@ -699,229 +647,6 @@ impl Engine {
         self.state.load().is_closed()
     }
 
-    /// Everything a statistics snapshot reports, read at one moment.
-    pub(crate) fn figures(&self) -> Figures {
-        // Counters first, then the word: an admission whose count we see (Acquire, pairing
-        // with the shard's Release store) has its slot in the word we read after, so
-        // `admitted - in_flight` never counts a call as released before it was; it may lag
-        // calls completing right now, and is exact once the callers are synchronised with us.
-        let totals = self.counters.totals();
-        let limits = self.limits();
-        let (state, bounds) = self.snapshot();
-        let admitted = totals.get(Counter::Admitted);
-        let in_flight = u64::from(state.slots());
-        // Slots handed to waiters that have not picked them up are in flight but not yet
-        // admitted; admissions that abandoned their slot are unsettled but hold none.
-        let handed = totals
-            .get(Counter::HandedOut)
-            .saturating_sub(totals.get(Counter::HandedBack));
-        let unsettled = in_flight.saturating_sub(handed) + u64::from(state.abandoned());
-        let classes = self.classes.as_ref().map(|classes| ClassesFigures {
-            default_class: classes.default_class(),
-            shared_capacity: u64::from(
-                bounds
-                    .max_concurrent
-                    .saturating_sub(bounds.protected_concurrent),
-            ),
-            shared_slots: u64::from(state.shared_slots()),
-            shared_tokens: state.shared_tokens(),
-            protected_tokens: bounds.protected_tokens,
-            classes: classes
-                .handles()
-                .iter()
-                .zip(
-                    limits
-                        .admission_classes
-                        .iter()
-                        .flat_map(ClassLimitsTable::iter),
-                )
-                .map(|(&class, (_, class_limits))| {
-                    let ClassCounts { slots, tokens } = classes.counts(class);
-                    ClassFigures {
-                        class,
-                        limits: *class_limits,
-                        in_flight: u64::from(slots),
-                        in_flight_tokens: tokens,
-                        protected_concurrent: u64::from(
-                            class_limits.protected_concurrent.unwrap_or(0),
-                        ),
-                        protected_tokens: class_limits.protected_in_flight_tokens.unwrap_or(0),
-                        totals: totals.clone(),
-                    }
-                })
-                .collect(),
-        });
-        Figures {
-            limits,
-            closed: state.is_closed(),
-            in_flight,
-            abandoned_in_flight: u64::from(state.abandoned()),
-            in_flight_tokens: state.tokens(),
-            pending: self.pending(),
-            admitted,
-            // Every admission either holds a slot, abandoned it unsettled, or has been settled.
-            released: admitted.saturating_sub(unsettled),
-            rejected: core::array::from_fn(|i| totals.rejected(RejectReason::ALL[i])),
-            reserved: totals.get(Counter::Reserved),
-            consumed: totals.get(Counter::Consumed),
-            refunded: totals
-                .get(Counter::Refunded)
-                .saturating_sub(totals.get(Counter::Reheld)),
-            overrun: totals.get(Counter::Overrun),
-            abandoned: core::array::from_fn(|i| {
-                totals.get(Counter::Abandoned(AbandonCause::ALL[i]))
-            }),
-            classes,
-        }
-    }
-
-    // ----- limits and close -----
-
-    /// Installs `next` atomically if its revision is newer (see
-    /// [`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits) for the contract).
-    pub(crate) fn apply_limits(&self, next: Limits) -> Result<ApplyOutcome, LimitsError> {
-        if next.revision > MAX_REVISION {
-            return Err(LimitsError::RevisionTooLarge {
-                value: next.revision,
-                max: MAX_REVISION,
-            });
-        }
-        let mut current = lock(&self.writer);
-        if next.revision <= current.revision {
-            return Ok(ApplyOutcome::Stale {
-                current: current.clone(),
-            });
-        }
-        let ids = self.class_ids();
-        limits::validate(&next, self.has_budget, ids.as_deref())?;
-        let next = normalized(next, ids.as_deref());
-        let (previous, handed_off) = self.install(&mut current, next.clone());
-        drop(current);
-        // Wake only now: a woken task may be polled inline and call back into the limits.
-        self.finish(handed_off);
-        Ok(ApplyOutcome::Applied {
-            previous,
-            current: next,
-        })
-    }
-
-    /// Changes only the token budget, at the next revision; returns `(previous, current)`.
-    pub(crate) fn set_budget(&self, tokens: u64) -> Result<(Limits, Limits), LimitsError> {
-        let mut current = lock(&self.writer);
-        let Some(budget) = current.token_budget else {
-            return Err(LimitsError::TokenBudgetNotConfigured);
-        };
-        if current.revision >= MAX_REVISION {
-            return Err(LimitsError::RevisionExhausted {
-                current: current.revision,
-            });
-        }
-        if tokens > MAX_BUDGET {
-            return Err(LimitsError::BudgetTooLarge {
-                value: tokens,
-                max: MAX_BUDGET,
-            });
-        }
-        if let Some(table) = &current.admission_classes {
-            let (_, floors) = limits::floor_sums(table.iter().map(|(_, l)| l));
-            if floors > tokens {
-                return Err(LimitsError::ProtectedTokensSumTooLarge {
-                    sum: floors,
-                    budget: tokens,
-                });
-            }
-        }
-        let next = Limits {
-            revision: current.revision + 1,
-            token_budget: Some(BudgetLimits {
-                budget: tokens,
-                ..budget
-            }),
-            ..current.clone()
-        };
-        let (previous, handed_off) = self.install(&mut current, next.clone());
-        drop(current);
-        self.finish(handed_off);
-        Ok((previous, next))
-    }
-
-    /// Publishes `next` and makes it current. The caller holds the writer lock (`current` is
-    /// its guard's contents) and has validated `next`. Returns the replaced limits and the
-    /// hand-offs the new limits allowed, which the caller wakes after releasing the lock.
-    ///
-    /// The hand-offs are made here, under the writer lock, so that once `apply_limits`
-    /// returns every waiter the new limits admit has its slot (no later change can slip in
-    /// between and decide for them under other limits).
-    fn install(&self, current: &mut Limits, next: Limits) -> (Limits, HandedOff) {
-        // With classes, hold every class still while the limits change (see `classes`): class
-        // decisions then read the limits once, and the shared figures are recomputed here
-        // from the class counts and the new floors.
-        let guards = self.classes.as_ref().map(Classes::lock_all);
-        let shared = guards.as_ref().map(|guards| {
-            let table = next.admission_classes.as_ref().expect("validated");
-            guards.iter().zip(table.iter()).fold(
-                (0u32, 0u64),
-                |(slots, tokens), (guard, (_, limits))| {
-                    let counts = guard.counts();
-                    (
-                        slots
-                            + counts
-                                .slots
-                                .saturating_sub(limits.protected_concurrent.unwrap_or(0)),
-                        tokens
-                            + counts
-                                .tokens
-                                .saturating_sub(limits.protected_in_flight_tokens.unwrap_or(0)),
-                    )
-                },
-            )
-        });
-        // Only writers move the epoch and we hold the writer lock, so it is stable here.
-        let epoch = self.published.epoch();
-        self.published.store(epoch + 1, &next);
-        // The linearization point: admissions that read the word before this fail their CAS,
-        // and those that read it after see the new epoch's bits (and so read the new slot).
-        let after = self.state.modify(|s| {
-            debug_assert!(s.matches_epoch(epoch));
-            let next = s.with_next_epoch();
-            match shared {
-                Some((slots, tokens)) => next.with_shared(slots, tokens),
-                None => next,
-            }
-        });
-        self.published.set_epoch(epoch + 1);
-        // The class locks go before the hand-offs, which take the queue lock then class locks.
-        drop(guards);
-        let previous = core::mem::replace(current, next);
-        let handed_off = if after.has_waiters() {
-            // Raised limits admit waiters at once, in order.
-            self.hand_off()
-        } else {
-            HandedOff::default()
-        };
-        (previous, handed_off)
-    }
-
-    /// Stops admission for good; `true` for the call that closed it. Every waiter is refused
-    /// `shutdown`.
-    pub(crate) fn close(&self) -> bool {
-        let closed_now = self
-            .state
-            .update(|s| {
-                if s.is_closed() {
-                    Err(())
-                } else {
-                    Ok((s.with_closed(), ()))
-                }
-            })
-            .is_ok();
-        if closed_now {
-            // No call can join the queue any more (it would see the flag); empty it.
-            self.refuse_all_waiters();
-        }
-        closed_now
-    }
-
     // ----- drain -----
 
     /// Wakes the drainers if `state` (just written) is idle and someone drains.
@@ -945,15 +670,6 @@ impl Engine {
         // Release: pairs with the drainers' Acquire loads of the generation.
         self.idle_generation.fetch_add(1, Ordering::Release);
         self.drained.notify(usize::MAX);
-    }
-}
-
-impl Engine {
-    /// The class ids, in order, with classes.
-    fn class_ids(&self) -> Option<Vec<&'static str>> {
-        self.classes
-            .as_ref()
-            .map(|c| c.handles().iter().map(|h| h.id()).collect())
     }
 }
 
@@ -981,33 +697,6 @@ impl Seen {
             class: Some(view),
         }
     }
-}
-
-/// `limits` as the engine keeps and reports them: classes in their construction order (`order`;
-/// at construction, the order given) with floors of 0 and ceilings of `MAX_CONCURRENT` slots
-/// omitted.
-fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
-    if let Some(table) = limits.admission_classes.take() {
-        // In the classes' order (fixed at construction; the published caps are stored by
-        // position), with floors of 0 omitted.
-        let ids: Vec<String> = match order {
-            Some(order) => order.iter().map(|&id| id.to_owned()).collect(),
-            None => table.iter().map(|(id, _)| id.to_owned()).collect(),
-        };
-        let mut ordered = ClassLimitsTable::new();
-        for id in ids {
-            let mut class = table
-                .get(&id)
-                .expect("validated: the same ids")
-                .normalized();
-            // A ceiling of `MAX_CONCURRENT` calls can never bind: no ceiling (so a refusal's
-            // packed class figures can use that value for "none", see `ClassFacts`).
-            class.max_concurrent = class.max_concurrent.filter(|&n| n < limits::MAX_CONCURRENT);
-            ordered.insert(id, class);
-        }
-        limits.admission_classes = Some(ordered);
-    }
-    limits
 }
 
 impl fmt::Debug for Engine {

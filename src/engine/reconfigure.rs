@@ -1,0 +1,196 @@
+//! Changing the limits and closing: `apply_limits`, `set_budget`, `close`, and the install
+//! step they share (publish the new limits, recompute the classes' shared figures, serve the
+//! queue), all under the limits writer's lock.
+
+use crate::error::LimitsError;
+use crate::sync::lock;
+
+use super::Engine;
+use super::classes::Classes;
+use super::limits::{
+    self, ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_REVISION,
+};
+use super::queue::HandedOff;
+
+impl Engine {
+    // ----- limits and close -----
+
+    /// Installs `next` atomically if its revision is newer (see
+    /// [`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits) for the contract).
+    pub(crate) fn apply_limits(&self, next: Limits) -> Result<ApplyOutcome, LimitsError> {
+        if next.revision > MAX_REVISION {
+            return Err(LimitsError::RevisionTooLarge {
+                value: next.revision,
+                max: MAX_REVISION,
+            });
+        }
+        let mut current = lock(&self.writer);
+        if next.revision <= current.revision {
+            return Ok(ApplyOutcome::Stale {
+                current: current.clone(),
+            });
+        }
+        let ids = self.class_ids();
+        limits::validate(&next, self.has_budget, ids.as_deref())?;
+        let next = normalized(next, ids.as_deref());
+        let (previous, handed_off) = self.install(&mut current, next.clone());
+        drop(current);
+        // Wake only now: a woken task may be polled inline and call back into the limits.
+        self.finish(handed_off);
+        Ok(ApplyOutcome::Applied {
+            previous,
+            current: next,
+        })
+    }
+
+    /// Changes only the token budget, at the next revision; returns `(previous, current)`.
+    pub(crate) fn set_budget(&self, tokens: u64) -> Result<(Limits, Limits), LimitsError> {
+        let mut current = lock(&self.writer);
+        let Some(budget) = current.token_budget else {
+            return Err(LimitsError::TokenBudgetNotConfigured);
+        };
+        if current.revision >= MAX_REVISION {
+            return Err(LimitsError::RevisionExhausted {
+                current: current.revision,
+            });
+        }
+        if tokens > MAX_BUDGET {
+            return Err(LimitsError::BudgetTooLarge {
+                value: tokens,
+                max: MAX_BUDGET,
+            });
+        }
+        if let Some(table) = &current.admission_classes {
+            let (_, floors) = limits::floor_sums(table.iter().map(|(_, l)| l));
+            if floors > tokens {
+                return Err(LimitsError::ProtectedTokensSumTooLarge {
+                    sum: floors,
+                    budget: tokens,
+                });
+            }
+        }
+        let next = Limits {
+            revision: current.revision + 1,
+            token_budget: Some(BudgetLimits {
+                budget: tokens,
+                ..budget
+            }),
+            ..current.clone()
+        };
+        let (previous, handed_off) = self.install(&mut current, next.clone());
+        drop(current);
+        self.finish(handed_off);
+        Ok((previous, next))
+    }
+
+    /// Publishes `next` and makes it current. The caller holds the writer lock (`current` is
+    /// its guard's contents) and has validated `next`. Returns the replaced limits and the
+    /// hand-offs the new limits allowed, which the caller wakes after releasing the lock.
+    ///
+    /// The hand-offs are made here, under the writer lock, so that once `apply_limits`
+    /// returns every waiter the new limits admit has its slot (no later change can slip in
+    /// between and decide for them under other limits).
+    fn install(&self, current: &mut Limits, next: Limits) -> (Limits, HandedOff) {
+        // With classes, hold every class still while the limits change (see `classes`): class
+        // decisions then read the limits once, and the shared figures are recomputed here
+        // from the class counts and the new floors.
+        let guards = self.classes.as_ref().map(Classes::lock_all);
+        let shared = guards.as_ref().map(|guards| {
+            let table = next.admission_classes.as_ref().expect("validated");
+            guards.iter().zip(table.iter()).fold(
+                (0u32, 0u64),
+                |(slots, tokens), (guard, (_, limits))| {
+                    let counts = guard.counts();
+                    (
+                        slots
+                            + counts
+                                .slots
+                                .saturating_sub(limits.protected_concurrent.unwrap_or(0)),
+                        tokens
+                            + counts
+                                .tokens
+                                .saturating_sub(limits.protected_in_flight_tokens.unwrap_or(0)),
+                    )
+                },
+            )
+        });
+        // Only writers move the epoch and we hold the writer lock, so it is stable here.
+        let epoch = self.published.epoch();
+        self.published.store(epoch + 1, &next);
+        // The linearization point: admissions that read the word before this fail their CAS,
+        // and those that read it after see the new epoch's bits (and so read the new slot).
+        let after = self.state.modify(|s| {
+            debug_assert!(s.matches_epoch(epoch));
+            let next = s.with_next_epoch();
+            match shared {
+                Some((slots, tokens)) => next.with_shared(slots, tokens),
+                None => next,
+            }
+        });
+        self.published.set_epoch(epoch + 1);
+        // The class locks go before the hand-offs, which take the queue lock then class locks.
+        drop(guards);
+        let previous = core::mem::replace(current, next);
+        let handed_off = if after.has_waiters() {
+            // Raised limits admit waiters at once, in order.
+            self.hand_off()
+        } else {
+            HandedOff::default()
+        };
+        (previous, handed_off)
+    }
+
+    /// Stops admission for good; `true` for the call that closed it. Every waiter is refused
+    /// `shutdown`.
+    pub(crate) fn close(&self) -> bool {
+        let closed_now = self
+            .state
+            .update(|s| {
+                if s.is_closed() {
+                    Err(())
+                } else {
+                    Ok((s.with_closed(), ()))
+                }
+            })
+            .is_ok();
+        if closed_now {
+            // No call can join the queue any more (it would see the flag); empty it.
+            self.refuse_all_waiters();
+        }
+        closed_now
+    }
+
+    /// The class ids, in order, with classes.
+    fn class_ids(&self) -> Option<Vec<&'static str>> {
+        self.classes
+            .as_ref()
+            .map(|c| c.handles().iter().map(|h| h.id()).collect())
+    }
+}
+
+/// `limits` as the engine keeps and reports them: classes in their construction order (`order`;
+/// at construction, the order given) with floors of 0 and ceilings of `MAX_CONCURRENT` slots
+/// omitted.
+pub(super) fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
+    if let Some(table) = limits.admission_classes.take() {
+        // In the classes' order (fixed at construction; the published caps are stored by
+        // position), with floors of 0 omitted.
+        let ids: Vec<String> = match order {
+            Some(order) => order.iter().map(|&id| id.to_owned()).collect(),
+            None => table.iter().map(|(id, _)| id.to_owned()).collect(),
+        };
+        let mut ordered = ClassLimitsTable::new();
+        for id in ids {
+            let mut class = table
+                .get(&id)
+                .expect("validated: the same ids")
+                .normalized();
+            // A ceiling of `MAX_CONCURRENT` calls can never bind: no ceiling (so a refusal's
+            // packed class figures can use that value for "none", see `ClassFacts`).
+            class.max_concurrent = class.max_concurrent.filter(|&n| n < limits::MAX_CONCURRENT);
+            ordered.insert(id, class);
+        }
+        limits.admission_classes = Some(ordered);
+    }
+    limits
+}
