@@ -229,10 +229,20 @@ fn threads_with_limit_changes_and_a_close_return_everything() {
         // while callers are still running.
         let (bulkhead, done) = (&bulkhead, &done);
         s.spawn(move || {
+            // Closes the bulkhead however this thread ends, so that a failed assertion here
+            // fails the test instead of leaving the callers waiting for the close forever.
+            struct CloseOnExit<'a>(&'a LlmBulkhead);
+            impl Drop for CloseOnExit<'_> {
+                fn drop(&mut self) {
+                    self.0.close();
+                }
+            }
+            let _close = CloseOnExit(bulkhead);
             let mut rng = fastrand::Rng::with_seed(99);
             let mut revision = 0;
             let mut applied = 0;
-            while done.load(Ordering::Acquire) < THREADS / 2 {
+            // At least a few changes, however fast the callers finish their share.
+            while done.load(Ordering::Acquire) < THREADS / 2 || applied < 20 {
                 revision += 1;
                 let stale = rng.u8(0..5) == 0;
                 let next = Limits::new(if stale { 0 } else { revision }, rng.u32(0..8))
