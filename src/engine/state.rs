@@ -120,6 +120,8 @@ const ABANDONED_BITS: u32 = 64 - ABANDONED_SHIFT;
 /// Most admissions that may have abandoned their slot without settling yet, at once.
 pub(crate) const MAX_ABANDONED: u32 = (1 << ABANDONED_BITS) - 1;
 const _: () = assert!(ABANDONED_BITS >= 8 && ABANDONED_SHIFT + ABANDONED_BITS == 64);
+// Stated in `Permit::abandon_borrowed_concurrency`'s documentation.
+const _: () = assert!(MAX_ABANDONED == 8_191);
 
 /// A decoded copy of the admission word.
 ///

@@ -223,3 +223,31 @@ fn drain_waits_for_abandoned_admissions_to_settle() {
     });
     assert_eq!(b.stats().released, 1);
 }
+
+#[test]
+fn abandonments_beyond_what_the_word_counts_keep_their_slot() {
+    // The admission word counts at most 8,191 admissions that gave their slot back and have
+    // not settled: the next one keeps its slot (and says so), nothing is lost.
+    let b = LlmBulkhead::builder("m", 9_000)
+        .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
+        .build()
+        .unwrap();
+    let mut permits: Vec<_> = (0..8_192)
+        .map(|_| admit(&b, AcquireOptions::new()))
+        .collect();
+    for permit in &mut permits[..8_191] {
+        assert!(permit.abandon_borrowed_concurrency());
+    }
+    let last = permits.last_mut().unwrap();
+    assert!(!last.abandon_borrowed_concurrency());
+    assert!(last.holds_slot());
+    let stats = b.stats();
+    assert_eq!((stats.in_flight, stats.abandoned_in_flight), (1, 8_191));
+    assert_eq!(stats.borrowed_concurrency_abandoned, 8_191);
+    drop(permits);
+    let stats = b.stats();
+    assert_eq!(
+        (stats.in_flight, stats.abandoned_in_flight, stats.released),
+        (0, 0, 8_192)
+    );
+}

@@ -8,6 +8,15 @@ use async_bulkhead_llm::{
 
 use crate::support::{adaptive, input_of, models, plain, recording_hook, request, seen, usage, xs};
 
+/// An adaptive estimator that adopts each observation at once (smoothing 1, one sample).
+fn learning_at_once(base: ModelAwareEstimator) -> AdaptiveEstimator {
+    AdaptiveEstimator::builder(base)
+        .smoothing(1.0)
+        .min_samples(1)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn adaptive_upstream_example_three_observations() {
     let a = adaptive(1.0, 3, (0.5, 2.0), 64);
@@ -122,11 +131,7 @@ fn adaptive_never_corrects_the_output() {
         .output_cap(64)
         .build()
         .unwrap();
-    let a = AdaptiveEstimator::builder(base)
-        .smoothing(1.0)
-        .min_samples(1)
-        .build()
-        .unwrap();
+    let a = learning_at_once(base);
     a.observe_request(&request("gpt-4o", 370), usage(200, 5000))
         .unwrap();
     let uncapped = a.estimate(&request("gpt-4o", 370)).unwrap();
@@ -141,11 +146,7 @@ fn adaptive_scales_extra_input_and_opaque_surcharge() {
         .opaque_block_tokens(OpaqueBlockTokens::Each(10))
         .build()
         .unwrap();
-    let a = AdaptiveEstimator::builder(base)
-        .smoothing(1.0)
-        .min_samples(1)
-        .build()
-        .unwrap();
+    let a = learning_at_once(base);
     a.observe_request(&request("gpt-4o", 370), usage(150, 0))
         .unwrap(); // factor 1.5
     // Base: 100 text + 2 x 10 opaque + 31 extra = 151; corrected ceil(151 x 1.5) = 227.
@@ -205,11 +206,7 @@ fn adaptive_uses_the_default_model_and_else_the_empty_key() {
         .default_model("Claude-Sonnet-4")
         .build()
         .unwrap();
-    let a = AdaptiveEstimator::builder(base)
-        .smoothing(1.0)
-        .min_samples(1)
-        .build()
-        .unwrap();
+    let a = learning_at_once(base);
     let unnamed = LlmRequest::new().user(xs(390)); // base input 100 at 3.9
     a.observe_request(&unnamed, usage(120, 0)).unwrap();
     assert_eq!(models(&a), ["claude-sonnet-4"]);
@@ -542,11 +539,7 @@ fn adaptive_base_hook_fires_on_estimates_and_hand_observations() {
         .on_unknown_model(hook)
         .build()
         .unwrap();
-    let a = AdaptiveEstimator::builder(base)
-        .smoothing(1.0)
-        .min_samples(1)
-        .build()
-        .unwrap();
+    let a = learning_at_once(base);
     a.observe_request(&request("Mystery", 400), usage(150, 0))
         .unwrap();
     assert_eq!(seen(&unknown), ["Mystery"]);

@@ -582,13 +582,16 @@ proptest! {
 /// Cases of each class family.
 const CLASS_CASES: u32 = 2000;
 
-/// The random sequences above do reach every situation the scenarios below pin.
-#[test]
-fn random_sequences_reach_the_interesting_cases() {
+/// Runs `cases` random sequences of `strategy` and fails naming every situation of `every`
+/// that none of them reached.
+fn assert_reached(
+    strategy: impl Strategy<Value = (Config, Vec<Op>)>,
+    cases: usize,
+    every: &[&str],
+) {
     let mut runner = TestRunner::deterministic();
-    let strategy = (any_config(), vec(op(), 1..=60));
     let mut total: BTreeMap<&str, u64> = BTreeMap::new();
-    for _ in 0..300 {
+    for _ in 0..cases {
         let (config, ops) = strategy
             .new_tree(&mut runner)
             .expect("a generated case")
@@ -597,7 +600,7 @@ fn random_sequences_reach_the_interesting_cases() {
             *total.entry(what).or_insert(0) += count;
         }
     }
-    let missing: Vec<&str> = EVERY_CASE
+    let missing: Vec<&str> = every
         .iter()
         .copied()
         .filter(|what| !total.contains_key(what))
@@ -608,33 +611,20 @@ fn random_sequences_reach_the_interesting_cases() {
     );
 }
 
+/// The random sequences above do reach every situation the scenarios below pin.
+#[test]
+fn random_sequences_reach_the_interesting_cases() {
+    assert_reached((any_config(), vec(op(), 1..=60)), 300, &EVERY_CASE);
+}
+
 /// The random class sequences reach every class reason and every way of abandoning.
 #[test]
 fn random_class_sequences_reach_the_class_cases() {
-    let mut runner = TestRunner::deterministic();
     let strategy = prop_oneof![
         1 => (class_config(), vec(class_op(), 1..=60)),
         1 => (busy_class_config(), vec(busy_class_op(), 20..=60)),
     ];
-    let mut total: BTreeMap<&str, u64> = BTreeMap::new();
-    for _ in 0..400 {
-        let (config, ops) = strategy
-            .new_tree(&mut runner)
-            .expect("a generated case")
-            .current();
-        for (what, count) in run(config, &ops) {
-            *total.entry(what).or_insert(0) += count;
-        }
-    }
-    let missing: Vec<&str> = EVERY_CLASS_CASE
-        .iter()
-        .copied()
-        .filter(|what| !total.contains_key(what))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "never reached: {missing:?}\nreached: {total:#?}"
-    );
+    assert_reached(strategy, 400, &EVERY_CLASS_CASE);
 }
 
 const EVERY_CLASS_CASE: [&str; 34] = [

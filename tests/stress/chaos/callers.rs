@@ -19,26 +19,6 @@ use super::runtime::{Task, Timer, Tracked, poll_once, yield_now, yields};
 use super::{POST_CLOSE_OPS, mix};
 use crate::common::caller_model::{AnyPermit, Model, Reporter};
 
-/// A short random pause: nothing, a few executor turns, or a short sleep.
-pub(crate) async fn pause(shared: &Shared, rng: &mut fastrand::Rng) {
-    match rng.u8(0..8) {
-        0 | 1 => {}
-        2..=4 => yields(rng.usize(1..4)).await,
-        5 | 6 => {
-            shared
-                .rt
-                .sleep(Duration::from_micros(rng.u64(0..300)))
-                .await
-        }
-        _ => {
-            shared
-                .rt
-                .sleep(Duration::from_micros(rng.u64(300..1_500)))
-                .await
-        }
-    }
-}
-
 /// A random request and options: an explicit reservation or one the estimator sizes.
 fn random_call(rng: &mut fastrand::Rng) -> (LlmRequest, AcquireOptions) {
     let mut options = AcquireOptions::new();
@@ -92,10 +72,10 @@ async fn hold(shared: &Shared, rng: &mut fastrand::Rng, mut permit: AnyPermit<'_
         report_step(&mut permit, &mut model, rng, true, effective);
     }
     for _ in 0..rng.usize(0..5) {
-        pause(shared, rng).await;
+        shared.rt.pause(rng).await;
         report_step(&mut permit, &mut model, rng, false, effective);
     }
-    pause(shared, rng).await;
+    shared.rt.pause(rng).await;
     shared.leave();
     match rng.u8(0..3) {
         0 => {
@@ -409,11 +389,11 @@ async fn run_op(
             }
             *cell.lock().unwrap() = Some((model, None));
             for _ in 0..run_rng.usize(0..4) {
-                pause(shared, run_rng).await;
+                shared.rt.pause(run_rng).await;
                 report_step(&mut ctx, &mut model, run_rng, false, effective);
                 *cell.lock().unwrap() = Some((model, None));
             }
-            pause(shared, run_rng).await;
+            shared.rt.pause(run_rng).await;
             if !cancelled {
                 shared.leave();
             }
@@ -482,7 +462,7 @@ pub(crate) async fn worker(shared: Arc<Shared>, index: u64) {
         }
         // Think time, as a client has: without it refused calls come back at once and the
         // run is all refusals, however long it is.
-        pause(&shared, &mut rng).await;
+        shared.rt.pause(&mut rng).await;
         yield_now().await;
         if shared.failed() {
             break;

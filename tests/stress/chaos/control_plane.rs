@@ -1,7 +1,7 @@
 //! The control plane (random limits, budgets, drains and a close), and one scenario run.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
@@ -10,7 +10,7 @@ use async_bulkhead_llm::{
 use futures::future::join_all;
 
 use super::books::{Heard, Ledger, Shared, Tally};
-use super::callers::{pause, worker};
+use super::callers::worker;
 use super::runtime::{Guard, Plane, Rt, Setup, Task, yield_now};
 use super::{BUDGET, PEAK_QUEUE, PEAK_SLOTS, QUEUE, RESERVE, SLOTS, mix};
 
@@ -152,7 +152,7 @@ async fn control_plane(shared: Arc<Shared>) {
             }
             _ => {}
         }
-        pause(&shared, &mut rng).await;
+        shared.rt.pause(&mut rng).await;
         yield_now().await;
     }
 
@@ -174,7 +174,7 @@ async fn control_plane(shared: Arc<Shared>) {
         );
         in_flight = stats.in_flight;
         reconfigure(&shared, &mut rng);
-        pause(&shared, &mut rng).await;
+        shared.rt.pause(&mut rng).await;
         yield_now().await;
     }
     if !shared.failed() {
@@ -209,8 +209,7 @@ pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
         peak_queue: AtomicU64::new(u64::from(QUEUE)),
         ops_done: AtomicU64::new(0),
         workers_done: AtomicU64::new(0),
-        panic: Mutex::new(None),
-        failed: AtomicBool::new(false),
+        tasks: Arc::default(),
     });
     let started = Instant::now();
     let plane = shared.spawn(control_plane(Arc::clone(&shared)));

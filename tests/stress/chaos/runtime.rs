@@ -1,13 +1,17 @@
 //! Scenarios and runtimes: what a scenario varies, how tasks are spawned, and the watchdog.
 
+use std::any::Any;
 use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, resume_unwind};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::task::Poll;
 use std::time::Duration;
 
 use async_bulkhead_llm::LlmBulkhead;
+use futures::FutureExt;
 
 use super::{PEAK_SLOTS, SLOTS, fresh_seed, scale};
 
@@ -109,6 +113,94 @@ impl Rt {
     pub(crate) fn threads(&self) -> bool {
         self.timer == Timer::Thread
     }
+
+    /// The current tokio runtime (spawned on from inside it) and tokio's timer.
+    pub(crate) fn tokio() -> Rt {
+        Rt::new(Timer::Tokio, tokio_spawn)
+    }
+
+    /// A thread per task, with blocking sleeps (`acquire_blocking` allowed).
+    pub(crate) fn thread_per_task() -> Rt {
+        Rt::new(Timer::Thread, thread_spawn)
+    }
+
+    /// smol's global executor and `async-io`'s timer.
+    pub(crate) fn smol() -> Rt {
+        Rt::new(Timer::AsyncIo, |task| Box::pin(smol::spawn(task)))
+    }
+
+    /// async-std's executor and timer.
+    pub(crate) fn async_std() -> Rt {
+        Rt::new(Timer::AsyncStd, |task| {
+            Box::pin(async_std::task::spawn(task))
+        })
+    }
+
+    /// A futures thread pool of `size` threads, with `async-io`'s timer.
+    pub(crate) fn thread_pool(size: usize) -> Rt {
+        let pool = futures::executor::ThreadPool::builder()
+            .pool_size(size)
+            .create()
+            .unwrap();
+        Rt::new(Timer::AsyncIo, move |task| {
+            let (remote, handle) = task.remote_handle();
+            pool.spawn_ok(remote);
+            Box::pin(handle)
+        })
+    }
+
+    /// A short random pause: nothing, a few executor turns, or a short sleep.
+    pub(crate) async fn pause(&self, rng: &mut fastrand::Rng) {
+        match rng.u8(0..8) {
+            0 | 1 => {}
+            2..=4 => yields(rng.usize(1..4)).await,
+            5 | 6 => self.sleep(Duration::from_micros(rng.u64(0..300))).await,
+            _ => self.sleep(Duration::from_micros(rng.u64(300..1_500))).await,
+        }
+    }
+}
+
+/// The tasks of one scenario: they run on its runtime, and the first panic of any of them is
+/// kept (and the others told to stop) until every task ended, then raised again.
+#[derive(Default)]
+pub(crate) struct Tasks {
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    failed: AtomicBool,
+}
+
+impl Tasks {
+    /// Spawns `task` on `rt`, keeping its panic.
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        rt: &Rt,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> Task {
+        let tasks = Arc::clone(self);
+        (rt.spawn)(Box::pin(async move {
+            if let Err(panic) = AssertUnwindSafe(task).catch_unwind().await {
+                tasks.failed.store(true, Ordering::Release);
+                let mut kept = tasks.panic.lock().unwrap_or_else(PoisonError::into_inner);
+                kept.get_or_insert(panic);
+            }
+        }))
+    }
+
+    /// Whether a task panicked (the others stop at their next check).
+    pub(crate) fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Raises the first panic again, if any.
+    pub(crate) fn rethrow(&self) {
+        let kept = self
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(panic) = kept {
+            resume_unwind(panic);
+        }
+    }
 }
 
 pub(crate) fn tokio_spawn(task: Task) -> Task {
@@ -117,7 +209,7 @@ pub(crate) fn tokio_spawn(task: Task) -> Task {
 }
 
 /// A thread per task; the returned future blocks while it joins it (threads mode only).
-pub(crate) fn thread_spawn(task: Task) -> Task {
+fn thread_spawn(task: Task) -> Task {
     let handle = std::thread::spawn(move || futures::executor::block_on(task));
     Box::pin(async move { handle.join().unwrap() })
 }

@@ -1,9 +1,7 @@
 //! The scenarios, one per runtime.
 
-use futures::FutureExt;
-
 use super::control_plane::scenario;
-use super::runtime::{Plane, Rt, Setup, Timer, thread_spawn, tokio_spawn};
+use super::runtime::{Plane, Rt, Setup};
 
 #[test]
 fn tokio_multi_thread() {
@@ -12,7 +10,7 @@ fn tokio_multi_thread() {
         .enable_time()
         .build()
         .unwrap();
-    let rt = Rt::new(Timer::Tokio, tokio_spawn);
+    let rt = Rt::tokio();
     for setup in [
         Setup::new(Plane::Fixed, 12, 2_000).always_usage().listen(),
         Setup::new(Plane::SlotsFixed, 12, 2_000),
@@ -28,7 +26,7 @@ fn tokio_current_thread() {
         .enable_time()
         .build()
         .unwrap();
-    let rt = Rt::new(Timer::Tokio, tokio_spawn);
+    let rt = Rt::tokio();
     for setup in [
         Setup::new(Plane::Varying, 10, 2_000).always_usage(),
         Setup::new(Plane::SlotsFixed, 10, 2_000).listen(),
@@ -39,7 +37,7 @@ fn tokio_current_thread() {
 
 #[test]
 fn smol_executor() {
-    let rt = Rt::new(Timer::AsyncIo, |task| Box::pin(smol::spawn(task)));
+    let rt = Rt::smol();
     for setup in [
         Setup::new(Plane::Fixed, 10, 2_000),
         Setup::new(Plane::Varying, 10, 2_000)
@@ -52,9 +50,7 @@ fn smol_executor() {
 
 #[test]
 fn async_std_executor() {
-    let rt = Rt::new(Timer::AsyncStd, |task| {
-        Box::pin(async_std::task::spawn(task))
-    });
+    let rt = Rt::async_std();
     for setup in [
         Setup::new(Plane::SlotsFixed, 10, 2_000).always_usage(),
         Setup::new(Plane::Varying, 10, 2_000).listen(),
@@ -65,15 +61,7 @@ fn async_std_executor() {
 
 #[test]
 fn futures_thread_pool() {
-    let pool = futures::executor::ThreadPool::builder()
-        .pool_size(4)
-        .create()
-        .unwrap();
-    let rt = Rt::new(Timer::AsyncIo, move |task| {
-        let (remote, handle) = task.remote_handle();
-        pool.spawn_ok(remote);
-        Box::pin(handle)
-    });
+    let rt = Rt::thread_pool(4);
     let setup = Setup::new(Plane::Varying, 10, 2_000).listen();
     futures::executor::block_on(scenario("futures_thread_pool", setup, rt));
 }
@@ -82,7 +70,7 @@ fn futures_thread_pool() {
 /// with `acquire_blocking(_owned)` among the operations and blocking sleeps.
 #[test]
 fn std_threads() {
-    let rt = Rt::new(Timer::Thread, thread_spawn);
+    let rt = Rt::thread_per_task();
     for setup in [
         Setup::new(Plane::Fixed, 8, 2_000).always_usage(),
         Setup::new(Plane::Varying, 8, 2_000).listen(),

@@ -1,20 +1,17 @@
 //! Shared books: the callers' tallies per class, the packed ledger of slot holders, the `solo`
 //! book, and the live checks of every admission, abandonment and settlement.
 
-use std::any::Any;
 use std::future::Future;
-use std::panic::{AssertUnwindSafe, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
     AdmissionClass, AdmissionId, LlmBulkhead, Priority, RejectReason, Resources,
 };
-use futures::FutureExt;
 
 use super::config::Revisions;
 use super::heard::Heard;
-use crate::chaos::runtime::{Rt, Task};
+use crate::chaos::runtime::{Rt, Task, Tasks};
 use crate::common::caller_model::{Model, Settled};
 
 /// The most classes a scenario has (the ledger packs 16 bits per class).
@@ -208,35 +205,21 @@ pub(crate) struct Shared {
     pub(crate) peak_queue: AtomicU64,
     pub(crate) ops_done: AtomicU64,
     pub(crate) workers_done: AtomicU64,
-    pub(crate) panic: Mutex<Option<Box<dyn Any + Send>>>,
-    pub(crate) failed: AtomicBool,
+    /// The scenario's tasks (their first panic is kept and raised again at the end).
+    pub(crate) tasks: Arc<Tasks>,
 }
 
 impl Shared {
-    pub(crate) fn spawn(self: &Arc<Self>, task: impl Future<Output = ()> + Send + 'static) -> Task {
-        let shared = Arc::clone(self);
-        (self.rt.spawn)(Box::pin(async move {
-            if let Err(panic) = AssertUnwindSafe(task).catch_unwind().await {
-                shared.failed.store(true, Ordering::Release);
-                let mut kept = shared.panic.lock().unwrap_or_else(PoisonError::into_inner);
-                kept.get_or_insert(panic);
-            }
-        }))
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> Task {
+        self.tasks.spawn(&self.rt, task)
     }
 
     pub(crate) fn failed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
+        self.tasks.failed()
     }
 
     pub(crate) fn rethrow(&self) {
-        let kept = self
-            .panic
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(panic) = kept {
-            resume_unwind(panic);
-        }
+        self.tasks.rethrow();
     }
 
     pub(crate) fn book(&self, class: usize) -> &ClassBook {

@@ -20,26 +20,6 @@ use crate::chaos::model::report_step;
 use crate::chaos::runtime::{Task, Timer, Tracked, poll_once, yield_now, yields};
 use crate::common::caller_model::{AnyPermit, Model, Reporter};
 
-/// A short random pause: nothing, a few executor turns, or a short sleep.
-pub(crate) async fn pause(shared: &Shared, rng: &mut fastrand::Rng) {
-    match rng.u8(0..8) {
-        0 | 1 => {}
-        2..=4 => yields(rng.usize(1..4)).await,
-        5 | 6 => {
-            shared
-                .rt
-                .sleep(Duration::from_micros(rng.u64(0..300)))
-                .await
-        }
-        _ => {
-            shared
-                .rt
-                .sleep(Duration::from_micros(rng.u64(300..1_500)))
-                .await
-        }
-    }
-}
-
 /// The admission behind a permit.
 fn admission<'p>(permit: &'p AnyPermit<'_>) -> &'p Admission {
     match permit {
@@ -172,11 +152,11 @@ async fn hold(shared: &Shared, rng: &mut fastrand::Rng, mut permit: AnyPermit<'_
             }
         }
         if step < steps {
-            pause(shared, rng).await;
+            shared.rt.pause(rng).await;
             report(shared, &mut permit, &mut model, rng, false, &held);
         }
     }
-    pause(shared, rng).await;
+    shared.rt.pause(rng).await;
     shared.settle(&mut held, model.held);
     let book = shared.book(held.class);
     match rng.u8(0..3) {
@@ -213,12 +193,15 @@ fn permit_holds_slot(permit: &AnyPermit<'_>) -> bool {
     admission(permit).holds_slot()
 }
 
-async fn hold_if(
+/// Checks an acquire's outcome (see [`decided`]) and, if it admitted, holds and settles it.
+async fn decide_and_hold(
     shared: &Shared,
     rng: &mut fastrand::Rng,
-    admitted: Option<(AnyPermit<'_>, Held)>,
+    result: Result<AnyPermit<'_>, AcquireError>,
+    call: Call,
+    closed_before: bool,
 ) {
-    if let Some((permit, held)) = admitted {
+    if let Some((permit, held)) = decided(shared, result, call, closed_before, None) {
         hold(shared, rng, permit, held).await;
     }
 }
@@ -233,47 +216,47 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
     match rng.u8(0..kinds) {
         0 => {
             let result = bulkhead.try_acquire(&request, options);
-            let admitted = decided(
+            decide_and_hold(
                 shared,
+                rng,
                 result.map(AnyPermit::Borrowed),
                 call,
                 closed_before,
-                None,
-            );
-            hold_if(shared, rng, admitted).await;
+            )
+            .await;
         }
         1 => {
             let result = bulkhead.try_acquire_owned(&request, options);
-            let admitted = decided(
+            decide_and_hold(
                 shared,
+                rng,
                 result.map(AnyPermit::Owned),
                 call,
                 closed_before,
-                None,
-            );
-            hold_if(shared, rng, admitted).await;
+            )
+            .await;
         }
         2 | 3 => {
             let result = bulkhead.acquire(&request, queued(rng, options)).await;
-            let admitted = decided(
+            decide_and_hold(
                 shared,
+                rng,
                 result.map(AnyPermit::Borrowed),
                 call,
                 closed_before,
-                None,
-            );
-            hold_if(shared, rng, admitted).await;
+            )
+            .await;
         }
         4 => {
             let result = bulkhead.acquire_owned(&request, queued(rng, options)).await;
-            let admitted = decided(
+            decide_and_hold(
                 shared,
+                rng,
                 result.map(AnyPermit::Owned),
                 call,
                 closed_before,
-                None,
-            );
-            hold_if(shared, rng, admitted).await;
+            )
+            .await;
         }
         5 => {
             // Cancelled by `tokio::select!` (random branch order: it may never be polled).
@@ -285,15 +268,15 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
             };
             match result {
                 Some(result) => {
-                    let admitted = decided(
+                    drop(acquire);
+                    decide_and_hold(
                         shared,
+                        rng,
                         result.map(AnyPermit::Borrowed),
                         call,
                         closed_before,
-                        None,
-                    );
-                    drop(acquire);
-                    hold_if(shared, rng, admitted).await;
+                    )
+                    .await;
                 }
                 None => {
                     let polled = acquire.polled;
@@ -316,14 +299,14 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
             };
             match result {
                 Some(result) => {
-                    let admitted = decided(
+                    decide_and_hold(
                         shared,
+                        rng,
                         result.map(AnyPermit::Owned),
                         call,
                         closed_before,
-                        None,
-                    );
-                    hold_if(shared, rng, admitted).await;
+                    )
+                    .await;
                 }
                 None => {
                     let polled = acquire.polled;
@@ -342,14 +325,14 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
             }
             match result {
                 Poll::Ready(result) => {
-                    let admitted = decided(
+                    decide_and_hold(
                         shared,
+                        rng,
                         result.map(AnyPermit::Borrowed),
                         call,
                         closed_before,
-                        None,
-                    );
-                    hold_if(shared, rng, admitted).await;
+                    )
+                    .await;
                 }
                 Poll::Pending => {
                     drop(acquire);
@@ -409,25 +392,25 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
         14 => look(shared, worker, closed_before),
         15 => {
             let result = bulkhead.acquire_blocking(&request, queued(rng, options));
-            let admitted = decided(
+            decide_and_hold(
                 shared,
+                rng,
                 result.map(AnyPermit::Borrowed),
                 call,
                 closed_before,
-                None,
-            );
-            hold_if(shared, rng, admitted).await;
+            )
+            .await;
         }
         _ => {
             let result = bulkhead.acquire_blocking_owned(&request, queued(rng, options));
-            let admitted = decided(
+            decide_and_hold(
                 shared,
+                rng,
                 result.map(AnyPermit::Owned),
                 call,
                 closed_before,
-                None,
-            );
-            hold_if(shared, rng, admitted).await;
+            )
+            .await;
         }
     }
 }
@@ -625,7 +608,7 @@ pub(crate) async fn worker(shared: Arc<Shared>, index: u64) {
             join_all(handoffs.drain(..)).await;
         }
         // Think time, as a client has (see `chaos::callers::worker`).
-        pause(&shared, &mut rng).await;
+        shared.rt.pause(&mut rng).await;
         yield_now().await;
         if shared.failed() {
             break;

@@ -11,7 +11,7 @@ use async_bulkhead_llm::{
 use futures::future::join_all;
 
 use super::books::{Ledger, Own, Plane, Setup, Shared, Tally, bump};
-use super::callers::{pause, worker};
+use super::callers::worker;
 use super::config::{Caps, Revisions, invalid_snapshot, normalized_table, random_classes, table};
 use super::heard::Heard;
 use super::{BUDGET, IDS, PEAK_QUEUE, PEAK_SLOTS, QUEUE, RESERVE, SLOTS, SOLO};
@@ -201,7 +201,7 @@ async fn control_plane(shared: Arc<Shared>) {
             }
             _ => {}
         }
-        pause(&shared, &mut rng).await;
+        shared.rt.pause(&mut rng).await;
         yield_now().await;
     }
 
@@ -233,7 +233,7 @@ async fn control_plane(shared: Arc<Shared>) {
             class_in_flight[c] = s.in_flight;
         }
         reconfigure(&shared, &mut rng);
-        pause(&shared, &mut rng).await;
+        shared.rt.pause(&mut rng).await;
         yield_now().await;
     }
     if !shared.failed() {
@@ -321,8 +321,7 @@ pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
         peak_queue: AtomicU64::new(u64::from(QUEUE)),
         ops_done: AtomicU64::new(0),
         workers_done: AtomicU64::new(0),
-        panic: Mutex::new(None),
-        failed: AtomicBool::new(false),
+        tasks: Arc::default(),
     });
     let started = Instant::now();
     let plane = shared.spawn(control_plane(Arc::clone(&shared)));

@@ -12,7 +12,7 @@ use async_bulkhead_llm::{
 };
 
 use super::books::{Call, Held, Shared, bump};
-use super::callers::{canceller, pause, report};
+use super::callers::{canceller, report};
 use crate::chaos::runtime::Tracked;
 use crate::common::caller_model::Model;
 
@@ -87,7 +87,7 @@ pub(crate) async fn run_op(
                     *cell.lock().unwrap() = Some(state);
                 }
                 if step < steps {
-                    pause(shared, run_rng).await;
+                    shared.rt.pause(run_rng).await;
                     report(shared, &mut ctx, &mut state.model, run_rng, false, &held);
                     *cell.lock().unwrap() = Some(state);
                 }
@@ -103,7 +103,7 @@ pub(crate) async fn run_op(
                     let past = SHORT + Duration::from_micros(run_rng.u64(500..2_000));
                     shared.rt.sleep(past).await;
                 }
-                _ => pause(shared, run_rng).await,
+                _ => shared.rt.pause(run_rng).await,
             }
             shared.leave(&mut held);
             state.held = held;

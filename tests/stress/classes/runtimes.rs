@@ -1,10 +1,8 @@
 //! The class scenarios, one test per runtime (the runtimes of `chaos::runtimes`).
 
-use futures::FutureExt;
-
 use super::books::{Plane, Setup};
 use super::control_plane::scenario;
-use crate::chaos::runtime::{Rt, Timer, thread_spawn, tokio_spawn};
+use crate::chaos::runtime::Rt;
 
 #[test]
 fn tokio_multi_thread() {
@@ -13,7 +11,7 @@ fn tokio_multi_thread() {
         .enable_time()
         .build()
         .unwrap();
-    let rt = Rt::new(Timer::Tokio, tokio_spawn);
+    let rt = Rt::tokio();
     for setup in [
         Setup::new(Plane::Fixed, 10, 2_000).always_usage().listen(),
         Setup::new(Plane::ClassesVary, 10, 2_000).listen(),
@@ -29,7 +27,7 @@ fn tokio_current_thread() {
         .enable_time()
         .build()
         .unwrap();
-    let rt = Rt::new(Timer::Tokio, tokio_spawn);
+    let rt = Rt::tokio();
     for setup in [
         Setup::new(Plane::ClassesVary, 8, 2_000).always_usage(),
         Setup::new(Plane::Fixed, 8, 2_000).listen(),
@@ -40,7 +38,7 @@ fn tokio_current_thread() {
 
 #[test]
 fn smol_executor() {
-    let rt = Rt::new(Timer::AsyncIo, |task| Box::pin(smol::spawn(task)));
+    let rt = Rt::smol();
     for setup in [
         Setup::new(Plane::Fixed, 8, 2_000),
         Setup::new(Plane::Varying, 8, 2_000).always_usage().listen(),
@@ -51,9 +49,7 @@ fn smol_executor() {
 
 #[test]
 fn async_std_executor() {
-    let rt = Rt::new(Timer::AsyncStd, |task| {
-        Box::pin(async_std::task::spawn(task))
-    });
+    let rt = Rt::async_std();
     for setup in [
         Setup::new(Plane::ClassesVary, 8, 2_000).listen(),
         Setup::new(Plane::Fixed, 8, 2_000).always_usage(),
@@ -64,15 +60,7 @@ fn async_std_executor() {
 
 #[test]
 fn futures_thread_pool() {
-    let pool = futures::executor::ThreadPool::builder()
-        .pool_size(4)
-        .create()
-        .unwrap();
-    let rt = Rt::new(Timer::AsyncIo, move |task| {
-        let (remote, handle) = task.remote_handle();
-        pool.spawn_ok(remote);
-        Box::pin(handle)
-    });
+    let rt = Rt::thread_pool(4);
     for setup in [
         Setup::new(Plane::Varying, 8, 2_000).listen(),
         Setup::new(Plane::Fixed, 8, 2_000),
@@ -85,7 +73,7 @@ fn futures_thread_pool() {
 /// with `acquire_blocking(_owned)` among the operations and blocking sleeps.
 #[test]
 fn std_threads() {
-    let rt = Rt::new(Timer::Thread, thread_spawn);
+    let rt = Rt::thread_per_task();
     for setup in [
         Setup::new(Plane::Fixed, 6, 2_000).always_usage().listen(),
         Setup::new(Plane::ClassesVary, 6, 2_000),

@@ -1,8 +1,7 @@
 //! Permits and reports; async callers and the control plane; one scenario run.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -391,7 +390,7 @@ async fn run_call(
     shared.tally.settled(id, &model, settled);
 }
 
-type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+use crate::chaos::runtime::Task;
 
 /// Runs the scenario with `spawn` (which returns a future that completes with the task).
 pub(crate) async fn scenario(setup: Setup, spawn: impl Fn(Task) -> Task) {
@@ -431,9 +430,4 @@ pub(crate) async fn scenario(setup: Setup, spawn: impl Fn(Task) -> Task) {
     shared.rethrow();
     assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
     shared.verify(&bulkhead, callers, setup);
-}
-
-pub(crate) fn tokio_spawn(task: Task) -> Task {
-    let handle = tokio::spawn(task);
-    Box::pin(async move { handle.await.unwrap() })
 }

@@ -8,10 +8,11 @@ use async_bulkhead_llm::{LlmBulkhead, LlmRequest};
 use super::books::Shared;
 use super::callers::{
     Setup, assert_idle_after_close, new_bulkhead, random_call, reconfigure, report_step, scenario,
-    settle, tokio_spawn,
+    settle,
 };
 use super::plan::Plan;
 use super::scale;
+use crate::chaos::runtime::tokio_spawn;
 use crate::common::caller_model::{AnyPermit, Model};
 
 #[test]
