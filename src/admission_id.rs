@@ -90,6 +90,84 @@ impl From<AdmissionId> for uuid::Uuid {
     }
 }
 
+/// The id of an observe-mode bypass: a call the bulkhead would have refused that ran anyway,
+/// holding no capacity (see [`RunOptions::observe`](crate::RunOptions::observe)). It shows as
+/// `shadow-` and a version-4 UUID, so a bypass is never mistaken for an admission in logs.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, ShadowReasons};
+///
+/// # ::futures::executor::block_on(async {
+/// let bulkhead = LlmBulkhead::builder("m", 0).build()?; // refuses everything
+/// let options = AcquireOptions::new().observe(ShadowReasons::ALL);
+/// let id = bulkhead
+///     .run(&LlmRequest::new(), options, async |ctx| {
+///         Ok::<_, std::io::Error>(ctx.bypass().expect("bypassed").shadow_id)
+///     })
+///     .await?;
+/// assert!(id.to_string().starts_with("shadow-"));
+/// assert_eq!(id.to_string().len(), 7 + 36);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShadowId(u128);
+
+impl ShadowId {
+    /// The same UUID as an [`AdmissionId`] (for the id fields a bypass shares with
+    /// admissions, e.g. [`UsageReport::admission_id`](crate::UsageReport::admission_id)).
+    pub(crate) const fn as_admission_id(self) -> AdmissionId {
+        AdmissionId(self.0)
+    }
+
+    /// A fresh id (a process-wide sequence through the admission ids' mixer: bypasses are
+    /// rare enough for one shared counter).
+    pub(crate) fn next() -> ShadowId {
+        static TAG: OnceLock<u64> = OnceLock::new();
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let tag = *TAG.get_or_init(new_tag);
+        ShadowId(
+            IdParts::new(tag, SEQ.fetch_add(1, Ordering::Relaxed))
+                .id()
+                .0,
+        )
+    }
+
+    /// The id as a [`uuid::Uuid`] (without the `shadow-` prefix).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// # ::futures::executor::block_on(async {
+    /// # let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+    /// # let options = AcquireOptions::new().observe(ShadowReasons::ALL);
+    /// let id = bulkhead
+    ///     .run(&LlmRequest::new(), options, async |ctx| Ok::<_, std::io::Error>(ctx.bypass().unwrap().shadow_id))
+    ///     .await?;
+    /// assert_eq!(id.to_uuid().get_version_num(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub const fn to_uuid(self) -> uuid::Uuid {
+        uuid::Uuid::from_u128(self.0)
+    }
+}
+
+impl fmt::Display for ShadowId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shadow-{}", self.to_uuid().hyphenated())
+    }
+}
+
+impl fmt::Debug for ShadowId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ShadowId({self})")
+    }
+}
+
 /// Bits of the shard number in a tag.
 const SHARD_BITS: u32 = 28;
 /// Bits of the sequence in an id.

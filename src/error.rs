@@ -402,6 +402,9 @@ pub enum UsageError {
     },
     /// The hold the report implies, or the tokens in flight with it, does not fit in a `u64`.
     HoldOverflow,
+    /// The report came through the context of a [`run_shared`](crate::LlmBulkhead::run_shared)
+    /// call that was already settled (the context was kept after the callback's future ended).
+    Settled,
 }
 
 impl fmt::Display for UsageError {
@@ -417,6 +420,9 @@ impl fmt::Display for UsageError {
             ),
             UsageError::HoldOverflow => {
                 f.write_str("the hold this usage implies does not fit in 64 bits")
+            }
+            UsageError::Settled => {
+                f.write_str("the call was already settled: its usage can no longer change")
             }
         }
     }

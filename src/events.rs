@@ -34,11 +34,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
-use crate::admission_id::AdmissionId;
+use crate::admission_id::{AdmissionId, ShadowId};
 use crate::engine::limits::Limits;
 use crate::priority::Priority;
 use crate::rejection::{CapacityDetail, RejectReason};
-use crate::reservation::{Progressive, TokenUsage};
+use crate::reservation::{Progressive, Reservation, TokenUsage};
 use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
 
 /// The kinds of events, to subscribe to some of them.
@@ -48,7 +48,7 @@ use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
 /// ```
 /// use async_bulkhead_llm::EventKind;
 ///
-/// assert_eq!(EventKind::ALL.len(), 6);
+/// assert_eq!(EventKind::ALL.len(), 10);
 /// assert_eq!(EventKind::Admit.as_str(), "admit");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,6 +66,14 @@ pub enum EventKind {
     Reconfigure,
     /// An admission gave its borrowed slot back before settling.
     BorrowedConcurrencyAbandon,
+    /// An observe-mode call the bulkhead refused runs anyway (bypassed).
+    Bypass,
+    /// A bypassed call reported usage that changed its cumulative usage.
+    BypassUsage,
+    /// A bypassed call finished.
+    BypassRelease,
+    /// A call joined an identical call in flight (deduplication).
+    Dedup,
 }
 
 impl EventKind {
@@ -78,6 +86,10 @@ impl EventKind {
         EventKind::Release,
         EventKind::Reconfigure,
         EventKind::BorrowedConcurrencyAbandon,
+        EventKind::Bypass,
+        EventKind::BypassUsage,
+        EventKind::BypassRelease,
+        EventKind::Dedup,
     ];
 
     /// The kind's wire name, in snake_case like every name the crate prints
@@ -97,6 +109,10 @@ impl EventKind {
             EventKind::Release => "release",
             EventKind::Reconfigure => "reconfigure",
             EventKind::BorrowedConcurrencyAbandon => "borrowed_concurrency_abandon",
+            EventKind::Bypass => "bypass",
+            EventKind::BypassUsage => "bypass_usage",
+            EventKind::BypassRelease => "bypass_release",
+            EventKind::Dedup => "dedup",
         }
     }
 
@@ -141,6 +157,14 @@ pub enum Event<'a> {
     Reconfigure(&'a ReconfigureEvent),
     /// See [`BorrowedConcurrencyAbandonEvent`].
     BorrowedConcurrencyAbandon(&'a BorrowedConcurrencyAbandonEvent),
+    /// See [`BypassEvent`].
+    Bypass(&'a BypassEvent),
+    /// See [`BypassUsageEvent`].
+    BypassUsage(&'a BypassUsageEvent),
+    /// See [`BypassReleaseEvent`].
+    BypassRelease(&'a BypassReleaseEvent),
+    /// See [`DedupEvent`].
+    Dedup(&'a DedupEvent),
 }
 
 impl Event<'_> {
@@ -168,6 +192,10 @@ impl Event<'_> {
             Event::Release(_) => EventKind::Release,
             Event::Reconfigure(_) => EventKind::Reconfigure,
             Event::BorrowedConcurrencyAbandon(_) => EventKind::BorrowedConcurrencyAbandon,
+            Event::Bypass(_) => EventKind::Bypass,
+            Event::BypassUsage(_) => EventKind::BypassUsage,
+            Event::BypassRelease(_) => EventKind::BypassRelease,
+            Event::Dedup(_) => EventKind::Dedup,
         }
     }
 }
@@ -305,6 +333,96 @@ pub struct BorrowedConcurrencyAbandonEvent {
     pub cause: AbandonCause,
     /// The tokens it still holds.
     pub held_tokens: u64,
+}
+
+/// An observe-mode call the bulkhead refused runs anyway, holding no capacity (see
+/// [`RunOptions::observe`](crate::RunOptions::observe)). A refusal the advisory check predicted
+/// (`raced: false`, except for a follower, below) was not counted as a rejection and emitted no
+/// reject event; one the admission itself made (`raced: true`, or a queue timeout) was both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BypassEvent {
+    /// The bypass's id (`shadow-…`).
+    pub shadow_id: ShadowId,
+    /// Revision of the limits that refused the call.
+    pub limit_revision: u64,
+    /// The call's priority.
+    pub priority: Priority,
+    /// The call's admission class (with classes).
+    pub class: Option<AdmissionClass>,
+    /// Why the bulkhead refused it.
+    pub reason: RejectReason,
+    /// The capacity snapshot of the refusal (none for a deduplication follower whose own
+    /// wait timed out).
+    pub detail: Option<CapacityDetail>,
+    /// The reservation it would have held (none without a token budget).
+    pub reservation: Option<Reservation>,
+    /// Whether the advisory check said "admit" and the admission then refused.
+    pub raced: bool,
+}
+
+/// A bypassed call reported usage that changed its cumulative usage (it holds nothing, so a
+/// progressive reconciliation alone changes nothing and emits nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BypassUsageEvent {
+    /// The bypass's id.
+    pub shadow_id: ShadowId,
+    /// Revision of the limits that refused the call.
+    pub limit_revision: u64,
+    /// The call's priority.
+    pub priority: Priority,
+    /// The call's admission class (with classes).
+    pub class: Option<AdmissionClass>,
+    /// Why the bulkhead refused it.
+    pub reason: RejectReason,
+    /// 1 for the first effective report, then +1 for each.
+    pub sequence: u64,
+    /// The reservation it would have held.
+    pub reservation: Option<Reservation>,
+    /// The cumulative usage (per-field maximum of every report).
+    pub usage: TokenUsage,
+    /// The would-be reservation's maximum output (`None` without a token budget).
+    pub output_cap: Option<u64>,
+    /// `output_cap - usage.output`, at least 0.
+    pub output_remaining: Option<u64>,
+    /// Whether the usage already exceeds the would-be reservation.
+    pub over_reservation: bool,
+    /// The progressive reconciliation of this report, if it was one.
+    pub progressive: Option<Progressive>,
+}
+
+/// A bypassed call finished (its callback returned or failed, or its future was dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BypassReleaseEvent {
+    /// The bypass's id.
+    pub shadow_id: ShadowId,
+    /// Revision of the limits that refused the call.
+    pub limit_revision: u64,
+    /// The call's priority.
+    pub priority: Priority,
+    /// The call's admission class (with classes).
+    pub class: Option<AdmissionClass>,
+    /// Why the bulkhead refused it.
+    pub reason: RejectReason,
+    /// The reservation it would have held.
+    pub reservation: Option<Reservation>,
+    /// Effective usage reports before it finished.
+    pub usage_sequence: u64,
+    /// The usage it finished with: extracted from its result, else the last reported.
+    pub usage: Option<TokenUsage>,
+}
+
+/// A call joined an identical call in flight: it takes no capacity and will get that call's
+/// outcome (see [`Deduplication`](crate::Deduplication)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DedupEvent {
+    /// The admission class of both calls (with classes).
+    pub class: Option<AdmissionClass>,
+    /// Followers of this call so far, this one included.
+    pub followers: u64,
 }
 
 type Listener = Box<dyn Fn(&Event<'_>) + Send + Sync>;

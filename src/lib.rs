@@ -199,7 +199,7 @@ pub mod futures {
 }
 
 pub use admission_class::{AbandonCause, AdmissionClass, ClassLimits, Resources};
-pub use admission_id::AdmissionId;
+pub use admission_id::{AdmissionId, ShadowId};
 pub use engine::drain::DrainReport;
 pub use engine::limits::{
     ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
@@ -210,20 +210,24 @@ pub use error::{
     LimitsError, RequestError, UsageError,
 };
 pub use events::{
-    AdmitEvent, BorrowedConcurrencyAbandonEvent, Event, EventKind, ReconfigureEvent, RejectEvent,
-    ReleaseEvent, Subscription, UsageEvent,
+    AdmitEvent, BorrowedConcurrencyAbandonEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
+    DedupEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent, Subscription,
+    UsageEvent,
 };
 pub use llm::admission::Admission;
 pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
+pub use llm::dedup::Deduplication;
 pub use llm::estimate::{
     AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
     ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
 };
-pub use llm::options::{AcquireOptions, RunOptions};
+pub use llm::observe::Bypass;
+pub use llm::options::{AcquireOptions, DedupScope, NotShadowable, RunOptions, ShadowReasons};
 pub use llm::permit::{OwnedPermit, Permit};
 pub use llm::request::{Content, ContentBlock, LlmRequest, Message};
 pub use llm::run::{BorrowedConcurrencyDeadlineError, RunContext, RunError};
+pub use llm::run_shared::Sharing;
 pub use priority::Priority;
 pub use rejection::{
     CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection,
@@ -233,8 +237,8 @@ pub use reservation::{
     DEFAULT_OUTPUT_CAP, Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport,
 };
 pub use stats::{
-    AbandonCounts, ClassStats, ClassesStats, RejectionCounts, SharedStats, SharedTokenStats, Stats,
-    TokenBudgetStats,
+    AbandonCounts, ClassStats, ClassesStats, DedupStats, ObserveStats, RejectionCounts,
+    SharedStats, SharedTokenStats, Stats, TokenBudgetStats,
 };
 
 /// The README's examples, compiled and run as doc tests.
@@ -267,4 +271,10 @@ fn _assert_send_sync() {
     both::<AdmissionClasses>();
     both::<RunOptions>();
     both::<BorrowedConcurrencyDeadlineError>();
+    both::<Deduplication>();
+    both::<Sharing<String>>();
+    both::<Bypass>();
+    both::<ShadowId>();
+    both::<ShadowReasons>();
+    both::<DedupScope>();
 }

@@ -4,7 +4,7 @@
 
 use core::fmt;
 
-use crate::admission_id::AdmissionId;
+use crate::admission_id::{AdmissionId, ShadowId};
 use crate::error::{RequestError, UsageError};
 
 /// The default output ceiling when a request names none: 2048 tokens.
@@ -318,6 +318,9 @@ pub struct UsageReport {
     pub output_remaining: Option<u64>,
     /// Whether `consumed` exceeds the reservation (always false without a token budget).
     pub over_reservation: bool,
+    /// For an observe-mode call that was bypassed: its shadow id (its `admission_id` is then
+    /// that id's UUID, not an admission's). `None` for an admitted call.
+    pub shadow_id: Option<ShadowId>,
 }
 
 /// What settling a permit did.

@@ -78,6 +78,73 @@ pub struct Stats {
     /// Per-class figures, present iff the bulkhead has admission classes.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub admission_classes: Option<ClassesStats>,
+    /// In-flight deduplication (only on a bulkhead built with
+    /// [`deduplication`](crate::LlmBulkheadBuilder::deduplication)).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub deduplication: Option<DedupStats>,
+    /// Observe-mode bypasses (only once a call was bypassed).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub observe: Option<ObserveStats>,
+}
+
+/// In-flight deduplication figures.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{Deduplication, LlmBulkhead};
+///
+/// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
+/// let dedup = bulkhead.stats().deduplication.unwrap();
+/// assert_eq!((dedup.active, dedup.hits), (0, 0));
+/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct DedupStats {
+    /// Shared calls in flight now (one per key with a leader and at least one waiter).
+    pub active: u64,
+    /// Followers that joined a call in flight, since the bulkhead was built.
+    pub hits: u64,
+    /// Calls whose key function panicked (each ran without deduplication).
+    pub key_panics: u64,
+}
+
+/// Observe-mode figures: calls the bulkhead would have refused, that ran anyway.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, ShadowReasons};
+///
+/// # ::futures::executor::block_on(async {
+/// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+/// assert!(bulkhead.stats().observe.is_none()); // until the first bypass
+/// let options = AcquireOptions::new().observe(ShadowReasons::ALL);
+/// bulkhead.run(&LlmRequest::new(), options, async |_| Ok::<_, std::io::Error>(())).await?;
+/// let observe = bulkhead.stats().observe.unwrap();
+/// assert_eq!((observe.bypassed, observe.bypassed_by_reason.concurrency_limit), (1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ObserveStats {
+    /// Calls bypassed (run although refused).
+    pub bypassed: u64,
+    /// Of those, calls the advisory check would have admitted but the admission refused (a
+    /// race, or a queue timeout).
+    pub race_bypassed: u64,
+    /// Bypasses by the refusal's reason.
+    pub bypassed_by_reason: RejectionCounts,
+    /// Bypassed calls that finished with a usage (reported or extracted from the result).
+    pub usage_reported: u64,
+    /// Input tokens of those usages.
+    pub total_input_tokens: u64,
+    /// Output tokens of those usages.
+    pub total_output_tokens: u64,
 }
 
 /// Abandonments by cause.
@@ -225,6 +292,8 @@ impl Stats {
             rejected_by_reason,
             listener_panics,
             estimator_panics,
+            deduplication: None,
+            observe: None,
             token_budget: budget.map(|b| TokenBudgetStats {
                 budget: b.budget,
                 high_priority_reserve: b.high_priority_reserve,
@@ -330,7 +399,7 @@ pub struct RejectionCounts {
 
 impl RejectionCounts {
     /// The counts of `counts`, indexed in [`RejectReason::ALL`]'s (declaration) order.
-    fn from_array(counts: [u64; RejectReason::ALL.len()]) -> RejectionCounts {
+    pub(crate) fn from_array(counts: [u64; RejectReason::ALL.len()]) -> RejectionCounts {
         let [
             shutdown,
             concurrency_limit,

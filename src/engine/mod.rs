@@ -371,6 +371,37 @@ impl Engine {
         )
     }
 
+    /// Counts a refusal for `reason` of a call of `class` that was never decided (a
+    /// deduplication follower whose own wait ended), and builds its rejection from the global
+    /// figures of this moment: the refusal is the caller's, no limit bound it.
+    pub(crate) fn refuse_undecided(
+        &self,
+        reason: RejectReason,
+        priority: crate::priority::Priority,
+        class: Option<AdmissionClass>,
+    ) -> Rejection {
+        let (state, bounds) = self.snapshot();
+        let ask = Ask {
+            reserved: 0,
+            priority,
+            class: None,
+        };
+        let pending = self.pending();
+        self.count_refusal(reason, class);
+        Rejection::new(reason, policy::global_detail(state, &bounds, pending, ask))
+    }
+
+    /// Counts a refusal for `reason` of a call of `class` without building a rejection (an
+    /// observe-mode call refused by a hard check after its advisory check).
+    pub(crate) fn count_refusal(&self, reason: RejectReason, class: Option<AdmissionClass>) {
+        local::with(&self.counters, |sink| {
+            sink.bump_rejected(reason);
+            if let Some(class) = class {
+                sink.bump_class(class.index(), ClassCounter::Rejected(reason), 1);
+            }
+        });
+    }
+
     /// What an admission of `ask` would get now, and the snapshot it would be decided on;
     /// reserves and counts nothing.
     pub(crate) fn would_admit(&self, ask: Ask) -> (Verdict, CapacityDetail) {
@@ -628,6 +659,11 @@ impl Engine {
     /// The limits in force (with admission classes, their floors of 0 omitted).
     pub(crate) fn limits(&self) -> Limits {
         lock(&self.writer).clone()
+    }
+
+    /// Revision of the limits in force.
+    pub(crate) fn revision(&self) -> u64 {
+        self.snapshot().1.revision
     }
 
     /// Calls waiting in the queue.

@@ -203,6 +203,15 @@ pub struct Acquire<'a> {
     machine: Machine<&'a LlmCore>,
 }
 
+impl<'a> Acquire<'a> {
+    /// The acquire of a call already resolved (by `run`, which needed its reservation first).
+    pub(crate) fn resolved(core: &'a LlmCore, call: Call, options: AcquireOptions) -> Acquire<'a> {
+        Acquire {
+            machine: Machine::resolved(core, call, options),
+        }
+    }
+}
+
 impl<'a> Future for Acquire<'a> {
     type Output = Result<Permit<'a>, AcquireError>;
 
@@ -225,6 +234,19 @@ impl fmt::Debug for Acquire<'_> {
 #[must_use = "futures do nothing unless polled"]
 pub struct AcquireOwned {
     machine: Machine<Arc<LlmCore>>,
+}
+
+impl AcquireOwned {
+    /// The acquire of a call already resolved (by `run_shared`).
+    pub(crate) fn resolved(
+        core: Arc<LlmCore>,
+        call: Call,
+        options: AcquireOptions,
+    ) -> AcquireOwned {
+        AcquireOwned {
+            machine: Machine::resolved(core, call, options),
+        }
+    }
 }
 
 impl Future for AcquireOwned {
@@ -289,6 +311,14 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
             Err(error) => Step::Invalid(error),
         };
         Machine { core, step }
+    }
+
+    fn resolved(core: C, call: Call, options: AcquireOptions) -> Machine<C> {
+        let timeout = core.timeout(options);
+        Machine {
+            core,
+            step: Step::Start { call, timeout },
+        }
     }
 
     /// Leaves `Start`/`Invalid`: either finished, or now `Waiting` (as a blocked thread if

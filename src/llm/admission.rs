@@ -315,6 +315,16 @@ impl Admission {
         &mut self.grant
     }
 
+    /// A second record of the same admission, for moving it out of a permit that is then
+    /// marked settled (so exactly one of the two ever settles).
+    #[inline]
+    pub(crate) fn duplicate(&self) -> Admission {
+        Admission {
+            grant: self.grant,
+            ledger: self.ledger,
+        }
+    }
+
     /// Marks the admission settled by its permit's `release`.
     #[inline]
     pub(crate) fn mark_settled(&mut self) {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::bulkhead::LlmBulkhead;
 use super::core::LlmCore;
+use super::dedup::Deduplication;
 use super::estimate::{Estimator, ModelAwareEstimator};
 use crate::admission_class::ClassLimits;
 use crate::engine::limits::{
@@ -191,6 +192,7 @@ pub struct LlmBulkheadBuilder {
     token_budget: Option<TokenBudget>,
     estimator: Option<Arc<dyn Estimator>>,
     admission_classes: Option<AdmissionClasses>,
+    deduplication: Option<Deduplication>,
 }
 
 /// Admission classes for [`LlmBulkheadBuilder::admission_classes`]: the class of calls that
@@ -304,7 +306,37 @@ impl LlmBulkheadBuilder {
             token_budget: None,
             estimator: None,
             admission_classes: None,
+            deduplication: None,
         }
+    }
+
+    /// Deduplicates identical calls in flight: a [`run_shared`](crate::LlmBulkhead::run_shared)
+    /// whose key (by default the whole request, see [`Deduplication`]) matches a call in
+    /// flight of the same scope and class joins it: it takes no capacity and gets that call's
+    /// outcome. `run`, `acquire` and the other methods never deduplicate.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, Deduplication, LlmBulkhead, LlmRequest};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
+    /// let request = LlmRequest::new().user("What is a bulkhead?");
+    /// let call = |_ctx| async { Ok::<_, String>(String::from("an isolating wall")) };
+    /// let (a, b) = futures::join!(
+    ///     bulkhead.run_shared(&request, AcquireOptions::new(), call),
+    ///     bulkhead.run_shared(&request, AcquireOptions::new(), call),
+    /// );
+    /// assert_eq!((a.unwrap(), b.unwrap()), ("an isolating wall".into(), "an isolating wall".into()));
+    /// let stats = bulkhead.stats();
+    /// assert_eq!((stats.admitted, stats.deduplication.unwrap().hits), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn deduplication(mut self, deduplication: Deduplication) -> LlmBulkheadBuilder {
+        self.deduplication = Some(deduplication);
+        self
     }
 
     /// Divides the bulkhead among admission classes (tenants, tiers): each class may have a
@@ -540,6 +572,7 @@ impl LlmBulkheadBuilder {
                 default_class,
                 estimator,
                 queue_timeout,
+                self.deduplication,
             )),
         })
     }

@@ -14,7 +14,7 @@ use crate::error::{AcquireError, ClassLookupError, LimitsError, RequestError};
 use crate::events::{ALL_KINDS, Event, EventKind, Subscription, kinds_mask};
 use crate::rejection::CapacityDetail;
 use crate::reservation::Reservation;
-use crate::stats::Stats;
+use crate::stats::{DedupStats, Stats};
 use crate::sync::Arc;
 
 use super::core::LlmCore;
@@ -539,11 +539,21 @@ impl LlmBulkhead {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        Stats::new(
+        let mut stats = Stats::new(
             self.core.engine().figures(),
             self.core.listeners().panics(),
             self.core.estimator_panics(),
-        )
+        );
+        stats.deduplication = self.core.dedup().map(|dedup| {
+            let (active, hits, key_panics) = dedup.figures();
+            DedupStats {
+                active,
+                hits,
+                key_panics,
+            }
+        });
+        stats.observe = self.core.observe_counters().stats();
+        stats
     }
 
     /// Resolves once nothing is in flight and nothing is queued, whatever made it so (releases,

@@ -19,7 +19,9 @@ use crate::reservation::Reservation;
 use crate::sync::{Arc, unmodeled};
 
 use super::admission::Admission;
+use super::dedup::{Dedup, Deduplication};
 use super::estimate::{Estimator, Memo};
+use super::observe::ObserveCounters;
 use super::options::AcquireOptions;
 use super::request::LlmRequest;
 
@@ -36,6 +38,10 @@ pub(crate) struct LlmCore {
     model: Box<str>,
     /// Queue timeout of calls that set none.
     default_timeout: Option<Duration>,
+    /// In-flight deduplication of `run_shared` (when configured).
+    dedup: Option<Arc<Dedup>>,
+    /// Observe-mode bypasses.
+    observe: ObserveCounters,
 }
 
 /// What a call asks for, resolved once: its tokens and priority, the reservation behind them
@@ -73,6 +79,7 @@ impl LlmCore {
         default_class: usize,
         estimator: unmodeled::Arc<dyn Estimator>,
         default_timeout: Option<Duration>,
+        dedup: Option<Deduplication>,
     ) -> LlmCore {
         LlmCore {
             engine: Engine::new(limits, default_class),
@@ -81,7 +88,19 @@ impl LlmCore {
             estimator_panics: unmodeled::AtomicU64::new(0),
             model: model.into_boxed_str(),
             default_timeout,
+            dedup: dedup.map(|config| Arc::new(Dedup::new(config))),
+            observe: ObserveCounters::default(),
         }
+    }
+
+    /// The deduplication registry, when the bulkhead deduplicates.
+    pub(crate) fn dedup(&self) -> Option<&Arc<Dedup>> {
+        self.dedup.as_ref()
+    }
+
+    /// The observe-mode counters.
+    pub(crate) fn observe_counters(&self) -> &ObserveCounters {
+        &self.observe
     }
 
     #[inline]

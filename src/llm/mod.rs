@@ -7,8 +7,11 @@
 //!   the listeners; the one front door of every admission.
 //! - `admission`, `usage`: the record of one admitted call and its usage ledger (reports,
 //!   settlement, bookings).
-//! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`: the public face
-//!   ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
+//! - `observe`, `bypass`: observe mode's records and counters, and its execution (a bypassed
+//!   call's start, usage reports and end).
+//! - `dedup`: in-flight deduplication's keys, registry and shared calls.
+//! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`, `run_shared`: the public
+//!   face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
 //!
 //! The wing imports the engine and the plain vocabulary below it, never the other way round.
 
@@ -16,12 +19,16 @@ pub(crate) mod acquire;
 pub(crate) mod admission;
 pub(crate) mod builder;
 pub(crate) mod bulkhead;
+mod bypass;
 pub(crate) mod core;
+pub(crate) mod dedup;
 pub(crate) mod estimate;
+pub(crate) mod observe;
 pub(crate) mod options;
 pub(crate) mod permit;
 pub(crate) mod request;
 #[cfg(feature = "serde")]
 mod request_json;
 pub(crate) mod run;
+pub(crate) mod run_shared;
 mod usage;

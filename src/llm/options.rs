@@ -1,10 +1,16 @@
 //! Per-call options of the LLM bulkhead: priority, reservation override, queue timeout and
-//! admission class ([`AcquireOptions`]), and what `run` adds to them ([`RunOptions`]).
+//! admission class ([`AcquireOptions`]), and what `run` adds to them ([`RunOptions`]): a
+//! borrowed-slot deadline, observe mode ([`ShadowReasons`]) and the deduplication scope
+//! ([`DedupScope`]).
 
+use core::fmt;
 use std::time::Duration;
+
+use sha2::{Digest, Sha256};
 
 use crate::admission_class::AdmissionClass;
 use crate::priority::Priority;
+use crate::rejection::RejectReason;
 use crate::reservation::Reservation;
 
 /// Options of one acquire or advisory check.
@@ -141,6 +147,48 @@ impl AcquireOptions {
     pub const fn borrowed_concurrency_deadline(self, deadline: Duration) -> RunOptions {
         RunOptions::new(self).borrowed_concurrency_deadline(deadline)
     }
+
+    /// These options for a [`run`](crate::LlmBulkhead::run) in observe mode (see
+    /// [`RunOptions::observe`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, ShadowReasons};
+    ///
+    /// let options = AcquireOptions::new().observe(ShadowReasons::ALL);
+    /// assert_eq!(options.observe, Some(ShadowReasons::ALL));
+    /// ```
+    pub const fn observe(self, reasons: ShadowReasons) -> RunOptions {
+        RunOptions::new(self).observe(reasons)
+    }
+
+    /// These options for a [`run_shared`](crate::LlmBulkhead::run_shared), deduplicated
+    /// within `scope` only (see [`RunOptions::dedup_scope`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, DedupScope};
+    ///
+    /// let options = AcquireOptions::new().dedup_scope(DedupScope::new("tenant-42"));
+    /// assert_eq!(options.dedup_scope, Some(DedupScope::new("tenant-42")));
+    /// ```
+    pub const fn dedup_scope(self, scope: DedupScope) -> RunOptions {
+        RunOptions::new(self).dedup_scope(scope)
+    }
+
+    /// These options for a [`run_shared`](crate::LlmBulkhead::run_shared) that neither joins
+    /// nor leads a shared call (see [`RunOptions::no_dedup`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(!async_bulkhead_llm::AcquireOptions::new().no_dedup().dedup);
+    /// ```
+    pub const fn no_dedup(self) -> RunOptions {
+        RunOptions::new(self).no_dedup()
+    }
 }
 
 /// Options of one [`run`](crate::LlmBulkhead::run): the [`AcquireOptions`] of its admission,
@@ -157,13 +205,26 @@ impl AcquireOptions {
 /// assert_eq!(options.acquire.priority, Priority::High);
 /// assert_eq!(options.borrowed_concurrency_deadline, Some(Duration::from_secs(10)));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunOptions {
     /// How the call is admitted.
     pub acquire: AcquireOptions,
     /// How long the call may keep a slot it borrowed from the shared pool (default: no limit).
     pub borrowed_concurrency_deadline: Option<Duration>,
+    /// Observe mode: the refusals that let the call run anyway (default: none, enforce).
+    pub observe: Option<ShadowReasons>,
+    /// Whether a [`run_shared`](crate::LlmBulkhead::run_shared) may join or lead a shared
+    /// call (default `true`; it has no effect on a bulkhead without deduplication).
+    pub dedup: bool,
+    /// The partition the call's deduplication key lives in (default: the unnamed scope).
+    pub dedup_scope: Option<DedupScope>,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions::new(AcquireOptions::new())
+    }
 }
 
 impl RunOptions {
@@ -180,7 +241,74 @@ impl RunOptions {
         RunOptions {
             acquire,
             borrowed_concurrency_deadline: None,
+            observe: None,
+            dedup: true,
+            dedup_scope: None,
         }
+    }
+
+    /// Observe (shadow) mode: when the bulkhead refuses the call for one of `reasons`, the
+    /// call runs anyway, holding no slot and no tokens, and the refusal is counted in
+    /// [`Stats::observe`](crate::Stats::observe) and announced with a
+    /// [`BypassEvent`](crate::BypassEvent): roll limits out on real traffic before they bite.
+    ///
+    /// - A refusal the advisory check ([`would_admit`](crate::LlmBulkhead::would_admit))
+    ///   predicts is bypassed at once, neither counted as a rejection nor announced as one.
+    /// - Otherwise the call is admitted as usual (it may queue); if the admission then refuses
+    ///   it for one of `reasons` (a race, a queue timeout), that rejection is counted and
+    ///   announced, and the call is bypassed (`raced`).
+    /// - Shutdown is never bypassed: a closed bulkhead refuses an observe-mode call as any
+    ///   other. A bypassed call that finds the bulkhead closed is refused with `shutdown`.
+    ///
+    /// The callback of a bypassed call sees [`RunContext::bypass`](crate::RunContext::bypass)
+    /// (its `shadow-` id, the refusal, the would-be reservation); it may report usage, which
+    /// is validated and clamped as for an admitted call and announced with
+    /// [`BypassUsageEvent`](crate::BypassUsageEvent)s; its end is announced with a
+    /// [`BypassReleaseEvent`](crate::BypassReleaseEvent).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, RejectReason, RunOptions, ShadowReasons};
+    ///
+    /// let options = RunOptions::new(AcquireOptions::new()).observe(ShadowReasons::ALL);
+    /// assert!(options.observe.unwrap().contains(RejectReason::BudgetLimit));
+    /// ```
+    pub const fn observe(mut self, reasons: ShadowReasons) -> RunOptions {
+        self.observe = Some(reasons);
+        self
+    }
+
+    /// Deduplicates the call only with calls of the same `scope` (a tenant, an API key): no
+    /// outcome ever crosses a scope. Calls without a scope share the unnamed scope.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, DedupScope, RunOptions};
+    ///
+    /// let options = RunOptions::new(AcquireOptions::new()).dedup_scope(DedupScope::new("acme"));
+    /// assert_eq!(options.dedup_scope, Some(DedupScope::new("acme")));
+    /// ```
+    pub const fn dedup_scope(mut self, scope: DedupScope) -> RunOptions {
+        self.dedup_scope = Some(scope);
+        self
+    }
+
+    /// Runs this call on its own: it neither joins an identical call in flight nor lets
+    /// others join it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, RunOptions};
+    ///
+    /// assert!(RunOptions::new(AcquireOptions::new()).dedup);
+    /// assert!(!RunOptions::new(AcquireOptions::new()).no_dedup().dedup);
+    /// ```
+    pub const fn no_dedup(mut self) -> RunOptions {
+        self.dedup = false;
+        self
     }
 
     /// Bounds how long the call may keep a slot it borrowed from the shared pool (its class's
@@ -221,5 +349,166 @@ impl From<AcquireOptions> for RunOptions {
 impl From<Priority> for AcquireOptions {
     fn from(priority: Priority) -> AcquireOptions {
         AcquireOptions::new().priority(priority)
+    }
+}
+
+/// The refusals an observe-mode call may bypass: a subset of budget, concurrency, queue limit
+/// and queue timeout. Shutdown and cancellation are never bypassed, so a set holding them
+/// cannot be built.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+///
+/// let only_budget = ShadowReasons::new([RejectReason::BudgetLimit])?;
+/// assert!(only_budget.contains(RejectReason::BudgetLimit));
+/// assert!(!only_budget.contains(RejectReason::Timeout));
+/// assert!(ShadowReasons::ALL.contains(RejectReason::QueueLimit));
+///
+/// let err = ShadowReasons::new([RejectReason::Shutdown]).unwrap_err();
+/// assert_eq!(err.reason, RejectReason::Shutdown);
+/// # Ok::<(), async_bulkhead_llm::NotShadowable>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShadowReasons(u8);
+
+impl ShadowReasons {
+    /// Budget, concurrency, queue limit and queue timeout: every refusal that may be bypassed.
+    pub const ALL: ShadowReasons = ShadowReasons(
+        1 << RejectReason::BudgetLimit as u8
+            | 1 << RejectReason::ConcurrencyLimit as u8
+            | 1 << RejectReason::QueueLimit as u8
+            | 1 << RejectReason::Timeout as u8,
+    );
+
+    /// No reason: an observe-mode call with this set is never bypassed.
+    pub const NONE: ShadowReasons = ShadowReasons(0);
+
+    /// The set of `reasons`.
+    ///
+    /// # Errors
+    ///
+    /// [`NotShadowable`] naming the first reason that can never be bypassed (shutdown,
+    /// aborted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+    ///
+    /// let set = ShadowReasons::new([RejectReason::Timeout, RejectReason::QueueLimit])?;
+    /// assert!(set.contains(RejectReason::Timeout));
+    /// assert!(ShadowReasons::new([RejectReason::Aborted]).is_err());
+    /// # Ok::<(), async_bulkhead_llm::NotShadowable>(())
+    /// ```
+    pub fn new(
+        reasons: impl IntoIterator<Item = RejectReason>,
+    ) -> Result<ShadowReasons, NotShadowable> {
+        reasons
+            .into_iter()
+            .try_fold(ShadowReasons::NONE, |set, reason| {
+                let bit = 1 << reason as u8;
+                if ShadowReasons::ALL.0 & bit == 0 {
+                    return Err(NotShadowable { reason });
+                }
+                Ok(ShadowReasons(set.0 | bit))
+            })
+    }
+
+    /// Whether `reason` is in the set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+    ///
+    /// assert!(!ShadowReasons::NONE.contains(RejectReason::BudgetLimit));
+    /// assert!(!ShadowReasons::ALL.contains(RejectReason::Shutdown));
+    /// ```
+    pub const fn contains(self, reason: RejectReason) -> bool {
+        self.0 & (1 << reason as u8) != 0
+    }
+}
+
+impl Default for ShadowReasons {
+    /// [`ShadowReasons::ALL`].
+    fn default() -> ShadowReasons {
+        ShadowReasons::ALL
+    }
+}
+
+/// A reason that can never be bypassed was given to [`ShadowReasons::new`].
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+///
+/// let err = ShadowReasons::new([RejectReason::Aborted]).unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "aborted cannot be bypassed: shadow reasons may contain only budget_limit, concurrency_limit, queue_limit or timeout",
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotShadowable {
+    /// The reason given.
+    pub reason: RejectReason,
+}
+
+impl fmt::Display for NotShadowable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} cannot be bypassed: shadow reasons may contain only budget_limit, concurrency_limit, queue_limit or timeout",
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for NotShadowable {}
+
+/// A deduplication partition (a tenant, an API key): calls deduplicate only with calls of the
+/// same scope. It keeps a SHA-256 digest of the name, never the name itself.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::DedupScope;
+///
+/// assert_eq!(DedupScope::new("tenant-1"), DedupScope::new("tenant-1"));
+/// assert_ne!(DedupScope::new("tenant-1"), DedupScope::new("tenant-2"));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DedupScope([u8; 32]);
+
+impl DedupScope {
+    /// The scope named `name` (any bytes; two scopes are equal when their names are).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let scope = async_bulkhead_llm::DedupScope::new(b"\x00binary ok");
+    /// assert_eq!(scope, async_bulkhead_llm::DedupScope::new(b"\x00binary ok"));
+    /// ```
+    pub fn new(name: impl AsRef<[u8]>) -> DedupScope {
+        DedupScope(Sha256::digest(name.as_ref()).into())
+    }
+
+    /// The digest of the scope's name.
+    pub(crate) fn digest(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for DedupScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DedupScope(")?;
+        for byte in &self.0[..6] {
+            write!(f, "{byte:02x}")?;
+        }
+        write!(f, "…)")
     }
 }

@@ -255,6 +255,16 @@ impl<'a> Permit<'a> {
     }
 }
 
+impl Permit<'_> {
+    /// Moves the admission out of the permit, which then settles nothing: the caller settles
+    /// the admission itself (`run_shared`, whose context and future share it).
+    pub(crate) fn into_admission(mut self) -> Admission {
+        let admission = self.admission.duplicate();
+        self.admission.mark_settled();
+        admission
+    }
+}
+
 impl Permit<'static> {
     #[inline]
     pub(crate) fn owned(core: Arc<LlmCore>, admission: Admission) -> OwnedPermit {

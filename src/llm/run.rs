@@ -3,41 +3,50 @@
 
 use core::fmt;
 use core::future::Future;
-use core::ops::{AsyncFnOnce, Deref};
+use core::ops::AsyncFnOnce;
 use core::pin::pin;
 use core::task::Poll;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
-use crate::admission_id::AdmissionId;
+use crate::admission_id::{AdmissionId, ShadowId};
+use crate::engine::policy::Verdict;
 use crate::engine::timer::Sleep;
 use crate::error::{AcquireError, RequestError, UsageError};
-use crate::rejection::Rejection;
-use crate::reservation::{Progressive, TokenUsage, UsageReport};
+use crate::priority::Priority;
+use crate::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::reservation::{Progressive, Reservation, TokenUsage, UsageReport};
 
+use super::acquire::Acquire;
 use super::admission::Admission;
 use super::bulkhead::LlmBulkhead;
-use super::core::LlmCore;
-use super::options::RunOptions;
+use super::core::{Call, LlmCore};
+use super::observe::{Bypass, BypassCall};
+use super::options::{RunOptions, ShadowReasons};
+use super::permit::Permit;
 use super::request::LlmRequest;
 
-/// What a [`run`](LlmBulkhead::run) callback knows about its admission: it dereferences to
-/// the call's [`Admission`] (id, limit revision, priority, reservation, hold, usage so far) and
-/// reports usage like a [`Permit`](crate::Permit). It cannot release: `run` settles when the
-/// callback finishes.
+/// What a [`run`](LlmBulkhead::run) callback knows about its call, and how it reports usage:
+/// its admission (id, limit revision, priority, class, reservation, hold, usage so far) or,
+/// for an observe-mode call the bulkhead refused, its [`Bypass`]. It cannot release: `run`
+/// settles when the callback finishes.
+///
+/// A [`run_shared`](LlmBulkhead::run_shared) callback gets a `RunContext<'static>`, which it
+/// may move into the future it returns.
 ///
 /// # Examples
 ///
 /// ```
 /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Priority};
 ///
-/// # futures::executor::block_on(async {
+/// # ::futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 1).initial_revision(3).build()?;
 /// let revision = bulkhead
 ///     .run(&LlmRequest::new(), AcquireOptions::new().priority(Priority::High), async |ctx| {
 ///         assert_eq!(ctx.priority(), Priority::High);
 ///         assert!(ctx.reservation().is_none()); // no token budget
+///         assert!(ctx.bypass().is_none()); // admitted
 ///         Ok::<_, std::io::Error>(ctx.limit_revision())
 ///     })
 ///     .await?;
@@ -46,19 +55,145 @@ use super::request::LlmRequest;
 /// # }).unwrap();
 /// ```
 pub struct RunContext<'a> {
-    core: &'a LlmCore,
-    admission: &'a mut Admission,
-    /// Set when the callback gave its borrowed slot back itself (the deadline then no longer
-    /// applies).
-    abandoned: &'a AtomicBool,
+    inner: Inner<'a>,
 }
 
-impl RunContext<'_> {
+enum Inner<'a> {
+    /// An admitted call of `run`.
+    Admitted {
+        core: &'a LlmCore,
+        admission: &'a mut Admission,
+        /// Set when the callback gave its borrowed slot back itself (the deadline then no
+        /// longer applies).
+        abandoned: &'a AtomicBool,
+    },
+    /// A bypassed call of `run`.
+    Bypassed {
+        core: &'a LlmCore,
+        call: &'a mut BypassCall,
+    },
+    /// A call of `run_shared` (admitted or bypassed), owned.
+    Shared(std::sync::Arc<SharedCall>),
+}
+
+/// The state of a `run_shared` call, shared by its context and the future that settles it.
+pub(crate) struct SharedCall {
+    core: crate::sync::Arc<LlmCore>,
+    state: std::sync::Mutex<CallState>,
+    abandoned: AtomicBool,
+}
+
+/// What a `run_shared` call holds.
+pub(crate) enum CallState {
+    Admitted(Admission),
+    Bypassed(BypassCall),
+    /// Settled: the callback finished, failed or was dropped.
+    Settled,
+}
+
+/// A call as its context sees it.
+enum View<'x> {
+    Admitted(&'x mut Admission, &'x AtomicBool),
+    Bypassed(&'x mut BypassCall),
+    Settled,
+}
+
+impl SharedCall {
+    pub(crate) fn new(
+        core: crate::sync::Arc<LlmCore>,
+        state: CallState,
+    ) -> std::sync::Arc<SharedCall> {
+        std::sync::Arc::new(SharedCall {
+            core,
+            state: std::sync::Mutex::new(state),
+            abandoned: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the callback gave its borrowed slot back itself.
+    pub(crate) fn abandoned(&self) -> &AtomicBool {
+        &self.abandoned
+    }
+
+    /// Takes what the call holds, leaving it settled (so a context that outlives the call
+    /// changes nothing).
+    pub(crate) fn take(&self) -> CallState {
+        core::mem::replace(
+            &mut *crate::sync::unmodeled::lock(&self.state),
+            CallState::Settled,
+        )
+    }
+
+    /// Runs `f` on the call's admission, if it holds one.
+    pub(crate) fn with_admission<R>(
+        &self,
+        f: impl FnOnce(&LlmCore, &mut Admission) -> R,
+    ) -> Option<R> {
+        match &mut *crate::sync::unmodeled::lock(&self.state) {
+            CallState::Admitted(admission) => Some(f(&self.core, admission)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn core(&self) -> &LlmCore {
+        &self.core
+    }
+}
+
+impl<'a> RunContext<'a> {
+    pub(crate) fn shared(call: std::sync::Arc<SharedCall>) -> RunContext<'static> {
+        RunContext {
+            inner: Inner::Shared(call),
+        }
+    }
+
+    /// Runs `f` on the call as it is now.
+    fn with<R>(&mut self, f: impl FnOnce(&LlmCore, View<'_>) -> R) -> R {
+        match &mut self.inner {
+            Inner::Admitted {
+                core,
+                admission,
+                abandoned,
+            } => f(core, View::Admitted(admission, abandoned)),
+            Inner::Bypassed { core, call } => f(core, View::Bypassed(call)),
+            Inner::Shared(shared) => {
+                let mut state = crate::sync::unmodeled::lock(&shared.state);
+                let view = match &mut *state {
+                    CallState::Admitted(admission) => View::Admitted(admission, &shared.abandoned),
+                    CallState::Bypassed(call) => View::Bypassed(call),
+                    CallState::Settled => View::Settled,
+                };
+                f(&shared.core, view)
+            }
+        }
+    }
+
+    /// Reads the call as it is now.
+    fn read<R>(
+        &self,
+        admitted: impl FnOnce(&Admission) -> R,
+        bypassed: impl FnOnce(&BypassCall) -> R,
+        settled: R,
+    ) -> R {
+        match &self.inner {
+            Inner::Admitted { admission, .. } => admitted(admission),
+            Inner::Bypassed { call, .. } => bypassed(call),
+            Inner::Shared(shared) => match &*crate::sync::unmodeled::lock(&shared.state) {
+                CallState::Admitted(admission) => admitted(admission),
+                CallState::Bypassed(call) => bypassed(call),
+                CallState::Settled => settled,
+            },
+        }
+    }
+
     /// Reports the call's cumulative usage so far; see [`Permit::report_usage`](crate::Permit::report_usage).
+    /// A bypassed call's report is validated and clamped the same way, holds nothing, and is
+    /// announced with a [`BypassUsageEvent`](crate::BypassUsageEvent).
     ///
     /// # Errors
     ///
     /// As for [`Permit::report_usage`](crate::Permit::report_usage); nothing changes.
+    /// [`UsageError::Settled`] from a `run_shared` context kept after its call was settled.
     ///
     /// # Examples
     ///
@@ -80,7 +215,7 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn report_usage(&mut self, usage: TokenUsage) -> Result<UsageReport, UsageError> {
-        self.core.report(self.admission, usage, None)
+        self.report(usage, None)
     }
 
     /// Reports cumulative usage with a progressive reconciliation; see
@@ -88,7 +223,7 @@ impl RunContext<'_> {
     ///
     /// # Errors
     ///
-    /// As for [`Permit::report_usage_progressive`](crate::Permit::report_usage_progressive); nothing changes.
+    /// As for [`report_usage`](RunContext::report_usage).
     ///
     /// # Examples
     ///
@@ -110,12 +245,25 @@ impl RunContext<'_> {
         usage: TokenUsage,
         progressive: Progressive,
     ) -> Result<UsageReport, UsageError> {
-        self.core.report(self.admission, usage, Some(progressive))
+        self.report(usage, Some(progressive))
+    }
+
+    fn report(
+        &mut self,
+        usage: TokenUsage,
+        progressive: Option<Progressive>,
+    ) -> Result<UsageReport, UsageError> {
+        self.with(|core, view| match view {
+            View::Admitted(admission, _) => core.report(admission, usage, progressive),
+            View::Bypassed(call) => core.report_bypass(call, usage, progressive),
+            View::Settled => Err(UsageError::Settled),
+        })
     }
 
     /// Gives the call's borrowed slot back now, keeping its tokens until `run` settles; see
     /// [`Permit::abandon_borrowed_concurrency`](crate::Permit::abandon_borrowed_concurrency).
-    /// After it, a borrowed-slot deadline no longer applies to the call.
+    /// After it, a borrowed-slot deadline no longer applies to the call. A bypassed call holds
+    /// no slot (`false`).
     ///
     /// # Examples
     ///
@@ -136,27 +284,126 @@ impl RunContext<'_> {
     /// # }).unwrap();
     /// ```
     pub fn abandon_borrowed_concurrency(&mut self) -> bool {
-        let done = self.core.abandon(self.admission, AbandonCause::Manual);
-        if done {
-            // Relaxed: read by the future that polls this context, on the same thread.
-            self.abandoned.store(true, Ordering::Relaxed);
-        }
-        done
+        self.with(|core, view| match view {
+            View::Admitted(admission, abandoned) => {
+                let done = core.abandon(admission, AbandonCause::Manual);
+                if done {
+                    // Relaxed: read by the future that polls this call, which synchronizes
+                    // with the callback through the call's own polling.
+                    abandoned.store(true, Ordering::Relaxed);
+                }
+                done
+            }
+            View::Bypassed(_) | View::Settled => false,
+        })
     }
-}
 
-impl Deref for RunContext<'_> {
-    type Target = Admission;
+    /// The observe-mode bypass this call runs as, or `None` when it was admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::*;
+    ///
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+    /// let reason = bulkhead
+    ///     .run(&LlmRequest::new(), AcquireOptions::new().observe(ShadowReasons::ALL), async |ctx| {
+    ///         Ok::<_, std::io::Error>(ctx.bypass().map(|b| b.reason))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(reason, Some(RejectReason::ConcurrencyLimit));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn bypass(&self) -> Option<Bypass> {
+        self.read(|_| None, |call| Some(call.bypass), None)
+    }
 
-    #[inline]
-    fn deref(&self) -> &Admission {
-        self.admission
+    /// The admission's id, or `None` for a bypassed call (see [`bypass`](RunContext::bypass)
+    /// for its shadow id) and for a settled `run_shared` call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
+    /// let id = bulkhead.run(&LlmRequest::new(), AcquireOptions::new(), async |ctx| {
+    ///     Ok::<_, std::io::Error>(ctx.admission_id())
+    /// }).await?;
+    /// assert!(id.is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn admission_id(&self) -> Option<AdmissionId> {
+        self.read(|a| Some(a.admission_id()), |_| None, None)
+    }
+
+    /// Revision of the limits that admitted (or refused) the call.
+    pub fn limit_revision(&self) -> u64 {
+        self.read(|a| a.limit_revision(), |c| c.bypass.limit_revision, 0)
+    }
+
+    /// The call's priority.
+    pub fn priority(&self) -> Priority {
+        self.read(|a| a.priority(), |c| c.bypass.priority, Priority::Normal)
+    }
+
+    /// The call's admission class (with classes).
+    pub fn class(&self) -> Option<AdmissionClass> {
+        self.read(|a| a.class(), |c| c.bypass.class, None)
+    }
+
+    /// The reservation admitted (for a bypassed call: the one it would have held); `None`
+    /// without a token budget.
+    pub fn reservation(&self) -> Option<Reservation> {
+        self.read(|a| a.reservation(), |c| c.bypass.reservation, None)
+    }
+
+    /// Tokens held against the budget now (0 for a bypassed call).
+    pub fn held_tokens(&self) -> u64 {
+        self.read(|a| a.held_tokens(), |_| 0, 0)
+    }
+
+    /// The cumulative usage reported so far.
+    pub fn usage(&self) -> Option<TokenUsage> {
+        self.read(|a| a.usage(), |c| c.reported, None)
+    }
+
+    /// Effective usage reports so far.
+    pub fn usage_sequence(&self) -> u64 {
+        self.read(|a| a.usage_sequence(), |c| c.sequence, 0)
+    }
+
+    /// What the call borrowed from the shared pool (see [`Admission::resources`]);
+    /// [`Resources::NONE`] for a bypassed call.
+    pub fn resources(&self) -> Resources {
+        self.read(|a| a.resources(), |_| Resources::NONE, Resources::NONE)
+    }
+
+    /// Whether the call holds a slot now (`false` for a bypassed call, and once it abandoned
+    /// its borrowed slot).
+    pub fn holds_slot(&self) -> bool {
+        self.read(|a| a.holds_slot(), |_| false, false)
     }
 }
 
 impl fmt::Debug for RunContext<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RunContext").field(&*self.admission).finish()
+        let mut d = f.debug_struct("RunContext");
+        match self.bypass() {
+            Some(bypass) => d.field("bypass", &bypass),
+            None => d
+                .field("admission_id", &self.admission_id())
+                .field("limit_revision", &self.limit_revision())
+                .field("priority", &self.priority())
+                .field("class", &self.class())
+                .field("reservation", &self.reservation())
+                .field("held_tokens", &self.held_tokens())
+                .field("usage", &self.usage()),
+        };
+        d.finish()
     }
 }
 
@@ -167,7 +414,7 @@ impl fmt::Debug for RunContext<'_> {
 /// ```
 /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, RunError};
 ///
-/// # futures::executor::block_on(async {
+/// # ::futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
 /// let err = bulkhead
 ///     .run(&LlmRequest::new(), AcquireOptions::new(), async |_| Ok::<(), std::io::Error>(()))
@@ -177,7 +424,7 @@ impl fmt::Debug for RunContext<'_> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum RunError<E> {
     /// The bulkhead refused the call; the callback never ran.
     Rejected(Rejection),
@@ -312,7 +559,7 @@ impl LlmBulkhead {
     /// ```
     /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RunError};
     ///
-    /// # futures::executor::block_on(async {
+    /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
     /// let answer = bulkhead
     ///     .run(&LlmRequest::new().user("2+2?"), AcquireOptions::new(), async |_ctx| {
@@ -362,7 +609,7 @@ impl LlmBulkhead {
     ///
     /// struct Reply { text: String, input_tokens: u64, output_tokens: u64 }
     ///
-    /// # futures::executor::block_on(async {
+    /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 4).token_budget(TokenBudget::new(10_000)).build()?;
     /// let options = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
     /// let reply = bulkhead
@@ -392,71 +639,210 @@ impl LlmBulkhead {
     {
         let options = options.into();
         let deadline = options.borrowed_concurrency_deadline;
-        // Checked first, even when the deadline would not apply; resolved now otherwise, so
-        // the future does not borrow the request.
-        let acquire =
-            (deadline != Some(Duration::ZERO)).then(|| self.acquire(request, options.acquire));
+        // Checked first, even when the deadline would not apply; the call is resolved now
+        // otherwise, so the future does not borrow the request.
+        let prepared = if deadline == Some(Duration::ZERO) {
+            Err(RequestError::ZeroBorrowedConcurrencyDeadline)
+        } else {
+            self.core.resolve(request, options.acquire)
+        };
+        let core = &*self.core;
         async move {
-            let Some(acquire) = acquire else {
-                return Err(RunError::Invalid(
-                    RequestError::ZeroBorrowedConcurrencyDeadline,
-                ));
-            };
-            let mut permit = acquire.await?;
-            // The deadline applies only to a borrowed slot, from admission on (a deadline too
-            // far to represent never passes).
-            let cut_at = deadline
-                .filter(|_| permit.resources().borrowed_concurrency)
-                .and_then(|d| Instant::now().checked_add(d));
-            let abandoned = AtomicBool::new(false);
-            // The permit lives in this future: dropping the future settles it.
-            let (core, admission) = permit.parts();
-            let finished = {
-                let call = f(RunContext {
-                    core,
-                    admission,
-                    abandoned: &abandoned,
-                });
-                match cut_at {
-                    None => Some(call.await),
-                    Some(cut_at) => until_cut(call, cut_at, &abandoned).await,
-                }
-                // The callback's future is dropped here, before a cut call is settled.
-            };
-            match finished {
-                Some(Ok(value)) => {
-                    let usage = usage(&value);
-                    permit.release(usage);
-                    Ok(value)
-                }
-                Some(Err(error)) => {
-                    permit.release(None);
-                    Err(RunError::Failed(error))
-                }
-                None => {
-                    // Counted as abandoned for the deadline, unless the count of abandoned
-                    // admissions is full (see `abandon_borrowed_concurrency`): the release
-                    // below returns the slot either way.
-                    let (core, admission) = permit.parts();
-                    core.abandon(admission, AbandonCause::Deadline);
-                    let error = BorrowedConcurrencyDeadlineError {
-                        deadline: deadline.unwrap_or_default(),
-                        admission_id: permit.admission_id(),
-                        resources: permit.resources(),
-                        class: permit.class(),
-                    };
-                    // Its tokens settle now, with the last usage it reported.
-                    permit.release(None);
-                    Err(RunError::BorrowedConcurrencyDeadline(error))
+            let call = prepared.map_err(RunError::Invalid)?;
+            let acquire = Acquire::resolved(core, call, options.acquire);
+            match enter(core, call, options.observe, acquire).await? {
+                Entered::Admitted(permit) => run_admitted(permit, deadline, usage, f).await,
+                Entered::Bypassed(bypass) => {
+                    let mut guard = BypassGuard::new(core, bypass);
+                    let result = f(RunContext {
+                        inner: Inner::Bypassed {
+                            core,
+                            call: &mut guard.call,
+                        },
+                    })
+                    .await;
+                    match result {
+                        Ok(value) => {
+                            guard.finish(usage(&value));
+                            Ok(value)
+                        }
+                        Err(error) => {
+                            guard.finish(None);
+                            Err(RunError::Failed(error))
+                        }
+                    }
                 }
             }
         }
     }
 }
 
+/// An admitted `run` call: the callback runs with the admission's context (cut by the
+/// borrowed-slot deadline, if one applies) and the permit settles when it ends.
+async fn run_admitted<T, E, F, U>(
+    mut permit: Permit<'_>,
+    deadline: Option<Duration>,
+    usage: U,
+    f: F,
+) -> Result<T, RunError<E>>
+where
+    F: for<'c> AsyncFnOnce(RunContext<'c>) -> Result<T, E>,
+    U: FnOnce(&T) -> Option<TokenUsage>,
+{
+    // The deadline applies only to a borrowed slot, from admission on (a deadline too far to
+    // represent never passes).
+    let cut_at = deadline
+        .filter(|_| permit.resources().borrowed_concurrency)
+        .and_then(|d| Instant::now().checked_add(d));
+    let abandoned = AtomicBool::new(false);
+    // The permit lives in this future: dropping the future settles it.
+    let (core, admission) = permit.parts();
+    let finished = {
+        let call = f(RunContext {
+            inner: Inner::Admitted {
+                core,
+                admission,
+                abandoned: &abandoned,
+            },
+        });
+        match cut_at {
+            None => Some(call.await),
+            Some(cut_at) => until_cut(call, cut_at, &abandoned).await,
+        }
+        // The callback's future is dropped here, before a cut call is settled.
+    };
+    match finished {
+        Some(Ok(value)) => {
+            let usage = usage(&value);
+            permit.release(usage);
+            Ok(value)
+        }
+        Some(Err(error)) => {
+            permit.release(None);
+            Err(RunError::Failed(error))
+        }
+        None => {
+            let (core, admission) = permit.parts();
+            let error = cut(core, admission, deadline.unwrap_or_default());
+            // Its tokens settle now, with the last usage it reported.
+            permit.release(None);
+            Err(RunError::BorrowedConcurrencyDeadline(error))
+        }
+    }
+}
+
+/// Gives back the borrowed slot of a call its deadline cut, counted as abandoned for the
+/// deadline unless the count of abandoned admissions is full (see
+/// `abandon_borrowed_concurrency`: the release that follows returns the slot either way).
+pub(crate) fn cut(
+    core: &LlmCore,
+    admission: &mut Admission,
+    deadline: Duration,
+) -> BorrowedConcurrencyDeadlineError {
+    core.abandon(admission, AbandonCause::Deadline);
+    BorrowedConcurrencyDeadlineError {
+        deadline,
+        admission_id: admission.admission_id(),
+        resources: admission.resources(),
+        class: admission.class(),
+    }
+}
+
+/// How a `run` call got in: admitted, or (observe mode) bypassed.
+pub(crate) enum Entered<'p> {
+    Admitted(Permit<'p>),
+    Bypassed(BypassCall),
+}
+
+/// The admission of a `run` call, in observe mode when `observe` names the refusals to
+/// bypass: an advisory check first (a predicted refusal is bypassed without being counted),
+/// then the admission itself (a refusal for one of `observe` is counted, then bypassed as a
+/// race). A bypass passes its hard check (`shutdown`) before it starts.
+pub(crate) async fn enter<'p, E>(
+    core: &LlmCore,
+    call: Call,
+    observe: Option<ShadowReasons>,
+    acquire: impl Future<Output = Result<Permit<'p>, AcquireError>>,
+) -> Result<Entered<'p>, RunError<E>> {
+    let Some(reasons) = observe else {
+        return Ok(Entered::Admitted(acquire.await?));
+    };
+    let (verdict, detail) = core.engine().would_admit(call.ask);
+    if let Verdict::Reject(reason) = verdict
+        && reasons.contains(reason)
+    {
+        return bypass(core, &call, reason, Some(detail), false);
+    }
+    match acquire.await {
+        Ok(permit) => Ok(Entered::Admitted(permit)),
+        Err(AcquireError::Rejected(rejection)) if reasons.contains(rejection.reason()) => bypass(
+            core,
+            &call,
+            rejection.reason(),
+            Some(*rejection.detail()),
+            verdict.is_admit(),
+        ),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Starts the bypass of `call`, refused for `reason`.
+pub(crate) fn bypass<'p, E>(
+    core: &LlmCore,
+    call: &Call,
+    reason: RejectReason,
+    detail: Option<CapacityDetail>,
+    raced: bool,
+) -> Result<Entered<'p>, RunError<E>> {
+    let bypass = Bypass {
+        shadow_id: ShadowId::next(),
+        reason,
+        detail,
+        raced,
+        reservation: call.reservation,
+        limit_revision: detail.map_or_else(|| core.engine().revision(), |d| d.limit_revision),
+        priority: call.ask.priority,
+        class: call.ask.class,
+    };
+    core.begin_bypass(bypass)
+        .map(Entered::Bypassed)
+        .map_err(RunError::Rejected)
+}
+
+/// A bypassed call of `run` while its callback runs: ends it (with the last reported usage)
+/// if the future is dropped first.
+struct BypassGuard<'a> {
+    core: &'a LlmCore,
+    call: BypassCall,
+    finished: bool,
+}
+
+impl<'a> BypassGuard<'a> {
+    fn new(core: &'a LlmCore, call: BypassCall) -> BypassGuard<'a> {
+        BypassGuard {
+            core,
+            call,
+            finished: false,
+        }
+    }
+
+    fn finish(&mut self, usage: Option<TokenUsage>) {
+        self.finished = true;
+        self.core.finish_bypass(&self.call, usage);
+    }
+}
+
+impl Drop for BypassGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.core.finish_bypass(&self.call, None);
+        }
+    }
+}
+
 /// Polls `call` until it finishes (`Some`) or `cut_at` passes while it still holds its
 /// borrowed slot (`None`). After the callback gave its slot back itself, only `call` counts.
-async fn until_cut<R>(
+pub(crate) async fn until_cut<R>(
     call: impl Future<Output = R>,
     cut_at: Instant,
     abandoned: &AtomicBool,

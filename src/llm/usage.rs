@@ -219,6 +219,7 @@ fn snapshot(admission: &Admission, reported: TokenUsage) -> UsageReport {
         output_cap,
         output_remaining: output_cap.map(|cap| cap.saturating_sub(reported.output())),
         over_reservation: admission.reservation().is_some() && reported.total() > reserved,
+        shadow_id: None,
     }
 }
 

@@ -192,7 +192,7 @@ fn events_of_a_run_come_in_order_admit_usage_release() {
         ctx.report_usage(usage(20, 5))?;
         ctx.report_usage(usage(20, 5))?; // stale: no event
         ctx.report_usage_progressive(usage(20, 105), progressive(900, 0))?;
-        Ok::<_, UsageError>(ctx.admission_id())
+        Ok::<_, UsageError>(ctx.admission_id().unwrap())
     }))
     .unwrap();
     let seen = events.take();

@@ -4,8 +4,8 @@ use async_bulkhead_llm::{
     AbandonCause, AcquireOptions, Admission, AdmissionClass, AdmissionClasses, AdmissionId,
     CapacityDetail, ClassLimits, ClassLimitsTable, ConfigError, Constraint as CrateConstraint,
     Event, Limits, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, Priority,
-    RejectReason, Rejection, RequestError, Reservation, Resources, SharedPool, Stats, TokenBudget,
-    TokenUsage,
+    RejectReason, Rejection, RequestError, Reservation, Resources, RunContext, SharedPool, Stats,
+    TokenBudget, TokenUsage,
 };
 
 use super::harness::{Call, Config, MAX_CHARS};
@@ -419,6 +419,22 @@ pub(crate) fn view_of(a: &Admission, handles: &[AdmissionClass]) -> View {
         holds_slot: a.holds_slot(),
         usage: usage_of(a.usage()),
         sequence: a.usage_sequence(),
+    }
+}
+
+/// The view of an admitted `run` call, through its context.
+pub(crate) fn view_of_context(ctx: &RunContext<'_>, handles: &[AdmissionClass]) -> View {
+    View {
+        id: ctx.admission_id().expect("an admitted call"),
+        held: ctx.held_tokens(),
+        reservation: ctx.reservation().map(|r| (r.input(), r.max_output())),
+        revision: ctx.limit_revision(),
+        high: ctx.priority() == Priority::High,
+        class: class_of(ctx.class(), handles),
+        borrowed: borrowed_of(ctx.resources()),
+        holds_slot: ctx.holds_slot(),
+        usage: usage_of(ctx.usage()),
+        sequence: ctx.usage_sequence(),
     }
 }
 

@@ -19,7 +19,7 @@ use async_bulkhead_llm::{
     TokenUsage, UsageError, UsageReport,
 };
 
-use super::convert::{View, borrowed_of, refused_of, view_of};
+use super::convert::{View, borrowed_of, refused_of, view_of_context};
 use super::driver::{Driver, model_view};
 use super::harness::Call;
 use super::values::{Cause, ModelPermit, Started};
@@ -168,7 +168,7 @@ impl<'b> Driver<'b> {
             async move |mut ctx: RunContext<'_>| {
                 inbox.borrow_mut().started = true;
                 loop {
-                    inbox.borrow_mut().view = Some(view_of(&ctx, &handles));
+                    inbox.borrow_mut().view = Some(view_of_context(&ctx, &handles));
                     let command =
                         std::future::poll_fn(|_| match inbox.borrow_mut().commands.pop_front() {
                             Some(command) => Poll::Ready(command),
@@ -182,7 +182,7 @@ impl<'b> Driver<'b> {
                         }
                         Command::Abandon => Reply::Abandon(ctx.abandon_borrowed_concurrency()),
                         Command::Finish(result) => {
-                            inbox.borrow_mut().view = Some(view_of(&ctx, &handles));
+                            inbox.borrow_mut().view = Some(view_of_context(&ctx, &handles));
                             return result;
                         }
                     };

@@ -303,7 +303,7 @@ impl Shared {
     /// exact book; counts it (in the ledger if `in_ledger`).
     pub(crate) fn admitted(
         &self,
-        admission: &async_bulkhead_llm::Admission,
+        admission: Facts,
         call: Call,
         own: Option<Own>,
         in_ledger: bool,
@@ -458,5 +458,70 @@ impl Shared {
             bump(&book.post_close_refused);
         }
         self.check_detail(rejection, call);
+    }
+}
+
+/// What `admitted` checks of an admission, read from a permit's admission or a run context.
+pub(crate) struct Facts {
+    admission_id: async_bulkhead_llm::AdmissionId,
+    class: Option<async_bulkhead_llm::AdmissionClass>,
+    priority: async_bulkhead_llm::Priority,
+    limit_revision: u64,
+    reservation: Option<async_bulkhead_llm::Reservation>,
+    held_tokens: u64,
+    resources: Resources,
+    holds_slot: bool,
+}
+
+impl Facts {
+    pub(crate) fn of(a: &async_bulkhead_llm::Admission) -> Facts {
+        Facts {
+            admission_id: a.admission_id(),
+            class: a.class(),
+            priority: a.priority(),
+            limit_revision: a.limit_revision(),
+            reservation: a.reservation(),
+            held_tokens: a.held_tokens(),
+            resources: a.resources(),
+            holds_slot: a.holds_slot(),
+        }
+    }
+
+    pub(crate) fn of_context(a: &async_bulkhead_llm::RunContext<'_>) -> Facts {
+        Facts {
+            admission_id: a.admission_id().expect("admitted"),
+            class: a.class(),
+            priority: a.priority(),
+            limit_revision: a.limit_revision(),
+            reservation: a.reservation(),
+            held_tokens: a.held_tokens(),
+            resources: a.resources(),
+            holds_slot: a.holds_slot(),
+        }
+    }
+
+    fn admission_id(&self) -> async_bulkhead_llm::AdmissionId {
+        self.admission_id
+    }
+    fn class(&self) -> Option<async_bulkhead_llm::AdmissionClass> {
+        self.class
+    }
+    fn priority(&self) -> async_bulkhead_llm::Priority {
+        self.priority
+    }
+    fn limit_revision(&self) -> u64 {
+        self.limit_revision
+    }
+    fn reservation(&self) -> Option<async_bulkhead_llm::Reservation> {
+        self.reservation
+    }
+    fn held_tokens(&self) -> u64 {
+        self.held_tokens
+    }
+    fn resources(&self) -> Resources {
+        self.resources
+    }
+    fn holds_slot(&self) -> bool {
+        self.holds_slot
     }
 }

@@ -13,7 +13,7 @@ use async_bulkhead_llm::{
 use futures::future::{Either, join_all, select};
 
 use super::POST_CLOSE_OPS;
-use super::books::{Call, Held, Own, Plane, Shared, bump};
+use super::books::{Call, Facts, Held, Own, Plane, Shared, bump};
 use super::runs::run_op;
 use crate::chaos::mix;
 use crate::chaos::model::report_step;
@@ -120,7 +120,7 @@ fn decided<'b>(
     match result {
         Ok(permit) => {
             assert!(!closed_before, "admitted after close() returned");
-            let held = shared.admitted(admission(&permit), call, own, true);
+            let held = shared.admitted(Facts::of(admission(&permit)), call, own, true);
             Some((permit, held))
         }
         Err(AcquireError::Rejected(rejection)) => {

@@ -11,7 +11,7 @@ use async_bulkhead_llm::{
     AcquireOptions, LlmRequest, RunContext, RunError, RunOptions, TokenUsage,
 };
 
-use super::books::{Call, Held, Shared, bump};
+use super::books::{Call, Facts, Held, Shared, bump};
 use super::callers::{canceller, report};
 use crate::chaos::runtime::Tracked;
 use crate::common::caller_model::Model;
@@ -65,7 +65,7 @@ pub(crate) async fn run_op(
             let borrowed = ctx.resources().borrowed_concurrency;
             let cuttable = deadline.is_some() && borrowed;
             let in_ledger = !(cancelled || cuttable);
-            let mut held = shared.admitted(&ctx, call, None, in_ledger);
+            let mut held = shared.admitted(Facts::of_context(&ctx), call, None, in_ledger);
             let mut state = RunCell {
                 model: Model::new(ctx.reservation().unwrap()),
                 held,

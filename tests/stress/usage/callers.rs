@@ -344,7 +344,7 @@ async fn run_call(
             shared.tally.admitted.fetch_add(1, Ordering::Relaxed);
             assert_eq!(ctx.reservation(), Some(reservation));
             let mut model = Model::new(reservation);
-            *cell.lock().unwrap() = Some((ctx.admission_id(), model));
+            *cell.lock().unwrap() = Some((ctx.admission_id().expect("admitted"), model));
             // A cancelled run settles when its future is dropped, with no chance to leave the
             // ledger first: it stays out of it (the ledger stays a lower bound).
             if !cancelled {

@@ -1,0 +1,158 @@
+//! Observe mode's execution on [`LlmCore`]: starting a bypass (after its hard checks), the
+//! usage reports of a bypassed call and its end. A bypass holds nothing, so these only
+//! validate, count and announce.
+
+use core::time::Duration;
+
+use crate::admission_class::AdmissionClass;
+use crate::error::UsageError;
+use crate::events::{
+    BypassEvent, BypassReleaseEvent, BypassUsageEvent, Event, EventKind, RejectEvent,
+};
+use crate::rejection::{RejectReason, Rejection};
+use crate::reservation::{Progressive, TokenUsage, UsageReport};
+
+use super::core::LlmCore;
+use super::observe::{Bypass, BypassCall};
+
+impl LlmCore {
+    /// Starts `bypass` after its hard check: a closed bulkhead refuses it with `shutdown`
+    /// (counted and announced, the callback never runs). Otherwise counts and announces it.
+    ///
+    /// # Errors
+    ///
+    /// The `shutdown` rejection.
+    pub(crate) fn begin_bypass(&self, bypass: Bypass) -> Result<BypassCall, Rejection> {
+        if self.engine().is_closed() {
+            let rejection = self.engine().refuse_undecided(
+                RejectReason::Shutdown,
+                bypass.priority,
+                bypass.class,
+            );
+            self.announce_reject_untimed(&rejection, bypass.class);
+            return Err(rejection);
+        }
+        self.observe_counters().count_bypass(&bypass);
+        if self.listeners().wants(EventKind::Bypass) {
+            let event = BypassEvent {
+                shadow_id: bypass.shadow_id,
+                limit_revision: bypass.limit_revision,
+                priority: bypass.priority,
+                class: bypass.class,
+                reason: bypass.reason,
+                detail: bypass.detail,
+                reservation: bypass.reservation,
+                raced: bypass.raced,
+            };
+            self.listeners().emit(&Event::Bypass(&event));
+        }
+        Ok(BypassCall::new(bypass))
+    }
+
+    /// Applies a cumulative usage report to a bypassed call: validated and clamped as an
+    /// admitted call's (`report`), holding nothing. Checks everything before changing anything.
+    pub(crate) fn report_bypass(
+        &self,
+        call: &mut BypassCall,
+        usage: TokenUsage,
+        progressive: Option<Progressive>,
+    ) -> Result<UsageReport, UsageError> {
+        let bypass = call.bypass;
+        if let (Some(p), Some(r)) = (progressive, bypass.reservation)
+            && p.remaining_output_tokens > r.max_output()
+        {
+            return Err(UsageError::RemainingExceedsCap {
+                remaining: p.remaining_output_tokens,
+                cap: r.max_output(),
+            });
+        }
+        let reported = match call.reported {
+            None => usage,
+            Some(prev) => TokenUsage::new(
+                prev.input().max(usage.input()),
+                prev.output().max(usage.output()),
+            )?,
+        };
+        // Nothing is held, so only a change of the usage itself is effective.
+        let effective = call.reported != Some(reported);
+        call.reported = Some(reported);
+        if effective {
+            call.sequence += 1;
+        }
+        let reserved = bypass.reservation.map_or(0, |r| r.reserved());
+        let output_cap = bypass.reservation.map(|r| r.max_output());
+        let report = UsageReport {
+            admission_id: bypass.shadow_id.as_admission_id(),
+            limit_revision: bypass.limit_revision,
+            sequence: call.sequence,
+            reserved,
+            held: 0,
+            consumed: reported.total(),
+            output_cap,
+            output_remaining: output_cap.map(|cap| cap.saturating_sub(reported.output())),
+            over_reservation: bypass.reservation.is_some() && reported.total() > reserved,
+            shadow_id: Some(bypass.shadow_id),
+        };
+        if effective && self.listeners().wants(EventKind::BypassUsage) {
+            let event = BypassUsageEvent {
+                shadow_id: bypass.shadow_id,
+                limit_revision: bypass.limit_revision,
+                priority: bypass.priority,
+                class: bypass.class,
+                reason: bypass.reason,
+                sequence: call.sequence,
+                reservation: bypass.reservation,
+                usage: reported,
+                output_cap,
+                output_remaining: report.output_remaining,
+                over_reservation: report.over_reservation,
+                progressive,
+            };
+            self.listeners().emit(&Event::BypassUsage(&event));
+        }
+        Ok(report)
+    }
+
+    /// Ends a bypassed call with `usage`, else the last reported usage: counts the usage and
+    /// announces the end.
+    pub(crate) fn finish_bypass(&self, call: &BypassCall, usage: Option<TokenUsage>) {
+        let usage = usage.or(call.reported);
+        if let Some(usage) = usage {
+            self.observe_counters().count_usage(usage);
+        }
+        if self.listeners().wants(EventKind::BypassRelease) {
+            let bypass = call.bypass;
+            let event = BypassReleaseEvent {
+                shadow_id: bypass.shadow_id,
+                limit_revision: bypass.limit_revision,
+                priority: bypass.priority,
+                class: bypass.class,
+                reason: bypass.reason,
+                reservation: bypass.reservation,
+                usage_sequence: call.sequence,
+                usage,
+            };
+            self.listeners().emit(&Event::BypassRelease(&event));
+        }
+    }
+
+    /// Emits the reject event of a refusal that no decision timed (a hard refusal of a
+    /// bypass, a deduplication follower's own wait): both durations are zero.
+    pub(crate) fn announce_reject_untimed(
+        &self,
+        rejection: &Rejection,
+        class: Option<AdmissionClass>,
+    ) {
+        if self.listeners().wants(EventKind::Reject) {
+            let event = RejectEvent {
+                reason: rejection.reason(),
+                class,
+                limit_revision: rejection.limit_revision(),
+                detail: *rejection.detail(),
+                decision_duration: Duration::ZERO,
+                queue_wait: Duration::ZERO,
+            };
+            self.listeners().emit(&Event::Reject(&event));
+        }
+    }
+}

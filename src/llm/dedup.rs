@@ -1,0 +1,785 @@
+//! In-flight deduplication: the keys, the registry of shared calls in flight, and the shared
+//! call itself ([`Flight`]), which any of its waiters drives.
+//!
+//! # Keys
+//!
+//! A call's key is a SHA-256 digest of its partition (the call's [`DedupScope`], its admission
+//! class) and of its raw key: by default the canonical JSON of the whole request (object keys
+//! sorted at every level, null members dropped so that an absent optional field equals a null
+//! one, arrays in order); or what the bulkhead's key function returns. The registry keeps the
+//! digest and the result type, never the request. An empty raw key, or a key function that
+//! panics, opts the call out.
+//!
+//! # The protocol
+//!
+//! The registry is sharded; each shard is a map from (digest, result type) to a flight, under
+//! a mutex. A flight is a mutex over: the call's future (absent while a waiter polls it, and
+//! once it finished or was dropped), its waiters' slots (a waker and, once finished, the
+//! outcome), and who drives it. Lock order: a registry shard, then a flight. No user code runs
+//! under either (the call is polled, the outcome shared and wakers woken after unlocking).
+//!
+//! - **Join** (under the shard lock, then the flight's): a live flight of the same key and type
+//!   takes a new slot; otherwise the caller registers a new flight as its leader. A flight is
+//!   live until it is removed from its shard, which happens before it finishes; so a joiner
+//!   always finds a flight that will fill its slot.
+//! - **Drive**: a waiter whose slot is empty takes the call out (so nobody else polls it),
+//!   polls it unlocked with the flight's waker, and puts it back; a wake-up that arrives while
+//!   it polls makes it poll again (`repoll`), so none is lost. The flight's waker wakes the
+//!   last driver; a driver that leaves hands the call to another waiter and wakes it.
+//! - **Finish**: the waiter that sees the call complete removes the flight from its shard
+//!   (no one joins after that), marks it finished, takes the waiters' slots, shares the
+//!   outcome with each follower outside the locks, fills the slots and wakes them; the leader
+//!   gets the original outcome.
+//! - **Leave** (a waiter dropped, or a follower's own timeout): under the shard lock and the
+//!   flight's, its slot is removed; the last waiter of an unfinished call removes the flight
+//!   from its shard and drops the call (after unlocking), which settles its admission.
+//! - A call that panics while polled finishes the flight with a panic for every other waiter.
+
+use core::any::{Any, TypeId};
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
+use std::collections::HashMap;
+use std::task::Wake;
+
+use sha2::{Digest, Sha256};
+
+use crate::admission_class::AdmissionClass;
+use crate::contain::contain;
+use crate::sync::unmodeled::{AtomicU64, Ordering};
+use crate::sync::{Arc, Mutex, lock};
+
+use super::options::DedupScope;
+use super::request::LlmRequest;
+
+/// Registry shards (a power of two): joins of different keys rarely share a lock.
+const SHARDS: usize = 16;
+
+/// The raw key function of a [`Deduplication`].
+type KeyFn = dyn Fn(&LlmRequest) -> String + Send + Sync;
+
+/// In-flight deduplication for [`LlmBulkheadBuilder::deduplication`](crate::LlmBulkheadBuilder::deduplication):
+/// when identical calls arrive together through [`run_shared`](crate::LlmBulkhead::run_shared),
+/// one runs and the others share its outcome, taking no capacity.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{Deduplication, LlmBulkhead};
+///
+/// // By the whole request's canonical JSON (feature `serde`, on by default):
+/// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
+/// // Or by a key of your own (an empty key opts a call out):
+/// let by_user = LlmBulkhead::builder("m", 4)
+///     .deduplication(Deduplication::by_key(|request| {
+///         request.messages.last().map(|m| format!("{:?}", m.content)).unwrap_or_default()
+///     }))
+///     .build()?;
+/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct Deduplication {
+    key: Option<std::sync::Arc<KeyFn>>,
+}
+
+impl Deduplication {
+    /// Deduplicates by the whole request: two calls share only when every field of their
+    /// requests is equal (the order of JSON object keys does not matter, and an absent optional
+    /// field equals a null one; arrays keep their order). The key is a SHA-256 digest of the
+    /// request's canonical JSON.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dedup = async_bulkhead_llm::Deduplication::new();
+    /// # let _ = dedup;
+    /// ```
+    #[cfg(feature = "serde")]
+    pub fn new() -> Deduplication {
+        Deduplication { key: None }
+    }
+
+    /// Deduplicates by the key `key` returns for a request: two calls share when their keys
+    /// are equal (in the same scope and class). An empty key, or a `key` that panics, runs
+    /// that call on its own. Only a digest of the key is kept.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::Deduplication;
+    ///
+    /// let by_prompt = Deduplication::by_key(|request| {
+    ///     request.messages.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join("/")
+    /// });
+    /// # let _ = by_prompt;
+    /// ```
+    pub fn by_key(key: impl Fn(&LlmRequest) -> String + Send + Sync + 'static) -> Deduplication {
+        Deduplication {
+            key: Some(std::sync::Arc::new(key)),
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl Default for Deduplication {
+    fn default() -> Deduplication {
+        Deduplication::new()
+    }
+}
+
+impl fmt::Debug for Deduplication {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deduplication")
+            .field(
+                "key",
+                &if self.key.is_some() {
+                    "custom"
+                } else {
+                    "canonical request"
+                },
+            )
+            .finish()
+    }
+}
+
+/// A call's deduplication key: the digest of its partition and raw key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Key([u8; 32]);
+
+/// A registry entry's identity: the key and the type of the outcome shared.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Slot {
+    key: Key,
+    output: TypeId,
+}
+
+type Shard = Mutex<HashMap<Slot, Arc<dyn Any + Send + Sync>>>;
+
+/// The deduplication of one bulkhead: its key function, its registry and its counters.
+pub(crate) struct Dedup {
+    config: Deduplication,
+    shards: Box<[Shard]>,
+    active: AtomicU64,
+    hits: AtomicU64,
+    key_panics: AtomicU64,
+}
+
+impl Dedup {
+    pub(crate) fn new(config: Deduplication) -> Dedup {
+        Dedup {
+            config,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            active: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            key_panics: AtomicU64::new(0),
+        }
+    }
+
+    /// `(active, hits, key_panics)`.
+    pub(crate) fn figures(&self) -> (u64, u64, u64) {
+        (
+            self.active.load(Ordering::Relaxed),
+            self.hits.load(Ordering::Relaxed),
+            self.key_panics.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The key of `request` in `scope` and `class`, or `None` when the call opts out (an
+    /// empty raw key, a key function that panicked, a request that cannot be serialized).
+    pub(crate) fn key(
+        &self,
+        request: &LlmRequest,
+        scope: Option<&DedupScope>,
+        class: Option<AdmissionClass>,
+    ) -> Option<Key> {
+        let mut hasher = Sha256::new();
+        // The partition first, in a fixed layout: no raw key can imitate another partition.
+        match scope {
+            Some(scope) => {
+                hasher.update([1]);
+                hasher.update(scope.digest());
+            }
+            None => hasher.update([0]),
+        }
+        match class {
+            Some(class) => {
+                hasher.update([1]);
+                hasher.update((class.index() as u64).to_le_bytes());
+            }
+            None => hasher.update([0]),
+        }
+        match &self.config.key {
+            Some(key) => {
+                let mut raw = None;
+                if contain(|| raw = Some(key(request))) {
+                    self.key_panics.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                let raw = raw.filter(|raw| !raw.is_empty())?;
+                hasher.update(raw.as_bytes());
+            }
+            None => canonical_digest(request, &mut hasher)?,
+        }
+        Some(Key(hasher.finalize().into()))
+    }
+
+    fn shard(&self, key: &Key) -> &Shard {
+        &self.shards[usize::from(key.0[0]) % SHARDS]
+    }
+
+    /// Joins the live flight of `key` for outcomes of type `O`, or registers a new one (whose
+    /// followers get `share(&outcome)`) with the caller as its leader, who then
+    /// [`install`](Waiter::install)s its call. Returns this caller's waiter and its role.
+    pub(crate) fn join_or_lead<O: Send + 'static>(
+        self: &Arc<Self>,
+        key: Key,
+        share: impl FnOnce() -> Share<O>,
+    ) -> (Waiter<O>, Role) {
+        let slot = Slot {
+            key,
+            output: TypeId::of::<O>(),
+        };
+        let mut shard = lock(self.shard(&key));
+        if let Some(found) = shard.get(&slot) {
+            let flight = Arc::clone(found)
+                .downcast::<Flight<O>>()
+                .unwrap_or_else(|_| unreachable!("an entry's type is part of its slot"));
+            let (index, followers) = {
+                let mut inner = lock(&flight.inner);
+                let index = inner.add_waiter();
+                inner.followers += 1;
+                (index, inner.followers)
+            };
+            drop(shard);
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return (
+                Waiter::new(Arc::clone(self), flight, index),
+                Role::Follower { followers },
+            );
+        }
+        let flight = Flight::new(share(), slot);
+        let index = {
+            let mut inner = lock(&flight.inner);
+            let index = inner.add_waiter();
+            inner.leader = Some(index);
+            index
+        };
+        shard.insert(slot, Arc::clone(&flight) as Arc<dyn Any + Send + Sync>);
+        self.active.fetch_add(1, Ordering::Relaxed);
+        drop(shard);
+        (Waiter::new(Arc::clone(self), flight, index), Role::Leader)
+    }
+
+    /// Removes `flight` from its shard if it is still there.
+    fn unregister<O: Send + 'static>(
+        &self,
+        flight: &Arc<Flight<O>>,
+        shard: &mut HashMap<Slot, Arc<dyn Any + Send + Sync>>,
+    ) {
+        let slot = flight.slot;
+        let same = shard
+            .get(&slot)
+            .is_some_and(|entry| core::ptr::addr_eq(Arc::as_ptr(entry), Arc::as_ptr(flight)));
+        if same {
+            shard.remove(&slot);
+            self.active.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn shard_of<O>(&self, flight: &Flight<O>) -> &Shard {
+        self.shard(&flight.slot.key)
+    }
+}
+
+impl fmt::Debug for Dedup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (active, hits, key_panics) = self.figures();
+        f.debug_struct("Dedup")
+            .field("config", &self.config)
+            .field("active", &active)
+            .field("hits", &hits)
+            .field("key_panics", &key_panics)
+            .finish()
+    }
+}
+
+/// Whether a caller leads a new shared call or follows one in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Leader,
+    /// A follower; `followers` counts this one and those before it.
+    Follower {
+        followers: u64,
+    },
+}
+
+/// What a waiter gets: the outcome, or the panic of the call or of the share hook.
+pub(crate) enum Outcome<O> {
+    Value(O),
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// The boxed future of a shared call.
+pub(crate) type Call<O> = Pin<Box<dyn Future<Output = O> + Send>>;
+
+/// How a flight gives followers their copy of the outcome (user code: it may panic).
+pub(crate) type Share<O> = Box<dyn Fn(&O) -> O + Send + Sync>;
+
+/// One shared call in flight (see the module docs for the protocol).
+pub(crate) struct Flight<O> {
+    inner: Mutex<Inner<O>>,
+    share: Share<O>,
+    /// Its registry slot.
+    slot: Slot,
+}
+
+struct Inner<O> {
+    /// The call; `None` while a waiter polls it, and once it finished or was dropped.
+    call: Option<Call<O>>,
+    polling: bool,
+    /// A wake-up arrived while a waiter polled the call.
+    repoll: bool,
+    /// The call finished (every slot filled) or was dropped.
+    finished: bool,
+    waiters: Vec<Option<WaiterSlot<O>>>,
+    live: usize,
+    leader: Option<usize>,
+    /// The waiter to wake when the call wakes.
+    driver: Option<usize>,
+    followers: u64,
+}
+
+struct WaiterSlot<O> {
+    waker: Option<Waker>,
+    outcome: Option<Outcome<O>>,
+}
+
+impl<O> Inner<O> {
+    fn add_waiter(&mut self) -> usize {
+        self.live += 1;
+        let slot = WaiterSlot {
+            waker: None,
+            outcome: None,
+        };
+        match self.waiters.iter().position(Option::is_none) {
+            Some(free) => {
+                self.waiters[free] = Some(slot);
+                free
+            }
+            None => {
+                self.waiters.push(Some(slot));
+                self.waiters.len() - 1
+            }
+        }
+    }
+
+    fn slot(&mut self, index: usize) -> &mut WaiterSlot<O> {
+        self.waiters[index]
+            .as_mut()
+            .expect("a waiter's slot lives until it leaves")
+    }
+
+    /// Removes waiter `index`, returning its outcome if it had one.
+    fn remove(&mut self, index: usize) -> Option<Outcome<O>> {
+        let slot = self.waiters[index].take()?;
+        self.live -= 1;
+        if self.leader == Some(index) {
+            self.leader = None;
+        }
+        if self.driver == Some(index) {
+            self.driver = None;
+        }
+        slot.outcome
+    }
+
+    /// A waker of some waiter still waiting (to hand the call to).
+    fn any_waker(&mut self) -> Option<(usize, Waker)> {
+        self.waiters.iter().enumerate().find_map(|(i, slot)| {
+            let slot = slot.as_ref()?;
+            let waker = slot.waker.clone()?;
+            Some((i, waker))
+        })
+    }
+}
+
+impl<O: Send + 'static> Flight<O> {
+    /// A flight registered in `slot`, whose followers get `share(&outcome)`; its leader
+    /// installs the call.
+    fn new(share: Share<O>, slot: Slot) -> Arc<Flight<O>> {
+        Arc::new(Flight {
+            inner: Mutex::new(Inner {
+                call: None,
+                polling: false,
+                repoll: false,
+                finished: false,
+                waiters: Vec::new(),
+                live: 0,
+                leader: None,
+                driver: None,
+                followers: 0,
+            }),
+            share,
+            slot,
+        })
+    }
+}
+
+/// The flight's waker: wakes the waiter that drives the call (or makes the one polling it
+/// poll again). It keeps the flight alive; the flight keeps it only inside its call, which is
+/// dropped when the flight finishes or its last waiter leaves, so no cycle outlives the call.
+struct FlightWaker<O>(Arc<Flight<O>>);
+
+impl<O: Send + 'static> Wake for FlightWaker<O> {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        let waker = {
+            let mut inner = lock(&self.0.inner);
+            if inner.polling {
+                inner.repoll = true;
+                None
+            } else {
+                match inner.driver {
+                    Some(d) => inner.slot(d).waker.clone(),
+                    None => inner.any_waker().map(|(_, w)| w),
+                }
+            }
+        };
+        if let Some(waker) = waker {
+            contain(|| waker.wake());
+        }
+    }
+}
+
+/// One caller waiting for a flight's outcome (the leader or a follower).
+///
+/// Dropping it before its outcome arrived leaves the flight (see the module docs).
+pub(crate) struct Waiter<O: Send + 'static> {
+    dedup: Arc<Dedup>,
+    flight: Arc<Flight<O>>,
+    /// Its slot; `None` once it left or took its outcome.
+    index: Option<usize>,
+    /// The waker the call is polled with, made once.
+    waker: Option<Waker>,
+}
+
+impl<O: Send + 'static> Waiter<O> {
+    fn new(dedup: Arc<Dedup>, flight: Arc<Flight<O>>, index: usize) -> Waiter<O> {
+        Waiter {
+            dedup,
+            flight,
+            index: Some(index),
+            waker: None,
+        }
+    }
+
+    /// Installs the call of the flight this waiter leads (made after registering, so that no
+    /// user code ran under the registry's lock). Followers that joined meanwhile wait for it.
+    pub(crate) fn install(&self, call: Call<O>) {
+        let mut inner = lock(&self.flight.inner);
+        debug_assert!(
+            inner.call.is_none() && !inner.finished,
+            "installed once, first"
+        );
+        inner.call = Some(call);
+    }
+
+    /// Polls for the outcome, driving the call if nobody else does.
+    pub(crate) fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Outcome<O>> {
+        let index = self
+            .index
+            .expect("a waiter is not polled after it finished");
+        let mut call = {
+            let mut inner = lock(&self.flight.inner);
+            if let Some(outcome) = inner.slot(index).outcome.take() {
+                inner.remove(index);
+                drop(inner);
+                self.index = None;
+                return Poll::Ready(outcome);
+            }
+            let slot = inner.slot(index);
+            match &slot.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => slot.waker = Some(cx.waker().clone()),
+            }
+            if inner.polling || inner.finished {
+                return Poll::Pending;
+            }
+            let Some(call) = inner.call.take() else {
+                return Poll::Pending;
+            };
+            inner.polling = true;
+            inner.repoll = false;
+            inner.driver = Some(index);
+            call
+        };
+        let waker = self.flight_waker();
+        let mut guard = PollGuard {
+            flight: &self.flight,
+            dedup: &self.dedup,
+            armed: true,
+        };
+        loop {
+            let polled = call.as_mut().poll(&mut Context::from_waker(&waker));
+            match polled {
+                Poll::Ready(outcome) => {
+                    guard.armed = false;
+                    drop(call);
+                    let own = self.finish(outcome, index);
+                    self.index = None;
+                    return Poll::Ready(own);
+                }
+                Poll::Pending => {
+                    let mut inner = lock(&self.flight.inner);
+                    if inner.repoll {
+                        inner.repoll = false;
+                        continue;
+                    }
+                    inner.call = Some(call);
+                    inner.polling = false;
+                    guard.armed = false;
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn flight_waker(&mut self) -> Waker {
+        self.waker
+            .get_or_insert_with(|| {
+                Waker::from(std::sync::Arc::new(FlightWaker(Arc::clone(&self.flight))))
+            })
+            .clone()
+    }
+
+    /// Finishes the flight with `outcome` (this waiter polled it to completion): no one joins
+    /// after this; every other waiter gets its share, the leader the original; returns this
+    /// waiter's own.
+    fn finish(&self, outcome: O, own: usize) -> Outcome<O> {
+        let dedup = &*self.dedup;
+        dedup.unregister(&self.flight, &mut lock(dedup.shard_of(&self.flight)));
+        let (leader, followers) = {
+            let mut inner = lock(&self.flight.inner);
+            inner.finished = true;
+            inner.polling = false;
+            let leader = inner.leader;
+            let followers: Vec<usize> = (0..inner.waiters.len())
+                .filter(|&i| inner.waiters[i].is_some() && Some(i) != leader)
+                .collect();
+            (leader, followers)
+        };
+        // Shares are made unlocked (user code), then stored all at once.
+        let mut shares: Vec<(usize, Outcome<O>)> = followers
+            .into_iter()
+            .map(|i| (i, self.share(&outcome)))
+            .collect();
+        let mut own_outcome = None;
+        let original = Outcome::Value(outcome);
+        match leader {
+            Some(l) if l == own => own_outcome = Some(original),
+            Some(l) => shares.push((l, original)),
+            None => drop(original),
+        }
+        if own_outcome.is_none() {
+            let at = shares
+                .iter()
+                .position(|(i, _)| *i == own)
+                .expect("the finishing waiter is a waiter");
+            own_outcome = Some(shares.swap_remove(at).1);
+        }
+        // Outcomes of waiters that left meanwhile are dropped after unlocking (user types).
+        let mut leftovers = Vec::new();
+        let wakers: Vec<Waker> = {
+            let mut inner = lock(&self.flight.inner);
+            inner.remove(own);
+            shares
+                .into_iter()
+                .filter_map(|(i, outcome)| match inner.waiters[i].as_mut() {
+                    Some(slot) => {
+                        slot.outcome = Some(outcome);
+                        slot.waker.clone()
+                    }
+                    None => {
+                        leftovers.push(outcome);
+                        None
+                    }
+                })
+                .collect()
+        };
+        drop(leftovers);
+        for waker in wakers {
+            contain(|| waker.wake());
+        }
+        own_outcome.expect("set above")
+    }
+
+    /// A follower's copy of `outcome`, or the share hook's panic.
+    fn share(&self, outcome: &O) -> Outcome<O> {
+        match std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            (self.flight.share)(outcome)
+        })) {
+            Ok(copy) => Outcome::Value(copy),
+            Err(payload) => Outcome::Panicked(payload),
+        }
+    }
+
+    /// Leaves the flight before its outcome (dropped, or a follower's own timeout). The last
+    /// waiter of an unfinished call drops the call; its outcome, if one arrived meanwhile, is
+    /// returned.
+    pub(crate) fn leave(&mut self) -> Option<Outcome<O>> {
+        let index = self.index.take()?;
+        let dedup = &*self.dedup;
+        let mut shard = lock(dedup.shard_of(&self.flight));
+        let mut inner = lock(&self.flight.inner);
+        let outcome = inner.remove(index);
+        let mut dropped = None;
+        let mut wake = None;
+        if !inner.finished {
+            if inner.live == 0 {
+                inner.finished = true;
+                dropped = inner.call.take();
+                dedup.unregister(&self.flight, &mut shard);
+            } else if inner.driver.is_none() && !inner.polling {
+                // Hand the call to another waiter.
+                wake = inner.any_waker().map(|(i, w)| {
+                    inner.driver = Some(i);
+                    w
+                });
+            }
+        }
+        drop(inner);
+        drop(shard);
+        if let Some(waker) = wake {
+            contain(|| waker.wake());
+        }
+        // The call's future (and with it its admission) is dropped unlocked.
+        drop(dropped);
+        outcome
+    }
+}
+
+impl<O: Send + 'static> Drop for Waiter<O> {
+    fn drop(&mut self) {
+        // An outcome that arrived meanwhile is dropped with it.
+        drop(self.leave());
+    }
+}
+
+/// Finishes the flight for the other waiters if the call panics while polled: they get a
+/// panic of their own, the flight leaves the registry.
+struct PollGuard<'a, O: Send + 'static> {
+    flight: &'a Arc<Flight<O>>,
+    dedup: &'a Dedup,
+    armed: bool,
+}
+
+impl<O: Send + 'static> Drop for PollGuard<'_, O> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.dedup
+            .unregister(self.flight, &mut lock(self.dedup.shard_of(self.flight)));
+        let wakers: Vec<Waker> = {
+            let mut inner = lock(&self.flight.inner);
+            inner.finished = true;
+            inner.polling = false;
+            inner
+                .waiters
+                .iter_mut()
+                .flatten()
+                .filter_map(|slot| {
+                    slot.outcome = Some(Outcome::Panicked(Box::new(
+                        "the shared call panicked while another caller polled it",
+                    )));
+                    slot.waker.clone()
+                })
+                .collect()
+        };
+        for waker in wakers {
+            contain(|| waker.wake());
+        }
+    }
+}
+
+/// Feeds the canonical JSON of `request` to `hasher` (see the module docs); `None` if it
+/// cannot be serialized.
+#[cfg(feature = "serde")]
+fn canonical_digest(request: &LlmRequest, hasher: &mut Sha256) -> Option<()> {
+    let value = serde_json::to_value(request).ok()?;
+    write_canonical(&value, hasher);
+    Some(())
+}
+
+/// Without `serde` there is no canonical form: the default key is not available (the builder
+/// only accepts [`Deduplication::by_key`]).
+#[cfg(not(feature = "serde"))]
+fn canonical_digest(_: &LlmRequest, _: &mut Sha256) -> Option<()> {
+    None
+}
+
+#[cfg(feature = "serde")]
+fn write_canonical(value: &serde_json::Value, hasher: &mut Sha256) {
+    use serde_json::Value;
+    match value {
+        Value::Null => hasher.update(b"null"),
+        Value::Bool(true) => hasher.update(b"true"),
+        Value::Bool(false) => hasher.update(b"false"),
+        Value::Number(n) => hasher.update(n.to_string().as_bytes()),
+        Value::String(s) => write_string(s, hasher),
+        Value::Array(items) => {
+            hasher.update(b"[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    hasher.update(b",");
+                }
+                write_canonical(item, hasher);
+            }
+            hasher.update(b"]");
+        }
+        Value::Object(map) => {
+            // Null members are dropped (absent == null); keys sorted bytewise, whatever order
+            // the map keeps (`serde_json`'s `preserve_order` keeps insertion order).
+            let mut members: Vec<(&String, &Value)> =
+                map.iter().filter(|(_, v)| !v.is_null()).collect();
+            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            hasher.update(b"{");
+            for (i, (key, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    hasher.update(b",");
+                }
+                write_string(key, hasher);
+                hasher.update(b":");
+                write_canonical(value, hasher);
+            }
+            hasher.update(b"}");
+        }
+    }
+}
+
+/// A JSON string: quoted, with quotes, backslashes and control characters escaped.
+#[cfg(feature = "serde")]
+fn write_string(s: &str, hasher: &mut Sha256) {
+    hasher.update(b"\"");
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: Option<&[u8]> = match b {
+            b'"' => Some(b"\\\""),
+            b'\\' => Some(b"\\\\"),
+            0..=0x1f => None,
+            _ => continue,
+        };
+        hasher.update(&bytes[start..i]);
+        match escape {
+            Some(e) => hasher.update(e),
+            None => hasher.update(format!("\\u{b:04x}").as_bytes()),
+        }
+        start = i + 1;
+    }
+    hasher.update(&bytes[start..]);
+    hasher.update(b"\"");
+}
