@@ -68,7 +68,7 @@ type KeyFn = dyn Fn(&LlmRequest) -> String + Send + Sync;
 /// ```
 /// use async_bulkhead_llm::{Deduplication, LlmBulkhead};
 ///
-/// // By the whole request's canonical JSON (feature `serde`, on by default):
+/// // By the whole request (its canonical JSON):
 /// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
 /// // Or by a key of your own (an empty key opts a call out):
 /// let by_user = LlmBulkhead::builder("m", 4)
@@ -87,7 +87,8 @@ impl Deduplication {
     /// Deduplicates by the whole request: two calls share only when every field of their
     /// requests is equal (the order of JSON object keys does not matter, and an absent optional
     /// field equals a null one; arrays keep their order). The key is a SHA-256 digest of the
-    /// request's canonical JSON.
+    /// request's canonical JSON (without the `serde` feature, of its typed fields, which are
+    /// then all it has).
     ///
     /// # Examples
     ///
@@ -95,7 +96,6 @@ impl Deduplication {
     /// let dedup = async_bulkhead_llm::Deduplication::new();
     /// # let _ = dedup;
     /// ```
-    #[cfg(feature = "serde")]
     pub fn new() -> Deduplication {
         Deduplication { key: None }
     }
@@ -121,7 +121,6 @@ impl Deduplication {
     }
 }
 
-#[cfg(feature = "serde")]
 impl Default for Deduplication {
     fn default() -> Deduplication {
         Deduplication::new()
@@ -714,11 +713,54 @@ fn canonical_digest(request: &LlmRequest, hasher: &mut Sha256) -> Option<()> {
     Some(())
 }
 
-/// Without `serde` there is no canonical form: the default key is not available (the builder
-/// only accepts [`Deduplication::by_key`]).
+/// Without `serde` a request has only its typed fields: each is fed in a fixed order, tagged
+/// and length-prefixed (so no two different requests feed the same bytes); an absent field
+/// feeds its tag alone.
 #[cfg(not(feature = "serde"))]
-fn canonical_digest(_: &LlmRequest, _: &mut Sha256) -> Option<()> {
-    None
+fn canonical_digest(request: &LlmRequest, hasher: &mut Sha256) -> Option<()> {
+    use super::request::{Content, ContentBlock};
+    fn text(hasher: &mut Sha256, tag: u8, text: &str) {
+        hasher.update([tag]);
+        hasher.update((text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    }
+    fn number(hasher: &mut Sha256, tag: u8, value: Option<u64>) {
+        hasher.update([tag]);
+        if let Some(value) = value {
+            hasher.update([1]);
+            hasher.update(value.to_le_bytes());
+        }
+    }
+    fn content(hasher: &mut Sha256, content: Option<&Content>) {
+        match content {
+            None => hasher.update([0]),
+            Some(Content::Text(t)) => text(hasher, 1, t),
+            Some(Content::Blocks(blocks)) => {
+                hasher.update([2]);
+                hasher.update((blocks.len() as u64).to_le_bytes());
+                for block in blocks {
+                    match block {
+                        ContentBlock::Text { text: t, .. } => text(hasher, 3, t),
+                        ContentBlock::Opaque { kind, .. } => text(hasher, 4, kind),
+                    }
+                }
+            }
+        }
+    }
+    match &request.model {
+        Some(model) => text(hasher, 1, model),
+        None => hasher.update([0]),
+    }
+    hasher.update((request.messages.len() as u64).to_le_bytes());
+    for message in &request.messages {
+        text(hasher, 2, &message.role);
+        content(hasher, message.content.as_ref());
+    }
+    content(hasher, request.system.as_ref());
+    number(hasher, 5, request.max_tokens);
+    number(hasher, 6, request.max_completion_tokens);
+    number(hasher, 7, request.extra_input_tokens);
+    Some(())
 }
 
 #[cfg(feature = "serde")]
