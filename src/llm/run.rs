@@ -424,7 +424,7 @@ impl fmt::Debug for RunContext<'_> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunError<E> {
     /// The bulkhead refused the call; the callback never ran.
     Rejected(Rejection),
