@@ -18,6 +18,13 @@
 //! `admission_class_protection`, while premium calls keep getting in on their floor (the demo
 //! asserts that no premium call is refused while its class is below its floor).
 //!
+//! Then two more gateways show the features a rollout uses. A *retry storm*: 400 requests, only
+//! 8 of them different, arrive at once on a bulkhead with in-flight deduplication
+//! (`run_shared`): one provider call per distinct request runs, every other caller shares its
+//! answer and takes no capacity. A *shadow rollout*: a bulkhead whose limits are still being
+//! tuned runs every call in observe mode, so the calls it would refuse run anyway, and the
+//! bypasses are counted by reason for the operator.
+//!
 //! Run: `cargo run --release --example gateway_demo`
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -26,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint,
-    Event, Limits, LlmBulkhead, LlmRequest, Priority, Profile, Progressive, RejectReason,
-    TokenBudget, TokenUsage,
+    Deduplication, Event, Limits, LlmBulkhead, LlmRequest, Priority, Profile, Progressive,
+    RejectReason, ShadowReasons, Sharing, TokenBudget, TokenUsage,
 };
 use tokio::task::JoinSet;
 
@@ -489,5 +496,156 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         0,
         "every hold was returned"
     );
+
+    retry_storm().await?;
+    shadow_rollout().await?;
+    Ok(())
+}
+
+/// Requests in the retry storm, and how many of them are different.
+const STORM: usize = 400;
+const DISTINCT: usize = 8;
+
+/// A burst of identical requests shares one provider call per distinct request.
+async fn retry_storm() -> Result<(), Box<dyn std::error::Error>> {
+    let bulkhead = LlmBulkhead::builder(MODEL, 16)
+        .token_budget(TokenBudget::new(200_000))
+        .deduplication(Deduplication::new())
+        .build()?;
+    let provider_calls = Arc::new(AtomicU64::new(0));
+    let mut tasks = JoinSet::new();
+    for i in 0..STORM {
+        // Clients retrying the same few prompts (the JSON key order of their bodies differs,
+        // which does not matter).
+        let n = i % DISTINCT;
+        let body = if i % 2 == 0 {
+            format!(
+                r#"{{"model":"{MODEL}","max_tokens":300,"messages":[{{"role":"user","content":"question {n}"}}]}}"#
+            )
+        } else {
+            format!(
+                r#"{{"messages":[{{"content":"question {n}","role":"user"}}],"max_tokens":300,"model":"{MODEL}"}}"#
+            )
+        };
+        let request: LlmRequest = serde_json::from_str(&body)?;
+        let provider_calls = Arc::clone(&provider_calls);
+        let call = bulkhead.run_shared_with(
+            &request,
+            AcquireOptions::new(),
+            Sharing::<Arc<str>>::cloned()
+                .usage(|answer| TokenUsage::new(40, answer.len() as u64).ok()),
+            move |_ctx| async move {
+                provider_calls.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(80)).await; // the provider thinks
+                Ok::<_, Arc<str>>(Arc::from(format!("answer to question {n}")))
+            },
+        );
+        tasks.spawn(async move { (n, call.await) });
+    }
+    let mut answered = 0;
+    while let Some(joined) = tasks.join_next().await {
+        let (n, answer) = joined?;
+        assert_eq!(
+            answer.as_deref().ok(),
+            Some(&*format!("answer to question {n}"))
+        );
+        answered += 1;
+    }
+    let stats = bulkhead.stats();
+    let dedup = stats.deduplication.expect("configured");
+    let provider_calls = provider_calls.load(Ordering::Relaxed);
+    println!();
+    println!(
+        "retry storm: {STORM} requests, {DISTINCT} distinct, on a bulkhead with deduplication"
+    );
+    println!("  answered             {answered:>9}");
+    println!("  provider calls       {provider_calls:>9}  (one per distinct request in flight)");
+    println!(
+        "  shared answers       {:>9}  (followers: no slot, no tokens, no estimate)",
+        dedup.hits
+    );
+    println!(
+        "  admitted             {:>9}  (the other {} calls took no slot and no tokens)",
+        stats.admitted, dedup.hits
+    );
+    assert_eq!(answered, STORM);
+    assert_eq!(provider_calls, stats.admitted);
+    assert_eq!(stats.admitted + dedup.hits, STORM as u64);
+    assert!(
+        provider_calls < STORM as u64 / 10,
+        "most requests shared a call"
+    );
+    assert_eq!((dedup.active, stats.in_flight), (0, 0));
+    Ok(())
+}
+
+/// A shadow rollout: limits under test refuse nothing, and report what they would refuse.
+async fn shadow_rollout() -> Result<(), Box<dyn std::error::Error>> {
+    const SHADOW_CALLS: u64 = 200;
+    // The limits being tuned: 4 slots, a queue of 4 with a 20 ms timeout, 6,000 tokens.
+    let bulkhead = LlmBulkhead::builder(MODEL, 4)
+        .max_queue(4)
+        .queue_timeout(Duration::from_millis(20))
+        .token_budget(TokenBudget::new(6_000))
+        .build()?;
+    let shadow = AcquireOptions::new().observe(ShadowReasons::ALL);
+    let mut tasks = JoinSet::new();
+    for i in 0..SHADOW_CALLS {
+        let request = LlmRequest::new()
+            .model(MODEL)
+            .user("x".repeat(200 + (i as usize * 37) % 4_000))
+            .max_tokens(200 + (i * 53) % 1_500);
+        let bulkhead = bulkhead.clone();
+        tasks.spawn(async move {
+            // Arrivals spread over about 100 ms.
+            tokio::time::sleep(Duration::from_micros(i * 500)).await;
+            bulkhead
+                .run(&request, shadow, async move |mut ctx| {
+                    tokio::time::sleep(Duration::from_millis(10 + i % 30)).await;
+                    let usage = TokenUsage::new(100 + i, 50 + i % 200).expect("small");
+                    ctx.report_usage(usage).expect("a valid report");
+                    Ok::<_, std::io::Error>(ctx.bypass().is_some())
+                })
+                .await
+        });
+    }
+    let (mut ran, mut bypassed) = (0u64, 0u64);
+    while let Some(joined) = tasks.join_next().await {
+        let was_bypassed = joined?.map_err(|e| e.to_string())?;
+        ran += 1;
+        bypassed += u64::from(was_bypassed);
+    }
+    let stats = bulkhead.stats();
+    let observe = stats.observe.expect("some calls were bypassed");
+    let by = observe.bypassed_by_reason;
+    println!();
+    println!(
+        "shadow rollout: {SHADOW_CALLS} calls in observe mode against limits under test \
+         (4 slots, queue 4 / 20 ms, 6,000 tokens)"
+    );
+    println!("  calls that ran       {ran:>9}  (observe mode refuses nothing)");
+    println!("  admitted             {:>9}", stats.admitted);
+    println!(
+        "  would have refused   {:>9}  (budget {}, concurrency {}, queue full {}, queue timeout {}; \
+         {} raced past the advisory check)",
+        observe.bypassed,
+        by.budget_limit,
+        by.concurrency_limit,
+        by.queue_limit,
+        by.timeout,
+        observe.race_bypassed
+    );
+    println!(
+        "  shadow usage         {:>9}  calls reported {} input + {} output tokens",
+        observe.usage_reported, observe.total_input_tokens, observe.total_output_tokens
+    );
+    assert_eq!(ran, SHADOW_CALLS);
+    assert_eq!(observe.bypassed, bypassed);
+    assert_eq!(stats.admitted + observe.bypassed, SHADOW_CALLS);
+    assert!(
+        observe.bypassed > 0,
+        "the limits under test would refuse some calls"
+    );
+    assert_eq!((stats.in_flight, stats.pending), (0, 0));
     Ok(())
 }

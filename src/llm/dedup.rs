@@ -153,7 +153,11 @@ struct Slot {
     output: TypeId,
 }
 
-type Shard = Mutex<HashMap<Slot, Arc<dyn Any + Send + Sync>>>;
+/// A shard's entries. Each value is an `Arc<Flight<O>>` for the slot's `O`, boxed as `Any`
+/// (loom's `Arc`, used under `--cfg loom`, cannot be unsized to `Arc<dyn Any>`).
+type Entries = HashMap<Slot, Box<dyn Any + Send + Sync>>;
+
+type Shard = Mutex<Entries>;
 
 /// The deduplication of one bulkhead: its key function, its registry and its counters.
 pub(crate) struct Dedup {
@@ -231,7 +235,7 @@ impl Dedup {
     /// followers get `share(&outcome)`) with the caller as its leader, who then
     /// [`install`](Waiter::install)s its call. Returns this caller's waiter and its role.
     pub(crate) fn join_or_lead<O: Send + 'static>(
-        self: &Arc<Self>,
+        this: &Arc<Self>,
         key: Key,
         share: impl FnOnce() -> Share<O>,
     ) -> (Waiter<O>, Role) {
@@ -239,11 +243,13 @@ impl Dedup {
             key,
             output: TypeId::of::<O>(),
         };
-        let mut shard = lock(self.shard(&key));
+        let mut shard = lock(this.shard(&key));
         if let Some(found) = shard.get(&slot) {
-            let flight = Arc::clone(found)
-                .downcast::<Flight<O>>()
-                .unwrap_or_else(|_| unreachable!("an entry's type is part of its slot"));
+            let flight = Arc::clone(
+                found
+                    .downcast_ref::<Arc<Flight<O>>>()
+                    .unwrap_or_else(|| unreachable!("an entry's type is part of its slot")),
+            );
             let (index, followers) = {
                 let mut inner = lock(&flight.inner);
                 let index = inner.add_waiter();
@@ -251,9 +257,9 @@ impl Dedup {
                 (index, inner.followers)
             };
             drop(shard);
-            self.hits.fetch_add(1, Ordering::Relaxed);
+            this.hits.fetch_add(1, Ordering::Relaxed);
             return (
-                Waiter::new(Arc::clone(self), flight, index),
+                Waiter::new(Arc::clone(this), flight, index),
                 Role::Follower { followers },
             );
         }
@@ -264,22 +270,20 @@ impl Dedup {
             inner.leader = Some(index);
             index
         };
-        shard.insert(slot, Arc::clone(&flight) as Arc<dyn Any + Send + Sync>);
-        self.active.fetch_add(1, Ordering::Relaxed);
+        shard.insert(slot, Box::new(Arc::clone(&flight)));
+        this.active.fetch_add(1, Ordering::Relaxed);
         drop(shard);
-        (Waiter::new(Arc::clone(self), flight, index), Role::Leader)
+        (Waiter::new(Arc::clone(this), flight, index), Role::Leader)
     }
 
     /// Removes `flight` from its shard if it is still there.
-    fn unregister<O: Send + 'static>(
-        &self,
-        flight: &Arc<Flight<O>>,
-        shard: &mut HashMap<Slot, Arc<dyn Any + Send + Sync>>,
-    ) {
+    fn unregister<O: Send + 'static>(&self, flight: &Arc<Flight<O>>, shard: &mut Entries) {
         let slot = flight.slot;
-        let same = shard
-            .get(&slot)
-            .is_some_and(|entry| core::ptr::addr_eq(Arc::as_ptr(entry), Arc::as_ptr(flight)));
+        let same = shard.get(&slot).is_some_and(|entry| {
+            entry
+                .downcast_ref::<Arc<Flight<O>>>()
+                .is_some_and(|entry| Arc::ptr_eq(entry, flight))
+        });
         if same {
             shard.remove(&slot);
             self.active.fetch_sub(1, Ordering::Relaxed);

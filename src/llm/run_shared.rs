@@ -17,7 +17,7 @@ use crate::sync::Arc;
 use super::acquire::AcquireOwned;
 use super::bulkhead::LlmBulkhead;
 use super::core::{Call, LlmCore};
-use super::dedup::{Outcome, Role, Share, Waiter};
+use super::dedup::{Dedup, Outcome, Role, Share, Waiter};
 use super::observe::BypassCall;
 use super::options::RunOptions;
 use super::request::LlmRequest;
@@ -314,7 +314,7 @@ where
         let call = core.resolve(request, options.acquire);
         return Plan::Solo(Box::pin(lead(Arc::clone(core), call, options, usage, f)));
     };
-    let (waiter, role) = dedup.join_or_lead(key, || -> Share<Output<T, E>> {
+    let (waiter, role) = Dedup::join_or_lead(dedup, key, || -> Share<Output<T, E>> {
         Box::new(move |output: &Output<T, E>| match output {
             Ok(value) => Ok(share(value)),
             Err(error) => Err(error.clone()),
