@@ -2,7 +2,8 @@
 //! finish under Miri in minutes: the crate itself has no `unsafe` (`unsafe_code = "forbid"`),
 //! but `event-listener` (the queue's and the blocking wait's wake-ups), `atomic-waker` (async
 //! wake-ups), `arc-swap` (the listener list), `crossbeam-utils` (padded counters) and
-//! `portable-atomic` (the 128-bit admission word of a bulkhead with admission classes) do.
+//! `portable-atomic` (the 128-bit admission word of a bulkhead with admission classes) and
+//! `sha2` (deduplication keys) do.
 //!
 //! They are ordinary tests too (plain `cargo test` runs them in milliseconds). Under Miri:
 //!
@@ -238,4 +239,37 @@ fn admission_classes_across_threads() {
         (classes.shared.in_flight, classes.classes[0].in_flight),
         (0, 0)
     );
+}
+
+#[test]
+fn shared_calls_across_threads() {
+    // The digest (`sha2`, whose SIMD paths are `unsafe`) and a flight driven by whichever
+    // thread polls it, woken from another.
+    let bulkhead = LlmBulkhead::builder("gpt-4o", 2)
+        .deduplication(async_bulkhead_llm::Deduplication::new())
+        .build()
+        .unwrap();
+    let request = LlmRequest::new().user("x".repeat(300));
+    let (open, gate) = futures::channel::oneshot::channel::<()>();
+    let leader = bulkhead.run_shared(&request, AcquireOptions::new(), move |_ctx| async move {
+        let _ = gate.await;
+        Ok::<_, String>(7u64)
+    });
+    let followers: Vec<_> = (0..2)
+        .map(|_| {
+            let follower = bulkhead.run_shared(&request, AcquireOptions::new(), |_ctx| async {
+                Ok::<_, String>(0u64)
+            });
+            thread::spawn(move || block_on(follower))
+        })
+        .collect();
+    let opener = thread::spawn(move || open.send(()));
+    assert_eq!(block_on(leader), Ok(7));
+    opener.join().unwrap().unwrap();
+    for follower in followers {
+        assert_eq!(follower.join().unwrap(), Ok(7));
+    }
+    let stats = bulkhead.stats();
+    assert_eq!((stats.admitted, stats.in_flight), (1, 0));
+    assert_eq!(stats.deduplication.unwrap().hits, 2);
 }

@@ -829,3 +829,49 @@ fn write_string(s: &str, hasher: &mut Sha256) {
     hasher.update(&bytes[start..]);
     hasher.update(b"\"");
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{Dedup, Deduplication};
+    use crate::llm::options::DedupScope;
+    use crate::llm::request::LlmRequest;
+
+    #[test]
+    fn texts_that_escape_alike_still_get_different_keys() {
+        let dedup = Dedup::new(Deduplication::new());
+        let texts = [
+            "a\"", "a\\\"", "a\u{1}", "a\\u0001", "a\\", "a", "a\n", "a\\n",
+        ];
+        let keys: Vec<_> = texts
+            .iter()
+            .map(|t| dedup.key(&LlmRequest::new().user(*t), None, None).unwrap())
+            .collect();
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn the_partition_is_part_of_the_key() {
+        let dedup = Dedup::new(Deduplication::new());
+        let request = LlmRequest::new().user("x");
+        let none = dedup.key(&request, None, None).unwrap();
+        let named = dedup
+            .key(&request, Some(&DedupScope::new("")), None)
+            .unwrap();
+        let other = dedup
+            .key(&request, Some(&DedupScope::new("t")), None)
+            .unwrap();
+        assert_ne!(none, named); // the unnamed scope is not the scope named ""
+        assert_ne!(named, other);
+        assert_eq!(none, dedup.key(&request, None, None).unwrap());
+    }
+
+    #[test]
+    fn an_empty_custom_key_opts_out() {
+        let dedup = Dedup::new(Deduplication::by_key(|_| String::new()));
+        assert_eq!(dedup.key(&LlmRequest::new(), None, None), None);
+    }
+}

@@ -10,6 +10,7 @@ use futures::executor::block_on;
 
 use super::support::{Gate, Runs, builder, dedup, poll_once, prompt};
 
+#[cfg(feature = "serde")]
 fn body(json: &str) -> LlmRequest {
     serde_json::from_str(json).unwrap()
 }
@@ -46,6 +47,7 @@ fn plain() -> RunOptions {
     RunOptions::from(AcquireOptions::new())
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn identical_requests_share_and_the_key_ignores_object_key_order_and_null_members() {
     let bulkhead = dedup(4);
@@ -64,6 +66,7 @@ fn identical_requests_share_and_the_key_ignores_object_key_order_and_null_member
     assert_eq!(bulkhead.stats().deduplication.unwrap().hits, 3);
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn any_differing_field_or_array_order_prevents_sharing() {
     let bulkhead = dedup(4);
