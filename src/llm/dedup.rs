@@ -383,8 +383,9 @@ impl<O> Inner<O> {
             .expect("a waiter's slot lives until it leaves")
     }
 
-    /// Removes waiter `index`, returning its outcome if it had one.
-    fn remove(&mut self, index: usize) -> Option<Outcome<O>> {
+    /// Removes waiter `index`, returning its slot (its waker and outcome are dropped by the
+    /// caller, after unlocking).
+    fn remove(&mut self, index: usize) -> Option<WaiterSlot<O>> {
         let slot = self.waiters[index].take()?;
         self.live -= 1;
         if self.leader == Some(index) {
@@ -393,16 +394,16 @@ impl<O> Inner<O> {
         if self.driver == Some(index) {
             self.driver = None;
         }
-        slot.outcome
+        Some(slot)
     }
 
-    /// A waker of some waiter still waiting (to hand the call to).
+    /// Takes the waker of some waiter still waiting (to hand the call to); the waiter
+    /// registers a new one when it is polled.
     fn any_waker(&mut self) -> Option<(usize, Waker)> {
-        self.waiters.iter().enumerate().find_map(|(i, slot)| {
-            let slot = slot.as_ref()?;
-            let waker = slot.waker.clone()?;
-            Some((i, waker))
-        })
+        self.waiters
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, slot)| Some((i, slot.as_mut()?.waker.take()?)))
     }
 }
 
@@ -446,7 +447,7 @@ impl<O: Send + 'static> Wake for FlightWaker<O> {
                 None
             } else {
                 match inner.driver {
-                    Some(d) => inner.slot(d).waker.clone(),
+                    Some(d) => inner.slot(d).waker.take(),
                     None => inner.any_waker().map(|(_, w)| w),
                 }
             }
@@ -495,29 +496,37 @@ impl<O: Send + 'static> Waiter<O> {
         let index = self
             .index
             .expect("a waiter is not polled after it finished");
-        let mut call = {
+        // Wakers are cloned and dropped outside the lock (they are user code); under it they
+        // are only moved and compared.
+        let mut mine = Some(cx.waker().clone());
+        let mut replaced = None;
+        let call = {
             let mut inner = lock(&self.flight.inner);
             if let Some(outcome) = inner.slot(index).outcome.take() {
-                inner.remove(index);
+                let slot = inner.remove(index);
                 drop(inner);
+                drop(slot);
                 self.index = None;
                 return Poll::Ready(outcome);
             }
             let slot = inner.slot(index);
             match &slot.waker {
                 Some(w) if w.will_wake(cx.waker()) => {}
-                _ => slot.waker = Some(cx.waker().clone()),
+                _ => replaced = core::mem::replace(&mut slot.waker, mine.take()),
             }
             if inner.polling || inner.finished {
-                return Poll::Pending;
+                None
+            } else {
+                inner.call.take().inspect(|_| {
+                    inner.polling = true;
+                    inner.repoll = false;
+                    inner.driver = Some(index);
+                })
             }
-            let Some(call) = inner.call.take() else {
-                return Poll::Pending;
-            };
-            inner.polling = true;
-            inner.repoll = false;
-            inner.driver = Some(index);
-            call
+        };
+        drop((mine, replaced));
+        let Some(mut call) = call else {
+            return Poll::Pending;
         };
         let waker = self.flight_waker();
         let mut guard = PollGuard {
@@ -595,24 +604,25 @@ impl<O: Send + 'static> Waiter<O> {
         }
         // Outcomes of waiters that left meanwhile are dropped after unlocking (user types).
         let mut leftovers = Vec::new();
-        let wakers: Vec<Waker> = {
+        let (wakers, removed): (Vec<Waker>, _) = {
             let mut inner = lock(&self.flight.inner);
-            inner.remove(own);
-            shares
+            let removed = inner.remove(own);
+            let wakers = shares
                 .into_iter()
                 .filter_map(|(i, outcome)| match inner.waiters[i].as_mut() {
                     Some(slot) => {
                         slot.outcome = Some(outcome);
-                        slot.waker.clone()
+                        slot.waker.take()
                     }
                     None => {
                         leftovers.push(outcome);
                         None
                     }
                 })
-                .collect()
+                .collect();
+            (wakers, removed)
         };
-        drop(leftovers);
+        drop((leftovers, removed));
         for waker in wakers {
             contain(|| waker.wake());
         }
@@ -637,7 +647,7 @@ impl<O: Send + 'static> Waiter<O> {
         let dedup = &*self.dedup;
         let mut shard = lock(dedup.shard_of(&self.flight));
         let mut inner = lock(&self.flight.inner);
-        let outcome = inner.remove(index);
+        let removed = inner.remove(index);
         let mut dropped = None;
         let mut wake = None;
         if !inner.finished {
@@ -660,7 +670,7 @@ impl<O: Send + 'static> Waiter<O> {
         }
         // The call's future (and with it its admission) is dropped unlocked.
         drop(dropped);
-        outcome
+        removed.and_then(|slot| slot.outcome)
     }
 }
 
@@ -698,7 +708,7 @@ impl<O: Send + 'static> Drop for PollGuard<'_, O> {
                     slot.outcome = Some(Outcome::Panicked(Box::new(
                         "the shared call panicked while another caller polled it",
                     )));
-                    slot.waker.clone()
+                    slot.waker.take()
                 })
                 .collect()
         };
