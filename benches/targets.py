@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs the side-by-side benches and checks every performance target of docs/design.md §D5.
 
-One command (about 5 minutes on a 2-vCPU machine):
+It also checks the deduplication and observe-mode targets that benches/README.md adds. One
+command (about 5 minutes on a 2-vCPU machine):
 
     python3 benches/targets.py
 
@@ -11,7 +12,10 @@ the counting-allocator test, then prints the raw medians and one line per target
 
     TARGET <name> ratio=<measured> goal=<goal> PASS|FAIL
 
-Every ratio compares figures measured in the same run. Options:
+Every ratio compares figures measured in the same run; a target with an absolute bound
+(dedup_unique_key_overhead) shows the measured difference in ns as its value. Criterion's
+results are read where criterion writes them ($CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
+else target/criterion). Options:
 
     --no-run    only summarise the criterion results already under target/criterion
     --no-js     skip the JavaScript original (no Node.js or npm registry at hand)
@@ -28,7 +32,11 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRITERION = os.path.join(ROOT, "target", "criterion")
+# Where criterion writes, looked up as criterion does: $CRITERION_HOME, else
+# $CARGO_TARGET_DIR/criterion, else target/criterion (relative paths from the crate's root,
+# where the benches run).
+CRITERION = os.path.join(ROOT, os.environ.get("CRITERION_HOME") or os.path.join(
+    os.environ.get("CARGO_TARGET_DIR") or "target", "criterion"))
 JS_DIR = os.path.join(ROOT, "benches", "js")
 QUICK = ["--warm-up-time", "0.3", "--measurement-time", "1", "--sample-size", "20", "--noplot"]
 JS_PROCESSES = 5
@@ -46,6 +54,7 @@ def run_benches():
         stdout=subprocess.DEVNULL)
     # classes_2_threads sets its own (longer) sampling in code, like the groups below.
     run(["cargo", "bench", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
 
 
@@ -174,6 +183,28 @@ def main():
         ours, theirs = m[c2 + "four_classes"], m[c2 + "tokio_three_semaphores"]
         target("classes_2_threads_throughput_vs_three_tokio_semaphores", theirs / ours, 1.5,
                False, f"{ours:.1f} vs {theirs:.1f} ns per iteration (one op on each thread)")
+    d = "dedup_unique_key/"
+    if have(d + "run", d + "run_shared_unique_key", d + "run_shared_no_dedup"):
+        # An absolute bound (design §D5: "<= 2 µs more than without"): the value is the
+        # difference in ns, the goal a number of ns.
+        plain, shared = m[d + "run"], m[d + "run_shared_unique_key"]
+        target("dedup_unique_key_overhead", shared - plain, 2000, True,
+               f"absolute, in ns: run_shared with a new key {shared:.0f} ns - run "
+               f"{plain:.0f} ns, 2,000-character request")
+        solo = m[d + "run_shared_no_dedup"]
+        print(f"INFO dedup_no_dedup_vs_run ratio={solo / plain:.2f}  "
+              f"(run_shared with no_dedup() {solo:.1f} ns vs run {plain:.1f} ns)")
+    j = "dedup_follower_join/"
+    if have(j + "10_keys", j + "10000_keys"):
+        few, many = m[j + "10_keys"], m[j + "10000_keys"]
+        target("dedup_follower_join_10000_vs_10_keys", many / few, 1.5, True,
+               f"join + leave with 10,000 leaders in flight {many:.1f} ns vs 10: {few:.1f} ns")
+    o = "observe_admitted/"
+    if have(o + "run", o + "run_observe_all"):
+        plain, observed = m[o + "run"], m[o + "run_observe_all"]
+        target("observe_admitted_vs_run", observed / plain, 1.2, True,
+               f"run with observe(ShadowReasons::ALL) {observed:.1f} ns vs without "
+               f"{plain:.1f} ns")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
                "tests/alloc.rs: admission, report, release, drop and refusal, classes included")
