@@ -171,14 +171,15 @@ fn follower_join(c: &mut Criterion) {
             })
         });
 
-        // Every call joined a leader in flight and left it before its first poll (not counted
-        // as a rejection); the leaders are untouched.
+        // Every call joined a leader in flight and left it before its first poll (a follower's
+        // cancellation, counted as `aborted`); the leaders are untouched.
         let stats = bulkhead.stats();
         let figures = stats.deduplication.expect("on");
         assert_eq!(figures.active, keys);
         assert!(figures.hits > 0, "the followers joined");
         assert_eq!((stats.admitted, stats.in_flight), (keys, keys));
-        assert_eq!(stats.rejected, 0);
+        assert_eq!(stats.rejected, figures.hits);
+        assert_eq!(stats.rejected_by_reason.aborted, figures.hits);
         drop(leaders);
         assert_eq!(bulkhead.stats().in_flight, 0);
     }

@@ -4,9 +4,10 @@
 //! # Keys
 //!
 //! A call's key is a SHA-256 digest of its partition (the call's [`DedupScope`], its admission
-//! class) and of its raw key: by default the canonical JSON of the whole request (object keys
-//! sorted at every level, null members dropped so that an absent optional field equals a null
-//! one, arrays in order); or what the bulkhead's key function returns. The registry keeps the
+//! class) and of its raw key: by default the canonical form of the whole request's JSON
+//! (`canonical.rs`: object keys sorted at every level, null members dropped so that an absent
+//! optional field equals a null one, arrays in order); or what the bulkhead's key function
+//! returns. The registry keeps the
 //! digest and the result type, never the request. An empty raw key, or a key function that
 //! panics, opts the call out.
 //!
@@ -50,6 +51,7 @@ use crate::contain::contain;
 use crate::sync::unmodeled::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, lock};
 
+use super::canonical;
 use super::options::DedupScope;
 use super::request::LlmRequest;
 
@@ -153,9 +155,55 @@ struct Slot {
     output: TypeId,
 }
 
-/// A shard's entries. Each value is an `Arc<Flight<O>>` for the slot's `O`, boxed as `Any`
-/// (loom's `Arc`, used under `--cfg loom`, cannot be unsized to `Arc<dyn Any>`).
-type Entries = HashMap<Slot, Box<dyn Any + Send + Sync>>;
+/// A shard's entries: each value is the `Arc<Flight<O>>` of the slot's `O`, as `Any`.
+type Entries = HashMap<Slot, Entry>;
+
+/// A flight as a registry entry: the `Arc` itself unsized to `Any` (one pointer to follow on a
+/// join), or under `--cfg loom`, whose `Arc` cannot be unsized, the `Arc` boxed.
+#[cfg(not(loom))]
+type Entry = Arc<dyn Any + Send + Sync>;
+#[cfg(loom)]
+type Entry = Box<dyn Any + Send + Sync>;
+
+#[cfg(not(loom))]
+fn entry<O: Send + 'static>(flight: &Arc<Flight<O>>) -> Entry {
+    Arc::clone(flight) as Entry
+}
+
+#[cfg(loom)]
+fn entry<O: Send + 'static>(flight: &Arc<Flight<O>>) -> Entry {
+    Box::new(Arc::clone(flight))
+}
+
+/// The flight of `entry` (whose slot says its type is `O`).
+#[cfg(not(loom))]
+fn flight_of<O: Send + 'static>(entry: &Entry) -> Arc<Flight<O>> {
+    Arc::clone(entry)
+        .downcast::<Flight<O>>()
+        .unwrap_or_else(|_| unreachable!("an entry's type is part of its slot"))
+}
+
+#[cfg(loom)]
+fn flight_of<O: Send + 'static>(entry: &Entry) -> Arc<Flight<O>> {
+    Arc::clone(
+        entry
+            .downcast_ref::<Arc<Flight<O>>>()
+            .unwrap_or_else(|| unreachable!("an entry's type is part of its slot")),
+    )
+}
+
+/// Whether `entry` is `flight`.
+#[cfg(not(loom))]
+fn is_flight<O: Send + 'static>(entry: &Entry, flight: &Arc<Flight<O>>) -> bool {
+    core::ptr::addr_eq(Arc::as_ptr(entry), Arc::as_ptr(flight))
+}
+
+#[cfg(loom)]
+fn is_flight<O: Send + 'static>(entry: &Entry, flight: &Arc<Flight<O>>) -> bool {
+    entry
+        .downcast_ref::<Arc<Flight<O>>>()
+        .is_some_and(|entry| Arc::ptr_eq(entry, flight))
+}
 
 type Shard = Mutex<Entries>;
 
@@ -222,7 +270,7 @@ impl Dedup {
                 let raw = raw.filter(|raw| !raw.is_empty())?;
                 hasher.update(raw.as_bytes());
             }
-            None => canonical_digest(request, &mut hasher)?,
+            None => canonical::feed(request, &mut hasher),
         }
         Some(Key(hasher.finalize().into()))
     }
@@ -245,11 +293,7 @@ impl Dedup {
         };
         let mut shard = lock(this.shard(&key));
         if let Some(found) = shard.get(&slot) {
-            let flight = Arc::clone(
-                found
-                    .downcast_ref::<Arc<Flight<O>>>()
-                    .unwrap_or_else(|| unreachable!("an entry's type is part of its slot")),
-            );
+            let flight = flight_of::<O>(found);
             let (index, followers) = {
                 let mut inner = lock(&flight.inner);
                 let index = inner.add_waiter();
@@ -270,7 +314,7 @@ impl Dedup {
             inner.leader = Some(index);
             index
         };
-        shard.insert(slot, Box::new(Arc::clone(&flight)));
+        shard.insert(slot, entry(&flight));
         this.active.fetch_add(1, Ordering::Relaxed);
         drop(shard);
         (Waiter::new(Arc::clone(this), flight, index), Role::Leader)
@@ -279,11 +323,9 @@ impl Dedup {
     /// Removes `flight` from its shard if it is still there.
     fn unregister<O: Send + 'static>(&self, flight: &Arc<Flight<O>>, shard: &mut Entries) {
         let slot = flight.slot;
-        let same = shard.get(&slot).is_some_and(|entry| {
-            entry
-                .downcast_ref::<Arc<Flight<O>>>()
-                .is_some_and(|entry| Arc::ptr_eq(entry, flight))
-        });
+        let same = shard
+            .get(&slot)
+            .is_some_and(|entry| is_flight(entry, flight));
         if same {
             shard.remove(&slot);
             self.active.fetch_sub(1, Ordering::Relaxed);
@@ -716,128 +758,6 @@ impl<O: Send + 'static> Drop for PollGuard<'_, O> {
             contain(|| waker.wake());
         }
     }
-}
-
-/// Feeds the canonical JSON of `request` to `hasher` (see the module docs); `None` if it
-/// cannot be serialized.
-#[cfg(feature = "serde")]
-fn canonical_digest(request: &LlmRequest, hasher: &mut Sha256) -> Option<()> {
-    let value = serde_json::to_value(request).ok()?;
-    write_canonical(&value, hasher);
-    Some(())
-}
-
-/// Without `serde` a request has only its typed fields: each is fed in a fixed order, tagged
-/// and length-prefixed (so no two different requests feed the same bytes); an absent field
-/// feeds its tag alone.
-#[cfg(not(feature = "serde"))]
-fn canonical_digest(request: &LlmRequest, hasher: &mut Sha256) -> Option<()> {
-    use super::request::{Content, ContentBlock};
-    fn text(hasher: &mut Sha256, tag: u8, text: &str) {
-        hasher.update([tag]);
-        hasher.update((text.len() as u64).to_le_bytes());
-        hasher.update(text.as_bytes());
-    }
-    fn number(hasher: &mut Sha256, tag: u8, value: Option<u64>) {
-        hasher.update([tag]);
-        if let Some(value) = value {
-            hasher.update([1]);
-            hasher.update(value.to_le_bytes());
-        }
-    }
-    fn content(hasher: &mut Sha256, content: Option<&Content>) {
-        match content {
-            None => hasher.update([0]),
-            Some(Content::Text(t)) => text(hasher, 1, t),
-            Some(Content::Blocks(blocks)) => {
-                hasher.update([2]);
-                hasher.update((blocks.len() as u64).to_le_bytes());
-                for block in blocks {
-                    match block {
-                        ContentBlock::Text { text: t, .. } => text(hasher, 3, t),
-                        ContentBlock::Opaque { kind, .. } => text(hasher, 4, kind),
-                    }
-                }
-            }
-        }
-    }
-    match &request.model {
-        Some(model) => text(hasher, 1, model),
-        None => hasher.update([0]),
-    }
-    hasher.update((request.messages.len() as u64).to_le_bytes());
-    for message in &request.messages {
-        text(hasher, 2, &message.role);
-        content(hasher, message.content.as_ref());
-    }
-    content(hasher, request.system.as_ref());
-    number(hasher, 5, request.max_tokens);
-    number(hasher, 6, request.max_completion_tokens);
-    number(hasher, 7, request.extra_input_tokens);
-    Some(())
-}
-
-#[cfg(feature = "serde")]
-fn write_canonical(value: &serde_json::Value, hasher: &mut Sha256) {
-    use serde_json::Value;
-    match value {
-        Value::Null => hasher.update(b"null"),
-        Value::Bool(true) => hasher.update(b"true"),
-        Value::Bool(false) => hasher.update(b"false"),
-        Value::Number(n) => hasher.update(n.to_string().as_bytes()),
-        Value::String(s) => write_string(s, hasher),
-        Value::Array(items) => {
-            hasher.update(b"[");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    hasher.update(b",");
-                }
-                write_canonical(item, hasher);
-            }
-            hasher.update(b"]");
-        }
-        Value::Object(map) => {
-            // Null members are dropped (absent == null); keys sorted bytewise, whatever order
-            // the map keeps (`serde_json`'s `preserve_order` keeps insertion order).
-            let mut members: Vec<(&String, &Value)> =
-                map.iter().filter(|(_, v)| !v.is_null()).collect();
-            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            hasher.update(b"{");
-            for (i, (key, value)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    hasher.update(b",");
-                }
-                write_string(key, hasher);
-                hasher.update(b":");
-                write_canonical(value, hasher);
-            }
-            hasher.update(b"}");
-        }
-    }
-}
-
-/// A JSON string: quoted, with quotes, backslashes and control characters escaped.
-#[cfg(feature = "serde")]
-fn write_string(s: &str, hasher: &mut Sha256) {
-    hasher.update(b"\"");
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: Option<&[u8]> = match b {
-            b'"' => Some(b"\\\""),
-            b'\\' => Some(b"\\\\"),
-            0..=0x1f => None,
-            _ => continue,
-        };
-        hasher.update(&bytes[start..i]);
-        match escape {
-            Some(e) => hasher.update(e),
-            None => hasher.update(format!("\\u{b:04x}").as_bytes()),
-        }
-        start = i + 1;
-    }
-    hasher.update(&bytes[start..]);
-    hasher.update(b"\"");
 }
 
 #[cfg(all(test, not(loom)))]

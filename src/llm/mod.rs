@@ -9,7 +9,8 @@
 //!   settlement, bookings).
 //! - `observe`, `bypass`: observe mode's records and counters, and its execution (a bypassed
 //!   call's start, usage reports and end).
-//! - `dedup`: in-flight deduplication's keys, registry and shared calls.
+//! - `dedup`, `canonical`: in-flight deduplication's keys, registry and shared calls; the
+//!   canonical form of a request its default key digests.
 //! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`, `run_shared`: the public
 //!   face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
 //!
@@ -20,6 +21,7 @@ pub(crate) mod admission;
 pub(crate) mod builder;
 pub(crate) mod bulkhead;
 mod bypass;
+mod canonical;
 pub(crate) mod core;
 pub(crate) mod dedup;
 pub(crate) mod estimate;

@@ -260,7 +260,7 @@ impl LlmBulkhead {
                         Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
                     }
                 }
-                Plan::Follow(follower) => follower.wait(core).await,
+                Plan::Follow(follower) => follower.wait().await,
             }
         }
     }
@@ -340,10 +340,13 @@ where
                 .filter(|reasons| timeout.is_some() && reasons.contains(RejectReason::Timeout))
                 .map(|_| (core.resolve(request, options.acquire), f, usage));
             Plan::Follow(Follower {
-                waiter: Some(waiter),
+                joined: Joined {
+                    core: Arc::clone(core),
+                    waiter: Some(waiter),
+                    priority: options.acquire.priority,
+                    class,
+                },
                 deadline: timeout.map(|t| Instant::now().checked_add(t)),
-                priority: options.acquire.priority,
-                class,
                 own,
             })
         }
@@ -352,91 +355,26 @@ where
 
 /// A follower's wait.
 struct Follower<T: Send + 'static, E: Send + 'static, F> {
-    waiter: Option<Waiter<Output<T, E>>>,
+    joined: Joined<Output<T, E>>,
     /// When its own timeout passes (`Some(None)`: too far to represent, never).
     deadline: Option<Option<Instant>>,
-    priority: Priority,
-    class: Option<crate::admission_class::AdmissionClass>,
     /// What it runs as an observe-mode bypass if its own timeout passes.
     #[allow(clippy::type_complexity)]
     own: Option<(Result<Call, RequestError>, F, Option<UsageFn<T>>)>,
 }
 
-impl<T, E, F, Fut> Follower<T, E, F>
-where
-    T: Send + 'static,
-    E: Clone + Send + 'static,
-    F: FnOnce(RunContext<'static>) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<T, E>> + Send + 'static,
-{
-    async fn wait(mut self, core: Arc<LlmCore>) -> Output<T, E> {
-        let mut waiter = self.waiter.take().expect("waits once");
-        let mut sleep = match self.deadline {
-            Some(Some(at)) => Some(Sleep::until(at)),
-            _ => None,
-        };
-        // Dropping this future while it waits counts the follower's cancellation.
-        let mut guard = AbortGuard {
-            core: &core,
-            waiter: Some(&mut waiter),
-            priority: self.priority,
-            class: self.class,
-        };
-        let outcome = core::future::poll_fn(|cx| {
-            let waiter = guard.waiter.as_mut().expect("waiting");
-            if let Poll::Ready(outcome) = waiter.poll_outcome(cx) {
-                return Poll::Ready(Some(outcome));
-            }
-            match sleep.as_mut() {
-                Some(sleep) => sleep.poll_elapsed(cx).map(|()| None),
-                None => Poll::Pending,
-            }
-        })
-        .await;
-        let waiter = guard.waiter.take().expect("waiting");
-        let outcome = match outcome {
-            Some(outcome) => outcome,
-            // Its own timeout: it leaves (an outcome that arrived meanwhile wins).
-            None => match waiter.leave() {
-                Some(outcome) => outcome,
-                None => return self.timed_out(&core).await,
-            },
-        };
-        match outcome {
-            Outcome::Value(output) => output,
-            Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
-        }
-    }
-
-    /// Its own timeout passed: a counted, untimed `timeout` rejection, then (observe mode) a
-    /// bypass running its own callback.
-    async fn timed_out(self, core: &Arc<LlmCore>) -> Output<T, E> {
-        let rejection =
-            core.engine()
-                .refuse_undecided(RejectReason::Timeout, self.priority, self.class);
-        core.announce_reject_untimed(&rejection, self.class);
-        let Some((call, f, usage)) = self.own else {
-            return Err(RunError::Rejected(rejection));
-        };
-        let call = call.map_err(RunError::Invalid)?;
-        match bypass::<E>(core, &call, RejectReason::Timeout, None, false)? {
-            Entered::Bypassed(bypass) => run_bypassed(Arc::clone(core), bypass, usage, f).await,
-            Entered::Admitted(_) => unreachable!("a bypass admits nothing"),
-        }
-    }
-}
-
-/// Counts a follower whose future was dropped while it waited as `aborted`.
-struct AbortGuard<'a, O: Send + 'static> {
-    core: &'a LlmCore,
-    waiter: Option<&'a mut Waiter<O>>,
+/// A follower's place in its flight. Dropped before its outcome (the caller's future dropped,
+/// polled or not), it leaves the flight and counts the follower's cancellation as `aborted`.
+struct Joined<O: Send + 'static> {
+    core: Arc<LlmCore>,
+    waiter: Option<Waiter<O>>,
     priority: Priority,
     class: Option<crate::admission_class::AdmissionClass>,
 }
 
-impl<O: Send + 'static> Drop for AbortGuard<'_, O> {
+impl<O: Send + 'static> Drop for Joined<O> {
     fn drop(&mut self) {
-        let Some(waiter) = self.waiter.take() else {
+        let Some(mut waiter) = self.waiter.take() else {
             return;
         };
         // An outcome that arrived meanwhile is dropped: the caller is gone either way.
@@ -447,6 +385,65 @@ impl<O: Send + 'static> Drop for AbortGuard<'_, O> {
                 self.class,
             );
             self.core.announce_reject_untimed(&rejection, self.class);
+        }
+    }
+}
+
+impl<T, E, F, Fut> Follower<T, E, F>
+where
+    T: Send + 'static,
+    E: Clone + Send + 'static,
+    F: FnOnce(RunContext<'static>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+{
+    async fn wait(mut self) -> Output<T, E> {
+        let mut sleep = match self.deadline {
+            Some(Some(at)) => Some(Sleep::until(at)),
+            _ => None,
+        };
+        let joined = &mut self.joined;
+        let outcome = core::future::poll_fn(|cx| {
+            let waiter = joined.waiter.as_mut().expect("waiting");
+            if let Poll::Ready(outcome) = waiter.poll_outcome(cx) {
+                return Poll::Ready(Some(outcome));
+            }
+            match sleep.as_mut() {
+                Some(sleep) => sleep.poll_elapsed(cx).map(|()| None),
+                None => Poll::Pending,
+            }
+        })
+        .await;
+        let mut waiter = self.joined.waiter.take().expect("waiting");
+        let outcome = match outcome {
+            Some(outcome) => outcome,
+            // Its own timeout: it leaves (an outcome that arrived meanwhile wins).
+            None => match waiter.leave() {
+                Some(outcome) => outcome,
+                None => return self.timed_out().await,
+            },
+        };
+        match outcome {
+            Outcome::Value(output) => output,
+            Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
+        }
+    }
+
+    /// Its own timeout passed: a counted, untimed `timeout` rejection, then (observe mode) a
+    /// bypass running its own callback.
+    async fn timed_out(mut self) -> Output<T, E> {
+        let core = Arc::clone(&self.joined.core);
+        let (priority, class) = (self.joined.priority, self.joined.class);
+        let rejection = core
+            .engine()
+            .refuse_undecided(RejectReason::Timeout, priority, class);
+        core.announce_reject_untimed(&rejection, class);
+        let Some((call, f, usage)) = self.own.take() else {
+            return Err(RunError::Rejected(rejection));
+        };
+        let call = call.map_err(RunError::Invalid)?;
+        match bypass::<E>(&core, &call, RejectReason::Timeout, None, false)? {
+            Entered::Bypassed(bypass) => run_bypassed(core, bypass, usage, f).await,
+            Entered::Admitted(_) => unreachable!("a bypass admits nothing"),
         }
     }
 }

@@ -144,6 +144,9 @@ fn a_cancelled_follower_counts_as_aborted_and_the_call_goes_on() {
     drop(follower);
     let stats = bulkhead.stats();
     assert_eq!((stats.rejected, stats.rejected_by_reason.aborted), (1, 1));
+    // A follower joins when it is made: dropped before its first poll, it was cancelled too.
+    drop(bulkhead.run_shared(&request, plain(), runs.call(&gate, 3)));
+    assert_eq!(bulkhead.stats().rejected_by_reason.aborted, 2);
     gate.open();
     assert_eq!(block_on(leader), Ok(1));
     assert_eq!((runs.started(), runs.dropped()), (1, 0));
