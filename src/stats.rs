@@ -103,7 +103,8 @@ pub struct Stats {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct DedupStats {
-    /// Shared calls in flight now (one per key with a leader and at least one waiter).
+    /// Keys with a call in flight now: a call registers when it leads and leaves the registry
+    /// when it finishes (before its outcome is shared) or when all its waiters are gone.
     pub active: u64,
     /// Followers that joined a call in flight, since the bulkhead was built.
     pub hits: u64,
