@@ -212,13 +212,14 @@ impl FuzzConfig {
             Revision::Over(true) => u64::MAX,
             Revision::Raw(n) => n,
         };
-        // Admission classes are left to the model's class proptests (tests/model).
+        // Admission classes and deduplication are left to the model's proptests (tests/model).
         Config {
             max_concurrent,
             max_queue,
             budget,
             initial_revision,
             classes: None,
+            dedup: None,
         }
     }
 }

@@ -44,6 +44,7 @@ pub(crate) fn with_classes(
             default,
             caps: classes.to_vec(),
         }),
+        dedup: None,
     }
 }
 
@@ -100,6 +101,7 @@ fn run_then(
         report_first,
         abandon_first,
         finish_first,
+        observe: 0,
     }
 }
 

@@ -1,7 +1,8 @@
 //! Model-based tests: random configurations and operation sequences are applied to the real
 //! bulkhead and to the sequential reference model of `reference/`, which must agree on every
-//! decision and every counter (design §D6). Deterministic scenarios pin the tricky cases, and a
-//! coverage test makes sure the random sequences reach them too.
+//! decision and every counter (design §D6), deduplication (`run_shared`) and observe mode
+//! included. Deterministic scenarios pin the tricky cases, and coverage tests make sure the
+//! random sequences reach them too.
 //!
 //! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
 
@@ -14,3 +15,5 @@ mod class_limits;
 mod class_scenarios;
 mod proptests;
 mod scenarios;
+mod shared_proptests;
+mod shared_scenarios;

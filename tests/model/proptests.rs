@@ -15,7 +15,7 @@ use crate::reference::{Call, ClassCaps, Classes, Config, Harness, MAX_CHARS, Op}
 
 /// Token counts: mostly small (against budgets of a few thousand), sometimes at the edges of
 /// what the crate can count or represent.
-fn tokens() -> impl Strategy<Value = u64> {
+pub(crate) fn tokens() -> impl Strategy<Value = u64> {
     prop_oneof![
         10 => 0..400u64,
         4 => 400..2500u64,
@@ -64,11 +64,12 @@ fn any_config() -> impl Strategy<Value = Config> {
                 budget,
                 initial_revision,
                 classes: None,
+                dedup: None,
             },
         )
 }
 
-fn call() -> impl Strategy<Value = Call> {
+pub(crate) fn call() -> impl Strategy<Value = Call> {
     (
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.7),
@@ -111,7 +112,9 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// The operations of the families without classes, with calls from `call`; `apply_limits`
 /// keeps the class limits in force.
-fn op_using<C: Strategy<Value = Call> + 'static>(call: fn() -> C) -> impl Strategy<Value = Op> {
+pub(crate) fn op_using<C: Strategy<Value = Call> + 'static>(
+    call: fn() -> C,
+) -> impl Strategy<Value = Op> {
     let index = any::<u32>;
     prop_oneof![
         10 => (any::<bool>(), call()).prop_map(|(owned, call)| Op::TryAcquire { owned, call }),
@@ -182,7 +185,7 @@ fn op_using<C: Strategy<Value = Call> + 'static>(call: fn() -> C) -> impl Strate
 }
 
 /// A queue timeout (see [`Op::Acquire`]): mostly none, sometimes zero, rarely long.
-fn timeout() -> impl Strategy<Value = u8> {
+pub(crate) fn timeout() -> impl Strategy<Value = u8> {
     prop_oneof![8 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)]
 }
 
@@ -295,6 +298,7 @@ fn class_config() -> BoxedStrategy<Config> {
                     budget,
                     initial_revision,
                     classes: (kind > 0).then_some(Classes { default, caps }),
+                    dedup: None,
                 }
             },
         )
@@ -334,6 +338,7 @@ fn busy_class_config() -> BoxedStrategy<Config> {
                     budget: Some(budget),
                     initial_revision: 0,
                     classes: Some(Classes { default, caps }),
+                    dedup: None,
                 }
             },
         )
@@ -392,7 +397,7 @@ fn class_limits_op() -> BoxedStrategy<Op> {
 }
 
 /// A usage report small enough never to overflow.
-fn small_usage() -> impl Strategy<Value = (u64, u64)> {
+pub(crate) fn small_usage() -> impl Strategy<Value = (u64, u64)> {
     (0..600u64, 0..1500u64)
 }
 
@@ -424,6 +429,7 @@ fn class_op() -> BoxedStrategy<Op> {
                     report_first,
                     abandon_first,
                     finish_first,
+                    observe: 0,
                 },
             ),
         3 => (
@@ -511,7 +517,7 @@ pub(crate) fn run(config: Config, ops: &[Op]) -> BTreeMap<&'static str, u64> {
     harness.finish_with_tally()
 }
 
-fn proptest_config(cases: u32) -> ProptestConfig {
+pub(crate) fn proptest_config(cases: u32) -> ProptestConfig {
     ProptestConfig {
         cases,
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
@@ -550,6 +556,7 @@ proptest! {
             budget: Some((budget, reserve)),
             initial_revision: 0,
             classes: None,
+            dedup: None,
         };
         run(config, &ops);
     }
@@ -584,7 +591,7 @@ const CLASS_CASES: u32 = 2000;
 
 /// Runs `cases` random sequences of `strategy` and fails naming every situation of `every`
 /// that none of them reached.
-fn assert_reached(
+pub(crate) fn assert_reached(
     strategy: impl Strategy<Value = (Config, Vec<Op>)>,
     cases: usize,
     every: &[&str],

@@ -75,6 +75,7 @@ pub(crate) fn config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u
         budget,
         initial_revision: 0,
         classes: None,
+        dedup: None,
     }
 }
 
@@ -148,6 +149,7 @@ fn the_upstream_example_of_limits_refusing_a_queued_call() {
             budget: Some((1000, 0)),
             initial_revision: 7,
             classes: None,
+            dedup: None,
         },
         &[
             try_acquire(ask(0, 400)),
@@ -497,6 +499,7 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             budget: Some((u64::MAX, u64::MAX)),
             initial_revision: u64::MAX,
             classes: None,
+            dedup: None,
         },
         Config {
             max_concurrent: 1,
@@ -504,6 +507,7 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             budget: Some((MAX_BUDGET + 1, 0)),
             initial_revision: MAX_REVISION,
             classes: None,
+            dedup: None,
         },
         Config {
             max_concurrent: 1,
@@ -511,6 +515,7 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             budget: Some((10, 11)),
             initial_revision: 0,
             classes: None,
+            dedup: None,
         },
     ] {
         run(

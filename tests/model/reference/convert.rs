@@ -1,20 +1,66 @@
 //! Building the bulkhead, and converting between the crate's values and the model's.
 
+use std::sync::Once;
+
 use async_bulkhead_llm::{
     AbandonCause, AcquireOptions, Admission, AdmissionClass, AdmissionClasses, AdmissionId,
     CapacityDetail, ClassLimits, ClassLimitsTable, ConfigError, Constraint as CrateConstraint,
-    Event, Limits, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, Priority,
-    RejectReason, Rejection, RequestError, Reservation, Resources, RunContext, SharedPool, Stats,
-    TokenBudget, TokenUsage,
+    Deduplication, Event, Limits, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT,
+    MAX_REVISION, Priority, RejectReason, Rejection, RequestError, Reservation, Resources,
+    RunContext, ShadowId, ShadowReasons, SharedPool, Stats, TokenBudget, TokenUsage,
 };
 
+use super::flights::{DedupKind, PANICKING_MODEL};
 use super::harness::{Call, Config, MAX_CHARS};
 use super::limits::check_class;
 use super::values::{
     Borrowed, CLASS_IDS, Cause, ClassCaps, ClassDetail, ClassStats, ClassTable, ClassTokenDetail,
-    ClassesStats, Constraint, Detail, MAX_CLASSES, MODEL_NAME, ModelLimits, ModelStats, Observed,
-    Pool, Reason, Refused, Snapshot, TokenDetail, TokenStats,
+    ClassesStats, Constraint, Detail, MAX_CLASSES, MODEL_NAME, ModelBypass, ModelLimits,
+    ModelStats, ObserveFigures, Observed, Pool, Reason, Refused, Shadow, Snapshot, TokenDetail,
+    TokenStats,
 };
+
+/// The payload of the `by_key` function's panic (kept out of the test output).
+const KEY_PANIC: &str = "the model's key function refuses this request";
+
+/// The `by_key` function of [`DedupKind::ByModel`]: the request's model name; none is an empty
+/// key (the call opts out); [`PANICKING_MODEL`] panics (the call opts out, counted).
+fn key_by_model(request: &LlmRequest) -> String {
+    match request.model.as_deref() {
+        Some(PANICKING_MODEL) => std::panic::panic_any(KEY_PANIC),
+        Some(model) => model.to_owned(),
+        None => String::new(),
+    }
+}
+
+/// Silences the key function's panics (the crate catches and counts them); every other panic
+/// reaches the hook in place.
+fn quiet_key_panics() {
+    static QUIET: Once = Once::new();
+    QUIET.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&KEY_PANIC) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// The crate's set of an observe set of the model.
+pub(crate) fn shadow_reasons(set: Shadow) -> ShadowReasons {
+    ShadowReasons::new(
+        set.reasons()
+            .into_iter()
+            .map(|r| RejectReason::ALL[r as usize]),
+    )
+    .expect("the model's sets hold only reasons that may be bypassed")
+}
+
+/// A bypass id as the model compares it (the driver numbers them in the order they began).
+pub(crate) fn shadow_raw(id: ShadowId) -> u128 {
+    id.to_uuid().as_u128()
+}
 
 /// A class handle the model does not know (another bulkhead's, or one whose id or index is
 /// not its position's).
@@ -38,6 +84,14 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         }
         if let Some((default, caps)) = classes {
             builder = builder.admission_classes(admission_classes(default, caps));
+        }
+        match config.dedup {
+            None => {}
+            Some(DedupKind::ByRequest) => builder = builder.deduplication(Deduplication::new()),
+            Some(DedupKind::ByModel) => {
+                quiet_key_panics();
+                builder = builder.deduplication(Deduplication::by_key(key_by_model));
+            }
         }
         builder.build()
     };
@@ -422,19 +476,109 @@ pub(crate) fn view_of(a: &Admission, handles: &[AdmissionClass]) -> View {
     }
 }
 
-/// The view of an admitted `run` call, through its context.
-pub(crate) fn view_of_context(ctx: &RunContext<'_>, handles: &[AdmissionClass]) -> View {
-    View {
-        id: ctx.admission_id().expect("an admitted call"),
-        held: ctx.held_tokens(),
-        reservation: ctx.reservation().map(|r| (r.input(), r.max_output())),
-        revision: ctx.limit_revision(),
-        high: ctx.priority() == Priority::High,
-        class: class_of(ctx.class(), handles),
-        borrowed: borrowed_of(ctx.resources()),
-        holds_slot: ctx.holds_slot(),
-        usage: usage_of(ctx.usage()),
-        sequence: ctx.usage_sequence(),
+/// What a bypassed call shows through its run context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BypassView {
+    /// The shadow id (as the driver numbers it).
+    pub(crate) shadow: u128,
+    pub(crate) reason: Reason,
+    pub(crate) detail: Option<Detail>,
+    pub(crate) raced: bool,
+    pub(crate) reservation: Option<(u64, u64)>,
+    pub(crate) revision: u64,
+    pub(crate) high: bool,
+    pub(crate) class: Option<usize>,
+    pub(crate) usage: Option<(u64, u64)>,
+    pub(crate) sequence: u64,
+    /// What a bypass never has: an admission id, held tokens, borrowed resources, a slot.
+    pub(crate) admission_id: Option<AdmissionId>,
+    pub(crate) held: u64,
+    pub(crate) borrowed: Borrowed,
+    pub(crate) holds_slot: bool,
+}
+
+/// What the model expects a bypassed call's context to show (its shadow id numbered `shadow`).
+pub(crate) fn bypass_view(shadow: u128, bypass: &ModelBypass) -> BypassView {
+    BypassView {
+        shadow,
+        reason: bypass.reason,
+        detail: bypass.detail,
+        raced: bypass.raced,
+        reservation: bypass.reservation,
+        revision: bypass.revision,
+        high: bypass.high,
+        class: bypass.class,
+        usage: bypass.reported,
+        sequence: bypass.sequence,
+        admission_id: None,
+        held: 0,
+        borrowed: Borrowed::default(),
+        holds_slot: false,
+    }
+}
+
+/// What a callback sees of its call: an admission or a bypass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    Admitted(View),
+    Bypassed(BypassView),
+}
+
+/// The call a `run` (or `run_shared`) callback runs, through its context.
+pub(crate) fn seen_of_context(ctx: &RunContext<'_>, handles: &[AdmissionClass]) -> Seen {
+    let reservation = ctx.reservation().map(|r| (r.input(), r.max_output()));
+    let high = ctx.priority() == Priority::High;
+    let class = class_of(ctx.class(), handles);
+    let usage = usage_of(ctx.usage());
+    let borrowed = borrowed_of(ctx.resources());
+    match (ctx.bypass(), ctx.admission_id()) {
+        (None, Some(id)) => Seen::Admitted(View {
+            id,
+            held: ctx.held_tokens(),
+            reservation,
+            revision: ctx.limit_revision(),
+            high,
+            class,
+            borrowed,
+            holds_slot: ctx.holds_slot(),
+            usage,
+            sequence: ctx.usage_sequence(),
+        }),
+        (bypass, admission_id) => {
+            let bypass = bypass.expect("a call neither admitted nor bypassed");
+            // The context's accessors agree with its bypass.
+            assert_eq!(
+                (
+                    ctx.limit_revision(),
+                    ctx.priority(),
+                    ctx.class(),
+                    ctx.reservation()
+                ),
+                (
+                    bypass.limit_revision,
+                    bypass.priority,
+                    bypass.class,
+                    bypass.reservation
+                ),
+                "a bypassed context's accessors"
+            );
+            Seen::Bypassed(BypassView {
+                shadow: shadow_raw(bypass.shadow_id),
+                reason: reason_of(bypass.reason),
+                detail: bypass.detail.map(|d| detail_of(&d, handles)),
+                raced: bypass.raced,
+                reservation,
+                revision: bypass.limit_revision,
+                high: bypass.priority == Priority::High,
+                class: class_of(bypass.class, handles),
+                usage,
+                sequence: ctx.usage_sequence(),
+                admission_id,
+                held: ctx.held_tokens(),
+                borrowed,
+                holds_slot: ctx.holds_slot(),
+            })
+        }
     }
 }
 
@@ -469,6 +613,15 @@ pub(crate) fn stats_of(s: &Stats, handles: &[AdmissionClass]) -> ModelStats {
             total_overrun: t.total_overrun,
         }),
         listener_panics: s.listener_panics,
+        dedup: s.deduplication.map(|d| (d.active, d.hits, d.key_panics)),
+        observe: s.observe.map(|o| ObserveFigures {
+            bypassed: o.bypassed,
+            race_bypassed: o.race_bypassed,
+            by_reason: by_reason(&o.bypassed_by_reason),
+            usage_reported: o.usage_reported,
+            input_tokens: o.total_input_tokens,
+            output_tokens: o.total_output_tokens,
+        }),
         classes: s.admission_classes.as_ref().map(|c| ClassesStats {
             default_class: class_index(c.default_class, handles),
             shared: (
@@ -564,6 +717,46 @@ pub(crate) fn observe(event: &Event<'_>, handles: &[AdmissionClass]) -> Observed
             borrowed: borrowed_of(e.resources),
             cause: cause_of(e.cause),
             held: e.held_tokens,
+        },
+        Event::Bypass(e) => Observed::Bypass {
+            shadow: shadow_raw(e.shadow_id),
+            revision: e.limit_revision,
+            high: e.priority == Priority::High,
+            class: class_of(e.class, handles),
+            reason: reason_of(e.reason),
+            detail: e.detail.map(|d| detail_of(&d, handles)),
+            reservation: e.reservation.map(|r| (r.input(), r.max_output())),
+            raced: e.raced,
+        },
+        Event::BypassUsage(e) => Observed::BypassUsage {
+            shadow: shadow_raw(e.shadow_id),
+            revision: e.limit_revision,
+            high: e.priority == Priority::High,
+            class: class_of(e.class, handles),
+            reason: reason_of(e.reason),
+            sequence: e.sequence,
+            reservation: e.reservation.map(|r| (r.input(), r.max_output())),
+            usage: (e.usage.input(), e.usage.output()),
+            output_cap: e.output_cap,
+            output_remaining: e.output_remaining,
+            over_reservation: e.over_reservation,
+            progressive: e
+                .progressive
+                .map(|p| (p.remaining_output_tokens, p.safety_margin_tokens)),
+        },
+        Event::BypassRelease(e) => Observed::BypassRelease {
+            shadow: shadow_raw(e.shadow_id),
+            revision: e.limit_revision,
+            high: e.priority == Priority::High,
+            class: class_of(e.class, handles),
+            reason: reason_of(e.reason),
+            reservation: e.reservation.map(|r| (r.input(), r.max_output())),
+            sequence: e.usage_sequence,
+            usage: usage_of(e.usage),
+        },
+        Event::Dedup(e) => Observed::Dedup {
+            class: class_of(e.class, handles),
+            followers: e.followers,
         },
         other => Observed::Other(format!("{other:?}")),
     }

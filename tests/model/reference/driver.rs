@@ -20,8 +20,10 @@ use super::convert::{
     View, detail_of, limits_from, limits_of, observe, prepare, reason_of, refused_of, stats_of,
     usage_of, view_of,
 };
+use super::flights::SharedScript;
 use super::harness::{Call, Config, Op};
 use super::runs::LiveRun;
+use super::shared::SharedCalls;
 use super::state::Model;
 use super::values::{
     Ask, CLASS_IDS, Cause, LimitsOutcome, ModelLimits, ModelPermit, ModelVerdict, Observed,
@@ -123,6 +125,10 @@ pub(crate) struct Driver<'b> {
     pub(super) runs: Vec<LiveRun<'b>>,
     /// Pending drains with the model's idle epoch when they started.
     drains: Vec<(Drain<'b>, u64)>,
+    /// `run_shared` callers not finished, and their callbacks.
+    pub(super) shared: SharedCalls,
+    /// The shadow id of each bypass, in the order they began (the model numbers them so).
+    pub(super) shadows: Vec<u128>,
     auto_poll: bool,
     recorded: Arc<Mutex<Vec<Observed>>>,
     subscription: Option<Subscription>,
@@ -160,12 +166,14 @@ impl<'b> Driver<'b> {
             bulkhead,
             handles: bulkhead.classes().to_vec(),
             foreign: foreign.classes().to_vec(),
-            model: Model::new(limits, default_class),
+            model: Model::new(limits, default_class, config.dedup),
             config,
             permits: Vec::new(),
             waiters: Vec::new(),
             runs: Vec::new(),
             drains: Vec::new(),
+            shared: SharedCalls::default(),
+            shadows: Vec::new(),
             auto_poll: true,
             recorded: Arc::new(Mutex::new(Vec::new())),
             subscription: None,
@@ -320,11 +328,13 @@ impl<'b> Driver<'b> {
                 report_first,
                 abandon_first,
                 finish_first,
+                observe,
             } => self.run(
                 &call,
                 timeout,
                 deadline,
                 (report_first, abandon_first, finish_first),
+                observe,
             ),
             Op::RunReport {
                 run,
@@ -335,6 +345,30 @@ impl<'b> Driver<'b> {
             Op::RunAbandon { run } => self.run_abandon(run),
             Op::RunFinish { run, ok, usage } => self.run_finish(run, ok, usage),
             Op::DropRun { run } => self.drop_run(run),
+            Op::Shared {
+                call,
+                scope,
+                no_dedup,
+                timeout,
+                observe,
+                report_first,
+                finish_first,
+                extract,
+            } => self.shared(
+                &call,
+                scope,
+                no_dedup,
+                timeout,
+                observe,
+                SharedScript {
+                    report_first,
+                    finish_first,
+                    extract,
+                },
+            ),
+            Op::SharedStep { flight, via, step } => self.shared_step(flight, via, step),
+            Op::DropShared { caller } => self.drop_shared(caller),
+            Op::PollShared { caller } => self.poll_one_shared(caller),
         }
         self.check_all();
         if self.auto_poll {
@@ -563,7 +597,11 @@ impl<'b> Driver<'b> {
         model: Result<UsageSnapshot, UsageError>,
     ) {
         let real = real.map(|r| {
-            self.agree("a usage report's admission id", r.admission_id, id);
+            self.agree(
+                "a usage report's ids",
+                (r.admission_id, r.shadow_id),
+                (id, None),
+            );
             UsageSnapshot {
                 limit_revision: r.limit_revision,
                 sequence: r.sequence,
@@ -645,6 +683,7 @@ impl<'b> Driver<'b> {
             self.poll_waiter(at);
         }
         self.poll_runs();
+        self.poll_all_shared();
         let mut cx = Context::from_waker(Waker::noop());
         let mut at = 0;
         while at < self.drains.len() {
@@ -677,7 +716,20 @@ impl<'b> Driver<'b> {
             limits_of(&self.bulkhead.limits()),
             self.model.limits,
         );
-        let events = std::mem::take(&mut *self.recorded.lock().expect("the recorder"));
+        let mut events = std::mem::take(&mut *self.recorded.lock().expect("the recorder"));
+        for event in &mut events {
+            if let Observed::Bypass { shadow, .. }
+            | Observed::BypassUsage { shadow, .. }
+            | Observed::BypassRelease { shadow, .. } = event
+            {
+                // Numbered in the order the bypasses began, as the model numbers them.
+                *shadow = self
+                    .shadows
+                    .iter()
+                    .position(|known| known == shadow)
+                    .map_or(u128::MAX, |n| n as u128);
+            }
+        }
         let expected = std::mem::take(&mut self.model.events);
         self.agree("the events", events, expected);
         for p in &self.permits {
@@ -688,6 +740,7 @@ impl<'b> Driver<'b> {
             );
         }
         self.check_runs();
+        self.check_shared();
     }
 
     /// Cancels every waiter, drops every permit (oldest first), and checks the end
@@ -703,6 +756,10 @@ impl<'b> Driver<'b> {
         }
         while !self.runs.is_empty() {
             self.drop_run(0);
+            self.check_all();
+        }
+        while !self.shared.is_empty() {
+            self.drop_oldest_shared();
             self.check_all();
         }
         while !self.permits.is_empty() {
@@ -729,6 +786,11 @@ impl<'b> Driver<'b> {
             0,
         );
         self.agree("the calls waiting at the end", stats.pending, 0);
+        self.agree(
+            "the shared calls in flight at the end",
+            stats.deduplication.map(|d| d.active),
+            self.model.flights.kind.map(|_| 0),
+        );
         self.agree(
             "admitted == released at the end",
             stats.admitted,

@@ -12,6 +12,7 @@ use async_bulkhead_llm::MAX_CONCURRENT;
 
 use super::convert::build;
 use super::driver::Driver;
+use super::flights::DedupKind;
 use super::state::Model;
 use super::values::ClassCaps;
 
@@ -26,6 +27,8 @@ pub struct Config {
     pub initial_revision: u64,
     /// Admission classes, if any.
     pub classes: Option<Classes>,
+    /// In-flight deduplication, if any.
+    pub dedup: Option<DedupKind>,
 }
 
 /// Admission classes to build with: each class's limits, in order (the ids are the first of
@@ -144,7 +147,10 @@ pub enum Op {
     /// blocking), 3 = one hour, 4 = `Duration::MAX` (never passes). At admission the callback
     /// first reports `report_first` if any, abandons its borrowed slot if `abandon_first`,
     /// and finishes at once (with no usage of its own) if `finish_first`; then it waits for
-    /// the operations below.
+    /// the operations below. `observe` (modulo 6) picks observe mode: 0 = none (enforce); 1 =
+    /// every reason that may be bypassed; 2 = budget; 3 = timeout; 4 = concurrency and queue
+    /// limit; 5 = the empty set. A bypassed callback runs the same steps (holding nothing, so
+    /// its abandonment is refused, and no deadline applies).
     Run {
         call: Call,
         timeout: u8,
@@ -152,6 +158,7 @@ pub enum Op {
         report_first: Option<(u64, u64)>,
         abandon_first: bool,
         finish_first: bool,
+        observe: u8,
     },
     /// A running callback reports usage (progressive if `progressive` is some:
     /// `(remaining, margin)`).
@@ -172,6 +179,46 @@ pub enum Op {
     },
     /// Drops a run's future, waiting or running (index over every run).
     DropRun { run: u32 },
+    /// `run_shared` (or, with `extract`, `run_shared_with` settling with the usage in the
+    /// value), polled once, kept until its outcome: it leads, follows or runs alone. `scope`
+    /// (modulo 3): 0 = the unnamed scope, else one of two named ones; `timeout` as for
+    /// [`Op::Acquire`] (a follower's own wait: zero gives up at its first poll); `observe` as
+    /// for [`Op::Run`]. If its own callback is called it first reports `report_first` if any,
+    /// and finishes at once (with no usage of its own) if `finish_first`; then it waits for
+    /// [`Op::SharedStep`].
+    Shared {
+        call: Call,
+        scope: u8,
+        no_dedup: bool,
+        timeout: u8,
+        observe: u8,
+        report_first: Option<(u64, u64)>,
+        finish_first: bool,
+        extract: bool,
+    },
+    /// The callback of a running shared call (index over them) takes `step`, and the call is
+    /// polled through one of its waiters (`via`, modulo their number): the leader's, or a
+    /// follower's.
+    SharedStep { flight: u32, via: u32, step: Step },
+    /// Drops a `run_shared` caller's future (index over every caller not finished).
+    DropShared { caller: u32 },
+    /// Polls one `run_shared` caller.
+    PollShared { caller: u32 },
+}
+
+/// What a running shared callback does (see [`Op::SharedStep`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Step {
+    /// Reports usage (progressive if `progressive` is some: `(remaining, margin)`).
+    Report {
+        input: u64,
+        output: u64,
+        progressive: Option<(u64, u64)>,
+    },
+    /// Gives its borrowed slot back.
+    Abandon,
+    /// Finishes: `Ok(usage)` or an error.
+    Finish { ok: bool, usage: Option<(u64, u64)> },
 }
 
 /// Characters of a request's text are taken modulo this.

@@ -13,7 +13,9 @@
 //! ceilings, the shared pool, the class decision, its detail), resources, abandoning a
 //! borrowed slot and the `run` borrowed-slot deadline (§U7), limits with and without classes
 //! (§U8), events (§U11), statistics with the per-class block (§U12), the default estimator
-//! (§U13.3), close and drain (§U15).
+//! (§U13.3), close and drain (§U15); in-flight deduplication (`run_shared`, `flights.rs`) and
+//! observe mode (`bypass.rs`), after the crate's documentation of them (run_shared.rs, run.rs,
+//! options.rs, observe.rs).
 //!
 //! # What the harness checks
 //!
@@ -21,9 +23,10 @@
 //! detail including the constraint, the shared pools and the class's figures, usage report,
 //! release report, verdict, limits outcome, error value), every live permit's and every
 //! running `run` context's accessors (id, hold, reservation, revision, priority, class,
-//! resources, whether it holds its slot, usage, sequence), `stats()` field by field (the
-//! abandonment counts and the class block included), `limits()`, and the events a subscribed
-//! listener received (with their class, resources and the abandon event). When auto-polling
+//! resources, whether it holds its slot, usage, sequence; for a bypassed call its bypass),
+//! `stats()` field by field (the abandonment counts, the class block, the deduplication and
+//! observe figures included), `limits()`, and the events a subscribed listener received (with
+//! their class, resources, the abandon, bypass and deduplication events). When auto-polling
 //! is on (the default), it then polls every waiting future, waiting run and pending drain, in
 //! creation order, and checks everything again: the crate hands capacity to the queue head at
 //! release time and the future picks it up at its next poll, so the state between the two (a
@@ -51,6 +54,22 @@
 //! (giving up after ten seconds); a callback that finishes or abandons at once is never cut;
 //! long deadlines (an hour, `Duration::MAX`) never pass during a test.
 //!
+//! # `run_shared` and observe mode
+//!
+//! A bulkhead may deduplicate by the whole request (`Deduplication::new`) or by a key function
+//! (the request's model name: none is an empty key, one model name makes the function panic).
+//! A `run_shared` call leads, follows (same request, scope and class) or runs alone; it is
+//! polled at once, and like a run its callback obeys a mailbox, whichever of the call's
+//! waiters polls it, so the model knows which callback runs, who drives it (a follower, once
+//! its leader is dropped), and what every caller gets (the value names the callback that made
+//! it). A follower's own wait ends deterministically: a zero timeout gives up at its first
+//! poll that finds no outcome (in observe mode it then runs its own callback as a bypass); a
+//! long one never passes. A `run` or `run_shared` in observe mode is bypassed on a predicted
+//! refusal of its set, or after a counted one (a zero queue timeout, a queue head refused at
+//! its turn); a bypass's callback reports usage and ends like an admitted one, holding
+//! nothing. Bypasses are numbered in the order they began, which the shadow ids of the
+//! contexts, reports and events must follow.
+//!
 //! # Why a worker thread
 //!
 //! Borrowed permits and futures ([`Permit`], [`Acquire`], [`Drain`], `run`) borrow the
@@ -67,22 +86,32 @@
 //! during a run), a borrowed-slot deadline passing while the worker does something else,
 //! several threads, the blocking acquires, estimators other than the default model-aware one,
 //! builder refusals of class ids (blank, repeated, an unknown default class: the ids here are
-//! fixed), the panics of listeners and estimators, and the timing figures of events.
+//! fixed), the panics of listeners and estimators, and the timing figures of events. For
+//! `run_shared`: a future dropped before its first poll (every call is polled when it is
+//! made), borrowed-slot deadlines, `Sharing::with` hooks (and their panics), callbacks that
+//! panic, different result types under one key, and the race bypass of a decision that
+//! changed between the advisory check and the admission (the model is sequential: it
+//! reaches `raced` only through a refusal after the call queued).
 
+mod bypass;
 mod convert;
 mod driver;
+mod flights;
 mod handles;
 mod harness;
 mod limits;
 mod operations;
 mod runs;
+mod shared;
 mod state;
 mod values;
 
 // The fuzz target `fuzz/fuzz_targets/operations.rs` includes this model too and uses only part
 // of what the proptests and scenarios do.
 #[allow(unused_imports)]
-pub use harness::{Call, Classes, Config, Harness, MAX_CHARS, Op};
+pub use flights::DedupKind;
+#[allow(unused_imports)]
+pub use harness::{Call, Classes, Config, Harness, MAX_CHARS, Op, Step};
 pub use values::ClassCaps;
 #[allow(unused_imports)]
 pub(crate) use values::{Constraint, Pool, Reason, Refused};

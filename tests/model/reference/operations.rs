@@ -534,6 +534,14 @@ impl Model {
             classes: self
                 .default_class
                 .map(|default_class| self.classes_stats(default_class)),
+            dedup: self.flights.kind.map(|_| {
+                (
+                    self.flights.active(),
+                    self.flights.hits,
+                    self.flights.key_panics,
+                )
+            }),
+            observe: (self.observe.bypassed > 0).then_some(self.observe),
         }
     }
 

@@ -19,10 +19,11 @@ use async_bulkhead_llm::{
     TokenUsage, UsageError, UsageReport,
 };
 
-use super::convert::{View, borrowed_of, refused_of, view_of_context};
+use super::bypass::Entered;
+use super::convert::{Seen, borrowed_of, bypass_view, refused_of, seen_of_context, shadow_reasons};
 use super::driver::{Driver, model_view};
 use super::harness::Call;
-use super::values::{Cause, ModelPermit, Started};
+use super::values::{Ask, Cause, ModelBypass, ModelPermit, Shadow};
 
 /// The short deadline: the worker blocks until it passes.
 pub(super) const SHORT_DEADLINE: Duration = Duration::from_millis(1);
@@ -51,26 +52,30 @@ struct Mailbox {
     started: bool,
     commands: VecDeque<Command>,
     replies: VecDeque<Reply>,
-    /// The admission as the run context showed it when the callback last ran.
-    view: Option<View>,
+    /// The call as the run context showed it when the callback last ran.
+    view: Option<Seen>,
 }
 
-/// The model's side of a run: waiting (the model's waiter key), or running (its admission).
+/// The model's side of a run: waiting (the model's waiter key, and what a bypass after the
+/// wait needs: the call, whether the advisory check said it gets in), running (its
+/// admission), or running as a bypass.
 enum RunState {
-    Waiting(u64),
+    Waiting { key: u64, ask: Ask, advisory: bool },
     Running { model: ModelPermit, id: AdmissionId },
+    Bypassed(ModelBypass),
 }
 
 /// The first things a callback does when it is called (see `Op::Run`).
 pub(super) type Script = (Option<(u64, u64)>, bool, bool);
 
-/// A run the worker keeps: its future, the mailbox to its callback, its deadline and first
-/// steps, and the model's side; `serial` tells runs apart in creation order.
+/// A run the worker keeps: its future, the mailbox to its callback, its deadline, first
+/// steps and observe set, and the model's side; `serial` tells runs apart in creation order.
 pub(crate) struct LiveRun<'b> {
     future: RunFuture<'b>,
     mailbox: Rc<RefCell<Mailbox>>,
     deadline: Option<Duration>,
     script: Script,
+    observe: Option<Shadow>,
     state: RunState,
     serial: u64,
 }
@@ -123,7 +128,14 @@ fn describe(output: &Poll<RunOutput>) -> String {
 
 impl<'b> Driver<'b> {
     /// `Op::Run`.
-    pub(super) fn run(&mut self, call: &Call, timeout: u8, deadline: u8, script: Script) {
+    pub(super) fn run(
+        &mut self,
+        call: &Call,
+        timeout: u8,
+        deadline: u8,
+        script: Script,
+        observe: u8,
+    ) {
         let Some((request, mut options, ask)) = self.resolve(call) else {
             return;
         };
@@ -143,6 +155,10 @@ impl<'b> Driver<'b> {
         let mut run_options = RunOptions::new(options);
         if let Some(deadline) = deadline {
             run_options = run_options.borrowed_concurrency_deadline(deadline);
+        }
+        let observe = Shadow::pick(observe);
+        if let Some(set) = observe {
+            run_options = run_options.observe(shadow_reasons(set));
         }
         let mailbox = Rc::new(RefCell::new(Mailbox::default()));
         {
@@ -168,7 +184,7 @@ impl<'b> Driver<'b> {
             async move |mut ctx: RunContext<'_>| {
                 inbox.borrow_mut().started = true;
                 loop {
-                    inbox.borrow_mut().view = Some(view_of_context(&ctx, &handles));
+                    inbox.borrow_mut().view = Some(seen_of_context(&ctx, &handles));
                     let command =
                         std::future::poll_fn(|_| match inbox.borrow_mut().commands.pop_front() {
                             Some(command) => Poll::Ready(command),
@@ -182,7 +198,7 @@ impl<'b> Driver<'b> {
                         }
                         Command::Abandon => Reply::Abandon(ctx.abandon_borrowed_concurrency()),
                         Command::Finish(result) => {
-                            inbox.borrow_mut().view = Some(view_of_context(&ctx, &handles));
+                            inbox.borrow_mut().view = Some(seen_of_context(&ctx, &handles));
                             return result;
                         }
                     };
@@ -190,13 +206,23 @@ impl<'b> Driver<'b> {
                 }
             },
         );
-        let serial = self.runs.last().map_or(0, |r| r.serial + 1);
+        // Unique among the live runs (a run admitted after waiting moves to the end).
+        let serial = self.runs.iter().map(|r| r.serial + 1).max().unwrap_or(0);
         let mut run = LiveRun {
             future: Box::pin(future),
             mailbox,
             deadline,
             script,
-            state: RunState::Waiting(u64::MAX),
+            observe,
+            state: RunState::Waiting {
+                key: u64::MAX,
+                ask: Ask {
+                    class: None,
+                    high: false,
+                    reservation: None,
+                },
+                advisory: true,
+            },
             serial,
         };
         let real = run.poll();
@@ -213,16 +239,22 @@ impl<'b> Driver<'b> {
             );
             return;
         }
-        let model = ask.map(|ask| self.model.acquire(ask, zero_timeout));
+        let model = ask.map(|ask| (ask, self.model.enter(ask, zero_timeout, observe)));
         match (real, model) {
-            (Poll::Pending, Ok(Started::Queued(key))) if !run.started() => {
-                run.state = RunState::Waiting(key);
+            (Poll::Pending, Ok((ask, Entered::Queued { key, advisory }))) if !run.started() => {
+                run.state = RunState::Waiting { key, ask, advisory };
                 self.runs.push(run);
             }
-            (real, Ok(Started::Admitted(permit))) if run.started() => {
+            (real, Ok((_, Entered::Admitted(permit)))) if run.started() => {
                 self.start_run(run, real, permit);
             }
-            (Poll::Ready(Err(RunError::Rejected(rejection))), Ok(Started::Refused(refused))) => {
+            (real, Ok((_, Entered::Bypassed(bypass)))) if run.started() => {
+                self.start_bypassed_run(run, real, bypass);
+            }
+            (
+                Poll::Ready(Err(RunError::Rejected(rejection))),
+                Ok((_, Entered::Refused(refused))),
+            ) => {
                 self.agree("run", refused_of(&rejection, &self.handles), refused);
             }
             (Poll::Ready(Err(RunError::Invalid(error))), Err(expected)) => {
@@ -230,11 +262,7 @@ impl<'b> Driver<'b> {
                 self.agree("run", error, expected);
             }
             (real, model) => {
-                let model = model.map(|started| match started {
-                    Started::Admitted(p) => format!("admitted {p:?}"),
-                    Started::Refused(r) => format!("refused {r:?}"),
-                    Started::Queued(key) => format!("queued as waiter {key}"),
-                });
+                let model = model.map(|(_, entered)| format!("{entered:?}"));
                 self.agree(
                     "run",
                     format!("{} (callback called: {})", describe(&real), run.started()),
@@ -248,7 +276,10 @@ impl<'b> Driver<'b> {
     /// callback's first steps, then the deadline if it applies, else it keeps running.
     fn start_run(&mut self, mut run: LiveRun<'b>, real: Poll<RunOutput>, mut permit: ModelPermit) {
         self.model.note("run admitted");
-        let view = run.mailbox.borrow().view.expect("the callback ran");
+        let view = match run.mailbox.borrow().view {
+            Some(Seen::Admitted(view)) => view,
+            seen => panic!("an admitted run's callback saw {seen:?}"),
+        };
         let new = self.ids.insert(view.id);
         self.agree("whether the admission id is new", new, true);
         let (report, abandon, finish) = run.script;
@@ -268,7 +299,12 @@ impl<'b> Driver<'b> {
                 _ => self.agree("the callback's abandonment", "no reply", "a reply"),
             }
         }
-        self.agree("a run's context", view, model_view(view.id, &permit));
+        let seen = run.mailbox.borrow().view;
+        self.agree(
+            "a run's context",
+            seen,
+            Some(Seen::Admitted(model_view(view.id, &permit))),
+        );
         // Design §U7.3: only a borrowed slot still held, from admission on.
         let cut = run.deadline == Some(SHORT_DEADLINE) && permit.borrowed.slot && permit.holds_slot;
         if finish {
@@ -337,12 +373,68 @@ impl<'b> Driver<'b> {
         self.runs.push(run);
     }
 
+    /// A run just bypassed (its callback called with the bypass's context, `real` the poll
+    /// that called it): the callback's first steps (a bypass has no slot to abandon, and no
+    /// deadline applies to it), then it keeps running.
+    fn start_bypassed_run(
+        &mut self,
+        mut run: LiveRun<'b>,
+        real: Poll<RunOutput>,
+        mut bypass: ModelBypass,
+    ) {
+        self.model.note("run bypassed");
+        let shadow = match run.mailbox.borrow().view {
+            Some(Seen::Bypassed(view)) => view.shadow,
+            seen => panic!("a bypassed run's callback saw {seen:?}"),
+        };
+        self.new_shadow(shadow, bypass.shadow);
+        let (report, abandon, finish) = run.script;
+        if let Some(usage) = report {
+            let model = self.model.report_bypass(&mut bypass, usage, None);
+            match run.reply() {
+                Some(Reply::Report(real)) => self.agree_bypass_report(real, shadow, model),
+                _ => self.agree("the callback's first report", "no reply", "a reply"),
+            }
+        }
+        if abandon {
+            self.model.note("observe: bypass holds no slot to abandon");
+            match run.reply() {
+                Some(Reply::Abandon(real)) => {
+                    self.agree("a bypass's abandonment", real, false);
+                }
+                _ => self.agree("a bypass's abandonment", "no reply", "a reply"),
+            }
+        }
+        let seen = run.mailbox.borrow().view;
+        self.agree(
+            "a bypassed run's context",
+            seen,
+            Some(Seen::Bypassed(bypass_view(shadow, &bypass))),
+        );
+        if finish {
+            self.agree(
+                "a bypassed run finished at once",
+                describe(&real),
+                describe(&Poll::Ready(Ok(None))),
+            );
+            self.model.finish_bypass(bypass, None);
+            return;
+        }
+        self.agree(
+            "a running bypass",
+            describe(&real),
+            describe(&Poll::Pending),
+        );
+        run.state = RunState::Bypassed(bypass);
+        self.runs.push(run);
+    }
+
     /// Polls every waiting run, in creation order.
     pub(super) fn poll_runs(&mut self) {
         let waiting: Vec<u64> = self
             .runs
             .iter()
-            .filter(|r| matches!(r.state, RunState::Waiting(_)))
+            .filter(|r| matches!(r.state, RunState::Waiting { .. }))
             .map(|r| r.serial)
             .collect();
         for serial in waiting {
@@ -351,16 +443,32 @@ impl<'b> Driver<'b> {
                 .iter()
                 .position(|r| r.serial == serial)
                 .expect("still there");
-            let RunState::Waiting(key) = self.runs[at].state else {
+            let RunState::Waiting { key, ask, advisory } = self.runs[at].state else {
                 unreachable!("a waiting run")
             };
             let real = self.runs[at].poll();
             let started = self.runs[at].started();
-            match (real, self.model.poll_waiter(key)) {
+            // A refusal after the wait may be bypassed (observe mode).
+            let model = match self.model.poll_waiter(key) {
+                Poll::Ready(Err(refused)) => {
+                    let observe = self.runs[at].observe;
+                    match self.model.after_refusal(ask, refused, observe, advisory) {
+                        Ok(bypass) => Poll::Ready(Ok(Entered::Bypassed(bypass))),
+                        Err(refused) => Poll::Ready(Err(refused)),
+                    }
+                }
+                Poll::Ready(Ok(permit)) => Poll::Ready(Ok(Entered::Admitted(permit))),
+                Poll::Pending => Poll::Pending,
+            };
+            match (real, model) {
                 (Poll::Pending, Poll::Pending) if !started => {}
-                (real, Poll::Ready(Ok(permit))) if started => {
+                (real, Poll::Ready(Ok(Entered::Admitted(permit)))) if started => {
                     let run = self.runs.remove(at);
                     self.start_run(run, real, permit);
+                }
+                (real, Poll::Ready(Ok(Entered::Bypassed(bypass)))) if started => {
+                    let run = self.runs.remove(at);
+                    self.start_bypassed_run(run, real, bypass);
                 }
                 (Poll::Ready(Err(RunError::Rejected(rejection))), Poll::Ready(Err(refused))) => {
                     self.runs.remove(at);
@@ -379,26 +487,13 @@ impl<'b> Driver<'b> {
         }
     }
 
-    /// The position of running run `run` (modulo the number running), if any.
+    /// The position of running run `run` (modulo the number running, bypassed ones included),
+    /// if any.
     fn running(&self, run: u32) -> Option<usize> {
         let running: Vec<usize> = (0..self.runs.len())
-            .filter(|&i| matches!(self.runs[i].state, RunState::Running { .. }))
+            .filter(|&i| !matches!(self.runs[i].state, RunState::Waiting { .. }))
             .collect();
         (!running.is_empty()).then(|| running[run as usize % running.len()])
-    }
-
-    fn running_parts(&mut self, at: usize) -> (&mut LiveRun<'b>, ModelPermit, AdmissionId) {
-        let run = &mut self.runs[at];
-        let RunState::Running { model, id } = run.state else {
-            unreachable!("a running run")
-        };
-        (run, model, id)
-    }
-
-    fn set_running(&mut self, at: usize, permit: ModelPermit) {
-        if let RunState::Running { model, .. } = &mut self.runs[at].state {
-            *model = permit;
-        }
     }
 
     /// `Op::RunReport`.
@@ -416,7 +511,7 @@ impl<'b> Driver<'b> {
         };
         let progress = progressive
             .map(|(remaining, margin)| Progressive::new(remaining).safety_margin(margin));
-        let (live, mut permit, id) = self.running_parts(at);
+        let live = &mut self.runs[at];
         let polled = live.send(Command::Report(token_usage, progress));
         let reply = live.reply();
         self.agree(
@@ -424,20 +519,34 @@ impl<'b> Driver<'b> {
             describe(&polled),
             describe(&Poll::Pending),
         );
-        let model = self.model.report(&mut permit, usage, progressive);
-        self.set_running(at, permit);
-        match reply {
-            Some(Reply::Report(real)) => self.agree_report(real, id, model),
-            _ => self.agree("a run's report", "no reply", "a reply"),
+        let Some(Reply::Report(real)) = reply else {
+            return self.agree("a run's report", "no reply", "a reply");
+        };
+        match &mut self.runs[at].state {
+            RunState::Running { model, id } => {
+                let (mut permit, id) = (*model, *id);
+                let expected = self.model.report(&mut permit, usage, progressive);
+                self.runs[at].state = RunState::Running { model: permit, id };
+                self.agree_report(real, id, expected);
+            }
+            RunState::Bypassed(bypass) => {
+                let mut bypass = *bypass;
+                let expected = self.model.report_bypass(&mut bypass, usage, progressive);
+                self.runs[at].state = RunState::Bypassed(bypass);
+                let shadow = self.shadows[bypass.shadow as usize];
+                self.agree_bypass_report(real, shadow, expected);
+            }
+            RunState::Waiting { .. } => unreachable!("a running run"),
         }
     }
 
-    /// `Op::RunAbandon` (design §U7.2; after it the deadline no longer applies, §U7.3).
+    /// `Op::RunAbandon` (design §U7.2; after it the deadline no longer applies, §U7.3). A
+    /// bypass holds no slot.
     pub(super) fn run_abandon(&mut self, run: u32) {
         let Some(at) = self.running(run) else {
             return;
         };
-        let (live, mut permit, _) = self.running_parts(at);
+        let live = &mut self.runs[at];
         let polled = live.send(Command::Abandon);
         let reply = live.reply();
         self.agree(
@@ -445,15 +554,25 @@ impl<'b> Driver<'b> {
             describe(&polled),
             describe(&Poll::Pending),
         );
-        let model = self.model.abandon(&mut permit, Cause::Manual);
-        self.set_running(at, permit);
+        let expected = match &self.runs[at].state {
+            RunState::Running { model, id } => {
+                let (mut permit, id) = (*model, *id);
+                let done = self.model.abandon(&mut permit, Cause::Manual);
+                self.runs[at].state = RunState::Running { model: permit, id };
+                done
+            }
+            _ => {
+                self.model.note("observe: bypass holds no slot to abandon");
+                false
+            }
+        };
         match reply {
-            Some(Reply::Abandon(real)) => self.agree("a run's abandonment", real, model),
+            Some(Reply::Abandon(real)) => self.agree("a run's abandonment", real, expected),
             _ => self.agree("a run's abandonment", "no reply", "a reply"),
         }
     }
 
-    /// `Op::RunFinish`: `run` settles when the callback returns (crate run.rs).
+    /// `Op::RunFinish`: `run` settles when the callback returns (crate run.rs), a bypass ends.
     pub(super) fn run_finish(&mut self, run: u32, ok: bool, usage: Option<(u64, u64)>) {
         let Some(at) = self.running(run) else {
             return;
@@ -463,10 +582,9 @@ impl<'b> Driver<'b> {
             Some(Ok(usage)) => Some(usage),
             Some(Err(_)) => return,
         };
-        let (live, permit, _) = self.running_parts(at);
+        let mut live = self.runs.remove(at);
         let result = if ok { Ok(token_usage) } else { Err(()) };
         let polled = live.send(Command::Finish(result));
-        self.runs.remove(at);
         let expected: Poll<RunOutput> = Poll::Ready(if ok {
             Ok(token_usage)
         } else {
@@ -475,11 +593,21 @@ impl<'b> Driver<'b> {
         self.agree("a finished run", describe(&polled), describe(&expected));
         self.model
             .note(if ok { "run finished" } else { "run failed" });
-        self.model.settle(permit, if ok { usage } else { None });
+        match live.state {
+            RunState::Running { model, .. } => {
+                self.model.settle(model, if ok { usage } else { None });
+            }
+            RunState::Bypassed(bypass) => {
+                self.model
+                    .finish_bypass(bypass, if ok { usage } else { None });
+            }
+            RunState::Waiting { .. } => unreachable!("a running run"),
+        }
     }
 
     /// `Op::DropRun`: a waiting run leaves the queue as a dropped acquire does (design §D3),
-    /// a running one settles with the last reported usage (crate run.rs, cancel safety).
+    /// a running one settles with the last reported usage (crate run.rs, cancel safety), a
+    /// bypass ends with it.
     pub(super) fn drop_run(&mut self, run: u32) {
         if self.runs.is_empty() {
             return;
@@ -489,7 +617,7 @@ impl<'b> Driver<'b> {
         let state = live.state;
         drop(live.future);
         match state {
-            RunState::Waiting(key) => {
+            RunState::Waiting { key, .. } => {
                 self.model.note("run dropped while waiting");
                 self.model.cancel_waiter(key);
             }
@@ -497,19 +625,28 @@ impl<'b> Driver<'b> {
                 self.model.note("run dropped while running");
                 self.model.settle(model, None);
             }
+            RunState::Bypassed(bypass) => {
+                self.model.note("observe: bypass dropped");
+                self.model.finish_bypass(bypass, None);
+            }
         }
     }
 
     /// Every running run's context, as its callback last saw it.
     pub(super) fn check_runs(&self) {
         for run in &self.runs {
-            if let RunState::Running { model, id } = &run.state {
-                self.agree(
-                    "a running run's context",
-                    run.mailbox.borrow().view,
-                    Some(model_view(*id, model)),
-                );
-            }
+            let expected = match &run.state {
+                RunState::Running { model, id } => Seen::Admitted(model_view(*id, model)),
+                RunState::Bypassed(bypass) => {
+                    Seen::Bypassed(bypass_view(self.shadows[bypass.shadow as usize], bypass))
+                }
+                RunState::Waiting { .. } => continue,
+            };
+            self.agree(
+                "a running run's context",
+                run.mailbox.borrow().view,
+                Some(expected),
+            );
         }
     }
 }

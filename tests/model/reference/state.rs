@@ -6,11 +6,12 @@ use async_bulkhead_llm::RequestError;
 
 use async_bulkhead_llm::{AdmissionClass, LimitsError};
 
+use super::flights::{DedupKind, Flights};
 use super::harness::{Call, MAX_CHARS};
 use super::values::{
     Ask, Borrowed, ClassCaps, ClassDetail, ClassTokenDetail, Constraint, DEFAULT_OUTPUT_CAP,
-    Detail, ModelLimits, ModelPermit, ModelWaiter, Observed, Pool, Reason, Refusal, Refused,
-    TokenDetail,
+    Detail, ModelLimits, ModelPermit, ModelWaiter, ObserveFigures, Observed, Pool, Reason, Refusal,
+    Refused, TokenDetail,
 };
 
 /// What a call names as its class (design §U6.2).
@@ -89,10 +90,20 @@ pub(crate) struct Model {
     pub(crate) last_refused: Option<(Option<usize>, Refused)>,
     /// The last error of `apply_limits` or `set_budget` (for scenarios).
     pub(crate) last_limits_error: Option<LimitsError>,
+    /// Deduplication: the flights of `run_shared` calls and their callers.
+    pub(crate) flights: Flights,
+    /// Observe mode's figures (`stats().observe` once `bypassed > 0`).
+    pub(crate) observe: ObserveFigures,
+    /// The number the next bypass gets.
+    pub(crate) next_shadow: u128,
 }
 
 impl Model {
-    pub(crate) fn new(limits: ModelLimits, default_class: Option<usize>) -> Model {
+    pub(crate) fn new(
+        limits: ModelLimits,
+        default_class: Option<usize>,
+        dedup: Option<DedupKind>,
+    ) -> Model {
         Model {
             has_budget: limits.budget.is_some(),
             limits,
@@ -121,6 +132,12 @@ impl Model {
             tally: BTreeMap::new(),
             last_refused: None,
             last_limits_error: None,
+            flights: Flights {
+                kind: dedup,
+                ..Flights::default()
+            },
+            observe: ObserveFigures::default(),
+            next_shadow: 0,
         }
     }
 
@@ -169,16 +186,7 @@ impl Model {
     /// ignored; an override replaces the estimator; else the estimator. An explicit
     /// reservation was checked when it was built.
     pub(crate) fn resolve(&self, call: &Call, named: Named) -> Result<Ask, RequestError> {
-        let class = match (self.default_class, named) {
-            (None, Named::Default) => None,
-            (None, Named::Foreign(class)) => {
-                return Err(RequestError::ClassesNotConfigured { class });
-            }
-            (None, Named::Own(_)) => unreachable!("no own handle without classes"),
-            (Some(_), Named::Foreign(class)) => return Err(RequestError::ForeignClass { class }),
-            (Some(default), Named::Default) => Some(default),
-            (Some(_), Named::Own(class)) => Some(class),
-        };
+        let class = self.class_of(named)?;
         let reservation = if !self.has_budget {
             None
         } else if call.explicit {

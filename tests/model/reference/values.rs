@@ -359,6 +359,49 @@ pub(crate) enum Observed {
         cause: Cause,
         held: u64,
     },
+    /// A bypass began; `shadow` numbers the bypasses in the order they began (the recorder
+    /// keeps the raw id, which the driver numbers before comparing).
+    Bypass {
+        shadow: u128,
+        revision: u64,
+        high: bool,
+        class: Option<usize>,
+        reason: Reason,
+        detail: Option<Detail>,
+        reservation: Option<(u64, u64)>,
+        raced: bool,
+    },
+    /// An effective usage report of a bypassed call.
+    BypassUsage {
+        shadow: u128,
+        revision: u64,
+        high: bool,
+        class: Option<usize>,
+        reason: Reason,
+        sequence: u64,
+        reservation: Option<(u64, u64)>,
+        usage: (u64, u64),
+        output_cap: Option<u64>,
+        output_remaining: Option<u64>,
+        over_reservation: bool,
+        progressive: Option<(u64, u64)>,
+    },
+    /// A bypassed call ended.
+    BypassRelease {
+        shadow: u128,
+        revision: u64,
+        high: bool,
+        class: Option<usize>,
+        reason: Reason,
+        reservation: Option<(u64, u64)>,
+        sequence: u64,
+        usage: Option<(u64, u64)>,
+    },
+    /// A follower joined a shared call; `followers` counts the joins of that call so far.
+    Dedup {
+        class: Option<usize>,
+        followers: u64,
+    },
     Other(String),
 }
 
@@ -419,6 +462,82 @@ pub(crate) struct ModelStats {
     pub(crate) tokens: Option<TokenStats>,
     pub(crate) listener_panics: u64,
     pub(crate) classes: Option<ClassesStats>,
+    /// `(active, hits, key_panics)`, with deduplication.
+    pub(crate) dedup: Option<(u64, u64, u64)>,
+    /// Once a call was bypassed.
+    pub(crate) observe: Option<ObserveFigures>,
+}
+
+/// The observe-mode part of `stats()` (crate stats.rs `ObserveStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ObserveFigures {
+    pub(crate) bypassed: u64,
+    pub(crate) race_bypassed: u64,
+    pub(crate) by_reason: [u64; 6],
+    pub(crate) usage_reported: u64,
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+}
+
+/// The refusals an observe-mode call may bypass, as bits `1 << reason` (crate options.rs
+/// `ShadowReasons`: budget, concurrency, queue limit, timeout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shadow(pub(crate) u8);
+
+impl Shadow {
+    /// The set an operation picks (see `Op::Run`'s `observe`): none (enforce), or a set.
+    pub(crate) fn pick(observe: u8) -> Option<Shadow> {
+        let bits =
+            |reasons: &[Reason]| Shadow(reasons.iter().fold(0, |bits, &r| bits | 1 << r as u8));
+        match observe % 6 {
+            0 => None,
+            1 => Some(bits(&[
+                Reason::BudgetLimit,
+                Reason::ConcurrencyLimit,
+                Reason::QueueLimit,
+                Reason::Timeout,
+            ])),
+            2 => Some(bits(&[Reason::BudgetLimit])),
+            3 => Some(bits(&[Reason::Timeout])),
+            4 => Some(bits(&[Reason::ConcurrencyLimit, Reason::QueueLimit])),
+            _ => Some(Shadow(0)),
+        }
+    }
+
+    pub(crate) fn contains(self, reason: Reason) -> bool {
+        self.0 & 1 << reason as u8 != 0
+    }
+
+    pub(crate) fn reasons(self) -> Vec<Reason> {
+        REASONS
+            .iter()
+            .copied()
+            .filter(|&r| self.contains(r))
+            .collect()
+    }
+}
+
+/// A bypassed call (crate observe.rs `Bypass` and `BypassCall`): the refusal it runs past and
+/// its usage so far. It holds nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ModelBypass {
+    /// Numbers the bypasses in the order they began.
+    pub(crate) shadow: u128,
+    pub(crate) reason: Reason,
+    pub(crate) detail: Option<Detail>,
+    pub(crate) raced: bool,
+    pub(crate) reservation: Option<(u64, u64)>,
+    pub(crate) revision: u64,
+    pub(crate) high: bool,
+    pub(crate) class: Option<usize>,
+    pub(crate) reported: Option<(u64, u64)>,
+    pub(crate) sequence: u64,
+}
+
+impl ModelBypass {
+    pub(crate) fn reserved(&self) -> u64 {
+        self.reservation.map_or(0, |(input, output)| input + output)
+    }
 }
 
 /// The class part of `stats()` (design §U12, §U6.3).
