@@ -87,8 +87,8 @@
 //! several threads, the blocking acquires, estimators other than the default model-aware one,
 //! builder refusals of class ids (blank, repeated, an unknown default class: the ids here are
 //! fixed), the panics of listeners and estimators, and the timing figures of events. For
-//! `run_shared`: a future dropped before its first poll (every call is polled when it is
-//! made), borrowed-slot deadlines, `Sharing::with` hooks (and their panics), callbacks that
+//! `run_shared`: a future dropped before its first poll in random runs (every call is polled
+//! when it is made; a scenario pins that case), borrowed-slot deadlines, `Sharing::with` hooks (and their panics), callbacks that
 //! panic, different result types under one key, and the race bypass of a decision that
 //! changed between the advisory check and the admission (the model is sequential: it
 //! reaches `raced` only through a refusal after the call queued).
