@@ -357,7 +357,7 @@ pub struct BypassEvent {
     pub detail: Option<CapacityDetail>,
     /// The reservation it would have held (none without a token budget).
     pub reservation: Option<Reservation>,
-    /// Whether the advisory check said "admit" and the admission then refused.
+    /// Whether the advisory check said "admit" or "queue" and the admission then refused.
     pub raced: bool,
 }
 

@@ -49,7 +49,8 @@ pub struct Bypass {
     /// The capacity snapshot of the refusal (none for a deduplication follower whose own wait
     /// timed out).
     pub detail: Option<CapacityDetail>,
-    /// Whether the advisory check said "admit" and the admission then refused (a race).
+    /// Whether the advisory check said "admit" or "queue" and the admission then refused (a
+    /// race, or a queue timeout).
     pub raced: bool,
     /// The reservation the call would have held (none without a token budget).
     pub reservation: Option<Reservation>,
