@@ -217,6 +217,7 @@ pub use events::{
 pub use llm::admission::Admission;
 pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
+pub use llm::context::RunContext;
 pub use llm::dedup::Deduplication;
 pub use llm::estimate::{
     AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
@@ -226,7 +227,7 @@ pub use llm::observe::Bypass;
 pub use llm::options::{AcquireOptions, DedupScope, NotShadowable, RunOptions, ShadowReasons};
 pub use llm::permit::{OwnedPermit, Permit};
 pub use llm::request::{Content, ContentBlock, LlmRequest, Message};
-pub use llm::run::{BorrowedConcurrencyDeadlineError, RunContext, RunError};
+pub use llm::run::{BorrowedConcurrencyDeadlineError, RunError};
 pub use llm::run_shared::Sharing;
 pub use priority::Priority;
 pub use rejection::{

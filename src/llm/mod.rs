@@ -11,8 +11,8 @@
 //!   call's start, usage reports and end).
 //! - `dedup`, `canonical`: in-flight deduplication's keys, registry and shared calls; the
 //!   canonical form of a request its default key digests.
-//! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`, `run_shared`: the public
-//!   face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
+//! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`, `context`, `run_shared`:
+//!   the public face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
 //!
 //! The wing imports the engine and the plain vocabulary below it, never the other way round.
 
@@ -22,6 +22,7 @@ pub(crate) mod builder;
 pub(crate) mod bulkhead;
 mod bypass;
 mod canonical;
+pub(crate) mod context;
 pub(crate) mod core;
 pub(crate) mod dedup;
 pub(crate) mod estimate;

@@ -16,14 +16,13 @@ use crate::sync::Arc;
 
 use super::acquire::AcquireOwned;
 use super::bulkhead::LlmBulkhead;
+use super::context::{CallState, RunContext, SharedCall};
 use super::core::{Call, LlmCore};
 use super::dedup::{Dedup, Outcome, Role, Share, Waiter};
 use super::observe::BypassCall;
 use super::options::RunOptions;
 use super::request::LlmRequest;
-use super::run::{
-    CallState, Entered, RunContext, RunError, SharedCall, bypass, cut, enter, until_cut,
-};
+use super::run::{Entered, RunError, bypass, cut, enter, until_cut};
 
 /// How the followers of a shared call get their copy of its value, and which usage the call
 /// settles with: for [`run_shared_with`](LlmBulkhead::run_shared_with).
