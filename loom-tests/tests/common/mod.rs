@@ -1,6 +1,6 @@
-//! Helpers shared by the model files (`limits.rs`, `arrival.rs`, `blocking.rs`, `drain.rs`,
-//! `events.rs`, `queue.rs`): wakers that remember being woken, hand polling, and the
-//! end-of-model checks.
+//! Helpers shared by the model files (`limits.rs`, `arrival.rs`, `blocking.rs`, `dedup.rs`,
+//! `drain.rs`, `events.rs`, `queue.rs`): wakers that remember being woken, hand polling, and
+//! the end-of-model checks.
 //!
 //! Each model file uses only some of them.
 #![allow(dead_code)]
