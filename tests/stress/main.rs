@@ -8,12 +8,15 @@
 //! - `chaos`: random mixes of every operation, with cancellations and a random close;
 //! - `classes`: the chaos mix with admission classes (floors, ceilings, abandonments, `run`
 //!   deadlines, class limits changing), and two classes hammered at a floor boundary;
+//! - `dedup`: `run_shared` with identical and near-identical requests, scopes, `no_dedup`,
+//!   follower timeouts, cancellations and observe-mode bypasses on a small bulkhead, every
+//!   outcome traced to the callback that produced it;
 //! - `threads`: statistics shards and admission ids across thread lifetimes;
 //! - `phantom_probe`: the "phantom commit" probe of issue #11.
 //!
 //! `STRESS_SCALE` (default 1) multiplies the work, e.g. `STRESS_SCALE=100 cargo test --release
-//! --test stress chaos::`; `CHAOS_SEED=<seed>` replays a failed chaos run's random choices;
-//! `PHANTOM_PROBE_SECS` sets the phantom probe's duration (default 10 s).
+//! --test stress chaos::`; `CHAOS_SEED=<seed>` replays a failed chaos, classes or dedup run's
+//! random choices; `PHANTOM_PROBE_SECS` sets the phantom probe's duration (default 10 s).
 //!
 //! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
 
@@ -23,6 +26,7 @@ mod common;
 mod admission;
 mod chaos;
 mod classes;
+mod dedup;
 mod phantom_probe;
 mod queue;
 mod threads;
