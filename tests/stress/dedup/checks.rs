@@ -549,7 +549,7 @@ fn split(c: &CallerRecord, notes: &[(u32, What)]) -> Refusals {
                     own_timeout_in = Some(action);
                     true
                 }
-                RejectReason::Aborted => c.polls > 0 && last_abort == Some(i),
+                RejectReason::Aborted => last_abort == Some(i),
                 RejectReason::Shutdown => own_timeout_in == Some(action),
                 _ => false,
             };

@@ -1,5 +1,5 @@
-//! What the dedup stress found in the crate, each as the smallest test that fails because of
-//! it (ignored until fixed).
+//! What the dedup stress found in the crate, each as the smallest test that failed because of
+//! it before the fix.
 
 use std::future::{Future, poll_fn};
 use std::task::Poll;
@@ -10,11 +10,10 @@ use futures::executor::block_on;
 /// `run_shared`'s docs: "A follower's wait ends early only by its own explicit timeout or by
 /// dropping its future: both are counted as rejections (`timeout`, `aborted`)". A follower
 /// joins when `run_shared` is called (it is counted in `hits` and announced by a `DedupEvent`
-/// then), but its cancellation is counted only once its future was polled: dropped before its
-/// first poll, it is neither counted `aborted` nor given an outcome, so the followers no longer
-/// balance (`hits` != outcomes + own timeouts + `aborted`).
+/// then), so its cancellation counts even before its first poll (it used to count only once
+/// its future was polled, and the followers did not balance: `hits` != outcomes + own
+/// timeouts + `aborted`).
 #[test]
-#[ignore = "crate bug: a follower dropped before its first poll is not counted as aborted"]
 fn a_follower_dropped_before_its_first_poll_is_counted_aborted() {
     let bulkhead = LlmBulkhead::builder("m", 1)
         .deduplication(Deduplication::new())
