@@ -154,7 +154,9 @@ fn follower_join(c: &mut Criterion) {
         assert_eq!(stats.deduplication.expect("on").active, keys);
 
         let mut next = 0u64;
+        let mut ran = false;
         group.bench_function(BenchmarkId::from_parameter(format!("{keys}_keys")), |b| {
+            ran = true;
             b.iter(|| {
                 request.max_tokens = Some(next);
                 next += 1;
@@ -176,7 +178,8 @@ fn follower_join(c: &mut Criterion) {
         let stats = bulkhead.stats();
         let figures = stats.deduplication.expect("on");
         assert_eq!(figures.active, keys);
-        assert!(figures.hits > 0, "the followers joined");
+        // (A case a filter skipped made no follower.)
+        assert!(figures.hits > 0 || !ran, "the followers joined");
         assert_eq!((stats.admitted, stats.in_flight), (keys, keys));
         assert_eq!(stats.rejected, figures.hits);
         assert_eq!(stats.rejected_by_reason.aborted, figures.hits);

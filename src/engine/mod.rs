@@ -405,6 +405,18 @@ impl Engine {
     /// What an admission of `ask` would get now, and the snapshot it would be decided on;
     /// reserves and counts nothing.
     pub(crate) fn would_admit(&self, ask: Ask) -> (Verdict, CapacityDetail) {
+        let (verdict, detail) = self.advise(ask, |_| true);
+        (verdict, detail.expect("asked for every verdict's detail"))
+    }
+
+    /// What an admission of `ask` would get now, with the snapshot it would be decided on when
+    /// `want_detail(verdict)` (building a detail costs more than the verdict: an observe-mode
+    /// `run` needs it only for a refusal it bypasses). Reserves and counts nothing.
+    pub(crate) fn advise(
+        &self,
+        ask: Ask,
+        want_detail: impl FnOnce(Verdict) -> bool,
+    ) -> (Verdict, Option<CapacityDetail>) {
         let seen = match ask.class {
             None => {
                 let (state, bounds) = self.snapshot();
@@ -421,21 +433,22 @@ impl Engine {
         let pending = self.pending();
         let (verdict, constraint) =
             policy::verdict(seen.state, &seen.bounds, pending, ask, seen.class.as_ref());
+        if !want_detail(verdict) {
+            return (verdict, None);
+        }
         let constraint = match verdict {
             Verdict::Reject(RejectReason::Shutdown) => None,
             _ => constraint,
         };
-        (
-            verdict,
-            policy::detail(
-                seen.state,
-                &seen.bounds,
-                pending,
-                ask,
-                seen.class.as_ref(),
-                constraint,
-            ),
-        )
+        let detail = policy::detail(
+            seen.state,
+            &seen.bounds,
+            pending,
+            ask,
+            seen.class.as_ref(),
+            constraint,
+        );
+        (verdict, Some(detail))
     }
 
     /// Runs one decision against the current word and the limits in force, linearizably with

@@ -387,7 +387,7 @@ struct Inner<O> {
     repoll: bool,
     /// The call finished (every slot filled) or was dropped.
     finished: bool,
-    waiters: Vec<Option<WaiterSlot<O>>>,
+    waiters: Slots<O>,
     live: usize,
     leader: Option<usize>,
     /// The waiter to wake when the call wakes.
@@ -397,7 +397,64 @@ struct Inner<O> {
 
 struct WaiterSlot<O> {
     waker: Option<Waker>,
-    outcome: Option<Outcome<O>>,
+    /// Boxed: a slot stays two words and a pointer, so the first ones fit beside the flight's
+    /// other fields (one cache line fewer for a join).
+    outcome: Option<Box<Outcome<O>>>,
+}
+
+/// Waiters stored inline in the flight before this many (a join touches no other allocation).
+const INLINE_WAITERS: usize = 2;
+
+/// The waiters' slots, by index: the first inline, the others in a vector.
+struct Slots<O> {
+    inline: [Option<WaiterSlot<O>>; INLINE_WAITERS],
+    more: Vec<Option<WaiterSlot<O>>>,
+}
+
+impl<O> Slots<O> {
+    fn new() -> Slots<O> {
+        Slots {
+            inline: [None, None],
+            more: Vec::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        INLINE_WAITERS + self.more.len()
+    }
+
+    fn at(&mut self, index: usize) -> &mut Option<WaiterSlot<O>> {
+        match index.checked_sub(INLINE_WAITERS) {
+            None => &mut self.inline[index],
+            Some(i) => &mut self.more[i],
+        }
+    }
+
+    fn is_used(&self, index: usize) -> bool {
+        match index.checked_sub(INLINE_WAITERS) {
+            None => self.inline[index].is_some(),
+            Some(i) => self.more[i].is_some(),
+        }
+    }
+
+    /// Stores `slot` in the first free place; its index.
+    fn insert(&mut self, slot: WaiterSlot<O>) -> usize {
+        let free = (0..self.len()).find(|&i| !self.is_used(i));
+        match free {
+            Some(i) => {
+                *self.at(i) = Some(slot);
+                i
+            }
+            None => {
+                self.more.push(Some(slot));
+                self.len() - 1
+            }
+        }
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Option<WaiterSlot<O>>> {
+        self.inline.iter_mut().chain(self.more.iter_mut())
+    }
 }
 
 impl<O> Inner<O> {
@@ -407,20 +464,12 @@ impl<O> Inner<O> {
             waker: None,
             outcome: None,
         };
-        match self.waiters.iter().position(Option::is_none) {
-            Some(free) => {
-                self.waiters[free] = Some(slot);
-                free
-            }
-            None => {
-                self.waiters.push(Some(slot));
-                self.waiters.len() - 1
-            }
-        }
+        self.waiters.insert(slot)
     }
 
     fn slot(&mut self, index: usize) -> &mut WaiterSlot<O> {
-        self.waiters[index]
+        self.waiters
+            .at(index)
             .as_mut()
             .expect("a waiter's slot lives until it leaves")
     }
@@ -428,7 +477,7 @@ impl<O> Inner<O> {
     /// Removes waiter `index`, returning its slot (its waker and outcome are dropped by the
     /// caller, after unlocking).
     fn remove(&mut self, index: usize) -> Option<WaiterSlot<O>> {
-        let slot = self.waiters[index].take()?;
+        let slot = self.waiters.at(index).take()?;
         self.live -= 1;
         if self.leader == Some(index) {
             self.leader = None;
@@ -459,7 +508,7 @@ impl<O: Send + 'static> Flight<O> {
                 polling: false,
                 repoll: false,
                 finished: false,
-                waiters: Vec::new(),
+                waiters: Slots::new(),
                 live: 0,
                 leader: None,
                 driver: None,
@@ -549,7 +598,7 @@ impl<O: Send + 'static> Waiter<O> {
                 drop(inner);
                 drop(slot);
                 self.index = None;
-                return Poll::Ready(outcome);
+                return Poll::Ready(*outcome);
             }
             let slot = inner.slot(index);
             match &slot.waker {
@@ -621,7 +670,7 @@ impl<O: Send + 'static> Waiter<O> {
             inner.polling = false;
             let leader = inner.leader;
             let followers: Vec<usize> = (0..inner.waiters.len())
-                .filter(|&i| inner.waiters[i].is_some() && Some(i) != leader)
+                .filter(|&i| inner.waiters.is_used(i) && Some(i) != leader)
                 .collect();
             (leader, followers)
         };
@@ -651,9 +700,9 @@ impl<O: Send + 'static> Waiter<O> {
             let removed = inner.remove(own);
             let wakers = shares
                 .into_iter()
-                .filter_map(|(i, outcome)| match inner.waiters[i].as_mut() {
+                .filter_map(|(i, outcome)| match inner.waiters.at(i).as_mut() {
                     Some(slot) => {
-                        slot.outcome = Some(outcome);
+                        slot.outcome = Some(Box::new(outcome));
                         slot.waker.take()
                     }
                     None => {
@@ -712,7 +761,9 @@ impl<O: Send + 'static> Waiter<O> {
         }
         // The call's future (and with it its admission) is dropped unlocked.
         drop(dropped);
-        removed.and_then(|slot| slot.outcome)
+        removed
+            .and_then(|slot| slot.outcome)
+            .map(|outcome| *outcome)
     }
 }
 
@@ -747,9 +798,9 @@ impl<O: Send + 'static> Drop for PollGuard<'_, O> {
                 .iter_mut()
                 .flatten()
                 .filter_map(|slot| {
-                    slot.outcome = Some(Outcome::Panicked(Box::new(
+                    slot.outcome = Some(Box::new(Outcome::Panicked(Box::new(
                         "the shared call panicked while another caller polled it",
-                    )));
+                    ))));
                     slot.waker.take()
                 })
                 .collect()

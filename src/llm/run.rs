@@ -376,10 +376,10 @@ pub(crate) async fn enter<'p, E>(
     let Some(reasons) = observe else {
         return Ok(Entered::Admitted(acquire.await?));
     };
-    let (verdict, detail) = core.engine().would_admit(call.ask);
-    if let Verdict::Reject(reason) = verdict
-        && reasons.contains(reason)
-    {
+    // The snapshot is built only for a refusal that is bypassed on the advice.
+    let bypassed = |verdict| matches!(verdict, Verdict::Reject(r) if reasons.contains(r));
+    let (verdict, detail) = core.engine().advise(call.ask, bypassed);
+    if let (Verdict::Reject(reason), Some(detail)) = (verdict, detail) {
         return bypass(core, &call, reason, Some(detail), false);
     }
     match acquire.await {
