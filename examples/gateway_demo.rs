@@ -131,8 +131,8 @@ impl Tally {
 async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64, burst: bool) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let prompt = "x".repeat(rng.usize(200..24_000));
-    // One call in five sets no output cap: the estimator reserves its default 100 output
-    // tokens, and the provider may write more.
+    // One call in five sets no output cap: the bulkhead reserves the budget's output cap for
+    // it (100 tokens here, set in `main`; the default is 2,048), and the provider may write more.
     let cap = (rng.u8(0..5) != 0).then(|| rng.u64(256..=4096));
     let mut request = LlmRequest::new()
         .system("You are a careful assistant.")
@@ -183,7 +183,7 @@ async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64, b
             }
             return;
         }
-        Err(AcquireError::Invalid(err)) => panic!("invalid request: {err}"),
+        Err(err) => panic!("{err}"), // an invalid request: not in this demo
     };
     if interactive {
         gauges.premium_admitted.fetch_add(1, Ordering::Relaxed);
@@ -241,7 +241,11 @@ async fn simulated_call(bulkhead: LlmBulkhead, gauges: Arc<Gauges>, seed: u64, b
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bulkhead = LlmBulkhead::builder(MODEL, 16)
         .profile(Profile::Batch)
-        .token_budget(TokenBudget::new(100_000).high_priority_reserve(15_000))
+        .token_budget(
+            TokenBudget::new(100_000)
+                .high_priority_reserve(15_000)
+                .output_cap(100),
+        )
         .admission_classes(
             AdmissionClasses::new("batch")
                 .class(

@@ -170,6 +170,7 @@ impl ClassLimits {
     }
 
     /// Sets the protected floor of concurrent calls.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn protected_concurrent(mut self, slots: u32) -> ClassLimits {
         self.protected_concurrent = Some(slots);
         self
@@ -178,18 +179,21 @@ impl ClassLimits {
     /// Sets the ceiling of concurrent calls. A ceiling of
     /// [`MAX_CONCURRENT`](crate::MAX_CONCURRENT) can never bind, and the bulkhead reports it
     /// as no ceiling.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn max_concurrent(mut self, slots: u32) -> ClassLimits {
         self.max_concurrent = Some(slots);
         self
     }
 
     /// Sets the protected floor of tokens in flight.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn protected_in_flight_tokens(mut self, tokens: u64) -> ClassLimits {
         self.protected_in_flight_tokens = Some(tokens);
         self
     }
 
     /// Sets the ceiling of tokens in flight.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn max_in_flight_tokens(mut self, tokens: u64) -> ClassLimits {
         self.max_in_flight_tokens = Some(tokens);
         self

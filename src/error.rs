@@ -517,6 +517,14 @@ impl std::error::Error for EstimatorError {}
 /// Why an acquire did not produce a permit: the bulkhead refused it for capacity (retry later
 /// or shed), or its input was invalid (fix the request).
 ///
+/// One type for `try_acquire` and `acquire().await`, unlike tokio's `TryAcquireError` /
+/// `AcquireError` split: tokio's two calls fail in different ways (no permit now vs closed), but
+/// here both can be refused for every reason (a closed bulkhead, the budget, a class limit, a
+/// full queue: `try_acquire` never queues, so it reports what `acquire` would have waited for as
+/// `concurrency_limit`), and both can be handed an invalid request. The reason, in the
+/// [`Rejection`], is what tells them apart. Non-exhaustive: match the variants you handle and
+/// keep a wildcard arm.
+///
 /// # Examples
 ///
 /// ```
@@ -532,6 +540,7 @@ impl std::error::Error for EstimatorError {}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcquireError {
     /// Refused for capacity or shutdown; carries the capacity snapshot for a 429/503.
     Rejected(Rejection),

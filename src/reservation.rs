@@ -276,6 +276,7 @@ impl Progressive {
     /// ```
     /// assert_eq!(async_bulkhead_llm::Progressive::new(10).safety_margin(128).safety_margin_tokens, 128);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn safety_margin(mut self, tokens: u64) -> Progressive {
         self.safety_margin_tokens = tokens;
         self

@@ -123,6 +123,7 @@ impl Limits {
     /// );
     /// assert_eq!(limits.admission_classes.unwrap().get("premium").unwrap().protected_concurrent, Some(2));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn with_admission_classes(mut self, classes: ClassLimitsTable) -> Limits {
         self.admission_classes = Some(classes);
         self
@@ -135,6 +136,7 @@ impl Limits {
     /// ```
     /// assert_eq!(async_bulkhead_llm::Limits::new(1, 2).with_max_queue(5).max_queue, 5);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn with_max_queue(mut self, max_queue: u32) -> Limits {
         self.max_queue = max_queue;
         self
@@ -149,6 +151,7 @@ impl Limits {
     /// let limits = async_bulkhead_llm::Limits::new(1, 2).with_token_budget(1000, 100);
     /// assert_eq!(limits.token_budget.unwrap().budget, 1000);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn with_token_budget(mut self, budget: u64, high_priority_reserve: u64) -> Limits {
         self.token_budget = Some(BudgetLimits {
             budget,
@@ -301,6 +304,7 @@ impl ClassLimitsTable {
     }
 
     /// This table with `limits` for class `id` (replacing, or added at the end).
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn with(mut self, id: impl Into<String>, limits: ClassLimits) -> ClassLimitsTable {
         self.insert(id, limits);
         self

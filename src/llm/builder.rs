@@ -65,6 +65,7 @@ impl TokenBudget {
     /// ```
     /// assert_eq!(async_bulkhead_llm::TokenBudget::new(10).output_cap(0).output_cap, 0);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn output_cap(mut self, output_cap: u64) -> TokenBudget {
         self.output_cap = output_cap;
         self
@@ -78,6 +79,7 @@ impl TokenBudget {
     /// let b = async_bulkhead_llm::TokenBudget::new(10).high_priority_reserve(4);
     /// assert_eq!(b.high_priority_reserve, 4);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn high_priority_reserve(mut self, reserve: u64) -> TokenBudget {
         self.high_priority_reserve = reserve;
         self
@@ -235,6 +237,7 @@ impl AdmissionClasses {
     }
 
     /// Adds class `id` with `limits` (after the classes added so far).
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn class(mut self, id: impl Into<String>, limits: ClassLimits) -> AdmissionClasses {
         self.classes.push((id.into(), limits));
         self
@@ -334,6 +337,7 @@ impl LlmBulkheadBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn deduplication(mut self, deduplication: Deduplication) -> LlmBulkheadBuilder {
         self.deduplication = Some(deduplication);
         self
@@ -368,6 +372,7 @@ impl LlmBulkheadBuilder {
     /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn admission_classes(mut self, classes: AdmissionClasses) -> LlmBulkheadBuilder {
         self.admission_classes = Some(classes);
         self
@@ -383,6 +388,7 @@ impl LlmBulkheadBuilder {
     /// assert_eq!(b.limits().revision, 9);
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn initial_revision(mut self, revision: u64) -> LlmBulkheadBuilder {
         self.initial_revision = revision;
         self
@@ -403,6 +409,7 @@ impl LlmBulkheadBuilder {
     /// assert_eq!(b.limits().max_queue, 3);
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_queue(mut self, max_queue: u32) -> LlmBulkheadBuilder {
         self.max_queue = Some(max_queue);
         self
@@ -421,6 +428,7 @@ impl LlmBulkheadBuilder {
     /// assert_eq!(b.queue_timeout(), Some(Duration::from_secs(30)));
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn profile(mut self, profile: Profile) -> LlmBulkheadBuilder {
         self.profile = profile;
         self
@@ -442,6 +450,7 @@ impl LlmBulkheadBuilder {
     /// assert_eq!(b.queue_timeout(), Some(Duration::from_millis(250)));
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn queue_timeout(mut self, timeout: Duration) -> LlmBulkheadBuilder {
         self.queue_timeout = Some(timeout);
         self
@@ -458,6 +467,7 @@ impl LlmBulkheadBuilder {
     /// assert_eq!(b.limits().token_budget.unwrap().budget, 500);
     /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn token_budget(mut self, token_budget: TokenBudget) -> LlmBulkheadBuilder {
         self.token_budget = Some(token_budget);
         self
@@ -481,6 +491,7 @@ impl LlmBulkheadBuilder {
     /// assert_eq!(bulkhead.estimate(&request)?, Some(Reservation::new(98, 100)?)); // chars / 4
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn estimator(mut self, estimator: impl Estimator + 'static) -> LlmBulkheadBuilder {
         self.estimator = Some(Arc::new(estimator));
         self

@@ -78,6 +78,7 @@ impl AcquireOptions {
     /// assert_eq!(permit.class(), Some(b));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn class(mut self, class: AdmissionClass) -> AcquireOptions {
         self.class = Some(class);
         self
@@ -92,6 +93,7 @@ impl AcquireOptions {
     ///
     /// assert_eq!(AcquireOptions::new().priority(Priority::High).priority, Priority::High);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn priority(mut self, priority: Priority) -> AcquireOptions {
         self.priority = priority;
         self
@@ -109,6 +111,7 @@ impl AcquireOptions {
     /// assert_eq!(AcquireOptions::new().reservation(r).reservation, Some(r));
     /// # Ok::<(), async_bulkhead_llm::RequestError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn reservation(mut self, reservation: Reservation) -> AcquireOptions {
         self.reservation = Some(reservation);
         self
@@ -127,6 +130,7 @@ impl AcquireOptions {
     /// let options = AcquireOptions::new().timeout(Duration::from_secs(5));
     /// assert_eq!(options.timeout, Some(Duration::from_secs(5)));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn timeout(mut self, timeout: Duration) -> AcquireOptions {
         self.timeout = Some(timeout);
         self
@@ -144,6 +148,7 @@ impl AcquireOptions {
     /// let options = AcquireOptions::new().borrowed_concurrency_deadline(Duration::from_secs(30));
     /// assert_eq!(options.borrowed_concurrency_deadline, Some(Duration::from_secs(30)));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn borrowed_concurrency_deadline(self, deadline: Duration) -> RunOptions {
         RunOptions::new(self).borrowed_concurrency_deadline(deadline)
     }
@@ -159,6 +164,7 @@ impl AcquireOptions {
     /// let options = AcquireOptions::new().observe(ShadowReasons::ALL);
     /// assert_eq!(options.observe, Some(ShadowReasons::ALL));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn observe(self, reasons: ShadowReasons) -> RunOptions {
         RunOptions::new(self).observe(reasons)
     }
@@ -174,6 +180,7 @@ impl AcquireOptions {
     /// let options = AcquireOptions::new().dedup_scope(DedupScope::new("tenant-42"));
     /// assert_eq!(options.dedup_scope, Some(DedupScope::new("tenant-42")));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn dedup_scope(self, scope: DedupScope) -> RunOptions {
         RunOptions::new(self).dedup_scope(scope)
     }
@@ -186,6 +193,7 @@ impl AcquireOptions {
     /// ```
     /// assert!(!async_bulkhead_llm::AcquireOptions::new().no_dedup().dedup);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn no_dedup(self) -> RunOptions {
         RunOptions::new(self).no_dedup()
     }
@@ -274,6 +282,7 @@ impl RunOptions {
     /// let options = RunOptions::new(AcquireOptions::new()).observe(ShadowReasons::ALL);
     /// assert!(options.observe.unwrap().contains(RejectReason::BudgetLimit));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn observe(mut self, reasons: ShadowReasons) -> RunOptions {
         self.observe = Some(reasons);
         self
@@ -290,6 +299,7 @@ impl RunOptions {
     /// let options = RunOptions::new(AcquireOptions::new()).dedup_scope(DedupScope::new("acme"));
     /// assert_eq!(options.dedup_scope, Some(DedupScope::new("acme")));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn dedup_scope(mut self, scope: DedupScope) -> RunOptions {
         self.dedup_scope = Some(scope);
         self
@@ -306,6 +316,7 @@ impl RunOptions {
     /// assert!(RunOptions::new(AcquireOptions::new()).dedup);
     /// assert!(!RunOptions::new(AcquireOptions::new()).no_dedup().dedup);
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn no_dedup(mut self) -> RunOptions {
         self.dedup = false;
         self
@@ -334,6 +345,7 @@ impl RunOptions {
     ///     .borrowed_concurrency_deadline(Duration::from_millis(1500));
     /// assert_eq!(options.borrowed_concurrency_deadline, Some(Duration::from_millis(1500)));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn borrowed_concurrency_deadline(mut self, deadline: Duration) -> RunOptions {
         self.borrowed_concurrency_deadline = Some(deadline);
         self

@@ -99,6 +99,7 @@ impl LlmRequest {
     /// let request = async_bulkhead_llm::LlmRequest::new().model("gpt-4o");
     /// assert_eq!(request.model.as_deref(), Some("gpt-4o"));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn model(mut self, model: impl Into<String>) -> LlmRequest {
         self.model = Some(model.into());
         self
@@ -112,6 +113,7 @@ impl LlmRequest {
     /// let request = async_bulkhead_llm::LlmRequest::new().message("assistant", "Hello!");
     /// assert_eq!(request.messages[0].role, "assistant");
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn message(mut self, role: impl Into<String>, content: impl Into<Content>) -> LlmRequest {
         self.messages.push(Message::new(role, content));
         self
@@ -125,6 +127,7 @@ impl LlmRequest {
     /// let request = async_bulkhead_llm::LlmRequest::new().user("What is a bulkhead?");
     /// assert_eq!(request.messages[0].role, "user");
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn user(self, content: impl Into<Content>) -> LlmRequest {
         self.message("user", content)
     }
@@ -137,6 +140,7 @@ impl LlmRequest {
     /// let request = async_bulkhead_llm::LlmRequest::new().system("Be brief.");
     /// assert!(request.system.is_some());
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn system(mut self, content: impl Into<Content>) -> LlmRequest {
         self.system = Some(content.into());
         self
@@ -150,6 +154,7 @@ impl LlmRequest {
     /// let request = async_bulkhead_llm::LlmRequest::new().max_tokens(256);
     /// assert_eq!(request.max_tokens, Some(256));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_tokens(mut self, max_tokens: u64) -> LlmRequest {
         self.max_tokens = Some(max_tokens);
         self
@@ -163,6 +168,7 @@ impl LlmRequest {
     /// let request = async_bulkhead_llm::LlmRequest::new().extra_input_tokens(300);
     /// assert_eq!(request.extra_input_tokens, Some(300));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn extra_input_tokens(mut self, tokens: u64) -> LlmRequest {
         self.extra_input_tokens = Some(tokens);
         self

@@ -46,6 +46,7 @@ use super::request::LlmRequest;
 /// # }).unwrap();
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RunError<E> {
     /// The bulkhead refused the call; the callback never ran.
     Rejected(Rejection),
@@ -141,19 +142,57 @@ impl<E> From<AcquireError> for RunError<E> {
     }
 }
 
+/// Says which way the call ended; the bulkhead's own errors are then the [`source`]
+/// (`std::error::Error::source`), so an error chain shows each message once. A callback's error
+/// is shown here (`call failed: ...`): `E` need not be an `Error` itself.
+///
+/// [`source`]: std::error::Error::source
 impl<E: fmt::Display> fmt::Display for RunError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RunError::Rejected(rejection) => rejection.fmt(f),
-            RunError::Invalid(error) => write!(f, "invalid request: {error}"),
+            RunError::Rejected(_) => f.write_str("the bulkhead refused the call"),
+            RunError::Invalid(_) => f.write_str("invalid request"),
             RunError::Failed(error) => write!(f, "call failed: {error}"),
-            RunError::BorrowedConcurrencyDeadline(error) => error.fmt(f),
+            RunError::BorrowedConcurrencyDeadline(_) => {
+                f.write_str("the call was cut by its borrowed-slot deadline")
+            }
         }
     }
 }
 
-// `Display` already shows the inner error, so `source` stays `None` (no duplicated messages).
-impl<E: std::error::Error> std::error::Error for RunError<E> {}
+/// An `Error` whenever the callback's error can be shown, so a `RunError` converts into
+/// `Box<dyn Error + Send + Sync>` (tower's `BoxError`) with `?`.
+///
+/// # Examples
+///
+/// ```
+/// use std::error::Error;
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+///
+/// # ::futures::executor::block_on(async {
+/// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
+/// let err = bulkhead
+///     .run(&LlmRequest::new(), AcquireOptions::new(), async |_| Ok::<(), String>(()))
+///     .await
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "the bulkhead refused the call");
+/// let cause = err.source().expect("the rejection");
+/// assert!(cause.to_string().starts_with("bulkhead rejected: concurrency_limit"));
+/// let boxed: Box<dyn Error + Send + Sync> = err.into(); // e.g. tower's BoxError
+/// # let _ = boxed;
+/// # Ok::<(), Box<dyn Error>>(())
+/// # }).unwrap();
+/// ```
+impl<E: fmt::Debug + fmt::Display> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Rejected(rejection) => Some(rejection),
+            RunError::Invalid(error) => Some(error),
+            RunError::Failed(_) => None,
+            RunError::BorrowedConcurrencyDeadline(error) => Some(error),
+        }
+    }
+}
 
 impl LlmBulkhead {
     /// Acquires (waiting in the queue if allowed, as [`acquire`](LlmBulkhead::acquire)), runs

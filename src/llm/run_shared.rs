@@ -89,6 +89,7 @@ impl<T> Sharing<T> {
     /// let sharing = Sharing::<(String, u64)>::cloned().usage(|(_, n)| TokenUsage::new(0, *n).ok());
     /// # let _ = sharing;
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn usage(
         mut self,
         usage: impl FnOnce(&T) -> Option<TokenUsage> + Send + Sync + 'static,

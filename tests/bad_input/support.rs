@@ -273,6 +273,7 @@ fn from_acquire<P>(result: Result<P, AcquireError>) -> Outcome {
         Ok(_permit) => Outcome::Admitted,
         Err(AcquireError::Rejected(rejection)) => Outcome::Rejected(rejection),
         Err(AcquireError::Invalid(error)) => Outcome::Invalid(error),
+        Err(other) => panic!("an error this test does not know: {other}"),
     }
 }
 
@@ -289,6 +290,7 @@ fn from_run<T>(result: Result<T, RunError<Infallible>>, ran: bool) -> Outcome {
                 RunError::Invalid(error) => Outcome::Invalid(error),
                 RunError::Failed(never) => match never {},
                 RunError::BorrowedConcurrencyDeadline(cut) => panic!("no deadline was set: {cut}"),
+                other => panic!("an error this test does not know: {other}"),
             }
         }
     }

@@ -92,6 +92,7 @@ fn random_call(
             return;
         }
         Err(AcquireError::Invalid(err)) => panic!("valid input refused: {err}"),
+        Err(other) => panic!("an error this test does not know: {other}"),
     };
     tally.admitted.fetch_add(1, Ordering::Relaxed);
     tally

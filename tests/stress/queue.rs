@@ -109,6 +109,7 @@ async fn call(bulkhead: &LlmBulkhead, tally: &Tally, seed: u64) {
             return;
         }
         Err(AcquireError::Invalid(error)) => panic!("valid input refused: {error}"),
+        Err(other) => panic!("an error this test does not know: {other}"),
     };
     tally.admitted.fetch_add(1, Ordering::Relaxed);
     assert_eq!(permit.held_tokens(), reservation.reserved());

@@ -527,6 +527,7 @@ impl AdaptiveEstimatorBuilder {
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).smoothing(1.0).build().is_ok());
     /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn smoothing(mut self, smoothing: f64) -> Self {
         self.smoothing = smoothing;
         self
@@ -542,6 +543,7 @@ impl AdaptiveEstimatorBuilder {
     /// assert_eq!(err.unwrap_err(), EstimatorError::MinSamples { value: 0 });
     /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn min_samples(mut self, min_samples: u64) -> Self {
         self.min_samples = min_samples;
         self
@@ -556,6 +558,7 @@ impl AdaptiveEstimatorBuilder {
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).min_correction(-1.0).build().is_err());
     /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn min_correction(mut self, min_correction: f64) -> Self {
         self.min_correction = min_correction;
         self
@@ -570,6 +573,7 @@ impl AdaptiveEstimatorBuilder {
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).max_correction(f64::INFINITY).build().is_err());
     /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_correction(mut self, max_correction: f64) -> Self {
         self.max_correction = max_correction;
         self
@@ -584,6 +588,7 @@ impl AdaptiveEstimatorBuilder {
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).max_models(0).build().is_err());
     /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_models(mut self, max_models: usize) -> Self {
         self.max_models = max_models;
         self

@@ -130,6 +130,7 @@ impl TokenEstimate {
     ///
     /// assert_eq!(TokenEstimate::new(1, 2).with_memo(Memo::new(3, 4)).memo(), Memo::new(3, 4));
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn with_memo(mut self, memo: Memo) -> TokenEstimate {
         self.memo = memo;
         self
@@ -251,6 +252,7 @@ impl NaiveEstimator {
     /// assert_eq!(e.estimate(&LlmRequest::new())?.max_output, 100);
     /// # Ok::<(), async_bulkhead_llm::RequestError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn output_cap(mut self, output_cap: u64) -> NaiveEstimator {
         self.output_cap = output_cap;
         self

@@ -308,6 +308,7 @@ impl ModelAwareEstimatorBuilder {
     /// assert_eq!(e.ratio_for("MY-DEPLOYMENT"), 3.2);
     /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn ratio(mut self, model: impl Into<String>, chars_per_token: f64) -> Self {
         self.overrides.push((model.into(), chars_per_token));
         self
@@ -324,6 +325,7 @@ impl ModelAwareEstimatorBuilder {
     /// assert_eq!(e.estimate(&LlmRequest::new().user("x".repeat(370)))?.input, 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn default_model(mut self, model: impl Into<String>) -> Self {
         self.default_model = Some(model.into());
         self
@@ -340,6 +342,7 @@ impl ModelAwareEstimatorBuilder {
     /// assert_eq!(e.estimate(&LlmRequest::new())?.max_output, 64);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn output_cap(mut self, output_cap: u64) -> Self {
         self.output_cap = output_cap;
         self
@@ -364,6 +367,7 @@ impl ModelAwareEstimatorBuilder {
     /// assert_eq!(*seen.lock().unwrap(), ["gpt-5", ""]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn on_unknown_model(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.on_unknown_model = Some(Box::new(hook));
         self
@@ -384,6 +388,7 @@ impl ModelAwareEstimatorBuilder {
     /// assert_eq!(e.estimate(&request)?.input, 1510);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn opaque_block_tokens(mut self, tokens: OpaqueBlockTokens) -> Self {
         self.opaque = tokens;
         self

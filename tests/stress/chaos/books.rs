@@ -211,6 +211,7 @@ impl Shared {
                 None
             }
             Err(AcquireError::Invalid(error)) => panic!("valid input refused: {error}"),
+            Err(other) => panic!("an error this test does not know: {other}"),
         }
     }
 

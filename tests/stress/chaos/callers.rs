@@ -440,6 +440,7 @@ async fn run_op(
         Some(Err(RunError::BorrowedConcurrencyDeadline(cut))) => {
             panic!("no deadline was set, yet: {cut}")
         }
+        Some(Err(other)) => panic!("an error this test does not know: {other:?}"),
         None => None, // cancelled: settled (if admitted) with the last reported usage
     };
     let Some((mut model, _)) = cell.into_inner().unwrap() else {

@@ -128,6 +128,7 @@ fn decided<'b>(
             None
         }
         Err(AcquireError::Invalid(error)) => panic!("valid input refused: {error}"),
+        Err(other) => panic!("an error this test does not know: {other}"),
     }
 }
 

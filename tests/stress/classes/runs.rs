@@ -169,6 +169,7 @@ pub(crate) async fn run_op(
             bump(&book.abandoned_deadline);
             (None, true)
         }
+        Some(Err(other)) => panic!("an error this test does not know: {other:?}"),
         None => (None, false), // cancelled: settled (if admitted) with the last reported usage
     };
     let Some(RunCell {

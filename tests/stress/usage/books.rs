@@ -38,6 +38,7 @@ impl Tally {
         match error {
             AcquireError::Rejected(rejection) => self.refused_for(rejection.reason()),
             AcquireError::Invalid(error) => panic!("valid input refused: {error}"),
+            other => panic!("an error this test does not know: {other}"),
         }
     }
 

@@ -381,6 +381,7 @@ async fn run_call(
         Some(Err(RunError::BorrowedConcurrencyDeadline(cut))) => {
             panic!("no deadline was set, yet: {cut}")
         }
+        Some(Err(other)) => panic!("an error this test does not know: {other:?}"),
         None => {} // cancelled while acquiring or while the callback ran
     }
     let Some((id, mut model)) = cell.into_inner().unwrap() else {
