@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 /// One admission class, resolved once from its id with
 /// [`LlmBulkhead::class`](crate::LlmBulkhead::class) and passed to
 /// [`AcquireOptions::class`](crate::AcquireOptions::class). `Copy` and one word: using it costs
-/// nothing.
+/// nothing. With the `serde` feature it serializes as its id.
 ///
 /// A handle names a class id *at a position* in a bulkhead's class order: two bulkheads
 /// configured with the same id at the same position share the handle, and a bulkhead refuses
@@ -120,6 +120,13 @@ impl fmt::Debug for AdmissionClass {
 impl fmt::Display for AdmissionClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0.id)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for AdmissionClass {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.0.id)
     }
 }
 

@@ -19,7 +19,8 @@ use crate::sync::unmodeled::{AtomicU64, Ordering};
 
 /// The unique id of one admission.
 ///
-/// Copying it is free; it turns into text (the hyphenated UUID form) only when displayed.
+/// Copying it is free; it turns into text (the hyphenated UUID form) only when displayed, or
+/// serialized (feature `serde`: as the same string).
 ///
 /// # Examples
 ///
@@ -92,7 +93,8 @@ impl From<AdmissionId> for uuid::Uuid {
 
 /// The id of an observe-mode bypass: a call the bulkhead would have refused that ran anyway,
 /// holding no capacity (see [`RunOptions::observe`](crate::RunOptions::observe)). It shows as
-/// `shadow-` and a version-4 UUID, so a bypass is never mistaken for an admission in logs.
+/// `shadow-` and a version-4 UUID, so a bypass is never mistaken for an admission in logs;
+/// with the `serde` feature it serializes as the same string.
 ///
 /// # Examples
 ///
@@ -165,6 +167,27 @@ impl fmt::Display for ShadowId {
 impl fmt::Debug for ShadowId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ShadowId({self})")
+    }
+}
+
+/// Ids serialize as the text they display: `AdmissionId` as a hyphenated UUID, `ShadowId`
+/// with its `shadow-` prefix.
+#[cfg(feature = "serde")]
+mod serialize {
+    use serde::{Serialize, Serializer};
+
+    use super::{AdmissionId, ShadowId};
+
+    impl Serialize for AdmissionId {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
+    }
+
+    impl Serialize for ShadowId {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(self)
+        }
     }
 }
 

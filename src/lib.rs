@@ -17,7 +17,8 @@
 //!   `run` callback's [`RunContext`]) dereference to the call's [`Admission`].
 //! - [`close`](LlmBulkhead::close), [`drain`](LlmBulkhead::drain),
 //!   [`drain_timeout`](LlmBulkhead::drain_timeout): graceful shutdown.
-//! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]).
+//! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]);
+//!   [`HttpRefusal`]: a refusal as an HTTP status and a provider-shaped JSON error body.
 //! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
 //! - [`Stats`]: counters and live figures.
 //! - [`Event`]: lifecycle events for [`LlmBulkhead::on`], with admission timing.
@@ -161,7 +162,11 @@
 //! # Features
 //!
 //! - `serde` (default): `Serialize`/`Deserialize` for [`LlmRequest`] and its parts and for
-//!   [`Limits`]; `Serialize` for [`Stats`].
+//!   [`Limits`]; `Serialize` for [`Stats`], for [`Rejection`] and its [`CapacityDetail`], for
+//!   ids, [`Priority`] and [`AdmissionClass`]; [`HttpRefusal::body`].
+//! - `axum` (enables `serde`): `axum::response::IntoResponse` for [`Rejection`],
+//!   [`AcquireError`], [`RequestError`] and [`HttpRefusal`] (axum 0.8): the status and the
+//!   JSON error body of [`HttpRefusal`], as `application/json`.
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
 //!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -177,6 +182,7 @@ mod admission_class;
 mod admission_id;
 mod contain;
 mod error;
+mod http;
 mod priority;
 mod rejection;
 mod reservation;
@@ -191,6 +197,10 @@ mod stats;
 
 // The LLM wing (imports everything below it).
 mod llm;
+
+// Integrations with other crates, over the public API (behind their features).
+#[cfg(feature = "axum")]
+mod integrations;
 
 /// The named futures of the crate.
 pub mod futures {
@@ -214,6 +224,7 @@ pub use events::{
     DedupEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent, Subscription,
     UsageEvent,
 };
+pub use http::HttpRefusal;
 pub use llm::admission::Admission;
 pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
@@ -278,4 +289,5 @@ fn _assert_send_sync() {
     both::<ShadowId>();
     both::<ShadowReasons>();
     both::<DedupScope>();
+    both::<HttpRefusal>();
 }

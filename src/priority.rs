@@ -2,7 +2,8 @@
 //! of the token budget a call may fill).
 
 /// A call's priority. High-priority calls may use the whole token budget; normal ones leave the
-/// high-priority reserve untouched.
+/// high-priority reserve untouched. With the `serde` feature it serializes as its wire name
+/// ([`as_str`](Priority::as_str)).
 ///
 /// # Examples
 ///
@@ -34,5 +35,12 @@ impl Priority {
             Priority::Normal => "normal",
             Priority::High => "high",
         }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Priority {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }

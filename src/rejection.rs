@@ -74,6 +74,11 @@ impl fmt::Display for RejectReason {
 /// All figures come from one consistent reading of the admission word and the limits in force
 /// at that instant.
 ///
+/// With the `serde` feature it serializes as a flat object of its fields (`token_budget`
+/// omitted without a token budget, `constraint` when no limit bound), followed, for a decision
+/// with admission classes, by the computed `admission_class` ([`ClassDetail`]) and
+/// `shared_capacity` ([`SharedCapacity`]), which are omitted otherwise.
+///
 /// # Examples
 ///
 /// ```
@@ -237,6 +242,39 @@ impl CapacityDetail {
                 SharedPool::compute(token_capacity, shared_tokens, r.saturating_sub(free_floor))
             }),
         })
+    }
+
+    /// Whether the call's reservation exceeds what the limits in force let it hold even with
+    /// nothing in flight: the budget its priority may use
+    /// ([`TokenBudgetDetail::can_never_fit`]) or its class's token ceiling
+    /// ([`ClassTokenDetail::can_never_fit`]). Such a call cannot succeed by being retried
+    /// unchanged; an HTTP gateway answers it 413 rather than 429 (see [`HttpRefusal`]).
+    ///
+    /// [`HttpRefusal`]: crate::HttpRefusal
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::*;
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4).token_budget(TokenBudget::new(1000)).build()?;
+    /// let too_big = AcquireOptions::new().reservation(Reservation::new(500, 1000)?);
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), too_big).unwrap_err();
+    /// assert!(err.rejection().unwrap().detail().can_never_fit());
+    ///
+    /// let _held = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new().reservation(Reservation::new(0, 600)?))?;
+    /// let later = AcquireOptions::new().reservation(Reservation::new(0, 600)?);
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), later).unwrap_err();
+    /// assert!(!err.rejection().unwrap().detail().can_never_fit()); // fits once the first call ends
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn can_never_fit(&self) -> bool {
+        self.token_budget
+            .is_some_and(|budget| budget.can_never_fit())
+            || self
+                .admission_class()
+                .and_then(|class| class.token_budget)
+                .is_some_and(|tokens| tokens.can_never_fit())
     }
 }
 
@@ -447,6 +485,7 @@ impl fmt::Display for Constraint {
 /// assert_eq!((pool.capacity, pool.in_use, pool.available, pool.requested_borrowed), (1, 1, 0, 1));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct SharedPool {
     /// Capacity of the shared pool.
@@ -472,17 +511,27 @@ impl SharedPool {
 }
 
 /// The shared pools of slots and (with a token budget) of tokens.
+///
+/// With the `serde` feature it serializes as `{"concurrency": {..}, "token_budget": {..}}`,
+/// `token_budget` omitted without a token budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct SharedCapacity {
     /// The shared pool of concurrent calls.
     pub concurrency: SharedPool,
     /// The shared pool of tokens, with a token budget.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub token_budget: Option<SharedPool>,
 }
 
 /// The call's admission class at a decision.
+///
+/// With the `serde` feature it serializes as an object of these fields, the class as its id;
+/// a ceiling the class does not have (and what is available under it) is `null`, and
+/// `token_budget` is omitted without a token budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ClassDetail {
     /// The class.
@@ -502,11 +551,13 @@ pub struct ClassDetail {
     /// `max_concurrent - in_flight`, at least 0 (`None` without a ceiling).
     pub available_concurrent: Option<u64>,
     /// The class's tokens, with a token budget.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub token_budget: Option<ClassTokenDetail>,
 }
 
 /// The token side of a [`ClassDetail`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ClassTokenDetail {
     /// Tokens the class holds in flight.
@@ -527,6 +578,34 @@ pub struct ClassTokenDetail {
     pub requested: u64,
 }
 
+impl ClassTokenDetail {
+    /// Whether the call's reservation exceeds the class's token ceiling: it would be refused
+    /// even if the class held nothing, so retrying it unchanged cannot succeed while these
+    /// limits are in force.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::*;
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4)
+    ///     .token_budget(TokenBudget::new(10_000))
+    ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new().max_in_flight_tokens(1_000)))
+    ///     .build()?;
+    /// let options = AcquireOptions::new().reservation(Reservation::new(500, 1_000)?);
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), options).unwrap_err();
+    /// let class = err.rejection().unwrap().detail().admission_class().unwrap();
+    /// assert!(class.token_budget.unwrap().can_never_fit()); // 1,500 > 1,000
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn can_never_fit(&self) -> bool {
+        match self.max_in_flight_tokens {
+            Some(max) => self.requested > max,
+            None => false,
+        }
+    }
+}
+
 /// The token side of a [`CapacityDetail`].
 ///
 /// # Examples
@@ -540,6 +619,7 @@ pub struct ClassTokenDetail {
 /// assert_eq!((high.effective_budget, high.available), (2400, 1300));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct TokenBudgetDetail {
     /// The token budget in force.
@@ -585,11 +665,35 @@ impl TokenBudgetDetail {
             requested,
         }
     }
+
+    /// Whether the call's reservation exceeds the budget its priority may use
+    /// (`requested > effective_budget`): it would be refused even with nothing in flight, so
+    /// retrying it unchanged cannot succeed while these limits are in force (a smaller
+    /// reservation, or high priority when the reserve is what it lacks, might).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::TokenBudgetDetail;
+    ///
+    /// assert!(TokenBudgetDetail::compute(1000, 0, false, 0, 1500).can_never_fit());
+    /// // Refused now (900 in flight), but it fits once they finish.
+    /// assert!(!TokenBudgetDetail::compute(1000, 0, false, 900, 1000).can_never_fit());
+    /// // Only the high-priority reserve is beyond its reach.
+    /// assert!(TokenBudgetDetail::compute(1000, 200, false, 0, 900).can_never_fit());
+    /// assert!(!TokenBudgetDetail::compute(1000, 200, true, 0, 900).can_never_fit());
+    /// ```
+    pub const fn can_never_fit(&self) -> bool {
+        self.requested > self.effective_budget
+    }
 }
 
 /// A refusal: the reason, the limit revision that decided it, and the capacity snapshot.
 ///
-/// Rejections are cheap to build (no allocation, no clock read) and `Copy`.
+/// Rejections are cheap to build (no allocation, no clock read) and `Copy`. With the `serde`
+/// feature a rejection serializes as `{"reason": .., "limit_revision": .., "detail": {..}}`
+/// (the detail as [`CapacityDetail`] does); [`HttpRefusal`](crate::HttpRefusal) turns it into
+/// an HTTP status and a provider-shaped error body.
 ///
 /// # Examples
 ///
@@ -769,6 +873,72 @@ impl fmt::Debug for Rejection {
 }
 
 impl std::error::Error for Rejection {}
+
+/// `Serialize` for the refusal vocabulary: reasons and constraints as their wire names, the
+/// detail with its computed class figures.
+#[cfg(feature = "serde")]
+mod serialize {
+    use serde::ser::{Serialize, SerializeStruct, Serializer};
+
+    use super::{CapacityDetail, Constraint, RejectReason, Rejection};
+
+    impl Serialize for RejectReason {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_str(self.as_str())
+        }
+    }
+
+    impl Serialize for Constraint {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_str(self.as_str())
+        }
+    }
+
+    impl Serialize for CapacityDetail {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let class = self.admission_class();
+            let shared = self.shared_capacity();
+            let fields = 5
+                + usize::from(self.token_budget.is_some())
+                + usize::from(self.constraint.is_some())
+                + usize::from(class.is_some())
+                + usize::from(shared.is_some());
+            let mut s = serializer.serialize_struct("CapacityDetail", fields)?;
+            s.serialize_field("limit_revision", &self.limit_revision)?;
+            s.serialize_field("in_flight", &self.in_flight)?;
+            s.serialize_field("max_concurrent", &self.max_concurrent)?;
+            s.serialize_field("pending", &self.pending)?;
+            s.serialize_field("max_queue", &self.max_queue)?;
+            match &self.token_budget {
+                Some(budget) => s.serialize_field("token_budget", budget)?,
+                None => s.skip_field("token_budget")?,
+            }
+            match &self.constraint {
+                Some(constraint) => s.serialize_field("constraint", constraint)?,
+                None => s.skip_field("constraint")?,
+            }
+            match &class {
+                Some(class) => s.serialize_field("admission_class", class)?,
+                None => s.skip_field("admission_class")?,
+            }
+            match &shared {
+                Some(shared) => s.serialize_field("shared_capacity", shared)?,
+                None => s.skip_field("shared_capacity")?,
+            }
+            s.end()
+        }
+    }
+
+    impl Serialize for Rejection {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let mut s = serializer.serialize_struct("Rejection", 3)?;
+            s.serialize_field("reason", &self.reason())?;
+            s.serialize_field("limit_revision", &self.limit_revision())?;
+            s.serialize_field("detail", &self.detail)?;
+            s.end()
+        }
+    }
+}
 
 #[cfg(all(test, not(loom)))]
 mod tests {

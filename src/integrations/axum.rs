@@ -1,0 +1,53 @@
+//! axum 0.8: refusals as responses. A handler that returns `Result<_, AcquireError>` (or a
+//! [`Rejection`], a [`RequestError`], an [`HttpRefusal`]) answers a refusal with the status of
+//! [`HttpRefusal`] (429, 413, 503, 499 or 400), `content-type: application/json`, and the
+//! provider-shaped JSON error body of [`HttpRefusal::body`]. No `Retry-After` (see
+//! [`HttpRefusal`] for why).
+//!
+//! ```
+//! use async_bulkhead_llm::{AcquireError, AcquireOptions, LlmBulkhead, LlmRequest};
+//! use axum::response::IntoResponse;
+//!
+//! fn handle(bulkhead: &LlmBulkhead) -> Result<&'static str, AcquireError> {
+//!     let _permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+//!     Ok("called the provider")
+//! }
+//!
+//! let bulkhead = LlmBulkhead::builder("gpt-4o", 0).build()?;
+//! let response = handle(&bulkhead).into_response();
+//! assert_eq!(response.status(), 429);
+//! assert_eq!(response.headers()["content-type"], "application/json");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use ::axum::http::{HeaderValue, StatusCode, header};
+use ::axum::response::{IntoResponse, Response};
+
+use crate::{AcquireError, HttpRefusal, Rejection, RequestError};
+
+impl IntoResponse for HttpRefusal {
+    fn into_response(self) -> Response {
+        // Every status the mapping makes is valid; a caller's own edit may not be.
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let content_type = HeaderValue::from_static(HttpRefusal::CONTENT_TYPE);
+        (status, [(header::CONTENT_TYPE, content_type)], self.body()).into_response()
+    }
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        HttpRefusal::from(self).into_response()
+    }
+}
+
+impl IntoResponse for AcquireError {
+    fn into_response(self) -> Response {
+        HttpRefusal::from(self).into_response()
+    }
+}
+
+impl IntoResponse for RequestError {
+    fn into_response(self) -> Response {
+        HttpRefusal::from(self).into_response()
+    }
+}

@@ -1,0 +1,9 @@
+//! Integrations with other crates, each behind its own feature and built only over the
+//! crate's public API (nothing here reaches into `llm/` or `engine/` internals).
+//!
+//! - `axum.rs` (feature `axum`): `IntoResponse` for refusals, from [`HttpRefusal`].
+//!
+//! [`HttpRefusal`]: crate::HttpRefusal
+
+#[cfg(feature = "axum")]
+mod axum;
