@@ -21,6 +21,8 @@
 //!   [`HttpRefusal`]: a refusal as an HTTP status and a provider-shaped JSON error body.
 //! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
 //! - [`Stats`]: counters and live figures.
+//! - [`Tenants`]: per-tenant limits, a bulkhead per key made from a template on first use,
+//!   evicted once idle, at most `max_tenants` at a time.
 //! - [`Event`]: lifecycle events for [`LlmBulkhead::on`], with admission timing.
 //! - [`LlmRequest`], [`Reservation`], [`TokenUsage`]: what is asked, reserved and used; with the
 //!   `serde` feature an `LlmRequest` reads OpenAI and Anthropic request bodies as they come.
@@ -240,6 +242,7 @@ pub use llm::permit::{OwnedPermit, Permit};
 pub use llm::request::{Content, ContentBlock, LlmRequest, Message};
 pub use llm::run::{BorrowedConcurrencyDeadlineError, RunError};
 pub use llm::run_shared::Sharing;
+pub use llm::tenants::{Tenants, TenantsBuilder, TenantsConfigError, TenantsError};
 pub use priority::Priority;
 pub use rejection::{
     CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection,
@@ -290,4 +293,8 @@ fn _assert_send_sync() {
     both::<ShadowReasons>();
     both::<DedupScope>();
     both::<HttpRefusal>();
+    both::<Tenants<String>>();
+    both::<TenantsBuilder<String>>();
+    both::<TenantsError>();
+    both::<TenantsConfigError>();
 }

@@ -13,6 +13,8 @@
 //!   canonical form of a request its default key digests.
 //! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`, `context`, `run_shared`:
 //!   the public face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
+//! - `tenants`: [`Tenants`](crate::Tenants), a keyed family of bulkheads (one per tenant),
+//!   over the public face.
 //!
 //! The wing imports the engine and the plain vocabulary below it, never the other way round.
 
@@ -34,4 +36,5 @@ pub(crate) mod request;
 mod request_json;
 pub(crate) mod run;
 pub(crate) mod run_shared;
+pub(crate) mod tenants;
 mod usage;

@@ -1,0 +1,773 @@
+//! [`Tenants`]: a keyed family of [`LlmBulkhead`]s, one per tenant (or API key, or any key),
+//! each created on first use from a template, with its own limits, evicted once idle, at most
+//! `max_tenants` of them at a time.
+//!
+//! The module owns the family's map and its eviction rule; every tenant is an ordinary
+//! bulkhead built by its [`LlmBulkheadBuilder`], used through its public face.
+//!
+//! # Protocol
+//!
+//! One mutex guards a `HashMap` from key to tenant. Under it run only the map's operations (the
+//! key's `Hash`, `Eq`, `Clone` and `Drop`), reading the clock, and reading a tenant's figures
+//! (crate code: atomics and the queue's short lock). The template, the builder and the
+//! bulkhead's `apply_limits` (which calls listeners) run unlocked, and every bulkhead the map
+//! lets go of is dropped after the lock (dropping the last clone drops its estimator and
+//! listeners, user code):
+//!
+//! - `get` of a live key: lock, refresh its last use, clone, unlock.
+//! - `get` of a new key: lock, refuse `Full` if the map is full and nothing is evictable,
+//!   unlock; build from the template unlocked; lock again: if another thread inserted the key
+//!   meanwhile, keep that one (ours is dropped); else evict if full (or refuse `Full`, dropping
+//!   ours), insert; unlock.
+//!
+//! # Idleness
+//!
+//! A tenant is *idle* when nothing is in flight, queued or unsettled (an admission that gave
+//! its borrowed slot back still holds tokens). Each tenant keeps the instant of its last
+//! known activity and a fingerprint of its cumulative counters (admissions, releases,
+//! refusals, bypasses). A check (a sweep, or a `get` that needs room) that finds a tenant busy,
+//! or its fingerprint changed since the previous check, moves its last activity to now; one that
+//! finds it idle, unchanged, and last active at least `idle_after` ago may evict it. Calls made
+//! through a clone between two checks are seen by the fingerprint, so a tenant is never
+//! evicted sooner than `idle_after` after its last activity that began before the check; it
+//! may be later (by up to the time between checks).
+//!
+//! # Cost
+//!
+//! A `get` of a live key is a lock, a hash lookup, a clock read and a reference count. A new
+//! key when the map is full scans the tenants' last activity under the lock (O(`max_tenants`),
+//! plus a sort of those old enough to be candidates) and reads the figures of candidates,
+//! oldest first, until one is evictable; a candidate found active drops out of the candidates
+//! for `idle_after`. A sweep reads every tenant's figures.
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::Hash;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::engine::limits::{ApplyOutcome, Limits};
+use crate::error::{ConfigError, LimitsError};
+use crate::stats::Stats;
+use crate::sync::{Arc, Mutex, lock};
+
+use super::builder::LlmBulkheadBuilder;
+use super::bulkhead::LlmBulkhead;
+
+/// The default [`max_tenants`](TenantsBuilder::max_tenants).
+const DEFAULT_MAX_TENANTS: usize = 1024;
+
+/// The default [`idle_after`](TenantsBuilder::idle_after).
+const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(60);
+
+/// The closure that makes a new tenant's builder.
+type Template<K> = dyn Fn(&K) -> LlmBulkheadBuilder + Send + Sync;
+
+/// Per-tenant limits: one [`LlmBulkhead`] per key (a tenant, an API key), created on first use
+/// from a template, each with its own limits, evicted once idle, at most `max_tenants` at a
+/// time.
+///
+/// Cloning is cheap (a reference count) and every clone is the same family.
+///
+/// [`get`](Tenants::get) returns a clone of the key's bulkhead, which shares its state: get it
+/// per request (a lock, a hash lookup and a reference count) and use it for that request.
+///
+/// # Eviction
+///
+/// When `max_tenants` tenants exist, a new key evicts the least recently active tenant that has
+/// been idle (nothing in flight, queued or unsettled) for at least
+/// [`idle_after`](TenantsBuilder::idle_after); [`evict_idle`](Tenants::evict_idle) sweeps every
+/// such tenant. Since only an idle tenant is evicted, no capacity is lost with it. What is
+/// forgotten: the limits applied to it (the next `get` builds a fresh bulkhead from the
+/// template, with the template's limits), its statistics, and its event subscriptions. Keep a
+/// tenant's limits where your control plane writes them and let the template read them there,
+/// so that a rebuilt tenant starts with them (see [`apply_limits`](Tenants::apply_limits)).
+///
+/// A bulkhead used within `idle_after` of the `get` that returned it cannot be evicted under
+/// that use (the `get` counts as activity, and a call in flight keeps it busy). A caller that
+/// keeps a clone longer keeps a working bulkhead even after eviction, but it is no longer the
+/// tenant's: its calls are counted against the old instance's capacity, apart from the fresh
+/// one's.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Tenants};
+///
+/// // Two concurrent calls per tenant; "enterprise" gets eight.
+/// let tenants = Tenants::builder(|tenant: &String| {
+///     let slots = if tenant == "enterprise" { 8 } else { 2 };
+///     LlmBulkhead::builder("gpt-4o", slots)
+/// })
+/// .max_tenants(10_000)
+/// .idle_after(Duration::from_secs(300))
+/// .build()?;
+///
+/// let request = LlmRequest::new().user("Hello").max_tokens(100);
+/// let acme = tenants.get("acme")?;
+/// let _a = acme.try_acquire(&request, AcquireOptions::new())?;
+/// let _b = acme.try_acquire(&request, AcquireOptions::new())?;
+/// let refused = acme.try_acquire(&request, AcquireOptions::new()).unwrap_err();
+/// assert_eq!(refused.rejection().unwrap().reason(), RejectReason::ConcurrencyLimit);
+///
+/// // Another tenant is not affected by acme's load.
+/// let _c = tenants.get("enterprise")?.try_acquire_owned(&request, AcquireOptions::new())?;
+/// assert_eq!(tenants.stats("enterprise").unwrap().limits.max_concurrent, 8);
+/// assert_eq!(tenants.len(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Tenants<K> {
+    shared: Arc<Shared<K>>,
+}
+
+/// What every clone of a [`Tenants`] shares.
+struct Shared<K> {
+    template: Box<Template<K>>,
+    max_tenants: usize,
+    idle_after: Duration,
+    map: Mutex<HashMap<K, Tenant>>,
+}
+
+/// One live tenant.
+struct Tenant {
+    bulkhead: LlmBulkhead,
+    /// Its last known activity: creation, a `get`, or a check that saw it busy or changed.
+    /// (`Cell`s: a check updates them through the shared borrow the candidates list holds.)
+    last_active: Cell<Instant>,
+    /// The fingerprint of its cumulative counters at the last check.
+    seen: Cell<u64>,
+}
+
+impl Tenant {
+    fn new(bulkhead: LlmBulkhead, now: Instant) -> Tenant {
+        let seen = fingerprint(&bulkhead);
+        Tenant {
+            bulkhead,
+            last_active: Cell::new(now),
+            seen: Cell::new(seen),
+        }
+    }
+
+    /// Checks the tenant at `now`: whether it may be evicted (idle, unchanged since the last
+    /// check, and last active at least `idle_after` ago). A busy or changed tenant counts as
+    /// active now.
+    fn evictable(&self, now: Instant, idle_after: Duration) -> bool {
+        let core = &self.bulkhead.core;
+        let engine = core.engine();
+        // The live figures first, then the fingerprint: a call admitted after the first read
+        // has changed the fingerprint by the second, so only a call admitted after both reads
+        // can meet the eviction (like any call through a clone kept past it).
+        let busy = engine.unsettled() > 0 || engine.pending() > 0;
+        let activity = fingerprint(&self.bulkhead);
+        if busy || activity != self.seen.get() {
+            self.seen.set(activity);
+            self.last_active.set(now);
+            return false;
+        }
+        now.saturating_duration_since(self.last_active.get()) >= idle_after
+    }
+}
+
+/// A number that changes whenever the bulkhead admits, releases, refuses or bypasses a call
+/// (the sum of those cumulative counters).
+fn fingerprint(bulkhead: &LlmBulkhead) -> u64 {
+    let figures = bulkhead.core.engine().figures();
+    let refused = figures
+        .rejected
+        .iter()
+        .fold(0u64, |sum, n| sum.wrapping_add(*n));
+    let bypassed = bulkhead
+        .core
+        .observe_counters()
+        .stats()
+        .map_or(0, |observe| {
+            observe.bypassed.wrapping_add(observe.usage_reported)
+        });
+    figures
+        .admitted
+        .wrapping_add(figures.released)
+        .wrapping_add(refused)
+        .wrapping_add(bypassed)
+}
+
+/// The least recently active evictable tenant, checking candidates oldest first (a tenant
+/// last active less than `idle_after` ago is not even checked).
+fn victim<K>(map: &HashMap<K, Tenant>, now: Instant, idle_after: Duration) -> Option<&Tenant> {
+    let mut candidates: Vec<(&K, &Tenant)> = map
+        .iter()
+        .filter(|(_, t)| now.saturating_duration_since(t.last_active.get()) >= idle_after)
+        .collect();
+    candidates.sort_by_key(|(_, t)| t.last_active.get());
+    candidates
+        .into_iter()
+        .find(|(_, t)| t.evictable(now, idle_after))
+        .map(|(_, tenant)| tenant)
+}
+
+impl<K> Tenants<K> {
+    /// Starts a family whose tenants are built by `template`, called with the tenant's key on
+    /// its first use (so each key may get different limits, a different estimator, classes,
+    /// and so on). Defaults: `max_tenants` 1,024, `idle_after` 60 s.
+    ///
+    /// The template runs on the thread that calls [`get`](Tenants::get), under no lock of the
+    /// crate; if it panics, the panic reaches that caller and nothing is stored. Two threads
+    /// that get a new key at once may both call it (one result is kept).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants, TokenBudget};
+    ///
+    /// let tenants = Tenants::builder(|_key: &u64| {
+    ///     LlmBulkhead::builder("claude-sonnet-4", 4).token_budget(TokenBudget::new(50_000))
+    /// })
+    /// .build()?;
+    /// assert_eq!(tenants.get(&7)?.limits().token_budget.unwrap().budget, 50_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(
+        template: impl Fn(&K) -> LlmBulkheadBuilder + Send + Sync + 'static,
+    ) -> TenantsBuilder<K> {
+        TenantsBuilder {
+            template: Box::new(template),
+            max_tenants: DEFAULT_MAX_TENANTS,
+            idle_after: DEFAULT_IDLE_AFTER,
+        }
+    }
+
+    /// The most tenants that may exist at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).max_tenants(5).build()?;
+    /// assert_eq!(tenants.max_tenants(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_tenants(&self) -> usize {
+        self.shared.max_tenants
+    }
+
+    /// How long a tenant must have been idle before it may be evicted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
+    /// assert_eq!(tenants.idle_after(), Duration::from_secs(60));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn idle_after(&self) -> Duration {
+        self.shared.idle_after
+    }
+
+    /// How many tenants exist now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
+    /// assert_eq!(tenants.len(), 0);
+    /// tenants.get(&1)?;
+    /// tenants.get(&1)?;
+    /// assert_eq!(tenants.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        lock(&self.shared.map).len()
+    }
+
+    /// Whether no tenant exists now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
+    /// assert!(tenants.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        lock(&self.shared.map).is_empty()
+    }
+}
+
+impl<K: Eq + Hash> Tenants<K> {
+    /// The key's bulkhead, created from the template on the key's first use (or its first use
+    /// since it was evicted). A clone: it shares the tenant's state. Counts as the tenant's
+    /// activity.
+    ///
+    /// When the key is new and `max_tenants` tenants exist, the least recently active tenant
+    /// idle for at least `idle_after` is evicted to make room.
+    ///
+    /// # Errors
+    ///
+    /// - [`TenantsError::Full`] when the key is new, `max_tenants` tenants exist and none may
+    ///   be evicted; checked before the template is called, and again after (nothing is
+    ///   stored).
+    /// - [`TenantsError::Template`] when the template's builder refuses its configuration;
+    ///   nothing is stored and nothing is evicted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Tenants, TenantsError};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+    ///     .max_tenants(1)
+    ///     .build()?;
+    /// let acme = tenants.get("acme")?;
+    /// let permit = acme.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// // The same tenant: one instance, whichever clone admitted.
+    /// assert_eq!(tenants.get("acme")?.stats().in_flight, 1);
+    /// // A second tenant does not fit while acme is busy.
+    /// assert_eq!(tenants.get("globex").unwrap_err(), TenantsError::Full { max: 1 });
+    /// # drop(permit);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get<Q>(&self, key: &Q) -> Result<LlmBulkhead, TenantsError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let shared = &*self.shared;
+        {
+            let map = lock(&shared.map);
+            let now = Instant::now();
+            if let Some(tenant) = map.get(key) {
+                tenant.last_active.set(now);
+                return Ok(tenant.bulkhead.clone());
+            }
+            if map.len() >= shared.max_tenants && victim(&map, now, shared.idle_after).is_none() {
+                return Err(TenantsError::Full {
+                    max: shared.max_tenants,
+                });
+            }
+        }
+        let owned = key.to_owned();
+        let built = (shared.template)(&owned)
+            .build()
+            .map_err(TenantsError::Template)?;
+        // Whatever the map lets go of is dropped after the lock (see the module docs).
+        let mut evicted = None;
+        let mut map = lock(&shared.map);
+        let now = Instant::now();
+        if let Some(tenant) = map.get(key) {
+            // Another thread created it meanwhile: keep the first, drop ours.
+            tenant.last_active.set(now);
+            let first = tenant.bulkhead.clone();
+            drop(map);
+            drop(built);
+            return Ok(first);
+        }
+        if map.len() >= shared.max_tenants {
+            let Some(gone) = victim(&map, now, shared.idle_after).map(|t| t.bulkhead.clone())
+            else {
+                drop(map);
+                drop(built);
+                return Err(TenantsError::Full {
+                    max: shared.max_tenants,
+                });
+            };
+            // Its key is the map's own: find the tenant again by its bulkhead to remove it.
+            map.retain(|_, t| !core::ptr::eq(&*t.bulkhead.core, &*gone.core));
+            evicted = Some(gone);
+        }
+        map.insert(owned, Tenant::new(built.clone(), now));
+        drop(map);
+        drop(evicted);
+        Ok(built)
+    }
+
+    /// The key's live bulkhead, if it exists, without creating it and without counting as its
+    /// activity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1)).build()?;
+    /// assert!(tenants.peek("acme").is_none());
+    /// tenants.get("acme")?;
+    /// assert!(tenants.peek("acme").is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek<Q>(&self, key: &Q) -> Option<LlmBulkhead>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        lock(&self.shared.map)
+            .get(key)
+            .map(|tenant| tenant.bulkhead.clone())
+    }
+
+    /// The statistics of the key's live bulkhead, if it exists; without creating it and
+    /// without counting as its activity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 3)).build()?;
+    /// assert!(tenants.stats("acme").is_none());
+    /// let _permit = tenants.get("acme")?.try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let stats = tenants.stats("acme").unwrap();
+    /// assert_eq!((stats.in_flight, stats.limits.max_concurrent), (1, 3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats<Q>(&self, key: &Q) -> Option<Stats>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek(key).map(|bulkhead| bulkhead.stats())
+    }
+
+    /// Applies `limits` to the key's live bulkhead (see [`LlmBulkhead::apply_limits`]); returns
+    /// `Ok(None)` when the key has no live bulkhead. Does not create one and does not count as
+    /// its activity: limits given to no instance would be forgotten at its next eviction
+    /// anyway.
+    ///
+    /// Limits applied to a tenant last as long as its instance: once it is evicted, the next
+    /// `get` builds a fresh one from the template. For limits that survive eviction, store
+    /// them where the template reads them, then apply them to the live instance, if any.
+    ///
+    /// # Errors
+    ///
+    /// The bulkhead's [`LimitsError`], nothing changed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::sync::{Arc, RwLock};
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, Tenants};
+    ///
+    /// // The control plane's store, read by the template.
+    /// let store: Arc<RwLock<HashMap<String, Limits>>> = Arc::default();
+    /// let read = store.clone();
+    /// let tenants = Tenants::builder(move |tenant: &String| {
+    ///     let limits = read.read().unwrap().get(tenant).cloned().unwrap_or(Limits::new(0, 2));
+    ///     LlmBulkhead::builder("gpt-4o", limits.max_concurrent).initial_revision(limits.revision)
+    /// })
+    /// .build()?;
+    ///
+    /// // Not live yet: the store is enough.
+    /// let limits = Limits::new(1, 5);
+    /// store.write().unwrap().insert("acme".into(), limits.clone());
+    /// assert_eq!(tenants.apply_limits("acme", limits)?, None);
+    /// assert_eq!(tenants.get("acme")?.limits(), Limits::new(1, 5));
+    ///
+    /// // Live: the new limits apply at once.
+    /// let limits = Limits::new(2, 9);
+    /// store.write().unwrap().insert("acme".into(), limits.clone());
+    /// assert!(tenants.apply_limits("acme", limits)?.unwrap().is_applied());
+    /// assert_eq!(tenants.stats("acme").unwrap().limits.max_concurrent, 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply_limits<Q>(
+        &self,
+        key: &Q,
+        limits: Limits,
+    ) -> Result<Option<ApplyOutcome>, LimitsError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        // Unlocked: `apply_limits` announces the change to the bulkhead's listeners.
+        self.peek(key)
+            .map(|bulkhead| bulkhead.apply_limits(limits))
+            .transpose()
+    }
+
+    /// Removes the key's tenant whatever it is doing, and returns its bulkhead (to close or
+    /// drain it, say); the next `get` of the key builds a fresh one. Calls in flight on the
+    /// removed bulkhead go on and release normally, apart from the fresh one's capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1)).build()?;
+    /// tenants.get("acme")?;
+    /// let gone = tenants.remove("acme").unwrap();
+    /// gone.close();
+    /// assert!(tenants.is_empty());
+    /// assert!(!tenants.get("acme")?.is_closed()); // a fresh instance
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove<Q>(&self, key: &Q) -> Option<LlmBulkhead>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let removed = lock(&self.shared.map).remove(key);
+        removed.map(|tenant| tenant.bulkhead)
+    }
+
+    /// Evicts every tenant idle for at least `idle_after` (see [`Tenants`]); returns how many.
+    /// A sweep also notices the activity of the tenants it keeps, so calling it periodically
+    /// (at most every `idle_after` or so) keeps idle times accurate.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1))
+    ///     .idle_after(Duration::ZERO)
+    ///     .build()?;
+    /// let busy = tenants.get(&1)?.try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())?;
+    /// tenants.get(&2)?;
+    /// assert_eq!(tenants.evict_idle(), 1); // tenant 2: idle, unchanged, nothing held
+    /// assert_eq!(tenants.keys(), [1]);
+    /// # drop(busy);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn evict_idle(&self) -> usize {
+        let shared = &*self.shared;
+        let mut evicted = Vec::new();
+        {
+            let mut map = lock(&shared.map);
+            let now = Instant::now();
+            map.retain(|_, tenant| {
+                if tenant.evictable(now, shared.idle_after) {
+                    evicted.push(tenant.bulkhead.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        // Dropped after the lock (see the module docs).
+        evicted.len()
+    }
+}
+
+impl<K: Clone> Tenants<K> {
+    /// The keys of the live tenants, in no particular order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1)).build()?;
+    /// tenants.get("acme")?;
+    /// tenants.get("globex")?;
+    /// let mut keys = tenants.keys();
+    /// keys.sort();
+    /// assert_eq!(keys, ["acme", "globex"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keys(&self) -> Vec<K> {
+        lock(&self.shared.map).keys().cloned().collect()
+    }
+}
+
+impl<K> Clone for Tenants<K> {
+    fn clone(&self) -> Tenants<K> {
+        Tenants {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for Tenants<K> {
+    /// Never blocks: shows the configuration only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tenants")
+            .field("max_tenants", &self.shared.max_tenants)
+            .field("idle_after", &self.shared.idle_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`Tenants`] family; made by [`Tenants::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+///
+/// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 4))
+///     .max_tenants(500)
+///     .idle_after(Duration::from_secs(120))
+///     .build()?;
+/// assert_eq!((tenants.max_tenants(), tenants.idle_after()), (500, Duration::from_secs(120)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct TenantsBuilder<K> {
+    template: Box<Template<K>>,
+    max_tenants: usize,
+    idle_after: Duration,
+}
+
+impl<K> TenantsBuilder<K> {
+    /// The most tenants that may exist at once (at least 1; default 1,024). A new key beyond it
+    /// evicts an idle tenant, or is refused [`TenantsError::Full`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants, TenantsConfigError};
+    ///
+    /// let err = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).max_tenants(0).build().unwrap_err();
+    /// assert_eq!(err, TenantsConfigError::MaxTenantsZero);
+    /// ```
+    pub fn max_tenants(mut self, max_tenants: usize) -> TenantsBuilder<K> {
+        self.max_tenants = max_tenants;
+        self
+    }
+
+    /// How long a tenant must have been idle (nothing in flight, queued or unsettled) before
+    /// it may be evicted (default 60 s). Zero evicts a tenant at the first check that finds
+    /// it idle and unchanged since the previous check.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1))
+    ///     .idle_after(Duration::from_secs(30))
+    ///     .build()?;
+    /// assert_eq!(tenants.idle_after(), Duration::from_secs(30));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn idle_after(mut self, idle_after: Duration) -> TenantsBuilder<K> {
+        self.idle_after = idle_after;
+        self
+    }
+
+    /// Builds the (empty) family.
+    ///
+    /// # Errors
+    ///
+    /// [`TenantsConfigError::MaxTenantsZero`] when `max_tenants` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
+    /// assert!(tenants.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build(self) -> Result<Tenants<K>, TenantsConfigError> {
+        if self.max_tenants == 0 {
+            return Err(TenantsConfigError::MaxTenantsZero);
+        }
+        Ok(Tenants {
+            shared: Arc::new(Shared {
+                template: self.template,
+                max_tenants: self.max_tenants,
+                idle_after: self.idle_after,
+                map: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+impl<K> fmt::Debug for TenantsBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenantsBuilder")
+            .field("max_tenants", &self.max_tenants)
+            .field("idle_after", &self.idle_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`TenantsBuilder::build`] refused its configuration. Nothing was built.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+///
+/// let err = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).max_tenants(0).build().unwrap_err();
+/// assert_eq!(err.to_string(), "max_tenants (0) must be >= 1");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TenantsConfigError {
+    /// `max_tenants` is 0: no tenant could ever exist.
+    MaxTenantsZero,
+}
+
+impl fmt::Display for TenantsConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenantsConfigError::MaxTenantsZero => f.write_str("max_tenants (0) must be >= 1"),
+        }
+    }
+}
+
+impl std::error::Error for TenantsConfigError {}
+
+/// [`Tenants::get`] could not give a bulkhead for a new key. Nothing was stored or evicted.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{ConfigError, LlmBulkhead, Tenants, TenantsError};
+///
+/// let tenants = Tenants::builder(|key: &String| LlmBulkhead::builder(key.as_str(), 1)).build()?;
+/// let err = tenants.get("").unwrap_err();
+/// assert_eq!(err, TenantsError::Template(ConfigError::EmptyModel { model: "".into() }));
+/// assert_eq!(err.to_string(), "the template's builder was refused: model must be a non-empty string (got \"\")");
+/// assert!(tenants.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TenantsError {
+    /// `max` tenants exist and none has been idle for `idle_after`.
+    Full {
+        /// The configured `max_tenants`.
+        max: usize,
+    },
+    /// The template's builder refused its configuration for this key.
+    Template(ConfigError),
+}
+
+impl fmt::Display for TenantsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenantsError::Full { max } => write!(
+                f,
+                "all {max} tenants (max_tenants) are busy or active within idle_after: none can be evicted"
+            ),
+            TenantsError::Template(error) => {
+                write!(f, "the template's builder was refused: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TenantsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TenantsError::Full { .. } => None,
+            TenantsError::Template(error) => Some(error),
+        }
+    }
+}

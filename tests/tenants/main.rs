@@ -1,0 +1,401 @@
+//! Per-tenant limits (`Tenants`): tenants created on first use from the template with per-key
+//! limits, independent limits, the `max_tenants` bound (LRU eviction of idle tenants, `Full`
+//! while they are busy), no eviction with a call in flight or queued, template errors and
+//! panics storing nothing, and one instance per key under concurrent first use.
+
+// Results carrying a `Rejection` (its capacity snapshot by value) are large by design.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll};
+use std::thread;
+use std::time::Duration;
+
+use async_bulkhead_llm::{
+    AcquireOptions, ApplyOutcome, ConfigError, Limits, LlmBulkhead, LlmRequest, RejectReason,
+    Tenants, TenantsConfigError, TenantsError, TokenBudget,
+};
+
+/// An `idle_after` short enough for tests, long enough that two consecutive steps of a test
+/// never take it (a tenant refreshed by one step is not idle at the next).
+const IDLE: Duration = Duration::from_millis(100);
+
+/// Sleeps long enough that a tenant last active before the sleep has been idle for `IDLE`.
+fn past_idle() {
+    thread::sleep(IDLE + Duration::from_millis(50));
+}
+
+fn req() -> LlmRequest {
+    LlmRequest::new()
+}
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::new()
+}
+
+/// A family of one-slot tenants, counting the template's calls.
+fn one_slot(max_tenants: usize, idle_after: Duration) -> (Tenants<String>, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let tenants = Tenants::builder(move |_: &String| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        LlmBulkhead::builder("m", 1)
+    })
+    .max_tenants(max_tenants)
+    .idle_after(idle_after)
+    .build()
+    .expect("valid configuration");
+    (tenants, calls)
+}
+
+fn sorted_keys(tenants: &Tenants<String>) -> Vec<String> {
+    let mut keys = tenants.keys();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn created_on_first_use_with_the_templates_limits_for_the_key() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let tenants = Tenants::builder(move |tenant: &String| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        match tenant.as_str() {
+            "pro" => LlmBulkhead::builder("gpt-4o", 3).token_budget(TokenBudget::new(9_000)),
+            _ => LlmBulkhead::builder("gpt-4o-mini", 1).token_budget(TokenBudget::new(1_000)),
+        }
+    })
+    .build()
+    .unwrap();
+    assert_eq!((tenants.len(), calls.load(Ordering::SeqCst)), (0, 0));
+    assert!(tenants.peek("pro").is_none() && tenants.stats("pro").is_none());
+    assert_eq!((tenants.len(), calls.load(Ordering::SeqCst)), (0, 0)); // looking creates nothing
+
+    let pro = tenants.get("pro").unwrap();
+    assert_eq!(pro.model(), "gpt-4o");
+    assert_eq!(pro.limits(), Limits::new(0, 3).with_token_budget(9_000, 0));
+    let free = tenants.get(&"free".to_string()).unwrap();
+    assert_eq!(free.model(), "gpt-4o-mini");
+    assert_eq!(free.limits(), Limits::new(0, 1).with_token_budget(1_000, 0));
+    assert_eq!((tenants.len(), calls.load(Ordering::SeqCst)), (2, 2));
+
+    // Later gets return the same instance and do not call the template.
+    let _permit = pro.try_acquire(&req(), opts()).unwrap();
+    assert_eq!(tenants.get("pro").unwrap().stats().in_flight, 1);
+    assert_eq!(tenants.stats("pro").unwrap().admitted, 1);
+    assert_eq!((tenants.len(), calls.load(Ordering::SeqCst)), (2, 2));
+    assert_eq!(sorted_keys(&tenants), ["free", "pro"]);
+}
+
+#[test]
+fn each_tenants_limits_are_its_own() {
+    let (tenants, _) = one_slot(8, IDLE);
+    let a = tenants.get("a").unwrap();
+    let b = tenants.get("b").unwrap();
+
+    // `a` full refuses only `a`'s calls.
+    let held = a.try_acquire(&req(), opts()).unwrap();
+    let refused = a.try_acquire(&req(), opts()).unwrap_err();
+    assert_eq!(
+        refused.rejection().unwrap().reason(),
+        RejectReason::ConcurrencyLimit
+    );
+    let admitted = b.try_acquire(&req(), opts()).unwrap();
+    assert_eq!(tenants.stats("a").unwrap().rejected, 1);
+    assert_eq!(tenants.stats("b").unwrap().rejected, 0);
+
+    // apply_limits on `a` changes only `a`.
+    let outcome = tenants.apply_limits("a", Limits::new(1, 2)).unwrap();
+    assert_eq!(
+        outcome,
+        Some(ApplyOutcome::Applied {
+            previous: Limits::new(0, 1),
+            current: Limits::new(1, 2)
+        })
+    );
+    assert_eq!(a.limits(), Limits::new(1, 2));
+    assert_eq!(b.limits(), Limits::new(0, 1));
+    let second = a.try_acquire(&req(), opts()).unwrap();
+    assert_eq!(tenants.stats("a").unwrap().in_flight, 2);
+    let refused = b.try_acquire(&req(), opts()).unwrap_err();
+    assert_eq!(
+        refused.rejection().unwrap().reason(),
+        RejectReason::ConcurrencyLimit
+    );
+
+    // A stale revision changes nothing; an invalid snapshot is the bulkhead's error.
+    assert_eq!(
+        tenants.apply_limits("a", Limits::new(1, 7)).unwrap(),
+        Some(ApplyOutcome::Stale {
+            current: Limits::new(1, 2)
+        })
+    );
+    assert!(
+        tenants
+            .apply_limits("a", Limits::new(2, 1).with_token_budget(10, 0))
+            .is_err()
+    );
+    // An unknown key: nothing applied, nothing created.
+    assert_eq!(tenants.apply_limits("c", Limits::new(1, 5)).unwrap(), None);
+    assert_eq!(tenants.len(), 2);
+    drop((held, admitted, second));
+}
+
+#[test]
+fn a_new_key_evicts_the_least_recently_active_idle_tenant() {
+    let (tenants, calls) = one_slot(2, IDLE);
+    tenants.get("a").unwrap();
+    thread::sleep(Duration::from_millis(5));
+    tenants.get("b").unwrap();
+    past_idle();
+
+    // Both idle past IDLE: the older, `a`, goes.
+    let c = tenants.get("c").unwrap();
+    assert_eq!(sorted_keys(&tenants), ["b", "c"]);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // A get refreshes: after it `b` is the most recent; `c` (idle past IDLE) goes.
+    drop(c);
+    past_idle();
+    tenants.get("b").unwrap();
+    tenants.get("a").unwrap();
+    assert_eq!(sorted_keys(&tenants), ["a", "b"]);
+
+    // Neither has been idle for IDLE now: a fourth key is refused, the template not called.
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    let err = tenants.get("d").unwrap_err();
+    assert_eq!(err, TenantsError::Full { max: 2 });
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(sorted_keys(&tenants), ["a", "b"]);
+
+    // An explicit sweep once both have been idle.
+    past_idle();
+    assert_eq!(tenants.evict_idle(), 2);
+    assert!(tenants.is_empty());
+}
+
+#[test]
+fn a_new_key_is_refused_full_while_every_tenant_is_busy() {
+    let (tenants, calls) = one_slot(2, Duration::ZERO);
+    let a = tenants
+        .get("a")
+        .unwrap()
+        .try_acquire_owned(&req(), opts())
+        .unwrap();
+    let b = tenants
+        .get("b")
+        .unwrap()
+        .try_acquire_owned(&req(), opts())
+        .unwrap();
+    let err = tenants.get("c").unwrap_err();
+    assert_eq!(err, TenantsError::Full { max: 2 });
+    assert_eq!(
+        err.to_string(),
+        "all 2 tenants (max_tenants) are busy or active within idle_after: none can be evicted"
+    );
+    assert_eq!((tenants.len(), calls.load(Ordering::SeqCst)), (2, 2)); // nothing built
+
+    // `a` released: the first check after its release sees its counters changed (activity
+    // now), so even with a zero `idle_after` it is evicted only at the next check.
+    drop(a);
+    assert_eq!(tenants.get("c").unwrap_err(), TenantsError::Full { max: 2 });
+    tenants.get("c").unwrap();
+    assert_eq!(sorted_keys(&tenants), ["b", "c"]);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    drop(b);
+}
+
+#[test]
+fn no_eviction_while_a_call_is_in_flight_or_queued() {
+    let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1).max_queue(1))
+        .max_tenants(1)
+        .idle_after(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let a = tenants.get("a").unwrap();
+    let held = a.try_acquire(&req(), opts()).unwrap();
+    let mut waiter = pin!(a.acquire_owned(&req(), opts()));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(waiter.as_mut().poll(&mut cx).is_pending());
+    let stats = tenants.stats("a").unwrap();
+    assert_eq!((stats.in_flight, stats.pending), (1, 1));
+
+    // In flight and queued, long past idle_after: kept, by a sweep and by a new key.
+    thread::sleep(Duration::from_millis(40));
+    assert_eq!(tenants.evict_idle(), 0);
+    assert_eq!(tenants.get("b").unwrap_err(), TenantsError::Full { max: 1 });
+
+    // The waiter is handed the slot: in flight only, still kept.
+    drop(held);
+    let Poll::Ready(Ok(permit)) = waiter.as_mut().poll(&mut cx) else {
+        panic!("the waiter was handed the slot");
+    };
+    let stats = tenants.stats("a").unwrap();
+    assert_eq!((stats.in_flight, stats.pending), (1, 0));
+    thread::sleep(Duration::from_millis(40));
+    assert_eq!(tenants.evict_idle(), 0);
+
+    // Released: idle from the check that notices it, evicted once idle_after has passed.
+    drop(permit);
+    assert_eq!(tenants.evict_idle(), 0);
+    assert_eq!(tenants.keys(), ["a"]);
+    thread::sleep(Duration::from_millis(40));
+    assert_eq!(tenants.evict_idle(), 1);
+    assert!(tenants.is_empty());
+}
+
+#[test]
+fn calls_through_a_kept_clone_count_as_activity() {
+    let (tenants, _) = one_slot(1, IDLE);
+    let a = tenants.get("a").unwrap();
+    past_idle();
+    // Used through the clone, not through `get`, since the last check: the sweep sees the
+    // counters moved, and keeps it.
+    drop(a.try_acquire(&req(), opts()).unwrap());
+    assert_eq!(tenants.evict_idle(), 0);
+    past_idle();
+    assert_eq!(tenants.evict_idle(), 1);
+}
+
+#[test]
+fn eviction_forgets_applied_limits_and_spares_kept_clones() {
+    let (tenants, calls) = one_slot(1, Duration::ZERO);
+    let old = tenants.get("a").unwrap();
+    tenants.apply_limits("a", Limits::new(1, 5)).unwrap();
+    assert_eq!(tenants.evict_idle(), 1);
+
+    // A fresh instance, from the template again.
+    let fresh = tenants.get("a").unwrap();
+    assert_eq!(fresh.limits(), Limits::new(0, 1));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // The old clone still works, on its own capacity.
+    let p1 = old.try_acquire(&req(), opts()).unwrap();
+    let p2 = old.try_acquire(&req(), opts()).unwrap();
+    assert_eq!(old.stats().in_flight, 2);
+    assert_eq!(tenants.stats("a").unwrap().in_flight, 0);
+    drop((p1, p2));
+}
+
+#[test]
+fn remove_takes_a_tenant_out_whatever_it_does() {
+    let (tenants, _) = one_slot(4, IDLE);
+    let permit = tenants
+        .get("a")
+        .unwrap()
+        .try_acquire_owned(&req(), opts())
+        .unwrap();
+    let removed = tenants.remove("a").unwrap();
+    assert_eq!(removed.stats().in_flight, 1);
+    assert!(tenants.remove("a").is_none());
+    assert_eq!(tenants.get("a").unwrap().stats().in_flight, 0);
+    drop(permit);
+    assert_eq!(removed.stats().in_flight, 0);
+}
+
+#[test]
+fn a_template_error_is_returned_and_stores_nothing() {
+    let tenants = Tenants::builder(|tenant: &String| {
+        let slots = if tenant == "huge" { 70_000 } else { 1 };
+        LlmBulkhead::builder("m", slots)
+    })
+    .max_tenants(1)
+    .idle_after(Duration::ZERO)
+    .build()
+    .unwrap();
+    let err = tenants.get("huge").unwrap_err();
+    assert_eq!(
+        err,
+        TenantsError::Template(ConfigError::MaxConcurrentTooLarge {
+            value: 70_000,
+            max: 65_535
+        })
+    );
+    assert_eq!(
+        err.to_string(),
+        "the template's builder was refused: max_concurrent (70000) must be <= 65535"
+    );
+    assert!(std::error::Error::source(&err).is_some());
+    assert!(tenants.is_empty());
+
+    // With the map full of an evictable tenant, a failed build evicts nothing.
+    tenants.get("ok").unwrap();
+    assert!(tenants.get("huge").is_err());
+    assert_eq!(tenants.keys(), ["ok"]);
+}
+
+#[test]
+fn a_panicking_template_reaches_the_caller_and_stores_nothing() {
+    let tenants = Tenants::builder(|tenant: &String| {
+        assert!(tenant != "boom", "template panic");
+        LlmBulkhead::builder("m", 1)
+    })
+    .build()
+    .unwrap();
+    let result = catch_unwind(AssertUnwindSafe(|| tenants.get("boom")));
+    assert!(result.is_err());
+    assert!(tenants.is_empty());
+    // No lock was held: the family goes on working.
+    tenants.get("fine").unwrap();
+    assert_eq!(tenants.keys(), ["fine"]);
+}
+
+#[test]
+fn max_tenants_must_be_at_least_one() {
+    let err = Tenants::builder(|_: &u64| LlmBulkhead::builder("m", 1))
+        .max_tenants(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, TenantsConfigError::MaxTenantsZero);
+    assert_eq!(err.to_string(), "max_tenants (0) must be >= 1");
+    let one = Tenants::builder(|_: &u64| LlmBulkhead::builder("m", 1))
+        .max_tenants(1)
+        .build()
+        .unwrap();
+    assert_eq!(
+        (one.max_tenants(), one.idle_after()),
+        (1, Duration::from_secs(60))
+    );
+}
+
+#[test]
+fn concurrent_first_gets_of_one_key_yield_one_instance() {
+    const THREADS: usize = 8;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let tenants = Tenants::builder(move |_: &String| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        LlmBulkhead::builder("m", 4)
+    })
+    .build()
+    .unwrap();
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let tenants = tenants.clone();
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                barrier.wait();
+                tenants.get("shared").unwrap()
+            })
+        })
+        .collect();
+    let clones: Vec<LlmBulkhead> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(tenants.len(), 1);
+    // Racing first gets may each build (1 to 8 template calls), but one instance is kept.
+    assert!((1..=THREADS).contains(&calls.load(Ordering::SeqCst)));
+
+    // An admission through one clone is seen by every other.
+    let permit = clones[0].try_acquire(&req(), opts()).unwrap();
+    for clone in &clones {
+        let stats = clone.stats();
+        assert_eq!((stats.in_flight, stats.admitted), (1, 1));
+    }
+    assert_eq!(tenants.stats("shared").unwrap().in_flight, 1);
+    drop(permit);
+    assert!(clones.iter().all(|c| c.stats().in_flight == 0));
+}
