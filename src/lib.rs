@@ -201,7 +201,7 @@ mod stats;
 mod llm;
 
 // Integrations with other crates, over the public API (behind their features).
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "tower"))]
 mod integrations;
 
 /// The named futures of the crate.
@@ -227,6 +227,10 @@ pub use events::{
     UsageEvent,
 };
 pub use http::HttpRefusal;
+#[cfg(feature = "tower")]
+pub use integrations::tower::{
+    BoxError, DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService, provider_usage,
+};
 pub use llm::admission::Admission;
 pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;

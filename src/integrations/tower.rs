@@ -1,0 +1,579 @@
+//! The tower layer for HTTP gateways (feature `tower`): [`LlmLayer`] admits each request
+//! through an [`LlmBulkhead`] before the inner service sees it, answers a refusal itself (429,
+//! 413, 503 or 400 with the provider-shaped JSON body of [`HttpRefusal`]), and wraps the
+//! response body in an [`LlmBody`] that holds the call's [`OwnedPermit`] until the body ends,
+//! fails or is dropped (a client that disconnects mid-stream releases at once). As chunks pass
+//! it reads the provider's usage from them and reports it, so the token budget follows the
+//! stream; the chunks themselves are passed on as they come, neither copied nor delayed.
+//!
+//! Works with any tower stack over `http` 1 types: axum 0.8 routers, hyper 1 services.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+
+use crate::{
+    AcquireError, AcquireOptions, HttpRefusal, LlmBulkhead, LlmRequest, OwnedPermit, TokenUsage,
+};
+
+/// The error type of the layer's bodies and of inner services it accepts (tower's).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Turns an HTTP request (its head and its whole body) into what the bulkhead sizes.
+type ToRequest = dyn Fn(&http::request::Parts, &Bytes) -> Result<LlmRequest, String> + Send + Sync;
+/// Picks a request's options (priority, reservation, class) from its head.
+type ToOptions = dyn Fn(&http::request::Parts) -> AcquireOptions + Send + Sync;
+/// Reads a cumulative usage from one JSON document of the response (an SSE event's data, or
+/// the whole body of a JSON response).
+type ToUsage = dyn Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync;
+
+/// Request bodies larger than this are refused with 413 before anything is admitted (the
+/// default of [`LlmLayer::max_request_body`]).
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
+
+/// A non-streamed JSON response is read for its usage up to this size; a larger one settles
+/// with the usage reported so far.
+const MAX_JSON_RESPONSE: usize = 4 << 20;
+
+/// A tower layer that admits each HTTP request through an [`LlmBulkhead`] before the inner
+/// service sees it. The request's body is read whole and parsed as an OpenAI chat-completions
+/// or Anthropic messages body (or by [`request`](LlmLayer::request)) to size its reservation;
+/// a refusal is answered by the layer itself (429, 413, 503 or 400, the JSON body of
+/// [`HttpRefusal`], no `Retry-After`); an admitted call's response body becomes an [`LlmBody`]
+/// that holds the permit until the body ends, fails or is dropped, and reports the usage the
+/// provider states as the chunks pass.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmLayer, Priority};
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{Layer, ServiceExt};
+///
+/// # ::futures::executor::block_on(async {
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+/// let layer = LlmLayer::new(bulkhead.clone())
+///     // Requests marked interactive get the high-priority reserve.
+///     .options(|head| {
+///         let high = head.headers.get("x-priority").is_some_and(|v| v == "high");
+///         AcquireOptions::new().priority(if high { Priority::High } else { Priority::Normal })
+///     });
+/// // The provider (here a stub; in a gateway an axum router or a proxy client).
+/// let provider = tower::service_fn(|_request: http::Request<Full<Bytes>>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("{}"))))
+/// });
+/// let gateway = layer.layer(provider);
+/// let request = || {
+///     http::Request::post("/v1/chat/completions")
+///         .body(Full::new(Bytes::from(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)))
+///         .unwrap()
+/// };
+/// let held = bulkhead.try_acquire(&async_bulkhead_llm::LlmRequest::new(), AcquireOptions::new())?;
+/// let refused = gateway.clone().oneshot(request()).await?;
+/// assert_eq!(refused.status(), 429); // the one slot is taken
+/// drop(held);
+/// let response = gateway.oneshot(request()).await?;
+/// assert_eq!(response.status(), 200);
+/// assert_eq!(bulkhead.stats().in_flight, 1); // held by the body until it ends
+/// let body = response.into_body().collect().await.map_err(|e| e.to_string())?;
+/// assert_eq!(body.to_bytes(), "{}");
+/// assert_eq!(bulkhead.stats().in_flight, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct LlmLayer {
+    bulkhead: LlmBulkhead,
+    config: Arc<Config>,
+}
+
+struct Config {
+    request: Box<ToRequest>,
+    options: Box<ToOptions>,
+    usage: Box<ToUsage>,
+    wait: bool,
+    max_body: usize,
+}
+
+impl LlmLayer {
+    /// A layer admitting through `bulkhead`: requests parsed as OpenAI chat-completions or
+    /// Anthropic messages JSON, default options, fail fast, bodies up to 4 MiB, usage read from
+    /// OpenAI and Anthropic responses.
+    pub fn new(bulkhead: LlmBulkhead) -> LlmLayer {
+        LlmLayer {
+            bulkhead,
+            config: Arc::new(Config {
+                request: Box::new(|_, body: &Bytes| {
+                    serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
+                }),
+                options: Box::new(|_| AcquireOptions::new()),
+                usage: Box::new(provider_usage),
+                wait: false,
+                max_body: DEFAULT_MAX_REQUEST_BODY,
+            }),
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::get_mut(&mut self.config).expect("configured before it is cloned")
+    }
+
+    /// Builds the [`LlmRequest`] from the request's head and body instead of parsing the body
+    /// as provider JSON; an `Err` is answered with 400 and that message.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn request(
+        mut self,
+        f: impl Fn(&http::request::Parts, &Bytes) -> Result<LlmRequest, String> + Send + Sync + 'static,
+    ) -> LlmLayer {
+        self.config().request = Box::new(f);
+        self
+    }
+
+    /// Takes each request's options (priority, reservation, admission class) from its head.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn options(
+        mut self,
+        f: impl Fn(&http::request::Parts) -> AcquireOptions + Send + Sync + 'static,
+    ) -> LlmLayer {
+        self.config().options = Box::new(f);
+        self
+    }
+
+    /// Reads usage with `f` instead of the OpenAI / Anthropic shapes: it gets every JSON
+    /// document of the response (each SSE event's data that mentions `usage`, or a JSON
+    /// response's whole body) and returns the call's cumulative usage, if it says one.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn usage(
+        mut self,
+        f: impl Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync + 'static,
+    ) -> LlmLayer {
+        self.config().usage = Box::new(f);
+        self
+    }
+
+    /// Whether a request waits in the bulkhead's queue (`acquire`) rather than being refused
+    /// at once when no slot is free (`try_acquire`, the default).
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn wait_in_queue(mut self, wait: bool) -> LlmLayer {
+        self.config().wait = wait;
+        self
+    }
+
+    /// Refuses request bodies larger than `bytes` with 413 (default 4 MiB).
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn max_request_body(mut self, bytes: usize) -> LlmLayer {
+        self.config().max_body = bytes;
+        self
+    }
+}
+
+impl fmt::Debug for LlmLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmLayer")
+            .field("bulkhead", &self.bulkhead)
+            .field("wait_in_queue", &self.config.wait)
+            .field("max_request_body", &self.config.max_body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> tower_layer::Layer<S> for LlmLayer {
+    type Service = LlmService<S>;
+
+    fn layer(&self, inner: S) -> LlmService<S> {
+        LlmService {
+            inner,
+            bulkhead: self.bulkhead.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// The service [`LlmLayer`] makes. Its inner service receives the request with its body read
+/// whole (a [`Full`] body: it had to be parsed to be sized).
+///
+/// `poll_ready` is the inner service's: the bulkhead decides per request (its decision needs
+/// the request), in `call`, and never makes `poll_ready` wait; the ready service is the one
+/// called (a clone takes its place).
+#[derive(Clone)]
+pub struct LlmService<S> {
+    inner: S,
+    bulkhead: LlmBulkhead,
+    config: Arc<Config>,
+}
+
+impl<S> fmt::Debug for LlmService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmService")
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, R> tower_service::Service<Request<B>> for LlmService<S>
+where
+    S: tower_service::Service<Request<Full<Bytes>>, Response = Response<R>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    type Response = Response<LlmBody<R>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service polled ready is the one that serves this request.
+        let clone = self.inner.clone();
+        let mut inner = core::mem::replace(&mut self.inner, clone);
+        let bulkhead = self.bulkhead.clone();
+        let config = Arc::clone(&self.config);
+        Box::pin(async move {
+            let (head, body) = request.into_parts();
+            let bytes = match Limited::new(body, config.max_body).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(error) => {
+                    let too_large = error
+                        .downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some();
+                    return Ok(if too_large {
+                        plain_error(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "request_too_large",
+                            &format!("the request body exceeds {} bytes", config.max_body),
+                        )
+                    } else {
+                        plain_error(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_request_error",
+                            &format!("the request body could not be read: {error}"),
+                        )
+                    });
+                }
+            };
+            let llm_request = match (config.request)(&head, &bytes) {
+                Ok(request) => request,
+                Err(message) => {
+                    return Ok(plain_error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        &message,
+                    ));
+                }
+            };
+            let options = (config.options)(&head);
+            let admitted = if config.wait {
+                bulkhead.acquire_owned(&llm_request, options).await
+            } else {
+                bulkhead.try_acquire_owned(&llm_request, options)
+            };
+            let permit = match admitted {
+                Ok(permit) => permit,
+                Err(error) => return Ok(refusal(&error)),
+            };
+            // An inner failure drops the permit here: released at once.
+            let response = inner
+                .call(Request::from_parts(head, Full::new(bytes)))
+                .await?;
+            let (parts, body) = response.into_parts();
+            let reader = Reader::for_content_type(parts.headers.get(CONTENT_TYPE));
+            Ok(Response::from_parts(
+                parts,
+                LlmBody::admitted(body, permit, reader, config),
+            ))
+        })
+    }
+}
+
+/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`].
+fn refusal<R>(error: &AcquireError) -> Response<LlmBody<R>> {
+    let answer = HttpRefusal::from(error);
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    respond(status, Bytes::from(answer.body()))
+}
+
+fn plain_error<R>(status: StatusCode, error_type: &str, message: &str) -> Response<LlmBody<R>> {
+    let body = serde_json::json!({
+        "error": {"type": error_type, "code": error_type, "message": message}
+    });
+    respond(status, Bytes::from(body.to_string()))
+}
+
+fn respond<R>(status: StatusCode, body: Bytes) -> Response<LlmBody<R>> {
+    let mut response = Response::new(LlmBody {
+        state: State::Answer(Some(body)),
+    });
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(HttpRefusal::CONTENT_TYPE),
+    );
+    response
+}
+
+/// The response body of [`LlmService`]: the inner service's body with the call's permit
+/// (released when the body ends, fails or is dropped), or the layer's own answer to a request
+/// it refused.
+pub struct LlmBody<B> {
+    state: State<B>,
+}
+
+enum State<B> {
+    /// The layer's own answer (a refusal); `None` once sent.
+    Answer(Option<Bytes>),
+    Streaming(Box<Streaming<B>>),
+}
+
+struct Streaming<B> {
+    inner: Pin<Box<B>>,
+    /// `None` once released.
+    permit: Option<OwnedPermit>,
+    reader: Reader,
+    config: Arc<Config>,
+}
+
+impl<B> LlmBody<B> {
+    fn admitted(body: B, permit: OwnedPermit, reader: Reader, config: Arc<Config>) -> LlmBody<B> {
+        LlmBody {
+            state: State::Streaming(Box::new(Streaming {
+                inner: Box::pin(body),
+                permit: Some(permit),
+                reader,
+                config,
+            })),
+        }
+    }
+
+    /// Whether this body still holds its admission (false for the layer's own answer to a
+    /// refused request, and once the body ended or failed). See [`LlmLayer`] for an example.
+    pub fn holds_permit(&self) -> bool {
+        matches!(&self.state, State::Streaming(s) if s.permit.is_some())
+    }
+}
+
+impl<B> fmt::Debug for LlmBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmBody")
+            .field("holds_permit", &self.holds_permit())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for LlmBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // `LlmBody` is `Unpin`: the inner body is pinned in its own box.
+        let this = self.get_mut();
+        match &mut this.state {
+            State::Answer(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
+            State::Streaming(streaming) => match streaming.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        streaming.observe(data);
+                    }
+                    // A server that sees the end may never poll again (a sized body): settle
+                    // with this last frame.
+                    if streaming.inner.is_end_stream() {
+                        streaming.finish();
+                    }
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    streaming.finish();
+                    Poll::Ready(Some(Err(error.into())))
+                }
+                Poll::Ready(None) => {
+                    streaming.finish();
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.state {
+            State::Answer(body) => body.is_none(),
+            State::Streaming(streaming) => streaming.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.state {
+            State::Answer(Some(body)) => SizeHint::with_exact(body.len() as u64),
+            State::Answer(None) => SizeHint::with_exact(0),
+            State::Streaming(streaming) => streaming.inner.size_hint(),
+        }
+    }
+}
+
+impl<B> Streaming<B> {
+    /// Reads what a data frame says about usage, and reports it.
+    fn observe(&mut self, data: &Bytes) {
+        let Some(permit) = self.permit.as_mut() else {
+            return;
+        };
+        let usage = &*self.config.usage;
+        match &mut self.reader {
+            Reader::Events(events) => events.feed(data, |json| {
+                if let Some(found) = usage(json) {
+                    // A provider's figures that do not fit are ignored, never fatal to the
+                    // stream.
+                    let _ = permit.report_usage(found);
+                }
+            }),
+            Reader::Json(body) => {
+                if body.len() + data.len() <= MAX_JSON_RESPONSE {
+                    body.extend_from_slice(data.chunk());
+                } else {
+                    self.reader = Reader::Other;
+                }
+            }
+            Reader::Other => {}
+        }
+    }
+
+    /// The body ended or failed: settles with the usage it said (a JSON body's), else the
+    /// last reported.
+    fn finish(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let usage = match &self.reader {
+            Reader::Json(body) => serde_json::from_slice(body)
+                .ok()
+                .and_then(|json| (self.config.usage)(&json)),
+            _ => None,
+        };
+        let _ = permit.release(usage);
+    }
+}
+
+/// How a response's usage is read.
+enum Reader {
+    /// `text/event-stream`: every complete event line that mentions `usage`.
+    Events(EventLines),
+    /// `application/json`: the whole body, read at its end.
+    Json(Vec<u8>),
+    /// Anything else: no usage (the call settles with nothing reported).
+    Other,
+}
+
+impl Reader {
+    fn for_content_type(value: Option<&HeaderValue>) -> Reader {
+        let kind = value.and_then(|v| v.to_str().ok()).map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+        match kind.as_deref() {
+            Some("text/event-stream") => Reader::Events(EventLines::default()),
+            Some("application/json") => Reader::Json(Vec::new()),
+            _ => Reader::Other,
+        }
+    }
+}
+
+/// Splits a server-sent event stream into lines as chunks pass, keeping only the unfinished
+/// tail of a chunk (a line cut in two by the network); lines are looked at in place.
+#[derive(Default)]
+struct EventLines {
+    partial: Vec<u8>,
+}
+
+impl EventLines {
+    /// Feeds `chunk`, calling `found` with the JSON of each complete `data:` line that
+    /// mentions `usage`.
+    fn feed(&mut self, chunk: &[u8], mut found: impl FnMut(&serde_json::Value)) {
+        let mut rest = chunk;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            let (line, after) = rest.split_at(end);
+            rest = &after[1..];
+            if self.partial.is_empty() {
+                Self::line(line, &mut found);
+            } else {
+                self.partial.extend_from_slice(line);
+                let whole = core::mem::take(&mut self.partial);
+                Self::line(&whole, &mut found);
+            }
+        }
+        if !rest.is_empty() {
+            self.partial.extend_from_slice(rest);
+        }
+    }
+
+    fn line(line: &[u8], found: &mut impl FnMut(&serde_json::Value)) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        // Only events that carry usage are parsed.
+        if !contains(data, b"usage") {
+            return;
+        }
+        if let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) {
+            found(&json);
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The cumulative usage a provider's JSON document states: OpenAI's `usage` (`prompt_tokens`,
+/// `completion_tokens`; in a streamed chunk with `stream_options.include_usage`, or a whole
+/// response), Anthropic's `message_start` (`message.usage`) and `message_delta` (`usage`,
+/// whose `output_tokens` is cumulative), or a messages response's `usage` (`input_tokens`,
+/// `output_tokens`; cache reads and writes count as input).
+pub fn provider_usage(json: &serde_json::Value) -> Option<TokenUsage> {
+    let usage = json
+        .get("usage")
+        .filter(|u| u.is_object())
+        .or_else(|| json.get("message").and_then(|m| m.get("usage")))?;
+    let n = |key: &str| usage.get(key).and_then(serde_json::Value::as_u64);
+    if let (Some(input), Some(output)) = (n("prompt_tokens"), n("completion_tokens")) {
+        return TokenUsage::new(input, output).ok();
+    }
+    let input = n("input_tokens").map(|i| {
+        i + n("cache_creation_input_tokens").unwrap_or(0)
+            + n("cache_read_input_tokens").unwrap_or(0)
+    });
+    match (input, n("output_tokens")) {
+        (Some(input), Some(output)) => TokenUsage::new(input, output).ok(),
+        // A `message_delta` states the output only: the input stands as reported before
+        // (cumulative reports keep each field's maximum).
+        (None, Some(output)) => TokenUsage::new(0, output).ok(),
+        (Some(input), None) => TokenUsage::new(input, 0).ok(),
+        (None, None) => None,
+    }
+}

@@ -1,0 +1,280 @@
+//! The tower layer against a real axum server and a real hyper client on 127.0.0.1: a streamed
+//! body holds its permit until it ends, a client that disconnects mid-stream releases it, usage
+//! is read from OpenAI-style and Anthropic-style server-sent events and from JSON responses,
+//! and refusals are answered with their status, JSON body and headers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm::{
+    AcquireOptions, LlmBulkhead, LlmLayer, LlmRequest, Reservation, TokenBudget,
+};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::mpsc;
+
+/// The chunks the mock provider will stream for the next call, fed by the test.
+type Feed = Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>;
+
+/// A mock provider: streams what the test feeds (SSE), or answers JSON for `/json`.
+async fn provider(State(feed): State<Feed>) -> Response {
+    let rx = feed.lock().unwrap().take().expect("one call fed");
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, Infallible>(chunk), rx))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+async fn json_provider() -> Response {
+    let body = r#"{"id":"1","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":30,"completion_tokens":12}}"#;
+    let mut response = Response::new(Body::from(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// A gateway on a loopback port: the layer over the mock provider.
+async fn gateway(bulkhead: &LlmBulkhead) -> (SocketAddr, mpsc::Sender<Bytes>) {
+    let (tx, rx) = mpsc::channel(16);
+    let feed: Feed = Arc::new(Mutex::new(Some(rx)));
+    let app =
+        Router::new()
+            .route("/v1/chat/completions", post(provider))
+            .route("/json", post(json_provider))
+            .with_state(feed)
+            .layer(LlmLayer::new(bulkhead.clone()).options(|_| {
+                AcquireOptions::new().reservation(Reservation::new(100, 400).unwrap())
+            }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, tx)
+}
+
+fn budgeted(max_concurrent: u32) -> LlmBulkhead {
+    LlmBulkhead::builder("gpt-4o", max_concurrent)
+        .token_budget(TokenBudget::new(10_000))
+        .build()
+        .unwrap()
+}
+
+const CHAT: &str =
+    r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello"}],"stream":true}"#;
+
+fn post_to(addr: SocketAddr, path: &str, body: &str) -> http::Request<Full<Bytes>> {
+    http::Request::post(format!("http://{addr}{path}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap()
+}
+
+fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Waits (up to 5 s) until `f` holds.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_holds_its_permit_until_it_ends_and_reports_openai_usage() {
+    let bulkhead = budgeted(4);
+    let (addr, tx) = gateway(&bulkhead).await;
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // The head arrived: the call still holds its slot and its 500 tokens.
+    let stats = bulkhead.stats();
+    assert_eq!(
+        (
+            stats.in_flight,
+            stats.token_budget.unwrap().in_flight_tokens
+        ),
+        (1, 500)
+    );
+    let mut body = response.into_body();
+    tx.send(Bytes::from(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+    ))
+    .await
+    .unwrap();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"data: "), "passed on as it came");
+    // The usage chunk is cut in two by the network: read once whole.
+    tx.send(Bytes::from(
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,",
+    ))
+    .await
+    .unwrap();
+    tx.send(Bytes::from(
+        "\"completion_tokens\":25}}\n\ndata: [DONE]\n\n",
+    ))
+    .await
+    .unwrap();
+    body.frame().await.unwrap().unwrap();
+    body.frame().await.unwrap().unwrap();
+    // Reported as it passed: the hold is the actual input plus the whole output reservation.
+    eventually("the usage report moved the hold", || {
+        bulkhead.stats().token_budget.unwrap().in_flight_tokens == 440
+    })
+    .await;
+    assert_eq!(bulkhead.stats().in_flight, 1);
+    drop(tx); // the provider ends the stream
+    assert!(body.frame().await.is_none());
+    eventually("released at the end of the body", || {
+        bulkhead.stats().in_flight == 0
+    })
+    .await;
+    let tokens = bulkhead.stats().token_budget.unwrap();
+    assert_eq!((tokens.total_consumed, tokens.in_flight_tokens), (65, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_releases_at_once() {
+    let bulkhead = budgeted(4);
+    let (addr, tx) = gateway(&bulkhead).await;
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    tx.send(Bytes::from("data: {\"choices\":[]}\n\n"))
+        .await
+        .unwrap();
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(bulkhead.stats().in_flight, 1);
+    drop(body); // the client goes away; the provider would go on streaming
+    eventually("released when the client left", || {
+        bulkhead.stats().in_flight == 0
+    })
+    .await;
+    drop(tx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_events_report_input_then_growing_output() {
+    let bulkhead = budgeted(4);
+    let (addr, tx) = gateway(&bulkhead).await;
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    for chunk in [
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"Hi\"}}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":40}}\n\n",
+    ] {
+        tx.send(Bytes::from(chunk)).await.unwrap();
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(tx);
+    assert!(body.frame().await.is_none());
+    eventually("released", || bulkhead.stats().in_flight == 0).await;
+    // 25 input + 5 cached input, 40 output.
+    assert_eq!(bulkhead.stats().token_budget.unwrap().total_consumed, 70);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_response_settles_with_its_usage_block() {
+    let bulkhead = budgeted(4);
+    let (addr, _tx) = gateway(&bulkhead).await;
+    let response = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.starts_with(b"{\"id\":\"1\""));
+    eventually("released", || bulkhead.stats().in_flight == 0).await;
+    assert_eq!(bulkhead.stats().token_budget.unwrap().total_consumed, 42);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_a_429_with_the_provider_shaped_body_and_no_retry_after() {
+    let bulkhead = budgeted(1);
+    let (addr, _tx) = gateway(&bulkhead).await;
+    let held = bulkhead
+        .try_acquire(
+            &LlmRequest::new(),
+            AcquireOptions::new().reservation(Reservation::new(1, 1).unwrap()),
+        )
+        .unwrap();
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["type"], "rate_limit_error");
+    assert_eq!(json["error"]["code"], "concurrency_limit");
+    assert_eq!(json["error"]["detail"]["in_flight"], 1);
+    assert_eq!(json["error"]["detail"]["max_concurrent"], 1);
+    drop(held);
+    assert_eq!(bulkhead.stats().rejected_by_reason.concurrency_limit, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_a_provider_request_is_a_400_and_admits_nothing() {
+    let bulkhead = budgeted(1);
+    let (addr, _tx) = gateway(&bulkhead).await;
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", "not json"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["type"], "invalid_request_error");
+    let stats = bulkhead.stats();
+    assert_eq!((stats.admitted, stats.rejected), (0, 0));
+}
+
+#[test]
+fn the_layer_reads_usage_as_providers_state_it() {
+    use async_bulkhead_llm::{TokenUsage, provider_usage};
+    let usage = |s: &str| provider_usage(&serde_json::from_str(s).unwrap());
+    assert_eq!(
+        usage(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#),
+        Some(TokenUsage::new(3, 4).unwrap())
+    );
+    assert_eq!(usage(r#"{"choices":[],"usage":null}"#), None);
+    assert_eq!(
+        usage(
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}"#
+        ),
+        Some(TokenUsage::new(9, 1).unwrap())
+    );
+    assert_eq!(
+        usage(r#"{"type":"message_delta","usage":{"output_tokens":15}}"#),
+        Some(TokenUsage::new(0, 15).unwrap())
+    );
+}
