@@ -13,7 +13,7 @@ the counting-allocator test, then prints the raw medians and one line per target
     TARGET <name> ratio=<measured> goal=<goal> PASS|FAIL
 
 Every ratio compares figures measured in the same run; a target with an absolute bound
-(dedup_unique_key_overhead) shows the measured difference in ns as its value. Criterion's
+(dedup_unique_key_overhead, tower_layer_overhead) shows the measured difference in ns as its value. Criterion's
 results are read where criterion writes them ($CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
 else target/criterion). Options:
 
@@ -55,6 +55,8 @@ def run_benches():
     # classes_2_threads sets its own (longer) sampling in code, like the groups below.
     run(["cargo", "bench", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "--features", "tower", "--bench", "tower", "--"] + QUICK,
+        stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
 
 
@@ -194,6 +196,17 @@ def main():
         solo = m[d + "run_shared_no_dedup"]
         print(f"INFO dedup_no_dedup_vs_run ratio={solo / plain:.2f}  "
               f"(run_shared with no_dedup() {solo:.1f} ns vs run {plain:.1f} ns)")
+    t = "tower_layer/"
+    if have(t + "bare", t + "llm_layer", t + "json_parse", t + "concurrency_limit"):
+        # An absolute bound (design §D5: "tower layer overhead per request < 1 us plus the
+        # JSON parse"): the layer's time minus the bare service's minus the request's parse.
+        bare, ours, parse = m[t + "bare"], m[t + "llm_layer"], m[t + "json_parse"]
+        target("tower_layer_overhead", ours - bare - parse, 1000, True,
+               f"absolute, in ns: LlmLayer {ours:.0f} ns - bare service {bare:.0f} ns - "
+               f"parsing the 2,000-character request {parse:.0f} ns")
+        limit = m[t + "concurrency_limit"]
+        print(f"INFO tower_concurrency_limit_overhead ratio={limit - bare:.0f}  "
+              f"(tower's ConcurrencyLimit {limit:.0f} ns - bare {bare:.0f} ns, in ns)")
     j = "dedup_follower_join/"
     if have(j + "10_keys", j + "10000_keys"):
         few, many = m[j + "10_keys"], m[j + "10000_keys"]
