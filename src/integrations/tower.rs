@@ -13,15 +13,18 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
-use http::header::{CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 
 use crate::{
-    AcquireError, AcquireOptions, HttpRefusal, LlmBulkhead, LlmRequest, OwnedPermit, TokenUsage,
+    AcquireError, AcquireOptions, HttpRefusal, LlmBulkhead, LlmRequest, OwnedPermit, Tenants,
+    TenantsError, TokenUsage,
 };
 
 /// The error type of the layer's bodies and of inner services it accepts (tower's).
@@ -92,16 +95,21 @@ const MAX_JSON_RESPONSE: usize = 4 << 20;
 /// ```
 #[derive(Clone)]
 pub struct LlmLayer {
-    bulkhead: LlmBulkhead,
     config: Arc<Config>,
 }
 
+/// Which bulkhead admits a request.
+type ToBulkhead = dyn Fn(&http::request::Parts) -> Result<LlmBulkhead, TenantsError> + Send + Sync;
+
 struct Config {
+    bulkhead: Box<ToBulkhead>,
     request: Box<ToRequest>,
     options: Box<ToOptions>,
     usage: Box<ToUsage>,
     wait: bool,
     max_body: usize,
+    /// With `retry_after_hint`: the recent hold time of released calls.
+    holds: Option<HoldTimes>,
 }
 
 impl LlmLayer {
@@ -109,9 +117,46 @@ impl LlmLayer {
     /// Anthropic messages JSON, default options, fail fast, bodies up to 4 MiB, usage read from
     /// OpenAI and Anthropic responses.
     pub fn new(bulkhead: LlmBulkhead) -> LlmLayer {
+        LlmLayer::with_source(Box::new(move |_| Ok(bulkhead.clone())))
+    }
+
+    /// A layer admitting each request through its tenant's bulkhead: `key` names the tenant
+    /// from the request's head (an API key header, a path segment), [`Tenants::get`] makes the
+    /// bulkhead on first use from its template. A request whose tenant cannot be made (the
+    /// family is full of busy tenants) is answered 429 `too_many_tenants`; one whose template
+    /// is refused, 500.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, LlmLayer, Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_tenant: &String| LlmBulkhead::builder("gpt-4o", 4)).build()?;
+    /// let layer = LlmLayer::per_tenant(tenants, |head| {
+    ///     head.headers
+    ///         .get("x-api-key")
+    ///         .and_then(|v| v.to_str().ok())
+    ///         .unwrap_or("anonymous")
+    ///         .to_owned()
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn per_tenant<K>(
+        tenants: Tenants<K>,
+        key: impl Fn(&http::request::Parts) -> K + Send + Sync + 'static,
+    ) -> LlmLayer
+    where
+        K: Eq + core::hash::Hash + Clone + Send + Sync + 'static,
+    {
+        LlmLayer::with_source(Box::new(move |head| tenants.get(&key(head))))
+    }
+
+    fn with_source(bulkhead: Box<ToBulkhead>) -> LlmLayer {
         LlmLayer {
-            bulkhead,
             config: Arc::new(Config {
+                bulkhead,
+                holds: None,
                 request: Box::new(|_, body: &Bytes| {
                     serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
                 }),
@@ -168,6 +213,17 @@ impl LlmLayer {
         self
     }
 
+    /// Adds a `Retry-After` header to capacity refusals (429): an *estimate* of when capacity
+    /// frees up, the recent average time the layer's admitted calls held their permit
+    /// (rounded up to whole seconds, at least 1; none until a call was released). Off by
+    /// default: a fail-fast bulkhead has no honest ETA, only this history, and clients that
+    /// all retry after the same hint come back together.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn retry_after_hint(mut self, on: bool) -> LlmLayer {
+        self.config().holds = on.then(HoldTimes::default);
+        self
+    }
+
     /// Refuses request bodies larger than `bytes` with 413 (default 4 MiB).
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_request_body(mut self, bytes: usize) -> LlmLayer {
@@ -179,7 +235,6 @@ impl LlmLayer {
 impl fmt::Debug for LlmLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LlmLayer")
-            .field("bulkhead", &self.bulkhead)
             .field("wait_in_queue", &self.config.wait)
             .field("max_request_body", &self.config.max_body)
             .finish_non_exhaustive()
@@ -192,7 +247,6 @@ impl<S> tower_layer::Layer<S> for LlmLayer {
     fn layer(&self, inner: S) -> LlmService<S> {
         LlmService {
             inner,
-            bulkhead: self.bulkhead.clone(),
             config: Arc::clone(&self.config),
         }
     }
@@ -207,14 +261,13 @@ impl<S> tower_layer::Layer<S> for LlmLayer {
 #[derive(Clone)]
 pub struct LlmService<S> {
     inner: S,
-    bulkhead: LlmBulkhead,
     config: Arc<Config>,
 }
 
 impl<S> fmt::Debug for LlmService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LlmService")
-            .field("bulkhead", &self.bulkhead)
+            .field("wait_in_queue", &self.config.wait)
             .finish_non_exhaustive()
     }
 }
@@ -244,7 +297,6 @@ where
         // The service polled ready is the one that serves this request.
         let clone = self.inner.clone();
         let mut inner = core::mem::replace(&mut self.inner, clone);
-        let bulkhead = self.bulkhead.clone();
         let config = Arc::clone(&self.config);
         Box::pin(async move {
             let (head, body) = request.into_parts();
@@ -279,6 +331,23 @@ where
                     ));
                 }
             };
+            let bulkhead = match (config.bulkhead)(&head) {
+                Ok(bulkhead) => bulkhead,
+                Err(TenantsError::Full { max }) => {
+                    return Ok(plain_error(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_tenants",
+                        &format!("{max} tenants are busy: no bulkhead for another one now"),
+                    ));
+                }
+                Err(error) => {
+                    return Ok(plain_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "api_error",
+                        &error.to_string(),
+                    ));
+                }
+            };
             let options = (config.options)(&head);
             let admitted = if config.wait {
                 bulkhead.acquire_owned(&llm_request, options).await
@@ -287,7 +356,7 @@ where
             };
             let permit = match admitted {
                 Ok(permit) => permit,
-                Err(error) => return Ok(refusal(&error)),
+                Err(error) => return Ok(refusal(&error, config.holds.as_ref())),
             };
             // An inner failure drops the permit here: released at once.
             let response = inner
@@ -303,11 +372,46 @@ where
     }
 }
 
-/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`].
-fn refusal<R>(error: &AcquireError) -> Response<LlmBody<R>> {
+/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`], with the hold-time hint
+/// as `Retry-After` on a 429 when it is on and known.
+fn refusal<R>(error: &AcquireError, holds: Option<&HoldTimes>) -> Response<LlmBody<R>> {
     let answer = HttpRefusal::from(error);
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    respond(status, Bytes::from(answer.body()))
+    let mut response = respond(status, Bytes::from(answer.body()));
+    if status == StatusCode::TOO_MANY_REQUESTS
+        && let Some(seconds) = holds.and_then(HoldTimes::hint_seconds)
+    {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}
+
+/// The recent hold time of the calls the layer released: an exponentially weighted average
+/// (weight 1/8 for each new call), in microseconds, 0 until the first release.
+#[derive(Default)]
+struct HoldTimes {
+    average_micros: AtomicU64,
+}
+
+impl HoldTimes {
+    fn record(&self, held: Duration) {
+        let micros = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
+        // Relaxed: a hint; a lost update only skips one sample.
+        let old = self.average_micros.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            micros
+        } else {
+            old - old / 8 + micros / 8
+        };
+        self.average_micros.store(new, Ordering::Relaxed);
+    }
+
+    fn hint_seconds(&self) -> Option<u64> {
+        let micros = self.average_micros.load(Ordering::Relaxed);
+        (micros > 0).then(|| micros.div_ceil(1_000_000).max(1))
+    }
 }
 
 fn plain_error<R>(status: StatusCode, error_type: &str, message: &str) -> Response<LlmBody<R>> {
@@ -348,6 +452,8 @@ struct Streaming<B> {
     permit: Option<OwnedPermit>,
     reader: Reader,
     config: Arc<Config>,
+    /// When the call was admitted (only with `retry_after_hint`).
+    admitted_at: Option<Instant>,
 }
 
 impl<B> LlmBody<B> {
@@ -357,6 +463,7 @@ impl<B> LlmBody<B> {
                 inner: Box::pin(body),
                 permit: Some(permit),
                 reader,
+                admitted_at: config.holds.as_ref().map(|_| Instant::now()),
                 config,
             })),
         }
@@ -473,6 +580,9 @@ impl<B> Streaming<B> {
             _ => None,
         };
         let _ = permit.release(usage);
+        if let (Some(holds), Some(at)) = (&self.config.holds, self.admitted_at) {
+            holds.record(at.elapsed());
+        }
     }
 }
 

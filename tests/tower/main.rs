@@ -54,16 +54,22 @@ async fn json_provider() -> Response {
 
 /// A gateway on a loopback port: the layer over the mock provider.
 async fn gateway(bulkhead: &LlmBulkhead) -> (SocketAddr, mpsc::Sender<Bytes>) {
+    serve(
+        LlmLayer::new(bulkhead.clone())
+            .options(|_| AcquireOptions::new().reservation(Reservation::new(100, 400).unwrap())),
+    )
+    .await
+}
+
+/// A gateway on a loopback port with `layer` over the mock provider.
+async fn serve(layer: LlmLayer) -> (SocketAddr, mpsc::Sender<Bytes>) {
     let (tx, rx) = mpsc::channel(16);
     let feed: Feed = Arc::new(Mutex::new(Some(rx)));
-    let app =
-        Router::new()
-            .route("/v1/chat/completions", post(provider))
-            .route("/json", post(json_provider))
-            .with_state(feed)
-            .layer(LlmLayer::new(bulkhead.clone()).options(|_| {
-                AcquireOptions::new().reservation(Reservation::new(100, 400).unwrap())
-            }));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(provider))
+        .route("/json", post(json_provider))
+        .with_state(feed)
+        .layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -277,4 +283,97 @@ fn the_layer_reads_usage_as_providers_state_it() {
         usage(r#"{"type":"message_delta","usage":{"output_tokens":15}}"#),
         Some(TokenUsage::new(0, 15).unwrap())
     );
+}
+
+fn with_key(addr: SocketAddr, key: &str) -> http::Request<Full<Bytes>> {
+    let mut request = post_to(addr, "/json", CHAT);
+    request
+        .headers_mut()
+        .insert("x-api-key", HeaderValue::from_str(key).unwrap());
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_is_admitted_by_its_own_bulkhead() {
+    use async_bulkhead_llm::Tenants;
+    let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 1))
+        .max_tenants(2)
+        .idle_after(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let layer = LlmLayer::per_tenant(tenants.clone(), |head| {
+        head.headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("anonymous")
+            .to_owned()
+    });
+    let (addr, _tx) = serve(layer).await;
+    // Tenant a's one slot is taken: a is refused, b is served.
+    let a = tenants.get("a").unwrap();
+    let held = a
+        .try_acquire(&LlmRequest::new(), AcquireOptions::new())
+        .unwrap();
+    let refused = client().request(with_key(addr, "a")).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let served = client().request(with_key(addr, "b")).await.unwrap();
+    assert_eq!(served.status(), 200);
+    served.into_body().collect().await.unwrap();
+    // Two tenants exist and neither has been idle an hour: a third is refused.
+    let third = client().request(with_key(addr, "c")).await.unwrap();
+    assert_eq!(third.status(), 429);
+    let body = third.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["code"], "too_many_tenants");
+    drop(held);
+    assert_eq!(a.stats().rejected, 1);
+    assert_eq!(tenants.get("b").unwrap().stats().admitted, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opted_in_retry_after_hint_comes_from_measured_hold_times() {
+    let bulkhead = budgeted(1);
+    let layer = LlmLayer::new(bulkhead.clone()).retry_after_hint(true);
+    let (addr, tx) = serve(layer).await;
+    let held = bulkhead
+        .try_acquire(
+            &LlmRequest::new(),
+            AcquireOptions::new().reservation(Reservation::new(1, 1).unwrap()),
+        )
+        .unwrap();
+    // No call released through the layer yet: no hint.
+    let refused = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().get(header::RETRY_AFTER).is_none());
+    drop(held);
+    // One streamed call held for ~50 ms: the hint rounds it up to 1 s.
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    let held = bulkhead.try_acquire(
+        &LlmRequest::new(),
+        AcquireOptions::new().reservation(Reservation::new(1, 1).unwrap()),
+    );
+    assert!(held.is_err(), "the streamed call holds the one slot");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(tx);
+    response.into_body().collect().await.unwrap();
+    eventually("released", || bulkhead.stats().in_flight == 0).await;
+    let held = bulkhead
+        .try_acquire(
+            &LlmRequest::new(),
+            AcquireOptions::new().reservation(Reservation::new(1, 1).unwrap()),
+        )
+        .unwrap();
+    let refused = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+    drop(held);
 }
