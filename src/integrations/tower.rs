@@ -101,15 +101,16 @@ pub struct LlmLayer {
 /// Which bulkhead admits a request.
 type ToBulkhead = dyn Fn(&http::request::Parts) -> Result<LlmBulkhead, TenantsError> + Send + Sync;
 
+#[derive(Clone)]
 struct Config {
-    bulkhead: Box<ToBulkhead>,
-    request: Box<ToRequest>,
-    options: Box<ToOptions>,
-    usage: Box<ToUsage>,
+    bulkhead: Arc<ToBulkhead>,
+    request: Arc<ToRequest>,
+    options: Arc<ToOptions>,
+    usage: Arc<ToUsage>,
     wait: bool,
     max_body: usize,
     /// With `retry_after_hint`: the recent hold time of released calls.
-    holds: Option<HoldTimes>,
+    holds: Option<Arc<HoldTimes>>,
 }
 
 impl LlmLayer {
@@ -117,7 +118,7 @@ impl LlmLayer {
     /// Anthropic messages JSON, default options, fail fast, bodies up to 4 MiB, usage read from
     /// OpenAI and Anthropic responses.
     pub fn new(bulkhead: LlmBulkhead) -> LlmLayer {
-        LlmLayer::with_source(Box::new(move |_| Ok(bulkhead.clone())))
+        LlmLayer::with_source(Arc::new(move |_| Ok(bulkhead.clone())))
     }
 
     /// A layer admitting each request through its tenant's bulkhead: `key` names the tenant
@@ -149,27 +150,29 @@ impl LlmLayer {
     where
         K: Eq + core::hash::Hash + Clone + Send + Sync + 'static,
     {
-        LlmLayer::with_source(Box::new(move |head| tenants.get(&key(head))))
+        LlmLayer::with_source(Arc::new(move |head| tenants.get(&key(head))))
     }
 
-    fn with_source(bulkhead: Box<ToBulkhead>) -> LlmLayer {
+    fn with_source(bulkhead: Arc<ToBulkhead>) -> LlmLayer {
         LlmLayer {
             config: Arc::new(Config {
                 bulkhead,
                 holds: None,
-                request: Box::new(|_, body: &Bytes| {
+                request: Arc::new(|_, body: &Bytes| {
                     serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
                 }),
-                options: Box::new(|_| AcquireOptions::new()),
-                usage: Box::new(provider_usage),
+                options: Arc::new(|_| AcquireOptions::new()),
+                usage: Arc::new(provider_usage),
                 wait: false,
                 max_body: DEFAULT_MAX_REQUEST_BODY,
             }),
         }
     }
 
+    /// The configuration to change (copied first if a clone of the layer shares it, so a
+    /// clone keeps what it had).
     fn config(&mut self) -> &mut Config {
-        Arc::get_mut(&mut self.config).expect("configured before it is cloned")
+        Arc::make_mut(&mut self.config)
     }
 
     /// Builds the [`LlmRequest`] from the request's head and body instead of parsing the body
@@ -179,7 +182,7 @@ impl LlmLayer {
         mut self,
         f: impl Fn(&http::request::Parts, &Bytes) -> Result<LlmRequest, String> + Send + Sync + 'static,
     ) -> LlmLayer {
-        self.config().request = Box::new(f);
+        self.config().request = Arc::new(f);
         self
     }
 
@@ -189,7 +192,7 @@ impl LlmLayer {
         mut self,
         f: impl Fn(&http::request::Parts) -> AcquireOptions + Send + Sync + 'static,
     ) -> LlmLayer {
-        self.config().options = Box::new(f);
+        self.config().options = Arc::new(f);
         self
     }
 
@@ -201,7 +204,7 @@ impl LlmLayer {
         mut self,
         f: impl Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync + 'static,
     ) -> LlmLayer {
-        self.config().usage = Box::new(f);
+        self.config().usage = Arc::new(f);
         self
     }
 
@@ -220,7 +223,7 @@ impl LlmLayer {
     /// all retry after the same hint come back together.
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn retry_after_hint(mut self, on: bool) -> LlmLayer {
-        self.config().holds = on.then(HoldTimes::default);
+        self.config().holds = on.then(Arc::default);
         self
     }
 
@@ -356,7 +359,7 @@ where
             };
             let permit = match admitted {
                 Ok(permit) => permit,
-                Err(error) => return Ok(refusal(&error, config.holds.as_ref())),
+                Err(error) => return Ok(refusal(&error, config.holds.as_deref())),
             };
             // An inner failure drops the permit here: released at once.
             let response = inner
