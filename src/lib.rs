@@ -130,7 +130,8 @@
 //! one strictly FIFO queue. Capacity that frees up is *handed* to the queue head (its slot and
 //! its tokens in one step), so nobody barges past a waiter. Tokens never make a call wait: a
 //! call whose tokens do not fit is refused at once. Futures work on any executor (tokio,
-//! smol, async-std, `futures::executor`); queue timeouts need no runtime timer.
+//! smol, async-std, `futures::executor`); queue timeouts need no runtime timer (but can use
+//! tokio's, see below).
 //!
 //! Queue timeouts and drain deadlines are served by one process-wide timer: a clock thread,
 //! started on first use, and a waker thread that calls the wakers of passed deadlines, normally
@@ -138,6 +139,47 @@
 //! (and costs only its own wake-up); one that blocks holds back other deadlines by about 2 ms,
 //! not by as long as it blocks (the clock starts another waker thread); and none is called or
 //! dropped while the timer's lock is held, so a waker may own tasks that use the timer too.
+//!
+//! **Tokio's clock (feature `tokio`).** With the feature on, a queue timeout, a follower's own
+//! timeout ([`run_shared`](LlmBulkhead::run_shared)), a borrowed-slot deadline
+//! ([`RunOptions::borrowed_concurrency_deadline`]) or a drain deadline that is polled inside a
+//! tokio runtime whose time driver is on waits on `tokio::time` instead, from tokio's "now"
+//! when the wait began. So under a paused clock (`#[tokio::test(start_paused = true)]`,
+//! `tokio::time::pause`) it passes in virtual time: a 2 s timeout fires as soon as the runtime
+//! is idle, after 2 s of tokio's clock and no real wait (without the feature the crate's timer
+//! waits the 2 s of real time while the paused clock stands still). Everywhere else (no
+//! runtime, a tokio runtime built without `enable_time`, another executor, blocking acquires)
+//! the crate's own timer is used, exactly as without the feature. tokio has no query for
+//! whether a runtime's time driver is on, so the first timed wait in each runtime creates its
+//! tokio sleep under `catch_unwind`: in a runtime without a time driver that probe panics once
+//! (your panic hook reports it once per such runtime) and the runtime is remembered. Under
+//! `panic = "abort"` nothing can be caught, so there the crate's own timer is always used. A
+//! wait on tokio's clock must be polled by that runtime (do not `block_on` it on one of the
+//! runtime's own threads: nothing would drive the clock).
+//!
+#![cfg_attr(feature = "tokio", doc = "```")]
+#![cfg_attr(not(feature = "tokio"), doc = "```ignore")]
+//! use std::time::Duration;
+//! use async_bulkhead_llm::{AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread()
+//!     .enable_time()
+//!     .start_paused(true) // tokio's `test-util` feature
+//!     .build()?;
+//! runtime.block_on(async {
+//!     let bulkhead = LlmBulkhead::builder("gpt-4o", 1).max_queue(4).build()?;
+//!     let request = LlmRequest::new();
+//!     let _held = bulkhead.try_acquire(&request, AcquireOptions::new())?;
+//!     let started = tokio::time::Instant::now();
+//!     let patient = AcquireOptions::new().timeout(Duration::from_secs(30));
+//!     let waited = bulkhead.acquire(&request, patient).await;
+//!     assert!(matches!(waited, Err(AcquireError::Rejected(r)) if r.reason() == RejectReason::Timeout));
+//!     // 30 s of the paused clock, and no real wait.
+//!     assert_eq!(started.elapsed(), Duration::from_secs(30));
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use std::time::Duration;
@@ -169,6 +211,9 @@
 //! - `axum` (enables `serde`): `axum::response::IntoResponse` for [`Rejection`],
 //!   [`AcquireError`], [`RequestError`] and [`HttpRefusal`] (axum 0.8): the status and the
 //!   JSON error body of [`HttpRefusal`], as `application/json`.
+//! - `tokio`: queue timeouts and deadlines polled inside a tokio runtime whose time driver is
+//!   on wait on `tokio::time`, so they follow a paused clock (see [Waiting](#waiting)); the
+//!   crate's own timer everywhere else. Depends on tokio 1.49+ (`rt` and `time` only).
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
 //!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

@@ -65,7 +65,7 @@ impl Engine {
     pub(crate) fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
         DrainTimeout {
             drain: self.drain(),
-            sleep: Instant::now().checked_add(timeout).map(Sleep::until),
+            sleep: Sleep::after(Instant::now(), timeout),
         }
     }
 }

@@ -3,9 +3,13 @@
 //! that call the due wakers.
 //!
 //! Futures of this crate must time out on tokio (current-thread and multi-thread), smol,
-//! async-std and a plain `block_on` without a runtime feature, so they cannot borrow a
+//! async-std and a plain `block_on` without a runtime feature, so they cannot rely on a
 //! runtime's timer. A [`Sleep`] registers only while it is pending and deregisters when it
 //! completes or is dropped, so the clock only holds live timers.
+//!
+//! With the `tokio` feature, a [`Sleep`] first polled (and still pending) inside a tokio
+//! runtime whose time driver is on waits on `tokio::time` instead, so a paused tokio clock
+//! advances through it (see `tokio_clock`); everywhere else it uses this timer, unchanged.
 //!
 //! # What the timer guarantees
 //!
@@ -33,7 +37,6 @@ use std::time::Instant;
 use std::collections::{BTreeMap, VecDeque};
 #[cfg(not(loom))]
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
-#[cfg(not(loom))]
 use std::time::Duration;
 
 /// How long a due waker may wait for a free waker thread before the clock starts another.
@@ -193,22 +196,35 @@ impl Timer {
     }
 }
 
+#[cfg(all(feature = "tokio", not(loom)))]
+mod tokio_clock;
+
 /// A deadline a future can wait for.
 #[derive(Debug)]
 pub(crate) struct Sleep {
     deadline: Instant,
     /// The registration, while one is live.
     key: Option<(Instant, u64)>,
+    /// Which clock the sleep waits on (tokio's, once chosen, or this timer).
+    #[cfg(all(feature = "tokio", not(loom)))]
+    clock: tokio_clock::Clock,
 }
 
 impl Sleep {
-    pub(crate) fn until(deadline: Instant) -> Sleep {
-        Sleep {
+    /// A sleep of `timeout` from `start` (`None` if that instant is too far to represent: no
+    /// deadline). On tokio's clock (feature `tokio`) the timeout counts from tokio's "now" at
+    /// this call, which a paused clock holds still.
+    pub(crate) fn after(start: Instant, timeout: Duration) -> Option<Sleep> {
+        let deadline = start.checked_add(timeout)?;
+        Some(Sleep {
             deadline,
             key: None,
-        }
+            #[cfg(all(feature = "tokio", not(loom)))]
+            clock: tokio_clock::Clock::after(timeout),
+        })
     }
 
+    /// The deadline by the std clock (what blocking waits use).
     pub(crate) fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -216,9 +232,25 @@ impl Sleep {
     /// Ready once the deadline has passed; otherwise makes sure the task of `cx` is woken at
     /// the deadline.
     pub(crate) fn poll_elapsed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.deadline {
+        // On tokio's clock, only tokio's clock decides (a paused clock holds the deadline off
+        // however long the test takes in real time).
+        #[cfg(all(feature = "tokio", not(loom)))]
+        if let Some(poll) = self.clock.poll(cx) {
+            return poll;
+        }
+        let now = Instant::now();
+        if now >= self.deadline {
             self.cancel();
             return Poll::Ready(());
+        }
+        // The first time it would register: tokio's clock if this task runs inside a tokio
+        // runtime with a time driver, else this timer from now on.
+        #[cfg(all(feature = "tokio", not(loom)))]
+        if self.key.is_none()
+            && self.clock.choose(self.deadline - now)
+            && let Some(poll) = self.clock.poll(cx)
+        {
+            return poll;
         }
         self.register(cx.waker());
         Poll::Pending
@@ -261,6 +293,8 @@ impl Sleep {
 
     /// Removes the registration, if any.
     pub(crate) fn cancel(&mut self) {
+        #[cfg(all(feature = "tokio", not(loom)))]
+        self.clock.cancel();
         let key = self.key.take();
         #[cfg(loom)]
         debug_assert!(key.is_none(), "nothing registers under loom");
@@ -286,7 +320,6 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
-    use std::time::Duration;
 
     use super::*;
 
@@ -304,8 +337,8 @@ mod tests {
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
 
-        let mut soon = Sleep::until(Instant::now() + Duration::from_millis(20));
-        let mut cancelled = Sleep::until(Instant::now() + Duration::from_millis(10));
+        let mut soon = Sleep::after(Instant::now(), Duration::from_millis(20)).unwrap();
+        let mut cancelled = Sleep::after(Instant::now(), Duration::from_millis(10)).unwrap();
         assert!(soon.poll_elapsed(&mut cx).is_pending());
         assert!(cancelled.poll_elapsed(&mut cx).is_pending());
         drop(cancelled);
@@ -329,7 +362,7 @@ mod tests {
     #[test]
     fn a_passed_deadline_is_ready_without_registering() {
         let mut cx = Context::from_waker(Waker::noop());
-        let mut past = Sleep::until(Instant::now());
+        let mut past = Sleep::after(Instant::now(), Duration::ZERO).unwrap();
         assert!(past.poll_elapsed(&mut cx).is_ready());
         assert!(past.key.is_none());
     }

@@ -360,9 +360,7 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         // queued call: the queue already took a lock and an allocation.
         let queued_at = Instant::now();
         // A timeout too large for the clock means no timeout.
-        let sleep = timeout
-            .and_then(|t| queued_at.checked_add(t))
-            .map(Sleep::until);
+        let sleep = timeout.and_then(|t| Sleep::after(queued_at, t));
         let timing = match timing {
             Some(timing) => timing.queued(queued_at),
             None => Timing::from_queue(queued_at),

@@ -345,17 +345,17 @@ where
 {
     // The deadline applies only to a borrowed slot, from admission on (a deadline too far to
     // represent never passes).
-    let cut_at = deadline
+    let cut_timer = deadline
         .filter(|_| permit.resources().borrowed_concurrency)
-        .and_then(|d| Instant::now().checked_add(d));
+        .and_then(|d| Sleep::after(Instant::now(), d));
     let abandoned = AtomicBool::new(false);
     // The permit lives in this future: dropping the future settles it.
     let (core, admission) = permit.parts();
     let finished = {
         let call = f(RunContext::admitted(core, admission, &abandoned));
-        match cut_at {
+        match cut_timer {
             None => Some(call.await),
-            Some(cut_at) => until_cut(call, cut_at, &abandoned).await,
+            Some(cut_timer) => until_cut(call, cut_timer, &abandoned).await,
         }
         // The callback's future is dropped here, before a cut call is settled.
     };
@@ -488,15 +488,14 @@ impl Drop for BypassGuard<'_> {
     }
 }
 
-/// Polls `call` until it finishes (`Some`) or `cut_at` passes while it still holds its
-/// borrowed slot (`None`). After the callback gave its slot back itself, only `call` counts.
+/// Polls `call` until it finishes (`Some`) or `sleep` (the cut) passes while it still holds
+/// its borrowed slot (`None`). After the callback gave its slot back itself, only `call` counts.
 pub(crate) async fn until_cut<R>(
     call: impl Future<Output = R>,
-    cut_at: Instant,
+    mut sleep: Sleep,
     abandoned: &AtomicBool,
 ) -> Option<R> {
     let mut call = pin!(call);
-    let mut sleep = Sleep::until(cut_at);
     core::future::poll_fn(|cx| {
         if let Poll::Ready(result) = call.as_mut().poll(cx) {
             return Poll::Ready(Some(result));

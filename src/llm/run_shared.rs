@@ -346,7 +346,7 @@ where
                     priority: options.acquire.priority,
                     class,
                 },
-                deadline: timeout.map(|t| Instant::now().checked_add(t)),
+                sleep: timeout.map(|t| Sleep::after(Instant::now(), t)),
                 own,
             })
         }
@@ -356,8 +356,8 @@ where
 /// A follower's wait.
 struct Follower<T: Send + 'static, E: Send + 'static, F> {
     joined: Joined<Output<T, E>>,
-    /// When its own timeout passes (`Some(None)`: too far to represent, never).
-    deadline: Option<Option<Instant>>,
+    /// Its own timeout (`Some(None)`: too far to represent, never).
+    sleep: Option<Option<Sleep>>,
     /// What it runs as an observe-mode bypass if its own timeout passes.
     #[allow(clippy::type_complexity)]
     own: Option<(Result<Call, RequestError>, F, Option<UsageFn<T>>)>,
@@ -397,10 +397,7 @@ where
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
     async fn wait(mut self) -> Output<T, E> {
-        let mut sleep = match self.deadline {
-            Some(Some(at)) => Some(Sleep::until(at)),
-            _ => None,
-        };
+        let mut sleep = self.sleep.take().flatten();
         let joined = &mut self.joined;
         let outcome = core::future::poll_fn(|cx| {
             let waiter = joined.waiter.as_mut().expect("waiting");
@@ -474,14 +471,14 @@ where
             );
             let mut settle = Settle(Some(std::sync::Arc::clone(&shared)));
             let deadline = options.borrowed_concurrency_deadline;
-            let cut_at = deadline
+            let cut_timer = deadline
                 .filter(|_| borrowed)
-                .and_then(|d| Instant::now().checked_add(d));
+                .and_then(|d| Sleep::after(Instant::now(), d));
             let finished = {
                 let call = f(RunContext::shared(std::sync::Arc::clone(&shared)));
-                match cut_at {
+                match cut_timer {
                     None => Some(call.await),
-                    Some(cut_at) => until_cut(call, cut_at, shared.abandoned()).await,
+                    Some(cut_timer) => until_cut(call, cut_timer, shared.abandoned()).await,
                 }
             };
             match finished {

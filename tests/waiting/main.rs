@@ -1,8 +1,8 @@
 //! Behavioural tests of waiting: the bounded strictly-FIFO queue with direct hand-off, queue
 //! limits, the token budget that never queues, timeouts (on several executors), cancellation,
 //! `close`, `apply_limits` while calls wait, `drain`/`drain_timeout`, profiles, `run`, the
-//! blocking acquires, the `'static` owned future, and the timer thread facing user wakers that
-//! panic, block or own a timed task.
+//! blocking acquires, the `'static` owned future, the timer thread facing user wakers that
+//! panic, block or own a timed task, and (feature `tokio`) timeouts on tokio's paused clock.
 //!
 //! Semantics come from issue 3, design §U2, §U3.2, §U14, §U15 and design §D4 (Q5: drain
 //! completes whenever the bulkhead becomes idle; Q7: a queued request is admitted only when its
@@ -38,3 +38,5 @@ mod send_static;
 mod timeouts;
 mod timer_wakers;
 mod token_budget;
+#[cfg(feature = "tokio")]
+mod tokio_timer;
