@@ -23,7 +23,9 @@
 use ::axum::http::{HeaderValue, StatusCode, header};
 use ::axum::response::{IntoResponse, Response};
 
-use crate::{AcquireError, HttpRefusal, Rejection, RequestError};
+use crate::error::{AcquireError, RequestError};
+use crate::http::HttpRefusal;
+use crate::rejection::Rejection;
 
 impl IntoResponse for HttpRefusal {
     fn into_response(self) -> Response {

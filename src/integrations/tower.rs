@@ -22,10 +22,14 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 
-use crate::{
-    AcquireError, AcquireOptions, HttpRefusal, LlmBulkhead, LlmRequest, OwnedPermit, Tenants,
-    TenantsError, TokenUsage,
-};
+use crate::error::AcquireError;
+use crate::http::HttpRefusal;
+use crate::llm::bulkhead::LlmBulkhead;
+use crate::llm::options::AcquireOptions;
+use crate::llm::permit::OwnedPermit;
+use crate::llm::request::LlmRequest;
+use crate::llm::tenants::{Tenants, TenantsError};
+use crate::reservation::TokenUsage;
 
 /// The error type of the layer's bodies and of inner services it accepts (tower's).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

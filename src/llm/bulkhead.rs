@@ -627,3 +627,32 @@ impl fmt::Debug for LlmBulkhead {
             .finish_non_exhaustive()
     }
 }
+
+impl OwnedPermit {
+    /// The bulkhead this permit was admitted by (a handle sharing its state), for code that
+    /// got the permit alone, e.g. a response body that reports usage and wants `stats()`.
+    /// `Some` for every permit of the `_owned` methods; `None` only for a permit borrowed from
+    /// a bulkhead that lives for `'static` (a leaked one), which has no handle to give.
+    ///
+    /// There is no `forget`: a permit that never returned its slot and tokens would shrink
+    /// the bulkhead for good behind the control plane's back. To lower capacity, apply new
+    /// limits ([`LlmBulkhead::apply_limits`](crate::LlmBulkhead::apply_limits)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    ///
+    /// let permit = LlmBulkhead::builder("m", 2)
+    ///     .build()?
+    ///     .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())?;
+    /// // The builder's bulkhead is gone; the permit still knows it.
+    /// assert_eq!(permit.bulkhead().unwrap().stats().in_flight, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bulkhead(&self) -> Option<LlmBulkhead> {
+        self.owned_core().map(|core| LlmBulkhead {
+            core: Arc::clone(core),
+        })
+    }
+}
