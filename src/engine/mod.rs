@@ -352,12 +352,7 @@ impl Engine {
         seen: &Seen,
         ask: Ask,
     ) -> Rejection {
-        local::with(&self.counters, |sink| {
-            sink.bump_rejected(reason);
-            if let Some(class) = ask.class {
-                sink.bump_class(class.index(), ClassCounter::Rejected(reason), 1);
-            }
-        });
+        self.count_refusal(reason, ask.class);
         Rejection::new(
             reason,
             policy::detail(
@@ -391,8 +386,8 @@ impl Engine {
         Rejection::new(reason, policy::global_detail(state, &bounds, pending, ask))
     }
 
-    /// Counts a refusal for `reason` of a call of `class` without building a rejection (an
-    /// observe-mode call refused by a hard check after its advisory check).
+    /// Counts a refusal for `reason` of a call of `class` (globally and for its class).
+    #[inline]
     pub(crate) fn count_refusal(&self, reason: RejectReason, class: Option<AdmissionClass>) {
         local::with(&self.counters, |sink| {
             sink.bump_rejected(reason);

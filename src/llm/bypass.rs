@@ -14,6 +14,7 @@ use crate::reservation::{Progressive, TokenUsage, UsageReport};
 
 use super::core::LlmCore;
 use super::observe::{Bypass, BypassCall};
+use super::usage::{cumulative, report_figures};
 
 impl LlmCore {
     /// Starts `bypass` after its hard check: a closed bulkhead refuses it with `shutdown`
@@ -58,40 +59,23 @@ impl LlmCore {
         progressive: Option<Progressive>,
     ) -> Result<UsageReport, UsageError> {
         let bypass = call.bypass;
-        if let (Some(p), Some(r)) = (progressive, bypass.reservation)
-            && p.remaining_output_tokens > r.max_output()
-        {
-            return Err(UsageError::RemainingExceedsCap {
-                remaining: p.remaining_output_tokens,
-                cap: r.max_output(),
-            });
-        }
-        let reported = match call.reported {
-            None => usage,
-            Some(prev) => TokenUsage::new(
-                prev.input().max(usage.input()),
-                prev.output().max(usage.output()),
-            )?,
-        };
+        let reported = cumulative(call.reported, usage, progressive, bypass.reservation)?;
         // Nothing is held, so only a change of the usage itself is effective.
         let effective = call.reported != Some(reported);
         call.reported = Some(reported);
         if effective {
             call.sequence += 1;
         }
-        let reserved = bypass.reservation.map_or(0, |r| r.reserved());
-        let output_cap = bypass.reservation.map(|r| r.max_output());
         let report = UsageReport {
-            admission_id: bypass.shadow_id.as_admission_id(),
-            limit_revision: bypass.limit_revision,
-            sequence: call.sequence,
-            reserved,
-            held: 0,
-            consumed: reported.total(),
-            output_cap,
-            output_remaining: output_cap.map(|cap| cap.saturating_sub(reported.output())),
-            over_reservation: bypass.reservation.is_some() && reported.total() > reserved,
             shadow_id: Some(bypass.shadow_id),
+            ..report_figures(
+                bypass.shadow_id.as_admission_id(),
+                bypass.limit_revision,
+                call.sequence,
+                bypass.reservation,
+                0,
+                reported,
+            )
         };
         if effective && self.listeners().wants(EventKind::BypassUsage) {
             let event = BypassUsageEvent {
@@ -103,7 +87,7 @@ impl LlmCore {
                 sequence: call.sequence,
                 reservation: bypass.reservation,
                 usage: reported,
-                output_cap,
+                output_cap: report.output_cap,
                 output_remaining: report.output_remaining,
                 over_reservation: report.over_reservation,
                 progressive,

@@ -573,13 +573,29 @@ impl<O: Send + 'static> Waiter<O> {
 
     /// Installs the call of the flight this waiter leads (made after registering, so that no
     /// user code ran under the registry's lock). Followers that joined meanwhile wait for it.
+    /// A follower another thread polled before the call was here waits with its waker
+    /// registered: it is woken to drive the call (the leader's own future may never be
+    /// polled).
     pub(crate) fn install(&self, call: Call<O>) {
-        let mut inner = lock(&self.flight.inner);
-        debug_assert!(
-            inner.call.is_none() && !inner.finished,
-            "installed once, first"
-        );
-        inner.call = Some(call);
+        let waker = {
+            let mut inner = lock(&self.flight.inner);
+            debug_assert!(
+                inner.call.is_none() && !inner.finished,
+                "installed once, first"
+            );
+            inner.call = Some(call);
+            if inner.driver.is_none() {
+                inner.any_waker().map(|(i, waker)| {
+                    inner.driver = Some(i);
+                    waker
+                })
+            } else {
+                None
+            }
+        };
+        if let Some(waker) = waker {
+            contain(|| waker.wake());
+        }
     }
 
     /// Polls for the outcome, driving the call if nobody else does.

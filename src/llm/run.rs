@@ -343,22 +343,18 @@ where
     F: for<'c> AsyncFnOnce(RunContext<'c>) -> Result<T, E>,
     U: FnOnce(&T) -> Option<TokenUsage>,
 {
-    // The deadline applies only to a borrowed slot, from admission on (a deadline too far to
-    // represent never passes).
-    let cut_timer = deadline
-        .filter(|_| permit.resources().borrowed_concurrency)
-        .and_then(|d| Sleep::after(Instant::now(), d));
+    let timer = cut_timer(deadline, permit.resources().borrowed_concurrency);
     let abandoned = AtomicBool::new(false);
     // The permit lives in this future: dropping the future settles it.
     let (core, admission) = permit.parts();
-    let finished = {
-        let call = f(RunContext::admitted(core, admission, &abandoned));
-        match cut_timer {
-            None => Some(call.await),
-            Some(cut_timer) => until_cut(call, cut_timer, &abandoned).await,
-        }
-        // The callback's future is dropped here, before a cut call is settled.
-    };
+    // The callback's future is dropped at the end of this statement, before a cut call is
+    // settled.
+    let finished = until_cut(
+        f(RunContext::admitted(core, admission, &abandoned)),
+        timer,
+        &abandoned,
+    )
+    .await;
     match finished {
         Some(Ok(value)) => {
             let usage = usage(&value);
@@ -488,13 +484,24 @@ impl Drop for BypassGuard<'_> {
     }
 }
 
-/// Polls `call` until it finishes (`Some`) or `sleep` (the cut) passes while it still holds
-/// its borrowed slot (`None`). After the callback gave its slot back itself, only `call` counts.
+/// The timer of a borrowed-slot deadline, started now: only for a call that borrowed its slot
+/// (a deadline too far to represent never passes).
+pub(crate) fn cut_timer(deadline: Option<Duration>, borrowed: bool) -> Option<Sleep> {
+    deadline
+        .filter(|_| borrowed)
+        .and_then(|d| Sleep::after(Instant::now(), d))
+}
+
+/// Polls `call` until it finishes (`Some`) or `cut` passes while it still holds its borrowed
+/// slot (`None`). After the callback gave its slot back itself, only `call` counts.
 pub(crate) async fn until_cut<R>(
     call: impl Future<Output = R>,
-    mut sleep: Sleep,
+    cut: Option<Sleep>,
     abandoned: &AtomicBool,
 ) -> Option<R> {
+    let Some(mut sleep) = cut else {
+        return Some(call.await);
+    };
     let mut call = pin!(call);
     core::future::poll_fn(|cx| {
         if let Poll::Ready(result) = call.as_mut().poll(cx) {

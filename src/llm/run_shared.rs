@@ -22,7 +22,7 @@ use super::dedup::{Dedup, Outcome, Role, Share, Waiter};
 use super::observe::BypassCall;
 use super::options::RunOptions;
 use super::request::LlmRequest;
-use super::run::{Entered, RunError, bypass, cut, enter, until_cut};
+use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut};
 
 /// How the followers of a shared call get their copy of its value, and which usage the call
 /// settles with: for [`run_shared_with`](LlmBulkhead::run_shared_with).
@@ -471,16 +471,12 @@ where
             );
             let mut settle = Settle(Some(std::sync::Arc::clone(&shared)));
             let deadline = options.borrowed_concurrency_deadline;
-            let cut_timer = deadline
-                .filter(|_| borrowed)
-                .and_then(|d| Sleep::after(Instant::now(), d));
-            let finished = {
-                let call = f(RunContext::shared(std::sync::Arc::clone(&shared)));
-                match cut_timer {
-                    None => Some(call.await),
-                    Some(cut_timer) => until_cut(call, cut_timer, shared.abandoned()).await,
-                }
-            };
+            let finished = until_cut(
+                f(RunContext::shared(std::sync::Arc::clone(&shared))),
+                cut_timer(deadline, borrowed),
+                shared.abandoned(),
+            )
+            .await;
             match finished {
                 Some(Ok(value)) => {
                     settle.finish(usage.and_then(|usage| usage(&value)));

@@ -25,11 +25,12 @@
 //! admission settled with usage `reserved + overrun == consumed + refunded`, whatever the path
 //! its hold took.
 
+use crate::admission_id::AdmissionId;
 use crate::contain::contain;
 use crate::engine::Counter;
 use crate::error::UsageError;
 use crate::events::{Event, EventKind, ReleaseEvent, UsageEvent};
-use crate::reservation::{Progressive, ReleaseReport, TokenUsage, UsageReport};
+use crate::reservation::{Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport};
 
 use super::admission::Admission;
 use super::core::LlmCore;
@@ -56,21 +57,7 @@ impl LlmCore {
         progressive: Option<Progressive>,
     ) -> Result<UsageReport, UsageError> {
         let reservation = admission.reservation();
-        if let (Some(p), Some(r)) = (progressive, reservation)
-            && p.remaining_output_tokens > r.max_output()
-        {
-            return Err(UsageError::RemainingExceedsCap {
-                remaining: p.remaining_output_tokens,
-                cap: r.max_output(),
-            });
-        }
-        let reported = match admission.usage() {
-            None => usage,
-            Some(prev) => TokenUsage::new(
-                prev.input().max(usage.input()),
-                prev.output().max(usage.output()),
-            )?,
-        };
+        let reported = cumulative(admission.usage(), usage, progressive, reservation)?;
         let usage_changed = admission.usage() != Some(reported);
         let hold = match reservation {
             None => 0,
@@ -205,20 +192,65 @@ impl LlmCore {
     }
 }
 
+/// The cumulative usage after a report of `usage` on top of `previous` (each field's maximum),
+/// checked against the reservation (a progressive report's remaining output must fit its
+/// maximum output): for an admitted call and a bypassed one alike.
+pub(crate) fn cumulative(
+    previous: Option<TokenUsage>,
+    usage: TokenUsage,
+    progressive: Option<Progressive>,
+    reservation: Option<Reservation>,
+) -> Result<TokenUsage, UsageError> {
+    if let (Some(p), Some(r)) = (progressive, reservation)
+        && p.remaining_output_tokens > r.max_output()
+    {
+        return Err(UsageError::RemainingExceedsCap {
+            remaining: p.remaining_output_tokens,
+            cap: r.max_output(),
+        });
+    }
+    match previous {
+        None => Ok(usage),
+        Some(prev) => Ok(TokenUsage::new(
+            prev.input().max(usage.input()),
+            prev.output().max(usage.output()),
+        )?),
+    }
+}
+
 /// The report of `admission` after `reported` was applied.
 fn snapshot(admission: &Admission, reported: TokenUsage) -> UsageReport {
-    let reserved = admission.reserved_tokens();
-    let output_cap = admission.reservation().map(|r| r.max_output());
+    report_figures(
+        admission.admission_id(),
+        admission.limit_revision(),
+        admission.usage_sequence(),
+        admission.reservation(),
+        admission.held_tokens(),
+        reported,
+    )
+}
+
+/// A usage report's figures (`shadow_id` none: a bypass sets it).
+pub(crate) fn report_figures(
+    admission_id: AdmissionId,
+    limit_revision: u64,
+    sequence: u64,
+    reservation: Option<Reservation>,
+    held: u64,
+    reported: TokenUsage,
+) -> UsageReport {
+    let reserved = reservation.map_or(0, |r| r.reserved());
+    let output_cap = reservation.map(|r| r.max_output());
     UsageReport {
-        admission_id: admission.admission_id(),
-        limit_revision: admission.limit_revision(),
-        sequence: admission.usage_sequence(),
+        admission_id,
+        limit_revision,
+        sequence,
         reserved,
-        held: admission.held_tokens(),
+        held,
         consumed: reported.total(),
         output_cap,
         output_remaining: output_cap.map(|cap| cap.saturating_sub(reported.output())),
-        over_reservation: admission.reservation().is_some() && reported.total() > reserved,
+        over_reservation: reservation.is_some() && reported.total() > reserved,
         shadow_id: None,
     }
 }
