@@ -146,15 +146,11 @@ impl From<Rejection> for HttpRefusal {
     fn from(rejection: Rejection) -> HttpRefusal {
         let reason = rejection.reason();
         let detail = *rejection.detail();
-        let (status, error_type, message) = match reason {
-            RejectReason::BudgetLimit if detail.can_never_fit() => {
-                (413, "request_too_large", never_fits(&detail))
-            }
-            _ => (
-                reason.http_status(),
-                reason_type(reason),
-                rejection.to_string(),
-            ),
+        let status = rejection.http_status();
+        let (error_type, message) = if status == 413 {
+            ("request_too_large", never_fits(&detail))
+        } else {
+            (reason_type(reason), rejection.to_string())
         };
         HttpRefusal {
             status,
@@ -306,18 +302,18 @@ fn never_fits(detail: &CapacityDetail) -> String {
             budget.requested, budget.effective_budget
         );
     }
-    let class = detail
-        .admission_class()
-        .expect("a call that can never fit exceeds the budget or its class's ceiling");
-    let tokens = class
-        .token_budget
-        .expect("a class token ceiling needs a token budget");
-    format!(
-        "request too large: it reserves {} tokens, more than admission class {:?}'s ceiling of {} tokens {ADVICE}",
-        tokens.requested,
-        class.class.id(),
-        tokens.max_in_flight_tokens.unwrap_or(0)
-    )
+    if let Some(class) = detail.admission_class()
+        && let Some(tokens) = class.token_budget
+        && let Some(ceiling) = tokens.max_in_flight_tokens
+    {
+        return format!(
+            "request too large: it reserves {} tokens, more than admission class {:?}'s ceiling of {ceiling} tokens {ADVICE}",
+            tokens.requested,
+            class.class.id(),
+        );
+    }
+    // `can_never_fit` says one of the two: this line is not reached.
+    format!("request too large: it reserves more tokens than it may ever hold {ADVICE}")
 }
 
 /// The error `code` of an invalid request: the variant's name in snake_case.

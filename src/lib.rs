@@ -155,7 +155,8 @@
 //! (your panic hook reports it once per such runtime) and the runtime is remembered. Under
 //! `panic = "abort"` nothing can be caught, so there the crate's own timer is always used. A
 //! wait on tokio's clock must be polled by that runtime (do not `block_on` it on one of the
-//! runtime's own threads: nothing would drive the clock).
+//! runtime's own threads, or with another executor inside the runtime's context: nothing
+//! would drive the clock).
 //!
 #![cfg_attr(feature = "tokio", doc = "```")]
 #![cfg_attr(not(feature = "tokio"), doc = "```ignore")]

@@ -679,6 +679,11 @@ impl Engine {
         self.queue.len()
     }
 
+    /// Nothing in flight, nobody waiting, no abandoned admission unsettled: one load.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.state.load().is_idle()
+    }
+
     /// Admissions not settled yet: those holding a slot, and those that gave their borrowed
     /// slot back but still hold their tokens.
     pub(crate) fn unsettled(&self) -> u64 {

@@ -88,12 +88,12 @@ impl Timer {
         let mut timers = timer.lock();
         if !timers.clock_alive {
             // Spawned under the lock (once per process, in practice): the new thread's first
-            // act is to take it.
-            timers.clock_alive = true;
-            std::thread::Builder::new()
+            // act is to take it. A spawn that fails (no thread left) panics nobody under the
+            // lock: the next registration tries again.
+            timers.clock_alive = std::thread::Builder::new()
                 .name("abl-timer-clock".into())
                 .spawn(move || timer.run_clock())
-                .expect("failed to spawn the async-bulkhead-llm timer thread");
+                .is_ok();
         }
         (timer, timers)
     }
@@ -136,7 +136,9 @@ impl Timer {
                     // Every waker thread is busy (one may be stuck in a waker that blocks):
                     // start another rather than let due wakers wait on it.
                     timers.wakers += 1;
-                    self.spawn_waker(&mut timers);
+                    if !self.spawn_waker(&mut timers) {
+                        recheck = Some(now + STALL);
+                    }
                 } else {
                     recheck = Some(oldest + STALL);
                 }
@@ -159,15 +161,17 @@ impl Timer {
         }
     }
 
-    /// Starts a waker thread (already counted in `wakers`). If the thread cannot be spawned,
-    /// the count is taken back and the clock tries again at the next stall check.
-    fn spawn_waker(&'static self, timers: &mut Timers) {
+    /// Starts a waker thread (already counted in `wakers`); whether it started. If the thread
+    /// cannot be spawned, the count is taken back (the clock tries again a stall later).
+    fn spawn_waker(&'static self, timers: &mut Timers) -> bool {
         let spawned = std::thread::Builder::new()
             .name("abl-timer-waker".into())
-            .spawn(move || self.run_waker());
-        if spawned.is_err() {
+            .spawn(move || self.run_waker())
+            .is_ok();
+        if !spawned {
             timers.wakers -= 1;
         }
+        spawned
     }
 
     /// A waker thread: calls due wakers one at a time, each outside the lock and with its

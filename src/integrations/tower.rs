@@ -1,12 +1,16 @@
 //! The tower layer for HTTP gateways (feature `tower`): [`LlmLayer`] admits each request
 //! through an [`LlmBulkhead`] before the inner service sees it, answers a refusal itself (429,
-//! 413, 503 or 400 with the provider-shaped JSON body of [`HttpRefusal`]), and wraps the
+//! 413, 503 or 400 with the provider-shaped JSON body of [`HttpRefusal`]; 500 if a tenant's
+//! bulkhead cannot be built; `Retry-After` only with [`LlmLayer::retry_after_hint`]), and
+//! wraps the
 //! response body in an [`LlmBody`] that holds the call's [`OwnedPermit`] until the body ends,
 //! fails or is dropped (a client that disconnects mid-stream releases at once). As chunks pass
 //! it reads the provider's usage from them and reports it, so the token budget follows the
 //! stream; the chunks themselves are passed on as they come, neither copied nor delayed.
 //!
-//! Works with any tower stack over `http` 1 types: axum 0.8 routers, hyper 1 services.
+//! Works with any tower stack over `http` 1 types: axum 0.8 routers, hyper 1 services. Every
+//! request through the layer is read as an LLM call: in axum, put it on the completion routes
+//! with `route_layer` (with `Router::layer`, other routes and the fallback are answered 400).
 
 use core::fmt;
 use core::future::Future;
@@ -16,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -201,8 +205,9 @@ impl LlmLayer {
     }
 
     /// Reads usage with `f` instead of the OpenAI / Anthropic shapes: it gets every JSON
-    /// document of the response (each SSE event's data that mentions `usage`, or a JSON
-    /// response's whole body) and returns the call's cumulative usage, if it says one.
+    /// document of the response (each SSE event's data that states `"usage":` with a value
+    /// other than `null`, or a JSON response's whole body) and returns the call's cumulative
+    /// usage, if it says one.
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn usage(
         mut self,
@@ -224,7 +229,8 @@ impl LlmLayer {
     /// frees up, the recent average time the layer's admitted calls held their permit
     /// (rounded up to whole seconds, at least 1; none until a call was released). Off by
     /// default: a fail-fast bulkhead has no honest ETA, only this history, and clients that
-    /// all retry after the same hint come back together.
+    /// all retry after the same hint come back together. The history is the layer's: with
+    /// [`per_tenant`](LlmLayer::per_tenant) it mixes every tenant's calls.
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn retry_after_hint(mut self, on: bool) -> LlmLayer {
         self.config().holds = on.then(Arc::default);
@@ -264,7 +270,10 @@ impl<S> tower_layer::Layer<S> for LlmLayer {
 ///
 /// `poll_ready` is the inner service's: the bulkhead decides per request (its decision needs
 /// the request), in `call`, and never makes `poll_ready` wait; the ready service is the one
-/// called (a clone takes its place).
+/// called (a clone takes its place). So an inner service that reserves capacity when it is
+/// ready (tower's `ConcurrencyLimit`, `Buffer`) keeps that reservation while the request's
+/// body is read and, with [`LlmLayer::wait_in_queue`], while it waits in the bulkhead's queue:
+/// put such layers inside this one only knowingly.
 #[derive(Clone)]
 pub struct LlmService<S> {
     inner: S,
@@ -365,15 +374,17 @@ where
                 Ok(permit) => permit,
                 Err(error) => return Ok(refusal(&error, config.holds.as_deref())),
             };
+            // The hold counts from here (a JSON call's generation happens before its head).
+            let admitted_at = config.holds.as_ref().map(|_| Instant::now());
             // An inner failure drops the permit here: released at once.
             let response = inner
                 .call(Request::from_parts(head, Full::new(bytes)))
                 .await?;
             let (parts, body) = response.into_parts();
-            let reader = Reader::for_content_type(parts.headers.get(CONTENT_TYPE));
+            let reader = Reader::for_response(&parts.headers);
             Ok(Response::from_parts(
                 parts,
-                LlmBody::admitted(body, permit, reader, config),
+                LlmBody::admitted(body, permit, reader, config, admitted_at),
             ))
         })
     }
@@ -421,11 +432,20 @@ impl HoldTimes {
     }
 }
 
-fn plain_error<R>(status: StatusCode, error_type: &str, message: &str) -> Response<LlmBody<R>> {
-    let body = serde_json::json!({
-        "error": {"type": error_type, "code": error_type, "message": message}
-    });
-    respond(status, Bytes::from(body.to_string()))
+/// An answer of the layer's own (not a bulkhead's refusal), in [`HttpRefusal`]'s shape.
+fn plain_error<R>(
+    status: StatusCode,
+    error_type: &'static str,
+    message: &str,
+) -> Response<LlmBody<R>> {
+    let answer = HttpRefusal {
+        status: status.as_u16(),
+        error_type,
+        code: error_type,
+        message: message.to_owned(),
+        detail: None,
+    };
+    respond(status, Bytes::from(answer.body()))
 }
 
 fn respond<R>(status: StatusCode, body: Bytes) -> Response<LlmBody<R>> {
@@ -451,6 +471,8 @@ enum State<B> {
     /// The layer's own answer (a refusal); `None` once sent.
     Answer(Option<Bytes>),
     Streaming(Box<Streaming<B>>),
+    /// The inner body ended or failed: it is dropped, and the body stays ended.
+    Done,
 }
 
 struct Streaming<B> {
@@ -463,14 +485,28 @@ struct Streaming<B> {
     admitted_at: Option<Instant>,
 }
 
+impl<B> Drop for Streaming<B> {
+    /// A body dropped before its end (a client gone, a server that stops polling once a sized
+    /// body is written) settles here, with what was read.
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 impl<B> LlmBody<B> {
-    fn admitted(body: B, permit: OwnedPermit, reader: Reader, config: Arc<Config>) -> LlmBody<B> {
+    fn admitted(
+        body: B,
+        permit: OwnedPermit,
+        reader: Reader,
+        config: Arc<Config>,
+        admitted_at: Option<Instant>,
+    ) -> LlmBody<B> {
         LlmBody {
             state: State::Streaming(Box::new(Streaming {
                 inner: Box::pin(body),
                 permit: Some(permit),
                 reader,
-                admitted_at: config.holds.as_ref().map(|_| Instant::now()),
+                admitted_at,
                 config,
             })),
         }
@@ -520,15 +556,17 @@ where
                     Poll::Ready(Some(Ok(frame)))
                 }
                 Poll::Ready(Some(Err(error))) => {
-                    streaming.finish();
+                    // Settled as the inner body is dropped (`Streaming`'s drop).
+                    this.state = State::Done;
                     Poll::Ready(Some(Err(error.into())))
                 }
                 Poll::Ready(None) => {
-                    streaming.finish();
+                    this.state = State::Done;
                     Poll::Ready(None)
                 }
                 Poll::Pending => Poll::Pending,
             },
+            State::Done => Poll::Ready(None),
         }
     }
 
@@ -536,13 +574,14 @@ where
         match &self.state {
             State::Answer(body) => body.is_none(),
             State::Streaming(streaming) => streaming.inner.is_end_stream(),
+            State::Done => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.state {
             State::Answer(Some(body)) => SizeHint::with_exact(body.len() as u64),
-            State::Answer(None) => SizeHint::with_exact(0),
+            State::Answer(None) | State::Done => SizeHint::with_exact(0),
             State::Streaming(streaming) => streaming.inner.size_hint(),
         }
     }
@@ -565,7 +604,7 @@ impl<B> Streaming<B> {
             }),
             Reader::Json(body) => {
                 if body.len() + data.len() <= MAX_JSON_RESPONSE {
-                    body.extend_from_slice(data.chunk());
+                    body.extend_from_slice(data);
                 } else {
                     self.reader = Reader::Other;
                 }
@@ -580,8 +619,10 @@ impl<B> Streaming<B> {
         let Some(permit) = self.permit.take() else {
             return;
         };
+        // The usage reader is user code: not called again while a panic unwinds (this may be
+        // the drop of a body whose reader panicked).
         let usage = match &self.reader {
-            Reader::Json(body) => serde_json::from_slice(body)
+            Reader::Json(body) if !std::thread::panicking() => serde_json::from_slice(body)
                 .ok()
                 .and_then(|json| (self.config.usage)(&json)),
             _ => None,
@@ -604,46 +645,70 @@ enum Reader {
 }
 
 impl Reader {
-    fn for_content_type(value: Option<&HeaderValue>) -> Reader {
-        let kind = value.and_then(|v| v.to_str().ok()).map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-        match kind.as_deref() {
-            Some("text/event-stream") => Reader::Events(EventLines::default()),
-            Some("application/json") => Reader::Json(Vec::new()),
+    /// The reader of a response with these headers: by its content type; none for an encoded
+    /// (compressed) body, whose bytes say nothing readable.
+    fn for_response(headers: &http::HeaderMap) -> Reader {
+        let encoded = headers
+            .get(http::header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        if encoded {
+            return Reader::Other;
+        }
+        let kind = headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or("").trim());
+        match kind {
+            Some(k) if k.eq_ignore_ascii_case("text/event-stream") => {
+                Reader::Events(EventLines::default())
+            }
+            Some(k) if k.eq_ignore_ascii_case("application/json") => Reader::Json(Vec::new()),
             _ => Reader::Other,
         }
     }
 }
 
+/// The longest unfinished line kept between chunks; the rest of a longer line (a large
+/// content delta, a stream that never sends a newline) is skipped up to its end.
+const MAX_PARTIAL_LINE: usize = 64 << 10;
+
 /// Splits a server-sent event stream into lines as chunks pass, keeping only the unfinished
-/// tail of a chunk (a line cut in two by the network); lines are looked at in place.
+/// tail of a chunk (a line cut in two by the network, at most [`MAX_PARTIAL_LINE`]); lines
+/// are looked at in place. Lines end with LF or CRLF (a bare CR, which the SSE format also
+/// allows, is not a line end here), and an event's `data:` is read from one line.
 #[derive(Default)]
 struct EventLines {
     partial: Vec<u8>,
+    /// The current line outgrew `MAX_PARTIAL_LINE`: skipped up to its end.
+    skipping: bool,
 }
 
 impl EventLines {
     /// Feeds `chunk`, calling `found` with the JSON of each complete `data:` line that
-    /// mentions `usage`.
+    /// states a usage.
     fn feed(&mut self, chunk: &[u8], mut found: impl FnMut(&serde_json::Value)) {
         let mut rest = chunk;
         while let Some(end) = rest.iter().position(|&b| b == b'\n') {
             let (line, after) = rest.split_at(end);
             rest = &after[1..];
+            if core::mem::take(&mut self.skipping) {
+                continue;
+            }
             if self.partial.is_empty() {
                 Self::line(line, &mut found);
             } else {
                 self.partial.extend_from_slice(line);
-                let whole = core::mem::take(&mut self.partial);
-                Self::line(&whole, &mut found);
+                Self::line(&self.partial, &mut found);
+                self.partial.clear();
             }
         }
-        if !rest.is_empty() {
+        if rest.is_empty() || self.skipping {
+            return;
+        }
+        if self.partial.len() + rest.len() > MAX_PARTIAL_LINE {
+            self.partial.clear();
+            self.skipping = true;
+        } else {
             self.partial.extend_from_slice(rest);
         }
     }
@@ -653,8 +718,9 @@ impl EventLines {
         let Some(data) = line.strip_prefix(b"data:") else {
             return;
         };
-        // Only events that carry usage are parsed.
-        if !contains(data, b"usage") {
+        // Only events that state a usage are parsed: with `include_usage` every OpenAI chunk
+        // says `"usage":null`.
+        if !states_usage(data) {
             return;
         }
         if let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) {
@@ -663,8 +729,17 @@ impl EventLines {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether some `"usage":` in `data` is followed by something other than `null`.
+fn states_usage(data: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"usage\":";
+    let mut rest = data;
+    while let Some(at) = rest.windows(KEY.len()).position(|w| w == KEY) {
+        rest = &rest[at + KEY.len()..];
+        if !rest.trim_ascii_start().starts_with(b"null") {
+            return true;
+        }
+    }
+    false
 }
 
 /// The cumulative usage a provider's JSON document states: OpenAI's `usage` (`prompt_tokens`,
@@ -682,8 +757,8 @@ pub fn provider_usage(json: &serde_json::Value) -> Option<TokenUsage> {
         return TokenUsage::new(input, output).ok();
     }
     let input = n("input_tokens").map(|i| {
-        i + n("cache_creation_input_tokens").unwrap_or(0)
-            + n("cache_read_input_tokens").unwrap_or(0)
+        i.saturating_add(n("cache_creation_input_tokens").unwrap_or(0))
+            .saturating_add(n("cache_read_input_tokens").unwrap_or(0))
     });
     match (input, n("output_tokens")) {
         (Some(input), Some(output)) => TokenUsage::new(input, output).ok(),
@@ -692,5 +767,52 @@ pub fn provider_usage(json: &serde_json::Value) -> Option<TokenUsage> {
         (None, Some(output)) => TokenUsage::new(0, output).ok(),
         (Some(input), None) => TokenUsage::new(input, 0).ok(),
         (None, None) => None,
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{EventLines, MAX_PARTIAL_LINE, states_usage};
+
+    fn lines(chunks: &[&[u8]]) -> (Vec<serde_json::Value>, usize) {
+        let mut events = EventLines::default();
+        let mut found = Vec::new();
+        let mut kept = 0;
+        for chunk in chunks {
+            events.feed(chunk, |json| found.push(json.clone()));
+            kept = kept.max(events.partial.len());
+        }
+        (found, kept)
+    }
+
+    #[test]
+    fn a_line_split_anywhere_is_read_once_whole() {
+        let event = b"data: {\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\n";
+        for cut in 0..event.len() {
+            let (found, _) = lines(&[&event[..cut], &event[cut..]]);
+            assert_eq!(found.len(), 1, "cut at {cut}");
+            assert_eq!(found[0]["usage"]["prompt_tokens"], 3);
+        }
+    }
+
+    #[test]
+    fn null_usage_is_not_parsed_and_a_line_without_end_is_bounded() {
+        assert!(!states_usage(b" {\"choices\":[],\"usage\":null}"));
+        assert!(!states_usage(b" {\"usage\": null, \"x\": 1}"));
+        assert!(states_usage(
+            b" {\"usage\":null,\"message\":{\"usage\":{\"input_tokens\":1}}}"
+        ));
+        let (found, _) = lines(&[b"data: {\"usage\":null}\n"]);
+        assert!(found.is_empty());
+        // A stream that never sends a newline keeps at most MAX_PARTIAL_LINE bytes, then
+        // skips to the next line end and reads the line after it.
+        let filler = vec![b'x'; 16 << 10];
+        let mut chunks: Vec<&[u8]> = vec![b"data: {\"usage\":"];
+        chunks.extend(std::iter::repeat_n(&filler[..], 8));
+        chunks.push(b"}\ndata: {\"usage\":{\"output_tokens\":5}}\n");
+        let (found, kept) = lines(&chunks);
+        assert!(kept <= MAX_PARTIAL_LINE, "kept {kept}");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0]["usage"]["output_tokens"], 5);
     }
 }

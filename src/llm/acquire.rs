@@ -357,7 +357,8 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         timing: Option<Timing>,
     ) {
         // The wait is timed from the instant its deadline counts from. One clock read per
-        // queued call: the queue already took a lock and an allocation.
+        // queued call (two with the `tokio` feature, whose sleep also reads tokio's clock):
+        // the queue already took a lock and an allocation.
         let queued_at = Instant::now();
         // A timeout too large for the clock means no timeout.
         let sleep = timeout.and_then(|t| Sleep::after(queued_at, t));

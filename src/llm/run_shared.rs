@@ -346,7 +346,7 @@ where
                     priority: options.acquire.priority,
                     class,
                 },
-                sleep: timeout.map(|t| Sleep::after(Instant::now(), t)),
+                sleep: timeout.and_then(|t| Sleep::after(Instant::now(), t)),
                 own,
             })
         }
@@ -356,8 +356,8 @@ where
 /// A follower's wait.
 struct Follower<T: Send + 'static, E: Send + 'static, F> {
     joined: Joined<Output<T, E>>,
-    /// Its own timeout (`Some(None)`: too far to represent, never).
-    sleep: Option<Option<Sleep>>,
+    /// Its own timeout (none: no timeout, or one too far to represent).
+    sleep: Option<Sleep>,
     /// What it runs as an observe-mode bypass if its own timeout passes.
     #[allow(clippy::type_complexity)]
     own: Option<(Result<Call, RequestError>, F, Option<UsageFn<T>>)>,
@@ -397,7 +397,7 @@ where
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
     async fn wait(mut self) -> Output<T, E> {
-        let mut sleep = self.sleep.take().flatten();
+        let mut sleep = self.sleep.take();
         let joined = &mut self.joined;
         let outcome = core::future::poll_fn(|cx| {
             let waiter = joined.waiter.as_mut().expect("waiting");

@@ -3,13 +3,16 @@
 //! `max_tenants` of them at a time.
 //!
 //! The module owns the family's map and its eviction rule; every tenant is an ordinary
-//! bulkhead built by its [`LlmBulkheadBuilder`], used through its public face.
+//! bulkhead built by its [`LlmBulkheadBuilder`]; the eviction rule reads the bulkhead's engine
+//! (its admission word and counters) directly.
 //!
 //! # Protocol
 //!
 //! One mutex guards a `HashMap` from key to tenant. Under it run only the map's operations (the
-//! key's `Hash`, `Eq`, `Clone` and `Drop`), reading the clock, and reading a tenant's figures
-//! (crate code: atomics and the queue's short lock). The template, the builder and the
+//! key's `Hash`, `Eq`, `Clone` and `Drop`: user code, the one exception to the crate's rule,
+//! which `HashMap` survives if it panics) and reading a tenant's figures (crate code, but not
+//! free: its limits cloned under their own lock and its counters summed, per tenant checked,
+//! in a sweep and when a new key needs room). The template, the builder and the
 //! bulkhead's `apply_limits` (which calls listeners) run unlocked, and every bulkhead the map
 //! lets go of is dropped after the lock (dropping the last clone drops its estimator and
 //! listeners, user code):
@@ -23,7 +26,9 @@
 //! # Idleness
 //!
 //! A tenant is *idle* when nothing is in flight, queued or unsettled (an admission that gave
-//! its borrowed slot back still holds tokens). Each tenant keeps the instant of its last
+//! its borrowed slot back still holds tokens): one load of its admission word. Observe-mode
+//! bypasses hold nothing, so a tenant running only bypasses may be evicted mid-call (no
+//! capacity is lost; its observe figures go with it). Each tenant keeps the instant of its last
 //! known activity and a fingerprint of its cumulative counters (admissions, releases,
 //! refusals, bypasses). A check (a sweep, or a `get` that needs room) that finds a tenant busy,
 //! or its fingerprint changed since the previous check, moves its last activity to now; one that
@@ -156,10 +161,11 @@ impl Tenant {
     fn evictable(&self, now: Instant, idle_after: Duration) -> bool {
         let core = &self.bulkhead.core;
         let engine = core.engine();
-        // The live figures first, then the fingerprint: a call admitted after the first read
-        // has changed the fingerprint by the second, so only a call admitted after both reads
-        // can meet the eviction (like any call through a clone kept past it).
-        let busy = engine.unsettled() > 0 || engine.pending() > 0;
+        // The live word first, then the fingerprint: a call admitted after the first read has
+        // almost always changed the fingerprint by the second (its counter is stored just after
+        // its admission: one racing that window, or admitted after both reads, meets the
+        // eviction like any call through a clone kept past it).
+        let busy = !engine.is_idle();
         let activity = fingerprint(&self.bulkhead);
         if busy || activity != self.seen.get() {
             self.seen.set(activity);
@@ -342,8 +348,9 @@ impl<K: Eq + Hash> Tenants<K> {
     {
         let shared = &*self.shared;
         {
-            let map = lock(&shared.map);
+            // The clock is read before the lock, not under it.
             let now = Instant::now();
+            let map = lock(&shared.map);
             if let Some(tenant) = map.get(key) {
                 tenant.last_active.set(now);
                 return Ok(tenant.bulkhead.clone());
@@ -360,8 +367,8 @@ impl<K: Eq + Hash> Tenants<K> {
             .map_err(TenantsError::Template)?;
         // Whatever the map lets go of is dropped after the lock (see the module docs).
         let mut evicted = None;
-        let mut map = lock(&shared.map);
         let now = Instant::now();
+        let mut map = lock(&shared.map);
         if let Some(tenant) = map.get(key) {
             // Another thread created it meanwhile: keep the first, drop ours.
             tenant.last_active.set(now);

@@ -6,7 +6,10 @@
 //! waits on `tokio::time::sleep_until`, so a paused clock (`#[tokio::test(start_paused =
 //! true)]`, `tokio::time::pause`) auto-advances to its deadline while the runtime is idle;
 //! anywhere else (no runtime, a runtime built without `enable_time`, another executor) it
-//! uses the crate's own timer, exactly as without the feature.
+//! uses the crate's own timer, exactly as without the feature. "Inside a tokio runtime" means
+//! what `tokio::runtime::Handle::try_current` says: a thread in that runtime's context. Another
+//! executor's `block_on` run on such a thread (inside `Runtime::enter`, or nested in a tokio
+//! task) would pick tokio's clock that nothing drives there: its timeouts would not fire.
 //!
 //! # Detecting the time driver
 //!
@@ -15,7 +18,8 @@
 //! *Panics* of `sleep_until`. So the sleep is created under `catch_unwind` (through
 //! [`contain`](crate::contain::contain)); a runtime found without a time driver is remembered
 //! by its [`Id`](tokio::runtime::Id) (the last [`REMEMBERED`] such runtimes), so each one is
-//! probed once and the panic hook reports that one probe only. Runtimes with a time driver
+//! probed once and the panic hook reports that one probe only (sleeps made at the same moment
+//! on several threads may each probe, and each such panic reaches the hook). Runtimes with a time driver
 //! never panic, so they need no memory. Under `panic = "abort"` no panic can be caught: there
 //! the crate's own timer is always used.
 //!
@@ -111,7 +115,8 @@ fn tokio_sleep(
         return None;
     }
     let id = Handle::try_current().ok()?.id();
-    if ANY_WITHOUT_TIME.load(Ordering::Acquire)
+    // Relaxed: the list itself is read under its lock; a stale `false` costs one more probe.
+    if ANY_WITHOUT_TIME.load(Ordering::Relaxed)
         && crate::sync::unmodeled::lock(&WITHOUT_TIME).contains(&id)
     {
         return None;
@@ -128,7 +133,7 @@ fn tokio_sleep(
             }
             without.push_back(id);
         }
-        ANY_WITHOUT_TIME.store(true, Ordering::Release);
+        ANY_WITHOUT_TIME.store(true, Ordering::Relaxed);
         return None;
     }
     sleep.map(Box::pin)
