@@ -243,6 +243,9 @@ mod engine;
 mod events;
 mod stats;
 
+// The general bulkhead (imports the engine and the vocabulary).
+mod bulkhead;
+
 // The LLM wing (imports everything below it).
 mod llm;
 
@@ -252,12 +255,19 @@ mod integrations;
 
 /// The named futures of the crate.
 pub mod futures {
+    pub use crate::bulkhead::acquire::{BulkheadAcquire, BulkheadAcquireOwned};
     pub use crate::engine::drain::{Drain, DrainTimeout};
     pub use crate::llm::acquire::{Acquire, AcquireOwned};
 }
 
 pub use admission_class::{AbandonCause, AdmissionClass, ClassLimits, Resources};
 pub use admission_id::{AdmissionId, ShadowId};
+pub use bulkhead::Bulkhead;
+pub use bulkhead::builder::{BulkheadBuilder, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT};
+pub use bulkhead::error::{BulkheadConfigError, BulkheadError, BulkheadState};
+pub use bulkhead::limits::BulkheadLimits;
+pub use bulkhead::permit::{BulkheadPermit, OwnedBulkheadPermit};
+pub use bulkhead::stats::BulkheadStats;
 pub use engine::drain::DrainReport;
 pub use engine::limits::{
     ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
@@ -316,6 +326,13 @@ pub struct ReadmeDoctests;
 fn _assert_send_sync() {
     fn both<T: Send + Sync>() {}
     both::<LlmBulkhead>();
+    both::<Bulkhead>();
+    both::<BulkheadPermit<'static>>();
+    both::<OwnedBulkheadPermit>();
+    both::<BulkheadError>();
+    both::<BulkheadStats>();
+    both::<futures::BulkheadAcquire<'static>>();
+    both::<futures::BulkheadAcquireOwned>();
     both::<Permit<'static>>();
     both::<OwnedPermit>();
     both::<Admission>();

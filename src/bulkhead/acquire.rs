@@ -1,0 +1,551 @@
+//! Acquiring a slot of a [`Bulkhead`]: the waiting futures ([`BulkheadAcquire`],
+//! [`BulkheadAcquireOwned`]), the blocking acquires, and `call`.
+//!
+//! An acquire first tries the engine's lock-free fast path. If no slot is free and the queue
+//! has room it joins the engine's strictly FIFO queue at its first poll and waits to be
+//! *handed* a slot by a release (nobody arriving later can take it first). The wait is bounded
+//! by the bulkhead's queue timeout and by the call's own deadline, whichever comes first.
+//! Dropping the future leaves the queue at once, holding nothing: a slot already handed to it
+//! goes to the next waiter.
+//!
+//! The futures are `Unpin` (the waiter lives in an `Arc` shared with the queue). Both futures
+//! and both blocking variants share one state machine (`Machine`).
+
+use core::fmt;
+use core::future::{Future, IntoFuture};
+use core::ops::Deref;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use event_listener::Listener;
+
+use crate::engine::timer::Sleep;
+use crate::engine::{Decision, Grant, Wait, Waiter};
+use crate::rejection::Rejection;
+use crate::sync::Arc;
+
+use super::Bulkhead;
+use super::core::{ASK, BulkheadCore};
+use super::error::BulkheadError;
+use super::permit::{BulkheadPermit, OwnedBulkheadPermit};
+
+impl Bulkhead {
+    /// Takes a slot, waiting in the queue for one if none is free and the queue has room.
+    ///
+    /// When every slot is taken the call joins the FIFO queue (unless it is full:
+    /// [`QueueFull`](BulkheadError::QueueFull)), and is handed the slot of the next release
+    /// once every call queued before it has been served. It waits at most the bulkhead's
+    /// [`queue_timeout`](Bulkhead::queue_timeout)
+    /// ([`QueueTimeout`](BulkheadError::QueueTimeout)), and ends with
+    /// [`Shutdown`](BulkheadError::Shutdown) if the bulkhead closes meanwhile. Nothing happens
+    /// until the future is first polled; that poll takes the place in the queue.
+    ///
+    /// # Errors
+    ///
+    /// [`BulkheadError::QueueFull`], [`BulkheadError::QueueTimeout`] or
+    /// [`BulkheadError::Shutdown`]; none of them may be retried.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the queue at once and holds no slot; a slot already handed
+    /// to it goes to the next waiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::Bulkhead;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = Bulkhead::new(1)?;
+    /// let first = bulkhead.acquire().await?;
+    /// let mut second = bulkhead.acquire();
+    /// assert!(futures::poll!(&mut second).is_pending()); // queued
+    /// assert_eq!(bulkhead.state().queued, 1);
+    /// drop(first); // hands the slot to the oldest queued call
+    /// let _second = second.await?;
+    /// assert_eq!(bulkhead.state().active, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn acquire(&self) -> BulkheadAcquire<'_> {
+        BulkheadAcquire {
+            machine: Machine::new(&*self.core, None),
+        }
+    }
+
+    /// Like [`acquire`](Bulkhead::acquire), giving up waiting at `deadline` too: the call's
+    /// deadline budget bounds its queue wait (whichever of it and the queue timeout comes
+    /// first). Running out of it is a [`QueueTimeout`](BulkheadError::QueueTimeout). A free
+    /// slot is taken whatever the deadline: it bounds waiting only.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = Bulkhead::builder(1)?.queue_timeout(Duration::from_secs(30)).build();
+    /// let _held = bulkhead.acquire().await?;
+    /// let deadline = Instant::now() + Duration::from_millis(20);
+    /// let err = bulkhead.acquire_by(deadline).await.unwrap_err();
+    /// assert!(matches!(err, BulkheadError::QueueTimeout { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn acquire_by(&self, deadline: Instant) -> BulkheadAcquire<'_> {
+        BulkheadAcquire {
+            machine: Machine::new(&*self.core, Some(deadline)),
+        }
+    }
+
+    /// Like [`acquire`](Bulkhead::acquire), resolving to an [`OwnedBulkheadPermit`]; the
+    /// future itself is `'static` and can be spawned.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// let permit = bulkhead.acquire_owned().await?;
+    /// std::thread::spawn(move || drop(permit)).join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn acquire_owned(&self) -> BulkheadAcquireOwned {
+        BulkheadAcquireOwned {
+            machine: Machine::new(Arc::clone(&self.core), None),
+        }
+    }
+
+    /// Like [`acquire_by`](Bulkhead::acquire_by), resolving to an [`OwnedBulkheadPermit`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// let permit = bulkhead.acquire_owned_by(Instant::now() + Duration::from_secs(1)).await?;
+    /// # drop(permit);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn acquire_owned_by(&self, deadline: Instant) -> BulkheadAcquireOwned {
+        BulkheadAcquireOwned {
+            machine: Machine::new(Arc::clone(&self.core), Some(deadline)),
+        }
+    }
+
+    /// Runs `call` under a slot: waits for one like [`acquire`](Bulkhead::acquire), awaits
+    /// `call`, releases the slot (also if `call` panics or the returned future is dropped).
+    /// A refused call is never started.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire); `call`'s own output (a `Result` or not) is
+    /// returned as it is inside `Ok`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits leaves the queue; while `call` runs, drops `call`
+    /// and releases the slot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let slow_api = Bulkhead::builder(5)?.max_queue(20).build();
+    /// let body: Result<String, BulkheadError> = slow_api.call(async { "report".to_owned() }).await;
+    /// assert_eq!(body?, "report");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn call<F: IntoFuture>(&self, call: F) -> Result<F::Output, BulkheadError> {
+        let permit = self.acquire().await?;
+        let output = call.await;
+        drop(permit);
+        Ok(output)
+    }
+
+    /// Like [`call`](Bulkhead::call), the queue wait bounded by `deadline` too (see
+    /// [`acquire_by`](Bulkhead::acquire_by)). The deadline does not cut `call` itself once it
+    /// runs.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`call`](Bulkhead::call).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// let deadline = Instant::now() + Duration::from_secs(2);
+    /// assert_eq!(bulkhead.call_by(deadline, async { 7 }).await?, 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn call_by<F: IntoFuture>(
+        &self,
+        deadline: Instant,
+        call: F,
+    ) -> Result<F::Output, BulkheadError> {
+        let permit = self.acquire_by(deadline).await?;
+        let output = call.await;
+        drop(permit);
+        Ok(output)
+    }
+
+    /// Like [`acquire`](Bulkhead::acquire), blocking the calling thread while it waits.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Blocking
+    ///
+    /// Parks the thread until a slot is handed over, the wait times out or the bulkhead
+    /// closes. Do not call it from async code: use [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
+    ///
+    /// let bulkhead = Bulkhead::builder(1)?.queue_timeout(Duration::from_millis(10)).build();
+    /// let held = bulkhead.acquire_blocking()?;
+    /// let err = bulkhead.acquire_blocking().unwrap_err();
+    /// assert!(matches!(err, BulkheadError::QueueTimeout { .. }));
+    /// # drop(held);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking(&self) -> Result<BulkheadPermit<'_>, BulkheadError> {
+        let core = &*self.core;
+        Machine::new(core, None)
+            .block()
+            .map(|grant| BulkheadPermit::new(core, grant))
+    }
+
+    /// Like [`acquire_blocking`](Bulkhead::acquire_blocking), giving up at `deadline` too
+    /// (see [`acquire_by`](Bulkhead::acquire_by)).
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Blocking
+    ///
+    /// As for [`acquire_blocking`](Bulkhead::acquire_blocking).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// let _held = bulkhead.acquire_blocking()?;
+    /// let deadline = Instant::now() + Duration::from_millis(10);
+    /// assert!(bulkhead.acquire_blocking_by(deadline).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_by(
+        &self,
+        deadline: Instant,
+    ) -> Result<BulkheadPermit<'_>, BulkheadError> {
+        let core = &*self.core;
+        Machine::new(core, Some(deadline))
+            .block()
+            .map(|grant| BulkheadPermit::new(core, grant))
+    }
+
+    /// Like [`acquire_blocking`](Bulkhead::acquire_blocking), returning an
+    /// [`OwnedBulkheadPermit`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Blocking
+    ///
+    /// As for [`acquire_blocking`](Bulkhead::acquire_blocking).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// let permit = bulkhead.acquire_blocking_owned()?;
+    /// std::thread::spawn(move || drop(permit)).join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_owned(&self) -> Result<OwnedBulkheadPermit, BulkheadError> {
+        let core = Arc::clone(&self.core);
+        Machine::new(Arc::clone(&core), None)
+            .block()
+            .map(|grant| OwnedBulkheadPermit::new(core, grant))
+    }
+}
+
+/// Future returned by [`Bulkhead::acquire`] and [`Bulkhead::acquire_by`].
+#[must_use = "futures do nothing unless polled"]
+pub struct BulkheadAcquire<'a> {
+    machine: Machine<&'a BulkheadCore>,
+}
+
+impl<'a> Future for BulkheadAcquire<'a> {
+    type Output = Result<BulkheadPermit<'a>, BulkheadError>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let core = self.machine.core;
+        self.machine
+            .poll(cx)
+            .map_ok(|grant| BulkheadPermit::new(core, grant))
+    }
+}
+
+impl fmt::Debug for BulkheadAcquire<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BulkheadAcquire { .. }")
+    }
+}
+
+/// Future returned by [`Bulkhead::acquire_owned`] and [`Bulkhead::acquire_owned_by`].
+#[must_use = "futures do nothing unless polled"]
+pub struct BulkheadAcquireOwned {
+    machine: Machine<Arc<BulkheadCore>>,
+}
+
+impl Future for BulkheadAcquireOwned {
+    type Output = Result<OwnedBulkheadPermit, BulkheadError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.machine.poll(cx) {
+            Poll::Ready(Ok(grant)) => Poll::Ready(Ok(OwnedBulkheadPermit::new(
+                Arc::clone(&self.machine.core),
+                grant,
+            ))),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl fmt::Debug for BulkheadAcquireOwned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BulkheadAcquireOwned { .. }")
+    }
+}
+
+/// Where an acquire is.
+enum Step {
+    /// Not polled yet.
+    Start { deadline: Option<Instant> },
+    /// In the queue.
+    Waiting(Waiting),
+    /// Finished (returned a permit or an error).
+    Done,
+}
+
+struct Waiting {
+    waiter: Arc<Waiter>,
+    /// The end of the wait (queue timeout or deadline), if any.
+    sleep: Option<Sleep>,
+    /// When the call joined the queue.
+    queued_at: Instant,
+}
+
+/// The state machine shared by both futures and the blocking acquires.
+struct Machine<C: Deref<Target = BulkheadCore>> {
+    core: C,
+    step: Step,
+}
+
+impl<C: Deref<Target = BulkheadCore>> Machine<C> {
+    #[inline]
+    fn new(core: C, deadline: Option<Instant>) -> Machine<C> {
+        Machine {
+            core,
+            step: Step::Start { deadline },
+        }
+    }
+
+    /// Leaves `Start`: finished, or now `Waiting` (as a parked thread if `blocking`).
+    #[inline]
+    fn start(&mut self, blocking: bool) -> Option<Result<Grant, BulkheadError>> {
+        let Step::Start { deadline } = self.step else {
+            return None;
+        };
+        self.step = Step::Done;
+        match self.core.engine().admit(ASK, Wait::Queue { blocking }) {
+            Decision::Admitted(grant) => Some(Ok(grant)),
+            Decision::Refused(rejection) => {
+                Some(Err(self.core.refused(&rejection, Duration::ZERO)))
+            }
+            Decision::Queued(waiter) => {
+                self.wait(waiter, deadline);
+                None
+            }
+        }
+    }
+
+    /// Enters `Waiting` for a call that just joined the queue: its wait ends at the queue
+    /// timeout or the deadline, whichever comes first (a past deadline ends it at once).
+    #[cold]
+    fn wait(&mut self, waiter: Arc<Waiter>, deadline: Option<Instant>) {
+        let queued_at = Instant::now();
+        let budget = deadline.map(|d| d.saturating_duration_since(queued_at));
+        let timeout = match (self.core.queue_timeout(), budget) {
+            (Some(t), Some(b)) => Some(t.min(b)),
+            (t, b) => t.or(b),
+        };
+        // A timeout too large for the clock means no timeout.
+        let sleep = timeout.and_then(|t| Sleep::after(queued_at, t));
+        self.step = Step::Waiting(Waiting {
+            waiter,
+            sleep,
+            queued_at,
+        });
+    }
+
+    /// The waiter's fate, if decided; finishes the acquire if so.
+    fn pick_up(&mut self) -> Option<Result<Grant, BulkheadError>> {
+        let Step::Waiting(waiting) = &self.step else {
+            return None;
+        };
+        let decided = self.core.engine().pick_up(&waiting.waiter)?;
+        let queued_at = waiting.queued_at;
+        self.step = Step::Done;
+        Some(self.finish(decided, queued_at))
+    }
+
+    /// Gives up waiting because the wait's end passed; a hand-off that arrived first wins.
+    fn time_out(&mut self) -> Result<Grant, BulkheadError> {
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!("only a waiting acquire times out")
+        };
+        let decided = self.core.engine().time_out(&waiting.waiter);
+        self.finish(decided, waiting.queued_at)
+    }
+
+    fn finish(
+        &self,
+        decided: Result<Grant, Rejection>,
+        queued_at: Instant,
+    ) -> Result<Grant, BulkheadError> {
+        decided.map_err(|rejection| self.core.refused(&rejection, queued_at.elapsed()))
+    }
+
+    /// Polls the acquire: the first poll decides (admitted, refused or queued); later polls
+    /// pick up the waiter's fate or time it out.
+    #[inline]
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
+        if let Some(done) = self.start(false) {
+            return Poll::Ready(done);
+        }
+        self.poll_waiting(cx)
+    }
+
+    #[cold]
+    fn poll_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
+        if let Some(done) = self.pick_up() {
+            return Poll::Ready(done);
+        }
+        let Step::Waiting(waiting) = &mut self.step else {
+            panic!("`BulkheadAcquire` polled after completion");
+        };
+        // Register, then check again: a hand-off published between the first check and the
+        // registration is caught by the second check, and one published after it wakes us.
+        waiting.waiter.register(cx.waker());
+        if let Some(done) = self.pick_up() {
+            return Poll::Ready(done);
+        }
+        let Step::Waiting(waiting) = &mut self.step else {
+            unreachable!()
+        };
+        if let Some(sleep) = &mut waiting.sleep
+            && sleep.poll_elapsed(cx).is_ready()
+        {
+            return Poll::Ready(self.time_out());
+        }
+        Poll::Pending
+    }
+
+    /// The blocking equivalent of polling to completion.
+    fn block(mut self) -> Result<Grant, BulkheadError> {
+        if let Some(done) = self.start(true) {
+            return done;
+        }
+        loop {
+            if let Some(done) = self.pick_up() {
+                return done;
+            }
+            let Step::Waiting(waiting) = &self.step else {
+                unreachable!()
+            };
+            let listener = waiting.waiter.listen();
+            if let Some(done) = self.pick_up() {
+                return done;
+            }
+            let Step::Waiting(waiting) = &self.step else {
+                unreachable!()
+            };
+            match waiting.sleep.as_ref().map(Sleep::deadline) {
+                None => listener.wait(),
+                Some(deadline) => {
+                    if listener.wait_deadline(deadline).is_none() {
+                        return self.time_out();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<C: Deref<Target = BulkheadCore>> Drop for Machine<C> {
+    fn drop(&mut self) {
+        if !matches!(self.step, Step::Waiting(_)) {
+            return;
+        }
+        if let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) {
+            // Leaves the queue (counted as aborted); a slot already handed over goes on to
+            // the next waiter. Not a refusal: the hook does not hear it.
+            let _ = self.core.engine().cancel(&waiting.waiter);
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! A [`Bulkhead`]'s limits at run time: [`BulkheadLimits`], and changing them atomically
+//! (`apply_limits`, `set_max_concurrent`, `set_max_queue`) through the engine's versioned
+//! limits, linearizable with admissions.
+
+use crate::engine::limits::{Limits, MAX_REVISION};
+use crate::error::LimitsError;
+
+use super::Bulkhead;
+use super::builder::check_max_concurrent;
+use super::error::BulkheadConfigError;
+
+/// A [`Bulkhead`]'s limits: what [`Bulkhead::limits`] returns and
+/// [`Bulkhead::apply_limits`] installs.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{Bulkhead, BulkheadLimits};
+///
+/// let bulkhead = Bulkhead::new(5)?;
+/// assert_eq!(bulkhead.limits(), BulkheadLimits { revision: 0, max_concurrent: 5, max_queue: 50 });
+/// # Ok::<(), async_bulkhead_llm::BulkheadConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BulkheadLimits {
+    /// Version of these limits; each applied set must be strictly greater (up to
+    /// [`MAX_REVISION`](crate::MAX_REVISION)).
+    pub revision: u64,
+    /// Calls in flight at most: `1..=MAX_CONCURRENT`.
+    pub max_concurrent: u32,
+    /// Calls waiting for a slot at most; 0 means never wait.
+    pub max_queue: u32,
+}
+
+impl BulkheadLimits {
+    fn of(limits: &Limits) -> BulkheadLimits {
+        BulkheadLimits {
+            revision: limits.revision,
+            max_concurrent: limits.max_concurrent,
+            max_queue: limits.max_queue,
+        }
+    }
+}
+
+impl Bulkhead {
+    /// The limits in force.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::builder(4)?.max_queue(8).build();
+    /// assert_eq!((bulkhead.limits().max_concurrent, bulkhead.limits().max_queue), (4, 8));
+    /// # Ok::<(), async_bulkhead_llm::BulkheadConfigError>(())
+    /// ```
+    pub fn limits(&self) -> BulkheadLimits {
+        BulkheadLimits::of(&self.core.engine().limits())
+    }
+
+    /// Installs `next` atomically if its revision is greater than the current one; returns
+    /// whether it did (`false`: a stale revision, nothing changed, the rest not examined).
+    ///
+    /// Every admission is decided entirely under the old limits or entirely under the new.
+    /// Calls in flight keep their slots: lowering `max_concurrent` below them refuses
+    /// newcomers until enough have released. Raising it hands the new slots to queued calls
+    /// at once, oldest first; lowering `max_queue` below the calls already queued lets them
+    /// wait on.
+    ///
+    /// # Errors
+    ///
+    /// [`BulkheadConfigError::ZeroMaxConcurrent`], `MaxConcurrentTooLarge` or
+    /// `RevisionTooLarge`; nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Bulkhead, BulkheadConfigError, BulkheadLimits};
+    ///
+    /// let bulkhead = Bulkhead::new(5)?;
+    /// let next = BulkheadLimits { revision: 1, max_concurrent: 10, max_queue: 20 };
+    /// assert!(bulkhead.apply_limits(next)?);
+    /// assert!(!bulkhead.apply_limits(BulkheadLimits { revision: 1, ..next })?); // stale
+    /// let zero = BulkheadLimits { revision: 2, max_concurrent: 0, max_queue: 20 };
+    /// assert_eq!(bulkhead.apply_limits(zero), Err(BulkheadConfigError::ZeroMaxConcurrent));
+    /// assert_eq!(bulkhead.limits(), next);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply_limits(&self, next: BulkheadLimits) -> Result<bool, BulkheadConfigError> {
+        check_max_concurrent(next.max_concurrent)?;
+        if next.revision > MAX_REVISION {
+            return Err(BulkheadConfigError::RevisionTooLarge {
+                value: next.revision,
+                max: MAX_REVISION,
+            });
+        }
+        let limits = Limits::new(next.revision, next.max_concurrent).with_max_queue(next.max_queue);
+        match self.core.engine().apply_limits(limits) {
+            Ok(outcome) => Ok(outcome.is_applied()),
+            Err(error) => Err(config_error(error)),
+        }
+    }
+
+    /// Sets `max_concurrent` at the next revision; returns the limits installed.
+    ///
+    /// # Errors
+    ///
+    /// [`BulkheadConfigError::ZeroMaxConcurrent`] or `MaxConcurrentTooLarge`, and
+    /// `RevisionTooLarge` once the revision cannot advance; nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Bulkhead, BulkheadConfigError};
+    ///
+    /// let bulkhead = Bulkhead::new(5)?;
+    /// assert_eq!(bulkhead.set_max_concurrent(8)?.max_concurrent, 8);
+    /// assert_eq!(bulkhead.set_max_concurrent(0), Err(BulkheadConfigError::ZeroMaxConcurrent));
+    /// assert_eq!(bulkhead.limits().revision, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_max_concurrent(
+        &self,
+        max_concurrent: u32,
+    ) -> Result<BulkheadLimits, BulkheadConfigError> {
+        check_max_concurrent(max_concurrent)?;
+        self.update(|limits| limits.max_concurrent = max_concurrent)
+    }
+
+    /// Sets `max_queue` at the next revision; returns the limits installed.
+    ///
+    /// # Errors
+    ///
+    /// `RevisionTooLarge` once the revision cannot advance; nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(5)?;
+    /// assert_eq!(bulkhead.set_max_queue(0)?.max_queue, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_max_queue(&self, max_queue: u32) -> Result<BulkheadLimits, BulkheadConfigError> {
+        self.update(|limits| limits.max_queue = max_queue)
+    }
+
+    /// Applies `change` to the limits in force at the next revision, again if another writer
+    /// got in between.
+    fn update(
+        &self,
+        change: impl Fn(&mut BulkheadLimits),
+    ) -> Result<BulkheadLimits, BulkheadConfigError> {
+        loop {
+            let mut next = self.limits();
+            next.revision += 1;
+            change(&mut next);
+            if self.apply_limits(next)? {
+                return Ok(next);
+            }
+        }
+    }
+}
+
+/// The engine's refusal of limits already checked here: only the revision can be left.
+fn config_error(error: LimitsError) -> BulkheadConfigError {
+    match error {
+        LimitsError::MaxConcurrentTooLarge { value, max } => {
+            BulkheadConfigError::MaxConcurrentTooLarge { value, max }
+        }
+        LimitsError::RevisionTooLarge { value, max } => {
+            BulkheadConfigError::RevisionTooLarge { value, max }
+        }
+        other => unreachable!("limits without budget or classes refused: {other}"),
+    }
+}

@@ -1,0 +1,190 @@
+//! The general bulkhead's permits: the RAII proof of a slot. Dropping one (or calling
+//! `release`) returns the slot exactly once, and hands it to the oldest queued call if any.
+
+use core::fmt;
+
+use crate::admission_id::AdmissionId;
+use crate::engine::Grant;
+use crate::sync::Arc;
+
+use super::Bulkhead;
+use super::core::BulkheadCore;
+
+/// One slot of a [`Bulkhead`], borrowed from it, held until the permit is dropped or
+/// [`release`](BulkheadPermit::release)d. [`OwnedBulkheadPermit`] is the `'static` kind.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::Bulkhead;
+///
+/// let bulkhead = Bulkhead::new(1)?;
+/// let permit = bulkhead.try_acquire()?;
+/// assert_eq!(bulkhead.state().active, 1);
+/// drop(permit); // the slot goes back (to the oldest queued call, if one waits)
+/// assert_eq!(bulkhead.state().active, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "the slot is released as soon as the permit is dropped"]
+pub struct BulkheadPermit<'a> {
+    core: &'a BulkheadCore,
+    grant: Grant,
+}
+
+impl<'a> BulkheadPermit<'a> {
+    #[inline]
+    pub(super) fn new(core: &'a BulkheadCore, grant: Grant) -> BulkheadPermit<'a> {
+        BulkheadPermit { core, grant }
+    }
+
+    /// Returns the slot now (the same as dropping the permit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// bulkhead.try_acquire()?.release();
+    /// assert!(bulkhead.try_acquire().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn release(self) {}
+
+    /// The admission's id: unique within the process, in admission order per thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// let (a, b) = (bulkhead.try_acquire()?, bulkhead.try_acquire()?);
+    /// assert_ne!(a.id(), b.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn id(&self) -> AdmissionId {
+        self.grant.id()
+    }
+
+    /// Revision of the limits that admitted the call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// assert_eq!(bulkhead.try_acquire()?.limit_revision(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit_revision(&self) -> u64 {
+        self.grant.revision()
+    }
+}
+
+impl Drop for BulkheadPermit<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.core.release(&self.grant);
+    }
+}
+
+impl fmt::Debug for BulkheadPermit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadPermit")
+            .field("id", &self.grant.id())
+            .field("limit_revision", &self.grant.revision())
+            .finish()
+    }
+}
+
+/// One slot of a [`Bulkhead`], keeping the bulkhead alive: `'static`, `Send`, for spawned
+/// tasks and response bodies. Released when dropped.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::Bulkhead;
+///
+/// let bulkhead = Bulkhead::new(1)?;
+/// let permit = bulkhead.try_acquire_owned()?;
+/// std::thread::spawn(move || drop(permit)).join().unwrap();
+/// assert_eq!(bulkhead.state().active, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "the slot is released as soon as the permit is dropped"]
+pub struct OwnedBulkheadPermit {
+    core: Arc<BulkheadCore>,
+    grant: Grant,
+}
+
+impl OwnedBulkheadPermit {
+    #[inline]
+    pub(super) fn new(core: Arc<BulkheadCore>, grant: Grant) -> OwnedBulkheadPermit {
+        OwnedBulkheadPermit { core, grant }
+    }
+
+    /// Returns the slot now (the same as dropping the permit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// bulkhead.try_acquire_owned()?.release();
+    /// assert_eq!(bulkhead.state().active, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn release(self) {}
+
+    /// The admission's id (see [`BulkheadPermit::id`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// let (a, b) = (bulkhead.try_acquire_owned()?, bulkhead.try_acquire_owned()?);
+    /// assert_ne!(a.id(), b.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn id(&self) -> AdmissionId {
+        self.grant.id()
+    }
+
+    /// Revision of the limits that admitted the call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// assert_eq!(bulkhead.try_acquire_owned()?.limit_revision(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit_revision(&self) -> u64 {
+        self.grant.revision()
+    }
+
+    /// The bulkhead the permit belongs to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// let permit = bulkhead.try_acquire_owned()?;
+    /// assert_eq!(permit.bulkhead().state().active, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bulkhead(&self) -> Bulkhead {
+        Bulkhead::from_core(Arc::clone(&self.core))
+    }
+}
+
+impl Drop for OwnedBulkheadPermit {
+    #[inline]
+    fn drop(&mut self) {
+        self.core.release(&self.grant);
+    }
+}
+
+impl fmt::Debug for OwnedBulkheadPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedBulkheadPermit")
+            .field("id", &self.grant.id())
+            .field("limit_revision", &self.grant.revision())
+            .finish()
+    }
+}
