@@ -58,6 +58,12 @@ def run_benches():
     run(["cargo", "bench", "--features", "tower", "--bench", "tower", "--"] + QUICK,
         stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
+    # The general Bulkhead: its single-thread group quick, its hand-off group with the
+    # sampling set in code (like `waiting`).
+    run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_uncontended"] + QUICK,
+        stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_waiting", "--noplot"],
+        stdout=subprocess.DEVNULL)
 
 
 def medians():
@@ -218,6 +224,28 @@ def main():
         target("observe_admitted_vs_run", observed / plain, 1.2, True,
                f"run with observe(ShadowReasons::ALL) {observed:.1f} ns vs without "
                f"{plain:.1f} ns")
+    g = "bulkhead_uncontended/"
+    if have(g + "bulkhead_try_acquire", g + "tokio_semaphore_try_acquire",
+            g + "bulkhead_acquire_await", g + "tokio_semaphore_acquire_await"):
+        ours, theirs = m[g + "bulkhead_try_acquire"], m[g + "tokio_semaphore_try_acquire"]
+        target("bulkhead_try_acquire_vs_tokio_semaphore", ours / theirs, 1.0, True,
+               f"Bulkhead::try_acquire + release {ours:.1f} ns vs tokio's {theirs:.1f} ns")
+        awaited, theirs = m[g + "bulkhead_acquire_await"], m[g + "tokio_semaphore_acquire_await"]
+        print(f"INFO bulkhead_acquire_await_vs_tokio ratio={awaited / theirs:.2f}  "
+              f"(acquire().await + release, a slot free: {awaited:.1f} vs {theirs:.1f} ns)")
+    h = "bulkhead_waiting_64_tasks_4_slots/"
+    if have(h + "bulkhead/wait_indefinitely", h + "bulkhead/defaults",
+            h + "tokio_semaphore/acquire"):
+        # Like for like: tokio's `acquire().await` has no timeout, so neither does the
+        # judged case; the defaults (a 10 s queue timeout, a timer armed per queued wait) are
+        # shown beside it.
+        ours, theirs = m[h + "bulkhead/wait_indefinitely"], m[h + "tokio_semaphore/acquire"]
+        target("bulkhead_handoff_throughput_vs_tokio_acquire", theirs / ours, 1.0, False,
+               f"queued hand-off, no timeout: {ours:.0f} vs {theirs:.0f} ns per operation")
+        timed = m[h + "bulkhead/defaults"]
+        print(f"INFO bulkhead_handoff_with_queue_timeout_vs_tokio_acquire "
+              f"ratio={theirs / timed:.2f}  (defaults, 10 s queue timeout: {timed:.0f} vs "
+              f"{theirs:.0f} ns per operation)")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
                "tests/alloc.rs: admission, report, release, drop and refusal, classes included")

@@ -137,3 +137,45 @@ fn a_newcomer_arriving_during_a_hand_off_queues_behind_the_head() {
         assert_idle(&bulkhead);
     });
 }
+
+/// A newcomer queues behind a waiter (the `WAITERS` flag already set: it writes nothing to
+/// the admission word, and confirms the limits it decided under by the epoch alone) while
+/// `apply_limits` raises `max_concurrent` to make room for both: neither is left in the queue
+/// with a free slot, whichever of the newcomer's decision and the new limits comes first.
+#[test]
+fn a_newcomer_queueing_behind_a_waiter_while_limits_rise_is_never_stranded() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1).max_queue(2).build().unwrap();
+        let held = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+            .unwrap();
+        let head = queued(&bulkhead, AcquireOptions::new());
+
+        let newcomer = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let mut future = bulkhead.acquire_owned(&LlmRequest::new(), AcquireOptions::new());
+                let (first, flag) = first_poll(&mut future);
+                (future, first, flag)
+            })
+        };
+        let raiser = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let mut next = bulkhead.limits();
+                next.revision += 1;
+                next.max_concurrent = 3;
+                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+            })
+        };
+        let (future, first, flag) = newcomer.join().unwrap();
+        raiser.join().unwrap();
+
+        let head = settle(head.future, std::task::Poll::Pending, &head.flag).expect("the head");
+        let newcomer = settle(future, first, &flag).expect("the newcomer, admitted");
+        let stats = bulkhead.stats();
+        assert_eq!((stats.in_flight, stats.pending), (3, 0));
+        drop((held, head, newcomer));
+        assert_idle(&bulkhead);
+    });
+}

@@ -386,8 +386,8 @@ struct Waiting {
     waiter: Arc<Waiter>,
     /// The end of the wait (queue timeout or deadline), if any.
     sleep: Option<Sleep>,
-    /// When the call joined the queue.
-    queued_at: Instant,
+    /// When the call joined the queue (read only if its wait can end in a timeout).
+    queued_at: Option<Instant>,
 }
 
 /// The state machine shared by both futures and the blocking acquires.
@@ -428,6 +428,16 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
     /// timeout or the deadline, whichever comes first (a past deadline ends it at once).
     #[cold]
     fn wait(&mut self, waiter: Arc<Waiter>, deadline: Option<Instant>) {
+        if self.core.queue_timeout().is_none() && deadline.is_none() {
+            // No end to the wait: no clock to read (a clock read costs as much as the rest of
+            // joining the queue on some virtual machines).
+            self.step = Step::Waiting(Waiting {
+                waiter,
+                sleep: None,
+                queued_at: None,
+            });
+            return;
+        }
         let queued_at = Instant::now();
         let budget = deadline.map(|d| d.saturating_duration_since(queued_at));
         let timeout = match (self.core.queue_timeout(), budget) {
@@ -439,7 +449,7 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
         self.step = Step::Waiting(Waiting {
             waiter,
             sleep,
-            queued_at,
+            queued_at: Some(queued_at),
         });
     }
 
@@ -466,9 +476,12 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
     fn finish(
         &self,
         decided: Result<Grant, Rejection>,
-        queued_at: Instant,
+        queued_at: Option<Instant>,
     ) -> Result<Grant, BulkheadError> {
-        decided.map_err(|rejection| self.core.refused(&rejection, queued_at.elapsed()))
+        decided.map_err(|rejection| {
+            let waited = queued_at.map_or(Duration::ZERO, |at| at.elapsed());
+            self.core.refused(&rejection, waited)
+        })
     }
 
     /// Polls the acquire: the first poll decides (admitted, refused or queued); later polls

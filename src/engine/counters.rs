@@ -79,6 +79,8 @@ impl ClassCounter {
 
 /// Where the refusal counters start among the global counters.
 const REJECTED_AT: usize = 8;
+const HANDED_OUT_AT: usize = 6;
+const HANDED_BACK_AT: usize = 7;
 
 impl Counter {
     /// The class counter booked beside this ledger counter for an admission of a class.
@@ -105,8 +107,8 @@ impl Counter {
             Counter::Refunded => 3,
             Counter::Overrun => 4,
             Counter::Reheld => 5,
-            Counter::HandedOut => 6,
-            Counter::HandedBack => 7,
+            Counter::HandedOut => HANDED_OUT_AT,
+            Counter::HandedBack => HANDED_BACK_AT,
             Counter::Rejected(reason) => REJECTED_AT + reason as usize,
             Counter::Abandoned(cause) => 8 + RejectReason::ALL.len() + cause as usize,
             Counter::Class(class, counter) => {
@@ -171,6 +173,28 @@ impl Shard {
             self.bump(Counter::Reserved, reserved);
         }
         IdParts::new(self.0.tag, seq)
+    }
+
+    /// Counts a slot the queue handed to a waiter (indexed directly: no [`Counter`] value
+    /// read back through memory on the hand-off path).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_handed_out(&self) {
+        self.bump_at(HANDED_OUT_AT, 1);
+    }
+
+    /// Counts a hand-off its waiter consumed (see [`bump_handed_out`](Shard::bump_handed_out)).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_handed_back(&self) {
+        self.bump_at(HANDED_BACK_AT, 1);
+    }
+
+    #[cfg_attr(not(loom), inline(always))]
+    fn bump_at(&self, index: usize, by: u64) {
+        let cell = &self.0.global[index];
+        cell.store(
+            cell.load(Ordering::Relaxed).saturating_add(by),
+            Ordering::Release,
+        );
     }
 
     /// Counts one refusal for `reason` (the refusal path: indexed directly, no [`Counter`]

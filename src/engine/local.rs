@@ -105,6 +105,24 @@ impl Sink<'_> {
         }
     }
 
+    /// Counts a slot the queue handed to a waiter.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_handed_out(&self) {
+        match self {
+            Sink::Own(shard) => shard.bump_handed_out(),
+            Sink::Fallback(hub) => hub.fallback().bump_handed_out(),
+        }
+    }
+
+    /// Counts a hand-off its waiter consumed.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_handed_back(&self) {
+        match self {
+            Sink::Own(shard) => shard.bump_handed_back(),
+            Sink::Fallback(hub) => hub.fallback().bump_handed_back(),
+        }
+    }
+
     /// Counts an admission of `reserved` tokens and mints its id.
     #[inline]
     pub(crate) fn admit(&self, reserved: u64) -> IdParts {

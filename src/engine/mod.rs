@@ -482,6 +482,17 @@ impl Engine {
                         }
                         continue 'start;
                     }
+                    // Nothing to write (a newcomer queueing behind waiters: the flag is
+                    // already set, and only the queue, whose lock the caller holds, changes
+                    // it): validated like a refusal, without a CAS on the hot word. The word
+                    // it decided on had no slot for a newcomer, and a release since then saw
+                    // the flag and serves the queue once the caller lets go of its lock.
+                    Ok((next, out)) if next == current => {
+                        if self.published.epoch() <= epoch {
+                            return Ok(out);
+                        }
+                        continue 'start;
+                    }
                     Ok((next, out)) => match self.state.compare_exchange(current, next) {
                         Ok(()) => {
                             let after = self.published.epoch();

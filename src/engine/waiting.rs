@@ -9,6 +9,7 @@
 use super::classes::{ClassCounts, Returned};
 use super::counters::Counter;
 use super::limits::Bounds;
+use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
@@ -108,8 +109,9 @@ impl Engine {
         let (step, view) = self.decide_queued(ask, |s, bounds, class| {
             match policy::admit_any(s, bounds, class, ask, Turn::Newcomer) {
                 Ok((next, borrowed)) => Ok((next, Step::Admitted(bounds.revision, borrowed), true)),
-                // Setting the flag is a CAS even when it is already set: it confirms that the
-                // limits which allowed queueing are still the ones in force.
+                // Setting the flag is a CAS that also confirms the limits which allowed
+                // queueing are still the ones in force; when the flag is already set there is
+                // nothing to write, and `decide` confirms the limits as it does a refusal's.
                 Err(Refusal::NoSlot) => match policy::queue_or_refuse(bounds, pending) {
                     Ok(()) => Ok((s.with_waiters(true), Step::Queue, false)),
                     Err(reason) => Err(Step::Refused(reason, Some(Constraint::Global), s, *bounds)),
@@ -209,7 +211,7 @@ impl Engine {
                     } => {
                         let head = list.pop_front().expect("the head");
                         // Counted in this thread's shard: no shared counter under the lock.
-                        self.count(Counter::HandedOut, 1);
+                        local::with(&self.counters, |sink| sink.bump_handed_out());
                         head.grant(revision, borrowed);
                         if !more {
                             // The next head would find no slot: skip deciding it. Whatever
@@ -310,11 +312,25 @@ impl Engine {
     pub(crate) fn pick_up(&self, waiter: &Waiter) -> Option<Result<Grant, Rejection>> {
         Some(match waiter.take_decided()? {
             Decided::Granted { revision, borrowed } => {
-                self.count(Counter::HandedBack, 1);
-                Ok(self.grant(waiter.ask(), revision, borrowed))
+                Ok(self.grant_handed(waiter.ask(), revision, borrowed))
             }
             Decided::Refused(rejection) => Err(rejection),
         })
+    }
+
+    /// [`grant`](Engine::grant) for a hand-off its waiter picked up, counted as consumed in
+    /// the same visit to this thread's shard.
+    #[inline]
+    fn grant_handed(&self, ask: Ask, revision: u64, borrowed: Resources) -> Grant {
+        if ask.class.is_some() {
+            self.count(Counter::HandedBack, 1);
+            return self.grant(ask, revision, borrowed);
+        }
+        let id = local::with(&self.counters, |sink| {
+            sink.bump_handed_back();
+            sink.admit(ask.reserved)
+        });
+        Grant::new(id, revision, ask.priority, ask.reserved, None, borrowed)
     }
 
     /// The waiter gave up because its timeout passed: it leaves the queue refused `timeout`,
