@@ -58,7 +58,8 @@ impl Bulkhead {
     }
 
     /// Installs `next` atomically if its revision is greater than the current one; returns
-    /// whether it did (`false`: a stale revision, nothing changed, the rest not examined).
+    /// whether it did (`false`: a stale revision, nothing changed). Its values are checked
+    /// first: a `max_concurrent` of 0 is an error even with a stale revision.
     ///
     /// Every admission is decided entirely under the old limits or entirely under the new.
     /// Calls in flight keep their slots: lowering `max_concurrent` below them refuses
