@@ -287,6 +287,8 @@ pub use http::HttpRefusal;
 pub use integrations::tower::{
     BoxError, DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService, provider_usage,
 };
+#[cfg(feature = "tower")]
+pub use integrations::tower_bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
 pub use llm::admission::Admission;
 pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
@@ -364,4 +366,10 @@ fn _assert_send_sync() {
     both::<TenantsBuilder<String>>();
     both::<TenantsError>();
     both::<TenantsConfigError>();
+    #[cfg(feature = "tower")]
+    {
+        both::<BulkheadLayer>();
+        both::<BulkheadService<()>>();
+        both::<BulkheadBody<http_body_util::Full<bytes::Bytes>>>();
+    }
 }

@@ -19,13 +19,38 @@
 //! assert_eq!(response.headers()["content-type"], "application/json");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! The general bulkhead's [`BulkheadError`] answers 503 Service Unavailable with the JSON body
+//! `{"error":{"type":"<as_str>","message":"<Display>","active":N,"queued":M}}` (the same
+//! answer as the tower [`BulkheadLayer`](crate::BulkheadLayer)'s, without its opt-in
+//! `Retry-After`):
+//!
+//! ```
+//! use async_bulkhead_llm::{Bulkhead, BulkheadError};
+//! use axum::response::IntoResponse;
+//!
+//! fn handle(bulkhead: &Bulkhead) -> Result<&'static str, BulkheadError> {
+//!     let _permit = bulkhead.try_acquire()?;
+//!     Ok("called the dependency")
+//! }
+//!
+//! let bulkhead = Bulkhead::new(1)?;
+//! bulkhead.close();
+//! let response = handle(&bulkhead).into_response();
+//! assert_eq!(response.status(), 503);
+//! assert_eq!(response.headers()["content-type"], "application/json");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use ::axum::http::{HeaderValue, StatusCode, header};
 use ::axum::response::{IntoResponse, Response};
 
+use crate::bulkhead::error::BulkheadError;
 use crate::error::{AcquireError, RequestError};
 use crate::http::HttpRefusal;
 use crate::rejection::Rejection;
+
+use super::bulkhead_http;
 
 impl IntoResponse for HttpRefusal {
     fn into_response(self) -> Response {
@@ -51,5 +76,17 @@ impl IntoResponse for AcquireError {
 impl IntoResponse for RequestError {
     fn into_response(self) -> Response {
         HttpRefusal::from(self).into_response()
+    }
+}
+
+impl IntoResponse for BulkheadError {
+    /// 503 Service Unavailable, `content-type: application/json`, and the JSON body naming the
+    /// refusal (`type`, `message`) and the occupancy it saw (`active`, `queued`).
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(bulkhead_http::STATUS).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let content_type = HeaderValue::from_static(bulkhead_http::CONTENT_TYPE);
+        let body = bulkhead_http::body(&self);
+        (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
     }
 }

@@ -17,8 +17,7 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -34,6 +33,8 @@ use crate::llm::permit::OwnedPermit;
 use crate::llm::request::LlmRequest;
 use crate::llm::tenants::{Tenants, TenantsError};
 use crate::reservation::TokenUsage;
+
+use super::hold_times::HoldTimes;
 
 /// The error type of the layer's bodies and of inner services it accepts (tower's).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -404,32 +405,6 @@ fn refusal<R>(error: &AcquireError, holds: Option<&HoldTimes>) -> Response<LlmBo
             .insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
-}
-
-/// The recent hold time of the calls the layer released: an exponentially weighted average
-/// (weight 1/8 for each new call), in microseconds, 0 until the first release.
-#[derive(Default)]
-struct HoldTimes {
-    average_micros: AtomicU64,
-}
-
-impl HoldTimes {
-    fn record(&self, held: Duration) {
-        let micros = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
-        // Relaxed: a hint; a lost update only skips one sample.
-        let old = self.average_micros.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            micros
-        } else {
-            old - old / 8 + micros / 8
-        };
-        self.average_micros.store(new, Ordering::Relaxed);
-    }
-
-    fn hint_seconds(&self) -> Option<u64> {
-        let micros = self.average_micros.load(Ordering::Relaxed);
-        (micros > 0).then(|| micros.div_ceil(1_000_000).max(1))
-    }
 }
 
 /// An answer of the layer's own (not a bulkhead's refusal), in [`HttpRefusal`]'s shape.

@@ -23,6 +23,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 
+mod bulkhead;
+
 /// The chunks the mock provider will stream for the next call, fed by the test.
 type Feed = Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>;
 
