@@ -60,6 +60,12 @@ impl AtomicWaker {
     pub(crate) fn wake(&self) {
         self.inner.wake();
     }
+
+    /// Takes the registered waker out, if any, without waking it.
+    #[cfg(not(loom))]
+    pub(crate) fn take(&self) -> Option<core::task::Waker> {
+        self.inner.take()
+    }
 }
 
 /// Atomic integers and orderings.

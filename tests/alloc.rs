@@ -419,3 +419,76 @@ fn class_paths_allocate_nothing() {
     assert_idle(&bulkhead);
     assert_eq!(bulkhead.stats().abandoned_in_flight, 0);
 }
+
+// ===== the waiting path =====
+
+/// Polls `future` once with a waker that does nothing.
+fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(future).poll(&mut cx)
+}
+
+/// Queueing, being handed a slot, and being cancelled (queued, or after the hand-off) allocate
+/// nothing once the thread is warm: the waiter comes from this thread's pool. (A wait with a
+/// timeout also registers with the timer, which allocates: not claimed here.)
+#[test]
+fn the_general_bulkheads_waiting_path_allocates_nothing_once_warm() {
+    let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
+        .unwrap()
+        .max_queue(4)
+        .wait_indefinitely()
+        .build();
+    assert_allocation_free("bulkhead: queue, hand-off, cancel", || {
+        let held = bulkhead.try_acquire().unwrap();
+        let mut waiting = bulkhead.acquire();
+        assert!(poll_once(&mut waiting).is_pending());
+        let mut cancelled = bulkhead.acquire();
+        assert!(poll_once(&mut cancelled).is_pending());
+        drop(held); // hands the slot to `waiting`
+        drop(cancelled); // leaves the queue
+        let permit = match poll_once(&mut waiting) {
+            std::task::Poll::Ready(permit) => permit.unwrap(),
+            std::task::Poll::Pending => panic!("the head was not handed the slot"),
+        };
+        let mut handed = bulkhead.acquire();
+        assert!(poll_once(&mut handed).is_pending());
+        drop(permit); // hands the slot to `handed`...
+        drop(handed); // ...which gives it back unused
+        black_box(&bulkhead);
+    });
+    assert_eq!(bulkhead.state(), Default::default());
+    assert_eq!(
+        bulkhead.stats().cancelled,
+        (WARM_UP + ITERATIONS) as u64 * 2
+    );
+}
+
+/// The same for the LLM bulkhead, with a token budget.
+#[test]
+fn the_llm_bulkheads_waiting_path_allocates_nothing_once_warm() {
+    let bulkhead = LlmBulkhead::builder("m", 1)
+        .max_queue(4)
+        .token_budget(TokenBudget::new(10_000))
+        .build()
+        .unwrap();
+    let request = LlmRequest::new();
+    let opts = reservation(10, 20);
+    assert_allocation_free("llm: queue, hand-off, cancel", || {
+        let held = bulkhead.try_acquire(&request, opts).unwrap();
+        let mut waiting = bulkhead.acquire(&request, opts);
+        assert!(poll_once(&mut waiting).is_pending());
+        let mut cancelled = bulkhead.acquire(&request, opts);
+        assert!(poll_once(&mut cancelled).is_pending());
+        drop(held);
+        drop(cancelled);
+        let permit = match poll_once(&mut waiting) {
+            std::task::Poll::Ready(permit) => permit.unwrap(),
+            std::task::Poll::Pending => panic!("the head was not handed the slot"),
+        };
+        let mut handed = bulkhead.acquire(&request, opts);
+        assert!(poll_once(&mut handed).is_pending());
+        drop(permit);
+        drop(handed);
+    });
+    assert_idle(&bulkhead);
+}

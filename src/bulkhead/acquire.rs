@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use event_listener::Listener;
 
 use crate::engine::timer::Sleep;
-use crate::engine::{Decision, Grant, Wait, Waiter};
+use crate::engine::{Decision, Grant, Wait, WaiterHandle};
 use crate::rejection::Rejection;
 use crate::sync::Arc;
 
@@ -383,7 +383,7 @@ enum Step {
 }
 
 struct Waiting {
-    waiter: Arc<Waiter>,
+    waiter: WaiterHandle,
     /// The end of the wait (queue timeout or deadline), if any.
     sleep: Option<Sleep>,
     /// When the call joined the queue (read only if its wait can end in a timeout).
@@ -407,12 +407,12 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
 
     /// Leaves `Start`: finished, or now `Waiting` (as a parked thread if `blocking`).
     #[inline]
-    fn start(&mut self, blocking: bool) -> Option<Result<Grant, BulkheadError>> {
+    fn start(&mut self, wait: Wait<'_>) -> Option<Result<Grant, BulkheadError>> {
         let Step::Start { deadline } = self.step else {
             return None;
         };
         self.step = Step::Done;
-        match self.core.engine().admit(ASK, Wait::Queue { blocking }) {
+        match self.core.engine().admit(ASK, wait) {
             Decision::Admitted(grant) => Some(Ok(grant)),
             Decision::Refused(rejection) => {
                 Some(Err(self.core.refused(&rejection, Duration::ZERO)))
@@ -427,7 +427,7 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
     /// Enters `Waiting` for a call that just joined the queue: its wait ends at the queue
     /// timeout or the deadline, whichever comes first (a past deadline ends it at once).
     #[cold]
-    fn wait(&mut self, waiter: Arc<Waiter>, deadline: Option<Instant>) {
+    fn wait(&mut self, waiter: WaiterHandle, deadline: Option<Instant>) {
         if self.core.queue_timeout().is_none() && deadline.is_none() {
             // No end to the wait: no clock to read (a clock read costs as much as the rest of
             // joining the queue on some virtual machines).
@@ -488,8 +488,13 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
     /// pick up the waiter's fate or time it out.
     #[inline]
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
-        if let Some(done) = self.start(false) {
-            return Poll::Ready(done);
+        if matches!(self.step, Step::Start { .. }) {
+            return match self.start(Wait::Async(cx.waker())) {
+                Some(done) => Poll::Ready(done),
+                // Just queued, this task's waker registered before the waiter was: whatever
+                // decides its fate from now on wakes it.
+                None => self.poll_sleep(cx),
+            };
         }
         self.poll_waiting(cx)
     }
@@ -508,8 +513,14 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
         if let Some(done) = self.pick_up() {
             return Poll::Ready(done);
         }
+        self.poll_sleep(cx)
+    }
+
+    /// The wait's end: times the acquire out once it has passed, else makes sure the task is
+    /// woken then.
+    fn poll_sleep(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
         let Step::Waiting(waiting) = &mut self.step else {
-            unreachable!()
+            unreachable!("only a waiting acquire sleeps")
         };
         if let Some(sleep) = &mut waiting.sleep
             && sleep.poll_elapsed(cx).is_ready()
@@ -521,7 +532,7 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
 
     /// The blocking equivalent of polling to completion.
     fn block(mut self) -> Result<Grant, BulkheadError> {
-        if let Some(done) = self.start(true) {
+        if let Some(done) = self.start(Wait::Blocking) {
             return done;
         }
         loop {

@@ -37,6 +37,7 @@ mod grant;
 pub(crate) mod limits;
 mod local;
 pub(crate) mod policy;
+mod pool;
 mod queue;
 mod reconfigure;
 mod state;
@@ -61,17 +62,21 @@ pub(crate) use grant::Grant;
 use limits::{Bounds, Limits, PublishedLimits};
 pub(crate) use policy::Ask;
 use policy::{ClassView, Refusal, Turn, Verdict};
-pub(crate) use queue::Waiter;
+pub(crate) use pool::WaiterHandle;
 use queue::{Arrival, WaitQueue};
 use reconfigure::normalized;
 use state::{AtomicState, EPOCH_BITS, State};
 
 /// How a call that finds no free slot waits for one (a call that may not wait goes through
 /// [`Engine::try_admit`] instead).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// In the queue, woken through its waker, or as a parked thread if `blocking`.
-    Queue { blocking: bool },
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wait<'w> {
+    /// In the queue, woken through this waker (the polling task's): it is registered in the
+    /// waiter before the waiter is queued, so every hand-off after the arrival wakes it and
+    /// the arriving poll may return `Pending` without registering and checking again.
+    Async(&'w core::task::Waker),
+    /// In the queue, as a parked thread.
+    Blocking,
 }
 
 /// What [`Engine::admit`] decided.
@@ -82,7 +87,7 @@ pub(crate) enum Decision {
     /// Refused now (counted).
     Refused(Rejection),
     /// Waiting in the queue: its outcome comes through the waiter.
-    Queued(crate::sync::Arc<Waiter>),
+    Queued(WaiterHandle),
 }
 
 /// The engine shared by every clone of a bulkhead and every permit.
@@ -152,14 +157,14 @@ impl Engine {
     /// caller dispatches, so that this path stays exactly what it was before classes (a
     /// branch here costs the path without classes its in-place construction of the result).
     #[inline]
-    pub(crate) fn admit(&self, ask: Ask, wait: Wait) -> Decision {
+    pub(crate) fn admit(&self, ask: Ask, wait: Wait<'_>) -> Decision {
         debug_assert!(ask.class.is_none(), "a class call goes through admit_class");
         match self.admit_now(ask) {
             Ok(revision) => Decision::Admitted(self.grant(ask, revision, Resources::NONE)),
             Err((Refusal::NoSlot, state, bounds)) => {
                 // The limits alone can refuse without the queue lock; the queue length cannot.
                 match (wait, policy::queue_or_refuse(&bounds, 0)) {
-                    (Wait::Queue { blocking }, Ok(())) => self.arrive_or_refuse(ask, blocking),
+                    (wait, Ok(())) => self.arrive_or_refuse(ask, wait),
                     (_, may_queue) => {
                         let reason = may_queue.err().unwrap_or(RejectReason::ConcurrencyLimit);
                         Decision::Refused(self.reject_global(reason, state, &bounds, ask))
@@ -238,12 +243,12 @@ impl Engine {
     }
 
     /// [`admit`](Engine::admit) for a call of an admission class (see `classes`).
-    pub(crate) fn admit_class(&self, ask: Ask, wait: Wait) -> Decision {
+    pub(crate) fn admit_class(&self, ask: Ask, wait: Wait<'_>) -> Decision {
         match self.admit_class_now(ask) {
             Ok((revision, borrowed)) => Decision::Admitted(self.grant(ask, revision, borrowed)),
             Err((Refusal::NoSlot, state, bounds, view)) => {
                 match (wait, policy::queue_or_refuse(&bounds, 0)) {
-                    (Wait::Queue { blocking }, Ok(())) => self.arrive_or_refuse(ask, blocking),
+                    (wait, Ok(())) => self.arrive_or_refuse(ask, wait),
                     (_, may_queue) => {
                         let reason = may_queue.err().unwrap_or(RejectReason::ConcurrencyLimit);
                         let seen = Seen::class(state, bounds, view);
@@ -259,8 +264,8 @@ impl Engine {
     }
 
     /// A call that found no free slot and may queue: decided again under the queue lock.
-    fn arrive_or_refuse(&self, ask: Ask, blocking: bool) -> Decision {
-        match self.arrive(ask, blocking) {
+    fn arrive_or_refuse(&self, ask: Ask, wait: Wait<'_>) -> Decision {
+        match self.arrive(ask, wait) {
             Arrival::Admitted { revision, borrowed } => {
                 Decision::Admitted(self.grant(ask, revision, borrowed))
             }
@@ -618,6 +623,15 @@ impl Engine {
     /// Returns one slot and `held` tokens (see [`release`](Engine::release)).
     #[inline]
     fn release_capacity(&self, held: u64) {
+        // Calls wait (on an engine without a token budget or classes): the slot goes straight
+        // to the queue head, without a write of the word, if it can (see `pass_slot`).
+        if !self.has_budget
+            && self.classes.is_none()
+            && self.state.load().has_waiters()
+            && self.pass_slot()
+        {
+            return;
+        }
         let before = self.state.release(held);
         if before.needs_attention_on_release() {
             self.after_release(before);

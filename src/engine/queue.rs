@@ -34,8 +34,10 @@
 
 use event_listener::{Event, EventListener};
 
+use super::Wait;
 use super::fifo::{Fifo, Key};
 use super::policy::Ask;
+use super::pool::WaiterHandle;
 use super::state::State;
 use crate::admission_class::Resources;
 use crate::rejection::Rejection;
@@ -133,8 +135,10 @@ pub(crate) struct Waiter {
     /// What the hand-off borrowed of the shared pool (tokens, and the slot in the top bit);
     /// written before `GRANTED` is published.
     borrowed: AtomicU64,
-    /// The refusal; written before `REFUSED` is published.
-    refusal: Mutex<Option<Rejection>>,
+    /// The refusal; written before `REFUSED` is published. Boxed: a refusal while queued is
+    /// rare (a close, tokens that no longer fit at the head's turn), and the waiter that
+    /// every queued call allocates and both threads of a hand-off touch stays small.
+    refusal: Mutex<Option<Box<Rejection>>>,
     /// Wakes an async waiter.
     waker: AtomicWaker,
     /// Wakes a blocked thread (notified only for blocking waiters).
@@ -169,8 +173,9 @@ pub(super) enum Decided {
 }
 
 impl Waiter {
-    pub(super) fn new(ask: Ask, blocking: bool) -> Waiter {
-        Waiter {
+    /// A waiter not yet queued; an async one with its task's waker already registered.
+    pub(super) fn new(ask: Ask, wait: Wait<'_>) -> Waiter {
+        let waiter = Waiter {
             ask,
             status: AtomicU8::new(QUEUED),
             key: AtomicU64::new(0),
@@ -179,8 +184,21 @@ impl Waiter {
             refusal: Mutex::new(None),
             waker: AtomicWaker::default(),
             event: Event::new(),
-            blocking,
+            blocking: matches!(wait, Wait::Blocking),
+        };
+        if let Wait::Async(waker) = wait {
+            waiter.waker.register(waker);
         }
+        waiter
+    }
+
+    /// Empties a waiter nobody else holds, for the pool: returns the waker it still holds and
+    /// its refusal, for the caller to drop.
+    #[cfg(not(loom))]
+    pub(super) fn clear(&mut self) -> (Option<core::task::Waker>, Option<Box<Rejection>>) {
+        let waker = self.waker.take();
+        let refusal = self.refusal.get_mut().ok().and_then(Option::take);
+        (waker, refusal)
     }
 
     /// What it asks for.
@@ -200,7 +218,7 @@ impl Waiter {
             REFUSED => {
                 self.status.store(SETTLED, Ordering::Relaxed);
                 let rejection = lock(&self.refusal).take().expect("a refusal is published");
-                Some(Decided::Refused(rejection))
+                Some(Decided::Refused(*rejection))
             }
             _ => None,
         }
@@ -236,7 +254,7 @@ impl Waiter {
             QUEUED => Withdrawn::Queued(unpack_key(self.key.load(Ordering::Relaxed))),
             GRANTED => Withdrawn::Decided(self.granted()),
             REFUSED => Withdrawn::Decided(Decided::Refused(
-                lock(&self.refusal).take().expect("a refusal is published"),
+                *lock(&self.refusal).take().expect("a refusal is published"),
             )),
             _ => unreachable!("a waiter is withdrawn at most once"),
         }
@@ -266,7 +284,7 @@ impl Waiter {
 
     /// Under the queue lock: publishes a refusal.
     pub(super) fn refuse(&self, rejection: Rejection) {
-        *lock(&self.refusal) = Some(rejection);
+        *lock(&self.refusal) = Some(Box::new(rejection));
         self.status.store(REFUSED, Ordering::Release);
     }
 
@@ -329,7 +347,7 @@ pub(super) enum Arrival {
     /// A slot was free after all (checked again under the lock).
     Admitted { revision: u64, borrowed: Resources },
     /// Queued; wait on the waiter.
-    Queued(Arc<Waiter>),
+    Queued(WaiterHandle),
     /// Refused (already counted).
     Refused(Rejection),
 }

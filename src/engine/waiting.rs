@@ -11,9 +11,10 @@ use super::counters::Counter;
 use super::limits::Bounds;
 use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
+use super::pool::{self, WaiterHandle};
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
-use super::{Engine, Grant, Seen};
+use super::{Engine, Grant, Seen, Wait};
 use crate::admission_class::Resources;
 use crate::rejection::{Constraint, RejectReason, Rejection};
 use crate::sync::Arc;
@@ -95,7 +96,7 @@ impl Engine {
 
     /// A newcomer found no free slot on the fast path: under the queue lock, decide again
     /// (a slot may have freed meanwhile) and queue it if the queue has room.
-    pub(super) fn arrive(&self, ask: Ask, blocking: bool) -> Arrival {
+    pub(super) fn arrive(&self, ask: Ask, wait: Wait<'_>) -> Arrival {
         enum Step {
             Admitted(u64, Resources),
             Queue,
@@ -103,7 +104,10 @@ impl Engine {
         }
         // Allocated before taking the lock, to keep the critical section short: a newcomer
         // that reached this slow path almost always queues.
-        let waiter = Arc::new(Waiter::new(ask, blocking));
+        let waiter = pool::take(ask, wait);
+        // The queue's reference, taken before the lock too: the lock is contended by every
+        // arrival and hand-off, so it is held for the decision and the push only.
+        let queued = Arc::clone(&waiter);
         let mut list = self.queue.lock();
         let pending = list.len() as u64;
         let (step, view) = self.decide_queued(ask, |s, bounds, class| {
@@ -127,9 +131,10 @@ impl Engine {
         match step.unwrap_or_else(|step| step) {
             Step::Admitted(revision, borrowed) => Arrival::Admitted { revision, borrowed },
             Step::Queue => {
-                let key = list.push_back(Arc::clone(&waiter));
+                let key = list.push_back(queued);
                 waiter.set_key(key);
-                Arrival::Queued(waiter)
+                drop(list);
+                Arrival::Queued(WaiterHandle::new(waiter))
             }
             Step::Refused(reason, constraint, state, bounds) => {
                 drop(list);
@@ -141,6 +146,47 @@ impl Engine {
                 Arrival::Refused(self.reject(reason, constraint, &seen, ask))
             }
         }
+    }
+
+    /// A release while calls wait, on an engine without a token budget or classes: passes the
+    /// releasing call's slot straight to the queue head under the queue lock, without writing
+    /// the admission word (the slot changes hands; the count of slots in flight stays as it
+    /// is). Returns `false`, having done nothing, when it cannot: the queue is empty, the head
+    /// would not fit the limits in force (lowered below the calls in flight), the bulkhead is
+    /// closed, or a limits writer got in between; the caller then releases as usual (and the
+    /// pump serves the queue).
+    ///
+    /// The head's admission takes effect at the load of the word the decision reads: the
+    /// snapshot shows that the limits it read were in force then (no writer published a change
+    /// around it), and the word shows the bulkhead open with the releasing call's slot among
+    /// those in flight. Nothing writes the word here, so there is nothing to commit; a close or
+    /// a change of limits after that instant revokes nothing, as for any call in flight, and
+    /// whatever else touches the head (its cancellation, `close` refusing the queue) takes the
+    /// queue lock held here. A release with a hold of tokens never comes here (no budget), so
+    /// nothing but the slot moves.
+    #[cold]
+    pub(super) fn pass_slot(&self) -> bool {
+        let head = {
+            let mut list = self.queue.lock();
+            if list.is_empty() {
+                return false;
+            }
+            let (state, bounds) = self.snapshot();
+            // The head's decision on the word without the releasing call's slot: a slot is
+            // free for it iff `slots - 1 < max_concurrent`.
+            if state.is_closed() || state.slots() > bounds.max_concurrent {
+                return false;
+            }
+            let head = list.pop_front().expect("a non-empty queue has a head");
+            if list.is_empty() {
+                self.set_waiters_flag(false);
+            }
+            local::with(&self.counters, |sink| sink.bump_handed_out());
+            head.grant(bounds.revision, Resources::NONE);
+            head
+        };
+        head.wake();
+        true
     }
 
     /// Hands free capacity to the queue head, then the next, in order, until a head finds no

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use event_listener::Listener;
 
 use crate::engine::timer::Sleep;
-use crate::engine::{Grant, Wait, Waiter};
+use crate::engine::{Grant, Wait, WaiterHandle};
 use crate::error::{AcquireError, RequestError};
 use crate::events::Timing;
 use crate::rejection::Rejection;
@@ -285,7 +285,7 @@ enum Step {
 }
 
 struct Waiting {
-    waiter: Arc<Waiter>,
+    waiter: WaiterHandle,
     call: Call,
     /// The queue timeout, measured from joining the queue.
     sleep: Option<Sleep>,
@@ -324,13 +324,13 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
     /// Leaves `Start`/`Invalid`: either finished, or now `Waiting` (as a blocked thread if
     /// `blocking`).
     #[inline]
-    fn start(&mut self, blocking: bool) -> Option<Result<Admission, AcquireError>> {
+    fn start(&mut self, wait: Wait<'_>) -> Option<Result<Admission, AcquireError>> {
         // Matched by reference and left as it is unless it changes: moving the whole `Step`
         // out and back costs more than the decision on the fast path.
         match &self.step {
             &Step::Start { call, timeout } => {
                 self.step = Step::Done;
-                match self.core.admit(call, Wait::Queue { blocking }) {
+                match self.core.admit(call, wait) {
                     Admitted::Now(admission) => Some(Ok(admission)),
                     Admitted::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
                     Admitted::Queued(waiter, timing) => {
@@ -351,7 +351,7 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
     #[cold]
     fn wait(
         &mut self,
-        waiter: Arc<Waiter>,
+        waiter: WaiterHandle,
         call: Call,
         timeout: Option<Duration>,
         timing: Option<Timing>,
@@ -426,8 +426,13 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
     /// later polls pick up the waiter's fate or time it out.
     #[inline]
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
-        if let Some(done) = self.start(false) {
-            return Poll::Ready(done);
+        if matches!(self.step, Step::Start { .. } | Step::Invalid(_)) {
+            return match self.start(Wait::Async(cx.waker())) {
+                Some(done) => Poll::Ready(done),
+                // Just queued, this task's waker registered before the waiter was: whatever
+                // decides its fate from now on wakes it.
+                None => self.poll_sleep(cx),
+            };
         }
         self.poll_waiting(cx)
     }
@@ -446,8 +451,14 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         if let Some(done) = self.pick_up() {
             return Poll::Ready(done);
         }
+        self.poll_sleep(cx)
+    }
+
+    /// The wait's end: times the acquire out once it has passed, else makes sure the task is
+    /// woken then.
+    fn poll_sleep(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
         let Step::Waiting(waiting) = &mut self.step else {
-            unreachable!()
+            unreachable!("only a waiting acquire sleeps")
         };
         if let Some(sleep) = &mut waiting.sleep
             && sleep.poll_elapsed(cx).is_ready()
@@ -459,7 +470,7 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
 
     /// The blocking equivalent of polling to completion.
     fn block(mut self) -> Result<Admission, AcquireError> {
-        if let Some(done) = self.start(true) {
+        if let Some(done) = self.start(Wait::Blocking) {
             return done;
         }
         loop {

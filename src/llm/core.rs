@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::admission_class::{AbandonCause, AdmissionClass};
 use crate::engine::limits::Limits;
-use crate::engine::{Ask, Decision, Engine, Grant, Wait, Waiter};
+use crate::engine::{Ask, Decision, Engine, Grant, Wait, WaiterHandle};
 use crate::error::{AcquireError, RequestError};
 use crate::events::{
     AdmitEvent, BorrowedConcurrencyAbandonEvent, DECISION_KINDS, Event, EventKind, Listeners,
@@ -69,7 +69,7 @@ pub(crate) enum Admitted {
     /// Refused now (announced).
     Refused(Rejection),
     /// Waiting in the queue; the outcome is announced when it is picked up.
-    Queued(Arc<Waiter>, Option<Timing>),
+    Queued(WaiterHandle, Option<Timing>),
 }
 
 impl LlmCore {
@@ -198,7 +198,7 @@ impl LlmCore {
     /// The one front door of every admission: asks the engine for `call` (queueing it if
     /// `wait` allows), builds the admission, and announces an immediate outcome.
     #[inline]
-    pub(crate) fn admit(&self, call: Call, wait: Wait) -> Admitted {
+    pub(crate) fn admit(&self, call: Call, wait: Wait<'_>) -> Admitted {
         // Decision timing starts here: after estimation, before the decision. Without a
         // listener for decisions it is `None` and no clock is read.
         let timing = self.timing();
