@@ -2,11 +2,11 @@
 //!
 //! - `bulkhead_uncontended`: one thread, a free slot: `try_acquire` + release, and
 //!   `acquire().await` + release polled in a loop inside one `block_on`.
-//! - `bulkhead_waiting_64_tasks_4_slots`: the queued hand-off: 64 tasks on a 2-worker tokio
-//!   runtime share 4 slots, so most acquires wait in the queue and are handed a slot by a
-//!   release. Each operation is acquire (awaited), one executor yield while holding the slot,
-//!   release; time per iteration is per operation across all tasks. The bulkhead runs with its
-//!   defaults (queue timeout 10 s, so every queued wait arms a timer) and with
+//! - `bulkhead_waiting_64_tasks_4_slots`: the queued hand-off: 64 tasks on a tokio runtime of
+//!   1 or 2 workers share 4 slots, so most acquires wait in the queue and are handed a slot by
+//!   a release. Each operation is acquire (awaited), one executor yield while holding the
+//!   slot, release; time per iteration is per operation across all tasks. The bulkhead runs
+//!   with its defaults (queue timeout 10 s, so every queued wait arms a timer) and with
 //!   `wait_indefinitely` (no timer: what a semaphore's `acquire` does).
 //!
 //! Figures and ratios are recorded in `benches/README.md`; `benches/targets.py` judges them.
@@ -61,9 +61,9 @@ fn uncontended(c: &mut Criterion) {
     group.finish();
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .build()
         .expect("runtime")
 }
@@ -94,73 +94,78 @@ where
     })
 }
 
+/// The queued hand-off, on one tokio worker (every hand-off runs on one core: the cost of
+/// the machinery itself) and on two (two cores contending for the queue, as a gateway's
+/// workers do; on a machine whose cores are shared, which of the two cases a run resembles
+/// depends on where the scheduler puts the workers: `benches/README.md`).
 fn waiting(c: &mut Criterion) {
-    let runtime = runtime();
     let mut group = c.benchmark_group("bulkhead_waiting_64_tasks_4_slots");
     group.throughput(Throughput::Elements(1));
-
-    let cases = [
-        (
-            "defaults",
-            Bulkhead::builder(SLOTS)
-                .expect("valid")
-                .max_queue(TASKS as u32)
-                .build(),
-        ),
-        (
-            "wait_indefinitely",
-            Bulkhead::builder(SLOTS)
-                .expect("valid")
-                .max_queue(TASKS as u32)
-                .wait_indefinitely()
-                .build(),
-        ),
-    ];
-    for (case, bulkhead) in cases {
-        group.bench_function(BenchmarkId::new("bulkhead", case), |b| {
-            b.iter_custom(|iters| {
-                let bulkhead = bulkhead.clone();
-                drive(&runtime, iters, move || {
+    for workers in [1, 2] {
+        let runtime = runtime(workers);
+        let cases = [
+            (
+                "bulkhead_defaults",
+                Bulkhead::builder(SLOTS)
+                    .expect("valid")
+                    .max_queue(TASKS as u32)
+                    .build(),
+            ),
+            (
+                "bulkhead_wait_indefinitely",
+                Bulkhead::builder(SLOTS)
+                    .expect("valid")
+                    .max_queue(TASKS as u32)
+                    .wait_indefinitely()
+                    .build(),
+            ),
+        ];
+        for (case, bulkhead) in cases {
+            group.bench_function(BenchmarkId::new(case, workers), |b| {
+                b.iter_custom(|iters| {
                     let bulkhead = bulkhead.clone();
+                    drive(&runtime, iters, move || {
+                        let bulkhead = bulkhead.clone();
+                        async move {
+                            let permit = bulkhead.acquire().await;
+                            tokio::task::yield_now().await;
+                            drop(permit.expect("admitted"));
+                        }
+                    })
+                })
+            });
+        }
+
+        let tokio_sem = Arc::new(tokio::sync::Semaphore::new(SLOTS as usize));
+        group.bench_function(BenchmarkId::new("tokio_semaphore", workers), |b| {
+            b.iter_custom(|iters| {
+                let sem = tokio_sem.clone();
+                drive(&runtime, iters, move || {
+                    let sem = sem.clone();
                     async move {
-                        let permit = bulkhead.acquire().await;
+                        let permit = sem.acquire().await;
                         tokio::task::yield_now().await;
-                        drop(permit.expect("admitted"));
+                        drop(permit.expect("open"));
+                    }
+                })
+            })
+        });
+
+        let lock_sem = Arc::new(async_lock::Semaphore::new(SLOTS as usize));
+        group.bench_function(BenchmarkId::new("async_lock_semaphore", workers), |b| {
+            b.iter_custom(|iters| {
+                let sem = lock_sem.clone();
+                drive(&runtime, iters, move || {
+                    let sem = sem.clone();
+                    async move {
+                        let guard = sem.acquire().await;
+                        tokio::task::yield_now().await;
+                        drop(guard);
                     }
                 })
             })
         });
     }
-
-    let tokio_sem = Arc::new(tokio::sync::Semaphore::new(SLOTS as usize));
-    group.bench_function(BenchmarkId::new("tokio_semaphore", "acquire"), |b| {
-        b.iter_custom(|iters| {
-            let sem = tokio_sem.clone();
-            drive(&runtime, iters, move || {
-                let sem = sem.clone();
-                async move {
-                    let permit = sem.acquire().await;
-                    tokio::task::yield_now().await;
-                    drop(permit.expect("open"));
-                }
-            })
-        })
-    });
-
-    let lock_sem = Arc::new(async_lock::Semaphore::new(SLOTS as usize));
-    group.bench_function(BenchmarkId::new("async_lock_semaphore", "acquire"), |b| {
-        b.iter_custom(|iters| {
-            let sem = lock_sem.clone();
-            drive(&runtime, iters, move || {
-                let sem = sem.clone();
-                async move {
-                    let guard = sem.acquire().await;
-                    tokio::task::yield_now().await;
-                    drop(guard);
-                }
-            })
-        })
-    });
     group.finish();
 }
 

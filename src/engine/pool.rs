@@ -4,9 +4,9 @@
 //! A queued call's [`Waiter`] is shared by the call's future (through a [`WaiterHandle`]) and
 //! the queue (and, for a moment, the releaser that hands it a slot and wakes it). When the
 //! future is done with it, the handle gives it back to this thread's pool if nobody else holds
-//! it any more (`Arc::get_mut`: no reference left anywhere, so nothing can still read or
-//! write it), cleared of its waker and refusal; the next call that queues on this thread takes
-//! it instead of allocating. A waiter someone still holds is simply dropped by its last
+//! it any more (its strong count is 1 and nobody makes a `Weak` of a waiter: no reference
+//! left anywhere, so nothing can still read or write it), without the waker it may hold; the
+//! next call that queues on this thread takes it instead of allocating. A waiter someone still holds is simply dropped by its last
 //! holder. A thread keeps at most [`POOL_SIZE`] waiters.
 //!
 //! Per thread, not shared: taking and giving back are a thread-local access, no atomic
@@ -41,7 +41,7 @@ pub(super) fn take(ask: Ask, wait: Wait<'_>) -> Arc<Waiter> {
         if let Some(mut waiter) = pooled
             && let Some(slot) = Arc::get_mut(&mut waiter)
         {
-            *slot = Waiter::new(ask, wait);
+            slot.reuse(ask, wait);
             return waiter;
         }
     }
@@ -73,13 +73,16 @@ impl Deref for WaiterHandle {
 impl Drop for WaiterHandle {
     fn drop(&mut self) {
         #[cfg(not(loom))]
-        if let Some(mut waiter) = self.0.take()
-            && let Some(unique) = Arc::get_mut(&mut waiter)
+        if let Some(waiter) = self.0.take()
+            // No other reference (nobody makes a `Weak` of a waiter, so the strong count
+            // says it all); the fence orders whatever the last other holder did before it
+            // let go (its `Release` decrement) before the waiter's reuse.
+            && Arc::strong_count(&waiter) == 1
         {
-            // Nobody else holds it: clear what it holds of others (a task's waker, a
-            // refusal) before it waits in the pool. Dropped here, outside every lock.
-            let (waker, refusal) = unique.clear();
-            drop((waker, refusal));
+            core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+            // Nothing else holds it: drop the task's waker it may still hold (after a timeout
+            // or a cancellation) before it waits in the pool. Outside every lock.
+            drop(waiter.forget_waker());
             let _ = POOL.try_with(|pool| {
                 if let Ok(mut pool) = pool.try_borrow_mut()
                     && pool.len() < POOL_SIZE

@@ -192,13 +192,29 @@ impl Waiter {
         waiter
     }
 
-    /// Empties a waiter nobody else holds, for the pool: returns the waker it still holds and
-    /// its refusal, for the caller to drop.
+    /// Makes a waiter taken from the pool (nobody else holds it) the waiter of a new call:
+    /// only what is read before it is written again changes (its key, revision and borrowed
+    /// resources are written before they are read; its refusal is empty; its event is reused).
     #[cfg(not(loom))]
-    pub(super) fn clear(&mut self) -> (Option<core::task::Waker>, Option<Box<Rejection>>) {
-        let waker = self.waker.take();
-        let refusal = self.refusal.get_mut().ok().and_then(Option::take);
-        (waker, refusal)
+    pub(super) fn reuse(&mut self, ask: Ask, wait: Wait<'_>) {
+        self.ask = ask;
+        *self.status.get_mut() = QUEUED;
+        self.blocking = matches!(wait, Wait::Blocking);
+        if let Wait::Async(waker) = wait {
+            self.waker.register(waker);
+        }
+    }
+
+    /// Takes out the waker it still holds (after a timeout or a cancellation: a wake-up took
+    /// it otherwise), for the pool; its refusal, if it had one, was taken by whoever decided
+    /// its fate.
+    #[cfg(not(loom))]
+    pub(super) fn forget_waker(&self) -> Option<core::task::Waker> {
+        debug_assert!(
+            lock(&self.refusal).is_none(),
+            "a published refusal is always taken"
+        );
+        self.waker.take()
     }
 
     /// What it asks for.
