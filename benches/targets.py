@@ -62,8 +62,32 @@ def run_benches():
     # sampling set in code (like `waiting`).
     run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_uncontended"] + QUICK,
         stdout=subprocess.DEVNULL)
-    run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_waiting", "--noplot"],
-        stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "--bench", "bulkhead", "--no-run"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    handoff_runs()
+
+
+# The hand-off benches on two workers are bimodal on a shared 2-core machine (see
+# benches/README.md): each process is judged on its own, and the target on the median of
+# HANDOFF_PROCESSES processes, with the min and max beside it.
+HANDOFF_PROCESSES = 5
+HANDOFF = "bulkhead_waiting_64_tasks_4_slots/"
+HANDOFF_RATIOS = []
+
+
+def handoff_runs():
+    HANDOFF_RATIOS.clear()
+    for _ in range(HANDOFF_PROCESSES):
+        run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_waiting", "--noplot"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        m = medians()
+        HANDOFF_RATIOS.append({
+            workers: (m[HANDOFF + f"tokio_semaphore/{workers}"]
+                      / m[HANDOFF + f"bulkhead_wait_indefinitely/{workers}"],
+                      m[HANDOFF + f"tokio_semaphore/{workers}"]
+                      / m[HANDOFF + f"bulkhead_defaults/{workers}"])
+            for workers in (1, 2)
+        })
 
 
 def medians():
@@ -233,19 +257,23 @@ def main():
         awaited, theirs = m[g + "bulkhead_acquire_await"], m[g + "tokio_semaphore_acquire_await"]
         print(f"INFO bulkhead_acquire_await_vs_tokio ratio={awaited / theirs:.2f}  "
               f"(acquire().await + release, a slot free: {awaited:.1f} vs {theirs:.1f} ns)")
-    h = "bulkhead_waiting_64_tasks_4_slots/"
-    if have(h + "bulkhead/wait_indefinitely", h + "bulkhead/defaults",
-            h + "tokio_semaphore/acquire"):
+    if HANDOFF_RATIOS:
         # Like for like: tokio's `acquire().await` has no timeout, so neither does the
-        # judged case; the defaults (a 10 s queue timeout, a timer armed per queued wait) are
-        # shown beside it.
-        ours, theirs = m[h + "bulkhead/wait_indefinitely"], m[h + "tokio_semaphore/acquire"]
-        target("bulkhead_handoff_throughput_vs_tokio_acquire", theirs / ours, 1.0, False,
-               f"queued hand-off, no timeout: {ours:.0f} vs {theirs:.0f} ns per operation")
-        timed = m[h + "bulkhead/defaults"]
-        print(f"INFO bulkhead_handoff_with_queue_timeout_vs_tokio_acquire "
-              f"ratio={theirs / timed:.2f}  (defaults, 10 s queue timeout: {timed:.0f} vs "
-              f"{theirs:.0f} ns per operation)")
+        # judged case (`wait_indefinitely`); the defaults (a 10 s queue timeout, a timer
+        # armed per queued wait) are shown beside it. Judged on two workers, as a gateway
+        # runs; one worker (the machinery's own cost, no contention) is shown.
+        def spread(values):
+            return (f"median {statistics.median(values):.2f}, min {min(values):.2f}, "
+                    f"max {max(values):.2f} over {len(values)} processes")
+        two = [r[2][0] for r in HANDOFF_RATIOS]
+        target("bulkhead_handoff_2_workers_throughput_vs_tokio_acquire",
+               statistics.median(two), 1.0, False, "queued hand-off, no timeout: " + spread(two))
+        for workers, case, index in [(1, "no timeout", 0), (2, "defaults, 10 s queue timeout", 1),
+                                     (1, "defaults, 10 s queue timeout", 1)]:
+            values = [r[workers][index] for r in HANDOFF_RATIOS]
+            print(f"INFO bulkhead_handoff_{workers}_worker{'s' if workers > 1 else ''}_"
+                  f"{'defaults' if index else 'no_timeout'}_vs_tokio_acquire "
+                  f"ratio={statistics.median(values):.2f}  ({case}: {spread(values)})")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
                "tests/alloc.rs: admission, report, release, drop and refusal, classes included")
