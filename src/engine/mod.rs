@@ -269,7 +269,7 @@ impl Engine {
             Arrival::Admitted { revision, borrowed } => {
                 Decision::Admitted(self.grant(ask, revision, borrowed))
             }
-            Arrival::Queued(waiter) => Decision::Queued(waiter),
+            Arrival::Queued(waiter) => Decision::Queued(WaiterHandle::new(waiter)),
             Arrival::Refused(rejection) => Decision::Refused(rejection),
         }
     }

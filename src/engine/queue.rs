@@ -37,7 +37,6 @@ use event_listener::{Event, EventListener};
 use super::Wait;
 use super::fifo::{Fifo, Key};
 use super::policy::Ask;
-use super::pool::WaiterHandle;
 use super::state::State;
 use crate::admission_class::Resources;
 use crate::rejection::Rejection;
@@ -362,8 +361,8 @@ pub(super) struct HandedOff {
 pub(super) enum Arrival {
     /// A slot was free after all (checked again under the lock).
     Admitted { revision: u64, borrowed: Resources },
-    /// Queued; wait on the waiter.
-    Queued(WaiterHandle),
+    /// Queued; wait on the waiter (the caller's handle wraps it).
+    Queued(Arc<Waiter>),
     /// Refused (already counted).
     Refused(Rejection),
 }

@@ -11,7 +11,7 @@ use super::counters::Counter;
 use super::limits::Bounds;
 use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
-use super::pool::{self, WaiterHandle};
+use super::pool;
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
 use super::{Engine, Grant, Seen, Wait};
@@ -134,7 +134,7 @@ impl Engine {
                 let key = list.push_back(queued);
                 waiter.set_key(key);
                 drop(list);
-                Arrival::Queued(WaiterHandle::new(waiter))
+                Arrival::Queued(waiter)
             }
             Step::Refused(reason, constraint, state, bounds) => {
                 drop(list);
