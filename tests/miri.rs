@@ -26,6 +26,8 @@ use async_bulkhead_llm::{
     AcquireOptions, Event, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget,
     TokenUsage,
 };
+use std::future::Future;
+
 use futures::executor::block_on;
 
 fn tokens(input: u64, output: u64) -> AcquireOptions {
@@ -155,11 +157,11 @@ fn blocking_waits_are_woken_by_release_and_close() {
 fn a_queue_timeout_fires() {
     let b = bulkhead(1, 1, 100);
     let held = b.try_acquire(&LlmRequest::new(), tokens(1, 1)).unwrap();
-    let err = block_on(b.acquire(
-        &LlmRequest::new(),
-        tokens(1, 1).timeout(Duration::from_millis(2)),
-    ))
-    .unwrap_err();
+    // A zero timeout: the wait ends at its first poll, through the same withdrawal a timer's
+    // wake-up leads to. A timeout long enough to register with the timer would start its
+    // threads, which outlive the test (Miri reports threads left running at exit).
+    let err =
+        block_on(b.acquire(&LlmRequest::new(), tokens(1, 1).timeout(Duration::ZERO))).unwrap_err();
     assert_eq!(err.rejection().unwrap().reason(), RejectReason::Timeout);
     drop(held);
     assert_idle(&b);
@@ -272,4 +274,42 @@ fn shared_calls_across_threads() {
     let stats = bulkhead.stats();
     assert_eq!((stats.admitted, stats.in_flight), (1, 0));
     assert_eq!(stats.deduplication.unwrap().hits, 2);
+}
+
+/// The general `Bulkhead` across threads: a release on another thread passes its slot to a
+/// queued async waiter and to a blocked thread (the slot changes hands under the queue lock,
+/// atomic-waker and event-listener wake them), a cancelled waiter leaves the queue, and the
+/// waiters come from (and go back to) the threads' pools.
+#[test]
+fn the_general_bulkhead_hands_slots_across_threads() {
+    let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
+        .unwrap()
+        .max_queue(4)
+        .wait_indefinitely()
+        .build();
+    for _ in 0..2 {
+        let held = bulkhead.try_acquire_owned().unwrap();
+        let releaser = thread::spawn(move || drop(held));
+        let permit = block_on(bulkhead.acquire()).unwrap();
+        releaser.join().unwrap();
+
+        let mut cancelled = Box::pin(bulkhead.acquire());
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        assert!(cancelled.as_mut().poll(&mut cx).is_pending());
+        drop(cancelled);
+
+        let blocked = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || bulkhead.acquire_blocking().map(drop).is_ok())
+        };
+        while bulkhead.state().queued == 0 {
+            thread::yield_now();
+        }
+        drop(permit);
+        assert!(blocked.join().unwrap());
+    }
+    let stats = bulkhead.stats();
+    assert_eq!((stats.active, stats.queued, stats.cancelled), (0, 0, 2));
+    assert_eq!(stats.admitted, stats.released);
 }
