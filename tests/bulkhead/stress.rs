@@ -232,3 +232,117 @@ fn tasks_and_threads_never_exceed_max_concurrent_and_every_attempt_is_counted_on
         started.elapsed()
     );
 }
+
+/// A control plane lowers and raises `max_concurrent` (between 1 and 4) as fast as it can while
+/// tasks and threads queue, are handed slots (a release passing its slot straight to the queue
+/// head, or the pump after raised limits) and release. Every wait is bounded by a 2 s deadline
+/// that no waiter may reach: slots are held for microseconds, so a waiter still queued after 2 s
+/// was stranded (a slot freed and nobody served). Nothing is ever held above the largest limit,
+/// and at the end nothing is active or queued and the books balance.
+#[test]
+fn limits_changing_under_hand_offs_strand_no_waiter_and_exceed_no_limit() {
+    let bulkhead = Bulkhead::builder(MAX_CONCURRENT)
+        .expect("valid")
+        .max_queue(64)
+        .wait_indefinitely()
+        .build();
+    let tally = Arc::new(Tally::default());
+    let seed = fastrand::u64(..);
+    println!("limits stress seed {seed}");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let control = {
+        let (bulkhead, done) = (bulkhead.clone(), Arc::clone(&done));
+        thread::spawn(move || {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut changes = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                bulkhead
+                    .set_max_concurrent(rng.u32(1..=MAX_CONCURRENT))
+                    .expect("a valid limit");
+                changes += 1;
+                for _ in 0..rng.u8(0..50) {
+                    std::hint::spin_loop();
+                }
+            }
+            changes
+        })
+    };
+    let waits = |tally: &Tally, result: Result<(), BulkheadError>| match result {
+        Ok(()) => {}
+        Err(error) => panic!(
+            "a waiter was stranded or refused: {error} ({:?})",
+            tally.attempts
+        ),
+    };
+    let threads: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let (bulkhead, tally) = (bulkhead.clone(), Arc::clone(&tally));
+            thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(seed ^ (100 + i));
+                for _ in 0..OPS_PER_THREAD / 2 {
+                    Tally::bump(&tally.attempts);
+                    let acquired = bulkhead
+                        .acquire_blocking_by(Instant::now() + Duration::from_secs(2))
+                        .map(|permit| {
+                            tally.enter();
+                            for _ in 0..rng.u8(0..4) {
+                                thread::yield_now();
+                            }
+                            tally.leave();
+                            drop(permit);
+                        });
+                    waits(&tally, acquired);
+                }
+            })
+        })
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|i| {
+                let (bulkhead, tally) = (bulkhead.clone(), Arc::clone(&tally));
+                tokio::spawn(async move {
+                    let mut rng = fastrand::Rng::with_seed(seed ^ i);
+                    for _ in 0..OPS_PER_TASK / 2 {
+                        Tally::bump(&tally.attempts);
+                        let deadline = Instant::now() + Duration::from_secs(2);
+                        match bulkhead.acquire_by(deadline).await {
+                            Ok(permit) => {
+                                tally.enter();
+                                hold_briefly(&mut rng).await;
+                                tally.leave();
+                                drop(permit);
+                            }
+                            Err(error) => waits(&tally, Err(error)),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("no task panicked");
+        }
+    });
+    for thread in threads {
+        thread.join().expect("no thread panicked");
+    }
+    done.store(true, Ordering::Relaxed);
+    let changes = control.join().expect("the control plane did not panic");
+
+    assert_eq!(bulkhead.state(), st(0, 0));
+    let stats = bulkhead.stats();
+    let attempts = TASKS * (OPS_PER_TASK / 2) + THREADS * (OPS_PER_THREAD / 2);
+    assert_eq!(stats.admitted, attempts, "{stats:?}");
+    assert_eq!(stats.released, attempts);
+    assert_eq!(
+        (stats.rejected_queue_full, stats.timed_out, stats.cancelled),
+        (0, 0, 0)
+    );
+    assert_eq!(stats.limits.revision, changes);
+    assert!(changes > 0);
+    println!("limits stress: {attempts} admissions across {changes} limit changes");
+}
