@@ -63,7 +63,8 @@ pub enum BulkheadError {
     /// The call waited in the queue for its whole queue timeout, or until its deadline, and no
     /// slot came. It holds no slot and has left the queue.
     QueueTimeout {
-        /// How long it waited.
+        /// How long it waited, by the std clock (`Instant`: under tokio's paused clock, with
+        /// the `tokio` feature, the virtual time that ended the wait is not counted here).
         waited: Duration,
         /// The occupancy when it gave up.
         state: BulkheadState,
