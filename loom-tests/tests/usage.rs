@@ -2,7 +2,8 @@
 //! admission word, racing admissions, releases and reconfigurations. In every interleaving a
 //! refund is usable at once, an overrun blocks admissions until released (but is itself never
 //! refused, even above the budget), no update is lost, and the books balance exactly:
-//! `reserved + overrun == consumed + refunded` once every admission is settled with usage.
+//! `reserved + overrun + reheld == consumed + refunded` once every admission is settled with
+//! usage (nothing returned unreported).
 //!
 //! Run: see `loom-tests/README.md`.
 #![cfg(loom)]
@@ -131,7 +132,11 @@ fn assert_settled(bulkhead: &LlmBulkhead, books: (u64, u64, u64, u64)) {
         "(reserved, consumed, refunded, overrun)"
     );
     assert_eq!(
-        t.total_reserved + t.total_overrun,
+        t.total_returned_unreported, 0,
+        "every admission settled with usage"
+    );
+    assert_eq!(
+        t.total_reserved + t.total_overrun + t.total_reheld,
         t.total_consumed + t.total_refunded,
         "the books balance"
     );

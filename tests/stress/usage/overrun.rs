@@ -233,12 +233,14 @@ fn overrun_holds_block_admissions_until_released() {
     );
     assert_eq!(stats.rejected, stats.rejected_by_reason.budget_limit);
     // Each holder: +150 above the reservation, -300 refunded, then +150 re-held and +150 above
-    // the reservation again at settlement.
+    // the reservation again at settlement (refunds are gross: the re-hold is booked apart).
     assert_eq!(tokens.total_overrun, HOLDERS as u64 * 300);
-    assert_eq!(tokens.total_refunded, HOLDERS as u64 * 150);
+    assert_eq!(tokens.total_refunded, HOLDERS as u64 * 300);
+    assert_eq!(tokens.total_reheld, HOLDERS as u64 * 150);
+    assert_eq!(tokens.total_returned_unreported, 0);
     assert_eq!(tokens.total_consumed, HOLDERS as u64 * 450 + 15 * 100);
     assert_eq!(
-        tokens.total_reserved + tokens.total_overrun,
+        tokens.total_reserved + tokens.total_overrun + tokens.total_reheld,
         tokens.total_consumed + tokens.total_refunded
     );
 }
