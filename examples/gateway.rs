@@ -704,8 +704,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stated_in + stated_out
     );
     println!(
-        "  refunded  {:>9}   (reserved but not used: short answers, over-estimated prompts)",
+        "  refunded  {:>9}   (taken off holds: short answers, over-estimated prompts)",
         tokens.total_refunded
+    );
+    println!(
+        "  re-held   {:>9}   (held again below a reservation after a refund)",
+        tokens.total_reheld
     );
     println!(
         "  overrun   {:>9}   (used above a reservation)",
@@ -784,9 +788,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 && (seen_in, seen_out) == (stated_in, stated_out),
         ),
         (
-            "reserved + overrun == consumed + refunded",
-            tokens.total_reserved + tokens.total_overrun
-                == tokens.total_consumed + tokens.total_refunded,
+            "reserved + overrun + reheld == consumed + refunded + returned unreported",
+            tokens.total_reserved + tokens.total_overrun + tokens.total_reheld
+                == tokens.total_consumed + tokens.total_refunded + tokens.total_returned_unreported,
         ),
         (
             "peaks within the limits",

@@ -297,6 +297,13 @@ pub struct ReleaseEvent {
     pub held_tokens: u64,
     /// Part of the hold the usage did not consume (refunded at release).
     pub refunded_tokens: u64,
+    /// Tokens the release returned to the budget: its whole hold, usage known or not (see
+    /// [`ReleaseReport::returned_tokens`](crate::ReleaseReport::returned_tokens)).
+    pub returned_tokens: u64,
+    /// Tokens the admission gave back over its life: its reports' refunds plus
+    /// `returned_tokens` (see
+    /// [`ReleaseReport::returned_total_tokens`](crate::ReleaseReport::returned_total_tokens)).
+    pub returned_total_tokens: u64,
     /// Number of effective usage reports before release.
     pub usage_sequence: u64,
     /// The usage it was settled with: explicit, else the last reported, else none.

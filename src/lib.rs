@@ -92,7 +92,9 @@
 //! let report = permit.release(None); // settles with the last reported usage
 //! assert_eq!(report.usage, Some(TokenUsage::new(700, 600)?));
 //! let tokens = bulkhead.stats().token_budget.unwrap();
-//! assert_eq!((tokens.total_consumed, tokens.total_refunded, tokens.in_flight_tokens), (1_300, 700, 0));
+//! // Refunds are gross (300 + 1,250); settling at 1,300 held 850 of them again.
+//! assert_eq!((tokens.total_consumed, tokens.total_refunded, tokens.total_reheld), (1_300, 1_550, 850));
+//! assert_eq!(tokens.in_flight_tokens, 0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!

@@ -335,6 +335,16 @@ pub struct UsageReport {
 /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
 /// let report = bulkhead.try_acquire(&LlmRequest::new(), opts)?.release(Some(TokenUsage::new(20, 5)?));
 /// assert_eq!((report.held_tokens, report.refunded_tokens), (1100, 1075));
+/// assert_eq!((report.returned_tokens, report.returned_total_tokens), (1100, 1100));
+///
+/// // A report lowers the hold to 1,020 first (80 back to the budget then), and the release
+/// // knows no usage beyond it: it returns the rest.
+/// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+/// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), opts)?;
+/// permit.report_usage(TokenUsage::new(20, 5)?)?;
+/// let report = permit.release(None);
+/// assert_eq!((report.held_tokens, report.refunded_tokens, report.overrun_tokens), (1020, 995, 0));
+/// assert_eq!((report.returned_tokens, report.returned_total_tokens), (1020, 1100));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,6 +357,37 @@ pub struct ReleaseReport {
     pub refunded_tokens: u64,
     /// Part of the usage above both the hold and the reservation (booked as overrun).
     pub overrun_tokens: u64,
+    /// Tokens this release returned to the budget: the whole hold, whether or not usage was
+    /// known (always `held_tokens`; 0 without a token budget).
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+    /// let report = bulkhead.try_acquire(&LlmRequest::new(), opts)?.release(None);
+    /// assert_eq!((report.returned_tokens, report.refunded_tokens), (1100, 0)); // no usage known
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub returned_tokens: u64,
+    /// Tokens the admission gave back to the budget over its whole life: what its usage
+    /// reports removed from its hold (gross: tokens a later report held again are not taken
+    /// off) plus [`returned_tokens`](ReleaseReport::returned_tokens).
+    ///
+    /// ```
+    /// # use async_bulkhead_llm::*;
+    /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+    /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+    /// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), opts)?;
+    /// let lower = Progressive::new(700).safety_margin(50); // holds 750: 350 back
+    /// permit.report_usage_progressive(TokenUsage::new(100, 300)?, lower)?;
+    /// let raise = Progressive::new(850).safety_margin(50); // holds 900 again
+    /// permit.report_usage_progressive(TokenUsage::new(100, 300)?, raise)?;
+    /// let report = permit.release(Some(TokenUsage::new(100, 950)?));
+    /// assert_eq!((report.held_tokens, report.returned_tokens), (900, 900));
+    /// assert_eq!(report.returned_total_tokens, 350 + 900);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub returned_total_tokens: u64,
     /// The usage the release was settled with.
     pub usage: Option<TokenUsage>,
 }

@@ -248,14 +248,24 @@ pub struct ClassStats {
     pub rejected: u64,
     /// Its refusals by reason.
     pub rejected_by_reason: RejectionCounts,
-    /// Sum of its admissions' reservations.
+    /// Sum of its admissions' reservations. Its totals only grow, and with a token budget tie
+    /// to its tokens as the bulkhead's do (see [`TokenBudgetStats`]), at the same instants:
+    /// `in_flight_tokens == total_reserved + total_overrun + total_reheld - total_refunded -
+    /// total_consumed - total_returned_unreported`.
     pub total_reserved: u64,
-    /// Usage its admissions settled with.
+    /// Usage its admissions settled with (without a token budget too: then its admissions
+    /// hold no tokens and the identity does not apply).
     pub total_consumed: u64,
-    /// Tokens returned before their admission ended (net; see [`TokenBudgetStats`]).
+    /// Tokens removed from its holds (gross; see [`TokenBudgetStats::total_refunded`]).
     pub total_refunded: u64,
-    /// Tokens held above reservations (see [`TokenBudgetStats`]).
+    /// Tokens held above its reservations (see [`TokenBudgetStats::total_overrun`]).
     pub total_overrun: u64,
+    /// Tokens added back to its holds below their reservations (see
+    /// [`TokenBudgetStats::total_reheld`]).
+    pub total_reheld: u64,
+    /// Tokens of its holds returned by releases that knew no usage (see
+    /// [`TokenBudgetStats::total_returned_unreported`]).
+    pub total_returned_unreported: u64,
     /// Admissions that borrowed their slot.
     pub total_borrowed_admissions: u64,
     /// Tokens admissions borrowed from the shared pool.
@@ -304,6 +314,8 @@ impl Stats {
                 total_consumed: figures.consumed,
                 total_refunded: figures.refunded,
                 total_overrun: figures.overrun,
+                total_reheld: figures.reheld,
+                total_returned_unreported: figures.returned_unreported,
             }),
         }
     }
@@ -356,10 +368,10 @@ impl ClassStats {
             rejected_by_reason,
             total_reserved: f.get(ClassCounter::Reserved),
             total_consumed: f.get(ClassCounter::Consumed),
-            total_refunded: f
-                .get(ClassCounter::Refunded)
-                .saturating_sub(f.get(ClassCounter::Reheld)),
+            total_refunded: f.get(ClassCounter::Refunded),
             total_overrun: f.get(ClassCounter::Overrun),
+            total_reheld: f.get(ClassCounter::Reheld),
+            total_returned_unreported: f.get(ClassCounter::ReturnedUnreported),
             total_borrowed_admissions: f.get(ClassCounter::BorrowedAdmissions),
             total_borrowed_tokens_reserved: f.get(ClassCounter::BorrowedTokensReserved),
         }
@@ -455,7 +467,19 @@ impl RejectionCounts {
 
 /// Token accounting of a bulkhead with a token budget.
 ///
-/// Cumulative totals saturate at `u64::MAX` instead of wrapping.
+/// Every `total_*` only ever grows (each can be exported as a counter); cumulative totals
+/// saturate at `u64::MAX` instead of wrapping. They tie to the tokens in flight: at every
+/// instant at which no call is between its update of the admission word and its counters (in
+/// particular after any sequence of calls on one thread, and whenever the callers are quiet,
+/// none of them a waiter the queue handed a slot it has not picked up yet),
+///
+/// `in_flight_tokens == total_reserved + total_overrun + total_reheld - total_refunded -
+/// total_consumed - total_returned_unreported`
+///
+/// since each admission's hold is its reservation moved by its overruns, re-holds and refunds,
+/// and a release either books its hold as consumed (its usage, after moving the hold to it)
+/// or as returned unreported. Calls that hold no tokens (observe-mode bypasses, followers of
+/// a deduplicated call) book nothing here.
 ///
 /// # Examples
 ///
@@ -469,6 +493,30 @@ impl RejectionCounts {
 /// assert_eq!((t.budget, t.high_priority_reserve, t.in_flight_tokens, t.available), (5000, 1000, 0, 5000));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// The identity at every step of a call whose hold drops and rises again:
+///
+/// ```
+/// use async_bulkhead_llm::*;
+///
+/// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
+/// let balance = |t: TokenBudgetStats| {
+///     t.total_reserved + t.total_overrun + t.total_reheld
+///         - t.total_refunded - t.total_consumed - t.total_returned_unreported
+/// };
+/// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
+/// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), opts)?;
+/// permit.report_usage_progressive(TokenUsage::new(100, 300)?, Progressive::new(600))?; // 600
+/// permit.report_usage_progressive(TokenUsage::new(100, 300)?, Progressive::new(800))?; // 800
+/// let t = bulkhead.stats().token_budget.unwrap();
+/// assert_eq!((t.in_flight_tokens, t.total_refunded, t.total_reheld), (800, 500, 200));
+/// assert_eq!(balance(t), t.in_flight_tokens);
+/// permit.release(Some(TokenUsage::new(100, 700)?));
+/// let t = bulkhead.stats().token_budget.unwrap();
+/// assert_eq!((t.in_flight_tokens, t.total_consumed, t.total_refunded), (0, 800, 500));
+/// assert_eq!(balance(t), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -477,23 +525,31 @@ pub struct TokenBudgetStats {
     pub budget: u64,
     /// The high-priority reserve in force.
     pub high_priority_reserve: u64,
-    /// Tokens held by admitted calls.
+    /// Tokens held by admitted calls (see the identity above).
     pub in_flight_tokens: u64,
     /// `budget - in_flight_tokens`, at least 0 (not adjusted for priority).
     pub available: u64,
-    /// Sum of the reservations of all admissions.
+    /// Sum of the reservations of all admissions: the holds they started with.
     pub total_reserved: u64,
-    /// Sum of the usage reported when admissions were settled.
+    /// Sum of the usage admissions were settled with (explicit, else their last report): the
+    /// holds their releases returned after moving them to that usage. Reported usage always
+    /// counts, even above a hold of 0.
     pub total_consumed: u64,
-    /// Tokens returned to the budget before their admission's reservation ended: removed from
-    /// holds by usage reports and at settlement (a hold above the usage), net of tokens a later
-    /// report or the final usage took back below the reservation.
+    /// Tokens removed from holds, by usage reports and at settlement (a hold above the
+    /// usage): gross, never taken back. For every admission settled with usage,
+    /// `reserved + overrun + reheld == consumed + refunded`.
     pub total_refunded: u64,
     /// Tokens ever held above admissions' original reservations (output beyond the
     /// reservation, input above the estimate, a final usage above the hold): only tokens above
-    /// the reservation count (the original counted any increase of a hold). Gross: a hold that
-    /// rises above its reservation and falls back books the rise here and the fall as a
-    /// refund, so `total_reserved + total_overrun == total_consumed + total_refunded` once
-    /// every admission has settled with usage.
+    /// the reservation count (the original counted any increase of a hold). A hold that rises
+    /// above its reservation and falls back books the rise here and the fall as a refund.
     pub total_overrun: u64,
+    /// Tokens added back to holds below their reservations: a later report, or the final
+    /// usage, raising a hold that had dropped (at most back to the reservation; above it is
+    /// overrun). Each hold is `reserved + overrun + reheld - refunded` of its own bookings.
+    pub total_reheld: u64,
+    /// Tokens of holds returned by releases that knew no usage (no usage given, none
+    /// reported: nobody said what they cost), booked neither as consumed nor as refunded.
+    /// For every such admission `reserved + overrun + reheld == refunded + returned`.
+    pub total_returned_unreported: u64,
 }

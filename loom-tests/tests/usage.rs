@@ -2,7 +2,8 @@
 //! admission word, racing admissions, releases and reconfigurations. In every interleaving a
 //! refund is usable at once, an overrun blocks admissions until released (but is itself never
 //! refused, even above the budget), no update is lost, and the books balance exactly:
-//! `reserved + overrun == consumed + refunded` once every admission is settled with usage.
+//! `reserved + overrun + reheld == consumed + refunded` once every admission is settled with
+//! usage (nothing returned unreported).
 //!
 //! Run: see `loom-tests/README.md`.
 #![cfg(loom)]
@@ -112,9 +113,9 @@ fn token_stats(bulkhead: &LlmBulkhead) -> TokenBudgetStats {
     bulkhead.stats().token_budget.expect("a budgeted bulkhead")
 }
 
-/// Everything came back, and the books say exactly `(reserved, consumed, refunded, overrun)`,
-/// which must balance.
-fn assert_settled(bulkhead: &LlmBulkhead, books: (u64, u64, u64, u64)) {
+/// Everything came back, and the books say exactly `(reserved, consumed, refunded, overrun,
+/// reheld)` (refunds gross), which must balance.
+fn assert_settled(bulkhead: &LlmBulkhead, books: (u64, u64, u64, u64, u64)) {
     let stats = bulkhead.stats();
     assert_eq!(stats.in_flight, 0, "slots returned exactly");
     assert_eq!(stats.admitted, stats.released);
@@ -125,13 +126,18 @@ fn assert_settled(bulkhead: &LlmBulkhead, books: (u64, u64, u64, u64)) {
             t.total_reserved,
             t.total_consumed,
             t.total_refunded,
-            t.total_overrun
+            t.total_overrun,
+            t.total_reheld
         ),
         books,
-        "(reserved, consumed, refunded, overrun)"
+        "(reserved, consumed, refunded, overrun, reheld)"
     );
     assert_eq!(
-        t.total_reserved + t.total_overrun,
+        t.total_returned_unreported, 0,
+        "every admission settled with usage"
+    );
+    assert_eq!(
+        t.total_reserved + t.total_overrun + t.total_reheld,
         t.total_consumed + t.total_refunded,
         "the books balance"
     );
@@ -224,7 +230,10 @@ fn refund_races_an_admission_needing_exactly_the_refund() {
         // A: reserved 1000, consumed 350, refunded 100 + 550.
         // Newcomer: reserved 100, consumed 30, refunded 70.
         let a = u64::from(admitted);
-        assert_settled(&bulkhead, (1000 + 100 * a, 350 + 30 * a, 650 + 70 * a, 0));
+        assert_settled(
+            &bulkhead,
+            (1000 + 100 * a, 350 + 30 * a, 650 + 70 * a, 0, 0),
+        );
     });
 }
 
@@ -334,7 +343,7 @@ fn overrun_races_an_admission() {
         // A: reserved 500, consumed 850, overrun 300 + 50. Newcomer: reserved 400, consumed
         // 350, refunded 50.
         let a = u64::from(admitted);
-        assert_settled(&bulkhead, (500 + 400 * a, 850 + 350 * a, 50 * a, 350));
+        assert_settled(&bulkhead, (500 + 400 * a, 850 + 350 * a, 50 * a, 350, 0));
     });
 }
 
@@ -404,9 +413,10 @@ fn reports_race_a_release_and_set_budget() {
             ),
             (550, 0, 50)
         );
-        // A: reserved 500, consumed 600, refunded 100 then re-held 100 (net 0), overrun 50 +
-        // 50. B: reserved 500, consumed 350, refunded 150.
-        assert_settled(&bulkhead, (1000, 950, 150, 100));
+        // A: reserved 500, consumed 600, refunded 100 then re-held 100 (refunds are gross: the
+        // re-hold does not take them back), overrun 50 + 50. B: reserved 500, consumed 350,
+        // refunded 150.
+        assert_settled(&bulkhead, (1000, 950, 100 + 150, 100, 100));
     });
 }
 
@@ -477,10 +487,10 @@ fn progressive_report_to_zero_races_an_admission() {
             let report = permit.release(Some(usage(500, 500)));
             assert_eq!(report.refunded_tokens, 0);
         }
-        // A: reserved 1000, consumed 850, refunded 1000 then re-held 850 (net 150).
+        // A: reserved 1000, consumed 850, refunded 1000 then re-held 850 (both gross).
         // Newcomer: reserved 1000, consumed 1000.
         let a = u64::from(admitted);
-        assert_settled(&bulkhead, (1000 + 1000 * a, 850 + 1000 * a, 150, 0));
+        assert_settled(&bulkhead, (1000 + 1000 * a, 850 + 1000 * a, 1000, 0, 850));
     });
 }
 
@@ -526,7 +536,7 @@ fn a_moving_hold_never_opens_a_gap() {
             (1100, 0, 0)
         );
         // Reserved 1000, consumed 1100, refunded 100 then re-held 100, overrun 100.
-        assert_settled(&bulkhead, (1000, 1100, 0, 100));
+        assert_settled(&bulkhead, (1000, 1100, 100, 100, 100));
         assert_eq!(bulkhead.stats().rejected_by_reason.budget_limit, 1);
     });
 }

@@ -24,8 +24,10 @@ pub(crate) enum Counter {
     Refunded,
     /// Tokens added to holds above their reservations.
     Overrun,
-    /// Tokens added back to holds below their reservations (subtracted from the refunds).
+    /// Tokens added back to holds below their reservations.
     Reheld,
+    /// Tokens of holds returned by releases that knew no usage.
+    ReturnedUnreported,
     /// Slots the queue handed to waiters.
     HandedOut,
     /// Hand-offs their waiters consumed (picked up, or gave back).
@@ -47,6 +49,7 @@ pub(crate) enum ClassCounter {
     Refunded,
     Overrun,
     Reheld,
+    ReturnedUnreported,
     /// Admissions that borrowed their slot.
     BorrowedAdmissions,
     /// Tokens admissions borrowed from the shared pool.
@@ -57,7 +60,7 @@ pub(crate) enum ClassCounter {
 
 impl ClassCounter {
     /// Counters per class.
-    pub(crate) const COUNT: usize = 9 + RejectReason::ALL.len() + AbandonCause::ALL.len();
+    pub(crate) const COUNT: usize = 10 + RejectReason::ALL.len() + AbandonCause::ALL.len();
 
     #[inline]
     fn index(self) -> usize {
@@ -71,16 +74,19 @@ impl ClassCounter {
             ClassCounter::Reheld => 6,
             ClassCounter::BorrowedAdmissions => 7,
             ClassCounter::BorrowedTokensReserved => 8,
-            ClassCounter::Rejected(reason) => 9 + reason as usize,
-            ClassCounter::Abandoned(cause) => 9 + RejectReason::ALL.len() + cause as usize,
+            ClassCounter::ReturnedUnreported => 9,
+            ClassCounter::Rejected(reason) => 10 + reason as usize,
+            ClassCounter::Abandoned(cause) => 10 + RejectReason::ALL.len() + cause as usize,
         }
     }
 }
 
 /// Where the refusal counters start among the global counters.
-const REJECTED_AT: usize = 8;
+const REJECTED_AT: usize = 9;
 const HANDED_OUT_AT: usize = 6;
 const HANDED_BACK_AT: usize = 7;
+/// Where [`Counter::ReturnedUnreported`] is among the global counters.
+const RETURNED_UNREPORTED_AT: usize = 8;
 
 impl Counter {
     /// The class counter booked beside this ledger counter for an admission of a class.
@@ -91,12 +97,13 @@ impl Counter {
             Counter::Refunded => Some(ClassCounter::Refunded),
             Counter::Overrun => Some(ClassCounter::Overrun),
             Counter::Reheld => Some(ClassCounter::Reheld),
+            Counter::ReturnedUnreported => Some(ClassCounter::ReturnedUnreported),
             _ => None,
         }
     }
 
     /// Global counters (the classes' come after them, `ClassCounter::COUNT` per class).
-    const COUNT: usize = 8 + RejectReason::ALL.len() + AbandonCause::ALL.len();
+    const COUNT: usize = 9 + RejectReason::ALL.len() + AbandonCause::ALL.len();
 
     #[inline]
     fn index(self) -> usize {
@@ -109,8 +116,9 @@ impl Counter {
             Counter::Reheld => 5,
             Counter::HandedOut => HANDED_OUT_AT,
             Counter::HandedBack => HANDED_BACK_AT,
+            Counter::ReturnedUnreported => RETURNED_UNREPORTED_AT,
             Counter::Rejected(reason) => REJECTED_AT + reason as usize,
-            Counter::Abandoned(cause) => 8 + RejectReason::ALL.len() + cause as usize,
+            Counter::Abandoned(cause) => REJECTED_AT + RejectReason::ALL.len() + cause as usize,
             Counter::Class(class, counter) => {
                 Counter::COUNT + usize::from(class) * ClassCounter::COUNT + counter.index()
             }

@@ -25,9 +25,13 @@ pub(crate) struct Figures {
     pub(crate) rejected: [u64; RejectReason::ALL.len()],
     pub(crate) reserved: u64,
     pub(crate) consumed: u64,
-    /// Net of re-holds.
+    /// Gross: tokens removed from holds (see `crate::stats::TokenBudgetStats`).
     pub(crate) refunded: u64,
     pub(crate) overrun: u64,
+    /// Tokens added back to holds below their reservations.
+    pub(crate) reheld: u64,
+    /// Tokens of holds returned by releases that knew no usage.
+    pub(crate) returned_unreported: u64,
     /// Admissions that abandoned their borrowed slot, by cause.
     pub(crate) abandoned: [u64; AbandonCause::ALL.len()],
     /// With admission classes.
@@ -133,10 +137,10 @@ impl Engine {
             rejected: core::array::from_fn(|i| totals.rejected(RejectReason::ALL[i])),
             reserved: totals.get(Counter::Reserved),
             consumed: totals.get(Counter::Consumed),
-            refunded: totals
-                .get(Counter::Refunded)
-                .saturating_sub(totals.get(Counter::Reheld)),
+            refunded: totals.get(Counter::Refunded),
             overrun: totals.get(Counter::Overrun),
+            reheld: totals.get(Counter::Reheld),
+            returned_unreported: totals.get(Counter::ReturnedUnreported),
             abandoned: core::array::from_fn(|i| {
                 totals.get(Counter::Abandoned(AbandonCause::ALL[i]))
             }),

@@ -56,6 +56,9 @@ pub(crate) struct Ledger {
     /// `Grant`).
     sequence: u32,
     flags: u8,
+    /// Tokens its usage reports removed from its hold so far (gross, saturating): what it
+    /// gave back to the budget before its release.
+    refunded: u64,
 }
 
 /// The admission has a reservation (the bulkhead has a token budget).
@@ -91,6 +94,7 @@ impl Admission {
                 reported: TokenUsage::ZERO,
                 sequence: 0,
                 flags,
+                refunded: 0,
             },
         }
     }
@@ -335,6 +339,18 @@ impl Admission {
     #[inline]
     pub(crate) fn is_settled(&self) -> bool {
         self.ledger.flags & SETTLED != 0
+    }
+
+    /// Tokens its usage reports removed from its hold so far (see `ReleaseReport`).
+    #[inline]
+    pub(crate) fn refunded_tokens(&self) -> u64 {
+        self.ledger.refunded
+    }
+
+    /// Books `tokens` a usage report removed from its hold.
+    #[inline]
+    pub(crate) fn add_refunded(&mut self, tokens: u64) {
+        self.ledger.refunded = self.ledger.refunded.saturating_add(tokens);
     }
 
     /// Records the cumulative usage reported so far, and whether the report was effective.

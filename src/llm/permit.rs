@@ -33,7 +33,7 @@ impl CoreRef<'_> {
 ///
 /// [`release`](Permit::release) consumes the permit, so nothing can be reported or released
 /// twice; dropping it settles with the last reported usage, if any (else the whole hold is
-/// returned and nothing is booked as consumed or refunded). A permit dereferences to its
+/// returned, booked as returned unreported, not as consumed or refunded). A permit dereferences to its
 /// [`Admission`] (id, limit revision, priority, reservation, hold, usage so far).
 ///
 /// A `Permit<'a>` from [`try_acquire`](crate::LlmBulkhead::try_acquire) borrows the bulkhead;

@@ -198,7 +198,7 @@ impl LlmBulkhead {
     /// Acquires (waiting in the queue if allowed, as [`acquire`](LlmBulkhead::acquire)), runs
     /// `f` with the admission's [`RunContext`], and settles the admission when `f` finishes,
     /// on success or failure: with the last usage `f` reported through the context, else with
-    /// no usage (the whole hold returns, nothing is booked). Use
+    /// no usage (the whole hold returns, booked as returned unreported). Use
     /// [`run_with_usage`](LlmBulkhead::run_with_usage) to settle with the usage in `f`'s result.
     ///
     /// # Errors

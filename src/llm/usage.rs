@@ -20,10 +20,14 @@
 //! Each move of the hold, and the settlement (which moves it to the final usage before
 //! returning it), is split at `r`: tokens added above `r` are *overrun*; tokens removed are
 //! *refunded*; tokens added back below `r` (a later report raising a hold that had dropped)
-//! are *re-held* and taken off the refunds. So `total_overrun` counts only tokens held above
-//! reservations (the original counted any increase), `total_refunded` is net, and for every
-//! admission settled with usage `reserved + overrun == consumed + refunded`, whatever the path
-//! its hold took.
+//! are *re-held*. So `total_overrun` counts only tokens held above reservations (the original
+//! counted any increase). Every total only grows: a hold is `r + overrun + reheld - refunded`
+//! (its own bookings) at every step, and for every admission settled with usage
+//! `reserved + overrun + reheld == consumed + refunded`, whatever the path its hold took. A
+//! release that knows no usage books its hold as *returned unreported* instead (nobody said
+//! what it cost): `reserved + overrun + reheld == refunded + returned_unreported`. Summed over
+//! the admissions, the tokens in flight are
+//! `reserved + overrun + reheld - refunded - consumed - returned_unreported`.
 
 use crate::admission_id::AdmissionId;
 use crate::contain::contain;
@@ -79,6 +83,7 @@ impl LlmCore {
         if hold != previous_hold {
             let (overrun, refunded, reheld) =
                 book(admission.reserved_tokens(), previous_hold, hold);
+            admission.add_refunded(refunded);
             self.engine().count_all(
                 admission.class(),
                 &[
@@ -115,19 +120,27 @@ impl LlmCore {
 
     /// Settles an admission without explicit usage (a dropped permit): with the last reported
     /// usage if any; a call that never reported and that nobody listens to only returns its
-    /// slot and its hold (nothing to book: `released` is derived, see `Engine::figures`).
+    /// slot and its hold, booking a hold it returns as returned unreported (the release itself
+    /// is not counted: `released` is derived, see `Engine::figures`).
     #[inline]
     pub(crate) fn settle_unused(&self, admission: &Admission) {
         if admission.usage().is_some() || self.listeners().wants(EventKind::Release) {
             self.settle(admission, None);
         } else {
+            let held = admission.held_tokens();
+            // Without a budget, or with a hold of 0, there is nothing to book (no lookup).
+            if held > 0 {
+                self.engine()
+                    .count_all(admission.class(), &[(Counter::ReturnedUnreported, held)]);
+            }
             self.engine().release(admission.grant());
         }
     }
 
     /// Settles an admission with `usage`, else the last reported usage, else none: books the
-    /// consumption and the last move of the hold (to the usage), returns the slot and the
-    /// hold, tells the estimator, announces the release.
+    /// consumption and the last move of the hold (to the usage), or without usage the hold as
+    /// returned unreported; returns the slot and the hold, tells the estimator, announces the
+    /// release.
     pub(crate) fn settle(&self, admission: &Admission, usage: Option<TokenUsage>) -> ReleaseReport {
         let held = admission.held_tokens();
         let usage = usage.or(admission.usage());
@@ -152,6 +165,10 @@ impl LlmCore {
                     (Counter::Reheld, reheld),
                 ],
             );
+        } else if held > 0 {
+            // Nobody said what it cost: the hold goes back unbooked as consumed or refunded.
+            self.engine()
+                .count_all(admission.class(), &[(Counter::ReturnedUnreported, held)]);
         }
         // Capacity returns before any user code runs: nothing the estimator or a listener does
         // can keep it (issue #11).
@@ -178,6 +195,8 @@ impl LlmCore {
                 reserved_tokens: admission.reserved_tokens(),
                 held_tokens: held,
                 refunded_tokens: refunded,
+                returned_tokens: held,
+                returned_total_tokens: admission.refunded_tokens().saturating_add(held),
                 usage_sequence: admission.usage_sequence(),
                 usage,
             };
@@ -187,6 +206,8 @@ impl LlmCore {
             held_tokens: held,
             refunded_tokens: refunded,
             overrun_tokens: overrun,
+            returned_tokens: held,
+            returned_total_tokens: admission.refunded_tokens().saturating_add(held),
             usage,
         }
     }
@@ -277,7 +298,8 @@ mod tests {
 
     #[test]
     fn every_path_satisfies_the_identity() {
-        // reserved + overrun == consumed + refunded (net of re-holds), for any path.
+        // reserved + overrun + reheld == consumed + refunded (all gross), for any path, and
+        // at every step the hold is reserved + overrun + reheld - refunded.
         let r = 1000u64;
         for path in [
             vec![1000, 500, 800, 1200, 300, 1500],
@@ -290,9 +312,10 @@ mod tests {
                 overrun += o;
                 refunded += f;
                 reheld += h;
+                assert_eq!(r + overrun + reheld - refunded, w[1], "{path:?}");
             }
             let consumed = *path.last().unwrap();
-            assert_eq!(r + overrun, consumed + (refunded - reheld), "{path:?}");
+            assert_eq!(r + overrun + reheld, consumed + refunded, "{path:?}");
         }
     }
 }

@@ -33,7 +33,7 @@ fn release_with_usage_above_the_hold_refunds_nothing() {
     let report = permit.release(Some(usage(100, 1400)));
     assert_eq!(report_figures(&report), (1100, 0, Some(usage(100, 1400))));
     // The 400 tokens used beyond the reservation are booked as overrun at release (as a
-    // report would have), so reserved + overrun == consumed + refunded.
+    // report would have), so reserved + overrun + reheld == consumed + refunded.
     assert_eq!(report.overrun_tokens, 400);
     let t = tokens(&bulkhead);
     assert_eq!(totals(&t), (1100, 1500, 0, 400));

@@ -13,7 +13,7 @@ use async_bulkhead_llm::{
 /// accepted reports; a plain report holds `input + max(cap, output)`, a progressive one
 /// `remaining + margin + max(0, output - cap)`; every move of the hold is booked split at the
 /// reservation (growth above it: overrun; any shrinking: refunded; growth back below it:
-/// re-held, taken off the refunds); the settlement moves the hold to the final usage.
+/// re-held; all gross); the settlement moves the hold to the final usage.
 #[derive(Clone, Copy, Debug)]
 pub struct Model {
     pub reservation: Reservation,

@@ -74,7 +74,7 @@ pub(crate) fn tokens(bulkhead: &LlmBulkhead) -> TokenBudgetStats {
         .expect("bulkhead has a token budget")
 }
 
-/// `(total_reserved, total_consumed, total_refunded, total_overrun)`.
+/// `(total_reserved, total_consumed, total_refunded, total_overrun)` (refunds gross).
 pub(crate) fn totals(t: &TokenBudgetStats) -> (u64, u64, u64, u64) {
     (
         t.total_reserved,
@@ -89,12 +89,21 @@ pub(crate) fn live(t: &TokenBudgetStats) -> (u64, u64) {
     (t.in_flight_tokens, t.available)
 }
 
-/// Q4's identity for admissions that all settled with usage.
+/// `(total_reheld, total_returned_unreported)`.
+pub(crate) fn reheld_returned(t: &TokenBudgetStats) -> (u64, u64) {
+    (t.total_reheld, t.total_returned_unreported)
+}
+
+/// The token identity, at any step of calls on one thread: `in_flight_tokens == reserved +
+/// overrun + reheld - refunded - consumed - returned_unreported`.
 pub(crate) fn assert_identity(t: &TokenBudgetStats) {
     assert_eq!(
-        t.total_reserved + t.total_overrun,
-        t.total_consumed + t.total_refunded,
-        "reserved + overrun == consumed + refunded: {t:?}"
+        i128::from(t.in_flight_tokens),
+        i128::from(t.total_reserved) + i128::from(t.total_overrun) + i128::from(t.total_reheld)
+            - i128::from(t.total_refunded)
+            - i128::from(t.total_consumed)
+            - i128::from(t.total_returned_unreported),
+        "in_flight == reserved + overrun + reheld - refunded - consumed - returned: {t:?}"
     );
 }
 

@@ -634,7 +634,7 @@ fn random_class_sequences_reach_the_class_cases() {
     assert_reached(strategy, 400, &EVERY_CLASS_CASE);
 }
 
-const EVERY_CLASS_CASE: [&str; 34] = [
+const EVERY_CLASS_CASE: [&str; 35] = [
     "abandon refused: already abandoned",
     "abandon refused: slot not borrowed",
     "abandoned slot served the queue",
@@ -652,6 +652,7 @@ const EVERY_CLASS_CASE: [&str; 34] = [
     "class limits refused: tokens without a budget",
     "class limits refused: too large",
     "class token identity checked",
+    "class token identity checked at a step",
     "classes at the engine's bounds",
     "classes refused by the builder",
     "deadline passed",
@@ -671,7 +672,7 @@ const EVERY_CLASS_CASE: [&str; 34] = [
     "run: zero deadline refused",
 ];
 
-const EVERY_CASE: [&str; 27] = [
+const EVERY_CASE: [&str; 29] = [
     "admitted into the high-priority reserve",
     "budget set",
     "cancelled after a hand-off",
@@ -692,9 +693,11 @@ const EVERY_CASE: [&str; 27] = [
     "refused: queue_limit",
     "refused: shutdown",
     "refused: timeout",
+    "returned a hold unreported",
     "stale limits",
     "stale usage report",
     "token identity checked",
+    "token identity checked at a step",
     "tokens re-held",
     "usage error: clamped total overflows",
     "usage error: hold overflows",

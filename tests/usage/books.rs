@@ -7,8 +7,8 @@ use async_bulkhead_llm::{
 };
 
 use crate::common::usage_fixtures::{
-    ReportFigures, assert_identity, budgeted, figures, fixed, opts, progressive, req, settled,
-    tokens, totals, usage,
+    ReportFigures, assert_identity, budgeted, figures, fixed, opts, progressive, reheld_returned,
+    req, settled, tokens, totals, usage,
 };
 
 /// A reference model of one admission's hold and of the books, straight from §U4.3 and Q4.
@@ -54,12 +54,13 @@ impl Books {
         self.reheld += other.reheld;
     }
 
-    /// `(total_reserved, total_consumed, total_refunded, total_overrun)` as stats show them.
+    /// `(total_reserved, total_consumed, total_refunded, total_overrun)` as stats show them
+    /// (refunds gross).
     fn totals(&self) -> (u64, u64, u64, u64) {
         (
             self.reserved,
             self.consumed,
-            self.refunded_gross - self.reheld,
+            self.refunded_gross,
             self.overrun,
         )
     }
@@ -244,6 +245,9 @@ fn random_walk(bulkhead: &LlmBulkhead, seed: u64, steps: usize, check_live: bool
                 (reserved, consumed, refunded, overrun),
                 "seed {seed}"
             );
+            assert_eq!(t.total_reheld, books.reheld, "seed {seed}");
+            // Nothing is released without usage here (a drop settles with the last report).
+            assert_identity(&t);
         }
     }
     while let Some(entry) = open.pop() {
@@ -259,6 +263,7 @@ fn the_books_balance_after_random_report_paths_on_one_thread() {
         let books = random_walk(&bulkhead, seed, 300, true);
         let t = tokens(&bulkhead);
         assert_eq!(totals(&t), books.totals(), "seed {seed}");
+        assert_eq!(t.total_reheld, books.reheld, "seed {seed}");
         assert_eq!(t.in_flight_tokens, 0, "seed {seed}");
         assert_identity(&t);
         let stats = bulkhead.stats();
@@ -285,6 +290,7 @@ fn the_books_balance_after_random_report_paths_on_several_threads() {
     });
     let t = tokens(&bulkhead);
     assert_eq!(totals(&t), all.totals());
+    assert_eq!(t.total_reheld, all.reheld);
     assert_eq!(t.in_flight_tokens, 0);
     assert_identity(&t);
 }
@@ -294,16 +300,19 @@ fn the_books_balance_for_scripted_paths_of_every_kind() {
     let bulkhead = budgeted(16, 100_000);
     // Plain, falling then rising above r, released without usage:
     // 1100 -> 1010 (refund 90) -> 1510 (re-hold 90, overrun 410) -> settled at 1510.
+    // Refunds are gross: the re-hold is booked apart, the 90 stay refunded.
     let mut p = bulkhead.try_acquire(&req(), fixed()).unwrap();
     p.report_usage(usage(10, 0)).unwrap();
     assert_eq!(totals(&tokens(&bulkhead)), (1100, 0, 90, 0));
     p.report_usage(usage(10, 1500)).unwrap();
-    assert_eq!(totals(&tokens(&bulkhead)), (1100, 0, 0, 410));
+    assert_eq!(totals(&tokens(&bulkhead)), (1100, 0, 90, 410));
+    assert_eq!(reheld_returned(&tokens(&bulkhead)), (90, 0));
+    assert_identity(&tokens(&bulkhead));
     assert_eq!(
         settled(&p.release(None)),
         (1510, 0, 0, Some(usage(10, 1500)))
     );
-    assert_eq!(totals(&tokens(&bulkhead)), (1100, 1510, 0, 410));
+    assert_eq!(totals(&tokens(&bulkhead)), (1100, 1510, 90, 410));
 
     // Progressive, falling, rising above r, falling, released with larger explicit usage:
     // 1100 -> 1000 (refund 100) -> 1200 (re-hold 100, overrun 100) -> 100 (refund 1100)
@@ -314,13 +323,16 @@ fn the_books_balance_for_scripted_paths_of_every_kind() {
         .unwrap();
     p.report_usage_progressive(usage(100, 100), progressive(900, 300))
         .unwrap();
-    assert_eq!(totals(&tokens(&bulkhead)), (2200, 1510, 0, 510));
+    assert_eq!(totals(&tokens(&bulkhead)), (2200, 1510, 190, 510));
+    assert_eq!(reheld_returned(&tokens(&bulkhead)), (190, 0));
     p.report_usage_progressive(usage(100, 900), progressive(100, 0))
         .unwrap();
-    assert_eq!(totals(&tokens(&bulkhead)), (2200, 1510, 1100, 510));
+    assert_eq!(totals(&tokens(&bulkhead)), (2200, 1510, 1290, 510));
+    assert_identity(&tokens(&bulkhead));
     let report = p.release(Some(usage(100, 2000)));
     assert_eq!(settled(&report), (100, 0, 1000, Some(usage(100, 2000))));
-    assert_eq!(totals(&tokens(&bulkhead)), (2200, 3610, 100, 1510));
+    assert_eq!(totals(&tokens(&bulkhead)), (2200, 3610, 1290, 1510));
+    assert_eq!(reheld_returned(&tokens(&bulkhead)), (1190, 0));
 
     // A zero reservation, mixed reports, dropped: 0 -> 7 (overrun 7) -> 4 (refund 3)
     // -> settled at 7 (overrun 3).
@@ -329,8 +341,9 @@ fn the_books_balance_for_scripted_paths_of_every_kind() {
     p.report_usage_progressive(usage(3, 4), progressive(0, 0))
         .unwrap();
     assert_eq!(p.held_tokens(), 4);
+    assert_identity(&tokens(&bulkhead));
     drop(p);
-    assert_eq!(totals(&tokens(&bulkhead)), (2200, 3617, 103, 1520));
+    assert_eq!(totals(&tokens(&bulkhead)), (2200, 3617, 1293, 1520));
 
     // No reports, explicit usage equal to the reservation.
     bulkhead
@@ -338,7 +351,8 @@ fn the_books_balance_for_scripted_paths_of_every_kind() {
         .unwrap()
         .release(Some(usage(100, 1000)));
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (3300, 4717, 103, 1520));
+    assert_eq!(totals(&t), (3300, 4717, 1293, 1520));
+    assert_eq!(reheld_returned(&t), (1190, 0));
     assert_eq!(t.in_flight_tokens, 0);
     assert_identity(&t);
 }

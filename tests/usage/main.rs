@@ -8,8 +8,11 @@
 //! - Q3: reported usage always reaches `total_consumed`, even when the hold is 0;
 //! - Q4: every move of a hold, and the settlement (which moves the hold to the final usage), is
 //!   split at the reservation `r`: tokens added above `r` are *overrun*, tokens removed are
-//!   *refunded*, tokens added back below `r` are *re-held* and taken off the refunds. So for every
-//!   admission settled with usage, `reserved + overrun == consumed + refunded`;
+//!   *refunded*, tokens added back below `r` are *re-held* (all gross: every total only grows).
+//!   So for every admission settled with usage, `reserved + overrun + reheld == consumed +
+//!   refunded`; one released without usage books its hold as *returned unreported*; and after
+//!   every step `in_flight_tokens == reserved + overrun + reheld - refunded - consumed -
+//!   returned_unreported`;
 //! - Q15: reporting after release cannot compile (covered by a `compile_fail` doctest).
 //!
 //! Unless said otherwise an admission reserves the fixed override input 100 / max output 1000,
@@ -29,6 +32,7 @@ mod books;
 mod cumulative_clamp;
 mod errors_change_nothing;
 mod estimator_feedback;
+mod monotonic_totals;
 mod panicking_estimator;
 mod refunds_and_overruns;
 mod settlement;

@@ -64,7 +64,9 @@ fn release_with_explicit_usage_overrides_the_reported_usage() {
     let report = permit.release(Some(usage(100, 1500)));
     assert_eq!(settled(&report), (500, 0, 500, Some(usage(100, 1500))));
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (3300, 1681, 2119, 500));
+    // Refunds are gross: the 600 the drop refunded stay refunded, re-held apart at settlement.
+    assert_eq!(totals(&t), (3300, 1681, 2119 + 600, 500));
+    assert_eq!((t.total_reheld, t.total_returned_unreported), (600, 0));
     assert_identity(&t);
     assert_eq!(t.in_flight_tokens, 0);
 }

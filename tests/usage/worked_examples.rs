@@ -174,7 +174,15 @@ fn a_progressive_hold_rising_back_below_the_reservation_is_re_held_not_overrun()
         t.total_overrun, 0,
         "a rise below the reservation is no overrun"
     );
-    assert_eq!(t.total_refunded, 1100 - 300, "refunds are net of re-holds");
+    assert_eq!(
+        t.total_refunded, 972,
+        "refunds are gross: the rise does not lower them"
+    );
+    assert_eq!(
+        t.total_reheld, 172,
+        "the rise back below the reservation is re-held"
+    );
+    assert_identity(&t);
     let e = one_usage(&events);
     assert_eq!(moved(&e), (2, 1100, 128, 300, 172));
     assert_eq!(
@@ -192,7 +200,8 @@ fn a_progressive_hold_rising_back_below_the_reservation_is_re_held_not_overrun()
     let report = permit.release(None);
     assert_eq!(settled(&report), (300, 0, 200, Some(usage(100, 1200))));
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (1100, 1300, 0, 200));
+    assert_eq!(totals(&t), (1100, 1300, 972, 200));
+    assert_eq!(t.total_reheld, 172 + 800);
     assert_eq!(t.in_flight_tokens, 0);
     assert_identity(&t);
     assert_eq!(
@@ -217,7 +226,9 @@ fn a_hold_crossing_the_reservation_splits_into_re_held_and_overrun() {
     // Same usage, different hold: effective (sequence 2).
     let r = permit.report_usage(usage(20, 100)).unwrap();
     assert_eq!((r.sequence, r.held), (2, 1020));
-    assert_eq!(totals(&tokens(&bulkhead)), (1100, 0, 80, 0));
+    // Gross: the 200 stay refunded; the 120 are re-held.
+    assert_eq!(totals(&tokens(&bulkhead)), (1100, 0, 200, 0));
+    assert_eq!(tokens(&bulkhead).total_reheld, 120);
 
     let r = permit.report_usage(usage(20, 1200)).unwrap();
     assert_eq!(
@@ -225,13 +236,14 @@ fn a_hold_crossing_the_reservation_splits_into_re_held_and_overrun() {
         (3, 1100, 1220, 1220, Some(1000), Some(0), true)
     );
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (1100, 0, 0, 120));
+    assert_eq!(totals(&t), (1100, 0, 200, 120));
+    assert_eq!(t.total_reheld, 200);
     assert_eq!(live(&t), (1220, 3780));
 
     let report = permit.release(None);
     assert_eq!(settled(&report), (1220, 0, 0, Some(usage(20, 1200))));
     let t = tokens(&bulkhead);
-    assert_eq!(totals(&t), (1100, 1220, 0, 120));
+    assert_eq!(totals(&t), (1100, 1220, 200, 120));
     assert_identity(&t);
 }
 
@@ -248,7 +260,8 @@ fn a_progressive_hold_driven_to_zero_still_books_consumption() {
     let report = permit.release(None);
     assert_eq!(settled(&report), (0, 0, 0, Some(usage(100, 1000))));
     let t = tokens(&bulkhead);
-    // Refunded 1100 by the report, then re-held 1100 by the final usage: net 0.
-    assert_eq!(totals(&t), (1100, 1100, 0, 0));
+    // Refunded 1100 by the report, then re-held 1100 by the final usage (both gross).
+    assert_eq!(totals(&t), (1100, 1100, 1100, 0));
+    assert_eq!(t.total_reheld, 1100);
     assert_identity(&t);
 }

@@ -27,7 +27,7 @@ use super::shared::SharedCalls;
 use super::state::Model;
 use super::values::{
     Ask, CLASS_IDS, Cause, LimitsOutcome, ModelLimits, ModelPermit, ModelVerdict, Observed,
-    REASONS, Refused, Settled, Snapshot, Started, UsageSnapshot,
+    REASONS, Refused, Settled, Snapshot, Started, UsageSnapshot, WaiterState,
 };
 
 /// A live permit of either kind.
@@ -641,6 +641,8 @@ impl<'b> Driver<'b> {
             held_tokens: real.held_tokens,
             refunded_tokens: real.refunded_tokens,
             overrun_tokens: real.overrun_tokens,
+            returned_tokens: real.returned_tokens,
+            returned_total_tokens: real.returned_total_tokens,
             usage: usage_of(real.usage),
         };
         self.agree("a release report", real, model);
@@ -704,11 +706,76 @@ impl<'b> Driver<'b> {
         }
     }
 
-    /// Stats, events and every live permit.
+    /// The token identity of the real stats, globally and per class: the tokens in flight,
+    /// less those of waiters handed a slot they have not picked up (their reservations are
+    /// counted at pick-up), are `reserved + overrun + reheld - refunded - consumed -
+    /// returned_unreported` (crate stats.rs `TokenBudgetStats`), after every operation.
+    fn check_token_identity(&mut self, stats: &async_bulkhead_llm::Stats) {
+        let mut handed = vec![0u128; self.model.classes.len()];
+        let mut handed_total = 0u128;
+        for waiter in &self.model.waiters {
+            if let WaiterState::Handed { .. } = waiter.state {
+                let r = u128::from(waiter.ask.reserved());
+                handed_total += r;
+                if let Some(class) = waiter.ask.class {
+                    handed[class] += r;
+                }
+            }
+        }
+        let balance = |totals: [u64; 6]| {
+            let [reserved, overrun, reheld, refunded, consumed, returned] = totals.map(i128::from);
+            (!totals.contains(&u64::MAX))
+                .then_some(reserved + overrun + reheld - refunded - consumed - returned)
+        };
+        let Some(t) = stats.token_budget else {
+            return;
+        };
+        if let Some(balance) = balance([
+            t.total_reserved,
+            t.total_overrun,
+            t.total_reheld,
+            t.total_refunded,
+            t.total_consumed,
+            t.total_returned_unreported,
+        ]) {
+            self.agree(
+                "in_flight_tokens == reserved + overrun + reheld - refunded - consumed - returned",
+                i128::from(t.in_flight_tokens) - handed_total as i128,
+                balance,
+            );
+            self.model.note("token identity checked at a step");
+        }
+        for (at, class) in stats
+            .admission_classes
+            .iter()
+            .flat_map(|c| &c.classes)
+            .enumerate()
+        {
+            if let Some(balance) = balance([
+                class.total_reserved,
+                class.total_overrun,
+                class.total_reheld,
+                class.total_refunded,
+                class.total_consumed,
+                class.total_returned_unreported,
+            ]) {
+                self.agree(
+                    "a class's in_flight_tokens == its reserved + overrun + reheld - refunded - consumed - returned",
+                    i128::from(class.in_flight_tokens) - handed[at] as i128,
+                    balance,
+                );
+                self.model.note("class token identity checked at a step");
+            }
+        }
+    }
+
+    /// Stats (and the token identity), events and every live permit.
     pub(crate) fn check_all(&mut self) {
+        let stats = self.bulkhead.stats();
+        self.check_token_identity(&stats);
         self.agree(
             "stats()",
-            stats_of(&self.bulkhead.stats(), &self.handles),
+            stats_of(&stats, &self.handles),
             self.model.stats(),
         );
         self.agree(
@@ -809,13 +876,21 @@ impl<'b> Driver<'b> {
                 class.total_consumed,
                 class.total_refunded,
                 class.total_overrun,
+                class.total_reheld,
             ]
             .contains(&u64::MAX);
             if self.model.all_settled_with_usage && stats.token_budget.is_some() && !saturated {
                 self.agree(
-                    "a class's reserved + overrun == consumed + refunded",
-                    u128::from(class.total_reserved) + u128::from(class.total_overrun),
+                    "a class's reserved + overrun + reheld == consumed + refunded",
+                    u128::from(class.total_reserved)
+                        + u128::from(class.total_overrun)
+                        + u128::from(class.total_reheld),
                     u128::from(class.total_consumed) + u128::from(class.total_refunded),
+                );
+                self.agree(
+                    "a class's returned unreported when all settled with usage",
+                    class.total_returned_unreported,
+                    0,
                 );
                 self.model.note("class token identity checked");
             }
@@ -827,13 +902,21 @@ impl<'b> Driver<'b> {
                 t.total_consumed,
                 t.total_refunded,
                 t.total_overrun,
+                t.total_reheld,
             ]
             .contains(&u64::MAX);
             if self.model.all_settled_with_usage && !saturated {
                 self.agree(
-                    "reserved + overrun == consumed + refunded",
-                    u128::from(t.total_reserved) + u128::from(t.total_overrun),
+                    "reserved + overrun + reheld == consumed + refunded",
+                    u128::from(t.total_reserved)
+                        + u128::from(t.total_overrun)
+                        + u128::from(t.total_reheld),
                     u128::from(t.total_consumed) + u128::from(t.total_refunded),
+                );
+                self.agree(
+                    "returned unreported when all settled with usage",
+                    t.total_returned_unreported,
+                    0,
                 );
                 self.model.note("token identity checked");
             }

@@ -277,7 +277,9 @@ impl Model {
                 let state = &mut self.classes[class];
                 state.tokens = state.tokens - previous_hold + hold;
             }
-            self.record(permit.class, book(permit.reserved(), previous_hold, hold));
+            let booking = book(permit.reserved(), previous_hold, hold);
+            permit.refunded += booking.refunded;
+            self.record(permit.class, booking);
         }
         let usage_changed = permit.reported != Some(reported);
         permit.held = hold;
@@ -368,6 +370,14 @@ impl Model {
                 if permit.reservation.is_some() {
                     self.all_settled_with_usage = false;
                 }
+                // Nobody said what it cost: the hold goes back as returned unreported.
+                self.returned_unreported += u128::from(permit.held);
+                if let Some(class) = permit.class {
+                    self.classes[class].returned_unreported += u128::from(permit.held);
+                }
+                if permit.held > 0 {
+                    self.note("returned a hold unreported");
+                }
             }
         }
         self.released += 1;
@@ -380,6 +390,8 @@ impl Model {
                 reserved: permit.reserved(),
                 held: permit.held,
                 refunded: booking.refunded,
+                returned: permit.held,
+                returned_total: permit.refunded + permit.held,
                 sequence: permit.sequence,
                 usage,
             });
@@ -388,6 +400,8 @@ impl Model {
             held_tokens: permit.held,
             refunded_tokens: booking.refunded,
             overrun_tokens: booking.overrun,
+            returned_tokens: permit.held,
+            returned_total_tokens: permit.refunded + permit.held,
             usage,
         }
     }
@@ -527,8 +541,10 @@ impl Model {
                 available: budget.saturating_sub(self.tokens),
                 total_reserved: saturate(self.reserved),
                 total_consumed: saturate(self.consumed),
-                total_refunded: saturate(self.refunded - self.reheld),
+                total_refunded: saturate(self.refunded),
                 total_overrun: saturate(self.overrun),
+                total_reheld: saturate(self.reheld),
+                total_returned_unreported: saturate(self.returned_unreported),
             }),
             listener_panics: 0,
             classes: self
@@ -582,8 +598,10 @@ impl Model {
                         rejected_by_reason: state.rejected,
                         total_reserved: saturate(state.reserved),
                         total_consumed: saturate(state.consumed),
-                        total_refunded: saturate(state.refunded - state.reheld),
+                        total_refunded: saturate(state.refunded),
                         total_overrun: saturate(state.overrun),
+                        total_reheld: saturate(state.reheld),
+                        total_returned_unreported: saturate(state.returned_unreported),
                         total_borrowed_admissions: state.borrowed_admissions,
                         total_borrowed_tokens_reserved: saturate(state.borrowed_tokens),
                     }

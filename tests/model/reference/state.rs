@@ -42,6 +42,7 @@ pub(crate) struct ClassState {
     pub(crate) refunded: u128,
     pub(crate) reheld: u128,
     pub(crate) overrun: u128,
+    pub(crate) returned_unreported: u128,
     pub(crate) borrowed_admissions: u64,
     pub(crate) borrowed_tokens: u128,
 }
@@ -76,6 +77,8 @@ pub(crate) struct Model {
     pub(crate) refunded: u128,
     pub(crate) reheld: u128,
     pub(crate) overrun: u128,
+    /// Holds returned by settlements that knew no usage.
+    pub(crate) returned_unreported: u128,
     /// Whether every settled admission with a reservation knew its usage (design §U4.5).
     pub(crate) all_settled_with_usage: bool,
     /// Counts the moments the bulkhead became idle (design §U15.2, Q5).
@@ -125,6 +128,7 @@ impl Model {
             refunded: 0,
             reheld: 0,
             overrun: 0,
+            returned_unreported: 0,
             all_settled_with_usage: true,
             idle_epoch: 0,
             listening: false,
@@ -572,6 +576,7 @@ impl Model {
             held: ask.reserved(),
             reported: None,
             sequence: 0,
+            refunded: 0,
         }
     }
 }

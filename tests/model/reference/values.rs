@@ -242,6 +242,8 @@ pub(crate) struct ModelPermit {
     /// Cumulative usage reported so far, per-field maximum (design §U4.3).
     pub(crate) reported: Option<(u64, u64)>,
     pub(crate) sequence: u64,
+    /// Tokens its usage reports removed from its hold (gross).
+    pub(crate) refunded: u64,
 }
 
 impl ModelPermit {
@@ -344,6 +346,8 @@ pub(crate) enum Observed {
         reserved: u64,
         held: u64,
         refunded: u64,
+        returned: u64,
+        returned_total: u64,
         sequence: u64,
         usage: Option<(u64, u64)>,
     },
@@ -424,6 +428,10 @@ pub(crate) struct Settled {
     pub(crate) held_tokens: u64,
     pub(crate) refunded_tokens: u64,
     pub(crate) overrun_tokens: u64,
+    /// The hold returned at release.
+    pub(crate) returned_tokens: u64,
+    /// The reports' refunds plus `returned_tokens`.
+    pub(crate) returned_total_tokens: u64,
     pub(crate) usage: Option<(u64, u64)>,
 }
 
@@ -570,6 +578,8 @@ pub(crate) struct ClassStats {
     pub(crate) total_consumed: u64,
     pub(crate) total_refunded: u64,
     pub(crate) total_overrun: u64,
+    pub(crate) total_reheld: u64,
+    pub(crate) total_returned_unreported: u64,
     pub(crate) total_borrowed_admissions: u64,
     pub(crate) total_borrowed_tokens_reserved: u64,
 }
@@ -584,6 +594,8 @@ pub(crate) struct TokenStats {
     pub(crate) total_consumed: u64,
     pub(crate) total_refunded: u64,
     pub(crate) total_overrun: u64,
+    pub(crate) total_reheld: u64,
+    pub(crate) total_returned_unreported: u64,
 }
 
 /// How one move of a hold is booked.
@@ -596,9 +608,9 @@ pub(crate) struct Booking {
 
 /// Books a move of a hold from `old` to `new` tokens for an admission that reserved `r`
 /// (crate usage.rs "Booking (our Q4 fix)"; Q4): what rises above `r` is overrun, what rises
-/// back up to `r` re-holds tokens refunded earlier (and is taken off the refunds), and every
-/// fall is refunded. So for an admission settled with usage,
-/// `r + overrun == consumed + refunded - reheld` whatever path its hold took.
+/// back up to `r` re-holds tokens refunded earlier, and every fall is refunded (all gross). So
+/// a hold is always `r + overrun + reheld - refunded`, and for an admission settled with
+/// usage `r + overrun + reheld == consumed + refunded` whatever path its hold took.
 pub(crate) fn book(r: u64, old: u64, new: u64) -> Booking {
     if new >= old {
         Booking {

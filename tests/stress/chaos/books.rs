@@ -14,6 +14,22 @@ fn reason_index(reason: RejectReason) -> usize {
     RejectReason::ALL.iter().position(|&r| r == reason).unwrap()
 }
 
+/// `reserved + overrun + reheld - refunded - consumed - returned_unreported`: the tokens in
+/// flight at every quiet point (crate `TokenBudgetStats`), `None` once a total saturated.
+pub(crate) fn token_balance(t: &async_bulkhead_llm::TokenBudgetStats) -> Option<i128> {
+    let totals = [
+        t.total_reserved,
+        t.total_overrun,
+        t.total_reheld,
+        t.total_refunded,
+        t.total_consumed,
+        t.total_returned_unreported,
+    ];
+    let [reserved, overrun, reheld, refunded, consumed, returned] = totals.map(i128::from);
+    (!totals.contains(&u64::MAX))
+        .then_some(reserved + overrun + reheld - refunded - consumed - returned)
+}
+
 /// The callers' own sums, compared with the bulkhead's statistics at the end.
 #[derive(Default)]
 pub(crate) struct Tally {
@@ -33,7 +49,7 @@ pub(crate) struct Tally {
     post_close_refused: AtomicU64,
     pub(crate) effective_reports: AtomicU64,
     reserved: AtomicU64,
-    /// Reservations of admissions settled without any usage (they book nothing).
+    /// Reservations of admissions settled without any usage (booked as returned unreported).
     unused_reserved: AtomicU64,
     consumed: AtomicU64,
     overrun: AtomicU64,
@@ -43,6 +59,9 @@ pub(crate) struct Tally {
     pub(crate) limit_changes: AtomicU64,
     pub(crate) drains_started: AtomicU64,
     pub(crate) drains_resolved: AtomicU64,
+    /// Quiet points at which the token identity was checked (at least the end of the control
+    /// plane).
+    pub(crate) quiet_checks: AtomicU64,
 }
 
 impl Tally {
@@ -280,26 +299,30 @@ impl Shared {
         assert_eq!(tokens.total_overrun, load(&tally.overrun), "overrun");
         assert_eq!(
             tokens.total_refunded,
-            load(&tally.refunded) - load(&tally.reheld),
-            "refunded (net of re-holds)"
+            load(&tally.refunded),
+            "refunded (gross)"
+        );
+        assert_eq!(tokens.total_reheld, load(&tally.reheld), "re-held");
+        // An admission settled without usage never moved its hold: its reservation went back.
+        assert_eq!(
+            tokens.total_returned_unreported, unused,
+            "returned unreported == the reservations of admissions settled without usage"
         );
         if setup.always_usage {
             assert_eq!(unused, 0, "every admission settled with usage");
-            assert_eq!(
-                tokens.total_reserved + tokens.total_overrun,
-                tokens.total_consumed + tokens.total_refunded,
-                "reserved + overrun == consumed + refunded: {tokens:?}"
-            );
-        } else {
-            assert_eq!(
-                tokens.total_reserved - unused + tokens.total_overrun,
-                tokens.total_consumed + tokens.total_refunded,
-                "the identity over the admissions settled with usage: {tokens:?}"
-            );
         }
+        assert_eq!(
+            tokens.total_reserved + tokens.total_overrun + tokens.total_reheld,
+            tokens.total_consumed + tokens.total_refunded + tokens.total_returned_unreported,
+            "reserved + overrun + reheld == consumed + refunded + returned: {tokens:?}"
+        );
 
         // Every drain resolved.
         assert_eq!(load(&tally.drains_started), load(&tally.drains_resolved));
+        assert!(
+            load(&tally.quiet_checks) > 0,
+            "the token identity was checked at a quiet point"
+        );
 
         // The listener heard everything, consistently.
         if setup.listen {

@@ -9,7 +9,7 @@ use async_bulkhead_llm::{
 };
 use futures::future::join_all;
 
-use super::books::{Heard, Ledger, Shared, Tally};
+use super::books::{Heard, Ledger, Shared, Tally, token_balance};
 use super::callers::worker;
 use super::runtime::{Guard, Plane, Rt, Setup, Task, yield_now};
 use super::{BUDGET, PEAK_QUEUE, PEAK_SLOTS, QUEUE, RESERVE, SLOTS, mix};
@@ -173,14 +173,39 @@ async fn control_plane(shared: Arc<Shared>) {
             stats.in_flight
         );
         in_flight = stats.in_flight;
+        check_quiet_books(&shared);
         reconfigure(&shared, &mut rng);
         shared.rt.pause(&mut rng).await;
         yield_now().await;
     }
     if !shared.failed() {
         bulkhead.drain().await;
+        check_quiet_books(&shared);
     }
     join_all(drains).await;
+}
+
+/// After the close, once nothing is in flight (no admission unsettled, none can come: every
+/// call is refused), the token books are quiet whatever the callers still do: the token
+/// identity must hold exactly, at 0. The counters are read again after the word showed it
+/// idle (a settlement books before it returns its hold), so none of them lags.
+fn check_quiet_books(shared: &Shared) {
+    let idle = shared.bulkhead.stats();
+    let tokens = idle.token_budget.unwrap();
+    if idle.in_flight > 0 || idle.abandoned_in_flight > 0 || tokens.in_flight_tokens > 0 {
+        return;
+    }
+    let stats = shared.bulkhead.stats();
+    let tokens = stats.token_budget.unwrap();
+    assert_eq!(tokens.in_flight_tokens, 0, "closed and idle: {stats:?}");
+    if let Some(balance) = token_balance(&tokens) {
+        assert_eq!(
+            balance, 0,
+            "closed and idle: reserved + overrun + reheld - refunded - consumed - returned \
+             == in_flight_tokens: {tokens:?}"
+        );
+        Tally::bump(&shared.tally.quiet_checks);
+    }
 }
 
 pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {

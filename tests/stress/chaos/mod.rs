@@ -19,15 +19,18 @@
 //! `max_queue` grown, shrunk or 0, a budget below the tokens in flight, a reserve above the
 //! budget), stale and invalid snapshots (which must change nothing), `set_budget`, drains, and
 //! at a random point `close()`. From then on every call must be refused with `shutdown`, slots
-//! in flight never grow, nothing waits, and every `drain()` started along the way resolves.
+//! in flight never grow, nothing waits, and every `drain()` started along the way resolves;
+//! whenever it then finds nothing in flight (a quiet point: no admission left, none can come)
+//! the token identity must hold at 0 (`reserved + overrun + reheld - refunded - consumed -
+//! returned_unreported == in_flight_tokens`), while the callers keep calling.
 //!
 //! Every caller models its own admission (the hold rules and the booking split, written
 //! independently of `src/usage.rs`) and checks every report and release against it. Each run
 //! ends with exact invariants: nothing in flight (slots, tokens) or queued, `admitted ==
 //! released`, `admitted + rejected ==` the calls that were decided (counted by the callers,
 //! with a wrapper that knows whether an acquire future was ever polled), every token booking
-//! equal to the callers' sums, `reserved + overrun == consumed + refunded` when every admission
-//! settled with usage, the listener's events matching, and never more holders than
+//! equal to the callers' sums, `reserved + overrun + reheld == consumed + refunded +
+//! returned_unreported`, the listener's events matching, and never more holders than
 //! `max_concurrent` (an independent ledger kept by the callers) while it is fixed.
 //!
 //! Seeds are random per run and printed when a scenario fails (`CHAOS_SEED=<seed>` replays the

@@ -30,8 +30,8 @@ pub(crate) enum Plane {
 pub(crate) struct Setup {
     pub(crate) seed: u64,
     pub(crate) plane: Plane,
-    /// Every admission settles with usage (an early report, or explicit usage), so the plain
-    /// identity `reserved + overrun == consumed + refunded` must hold.
+    /// Every admission settles with usage (an early report, or explicit usage), so nothing is
+    /// returned unreported and `reserved + overrun + reheld == consumed + refunded` holds.
     pub(crate) always_usage: bool,
     /// A listener subscribed to every event (it also changes the paths: admissions are timed).
     pub(crate) listen: bool,

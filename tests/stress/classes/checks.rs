@@ -159,7 +159,7 @@ impl Shared {
         assert_eq!(classes.default_class, self.handles[self.default]);
 
         // Each class against its callers' books, and the classes against the globals.
-        let mut sums = [0u64; 10];
+        let mut sums = [0u64; 12];
         let mut rejected_sum = [0u64; 6];
         for (c, s) in classes.classes.iter().enumerate() {
             let book = self.book(c);
@@ -206,22 +206,26 @@ impl Shared {
                     s.total_reserved,
                     s.total_consumed,
                     s.total_overrun,
-                    s.total_refunded
+                    s.total_refunded,
+                    s.total_reheld,
+                    s.total_returned_unreported
                 ),
                 (
                     load(&book.reserved),
                     load(&book.consumed),
                     load(&book.overrun),
-                    load(&book.refunded) - load(&book.reheld)
+                    load(&book.refunded),
+                    load(&book.reheld),
+                    unused
                 ),
                 "{}",
-                at("token books (reserved, consumed, overrun, refunded)")
+                at("token books (reserved, consumed, overrun, refunded, reheld, returned)")
             );
             assert_eq!(
-                s.total_reserved - unused + s.total_overrun,
-                s.total_consumed + s.total_refunded,
+                s.total_reserved + s.total_overrun + s.total_reheld,
+                s.total_consumed + s.total_refunded + s.total_returned_unreported,
                 "{}",
-                at("reserved + overrun == consumed + refunded over the settled-with-usage")
+                at("reserved + overrun + reheld == consumed + refunded + returned")
             );
             if setup.always_usage {
                 assert_eq!(unused, 0, "{}", at("every admission settled with usage"));
@@ -253,6 +257,8 @@ impl Shared {
                 s.total_consumed,
                 s.total_refunded,
                 s.total_overrun,
+                s.total_reheld,
+                s.total_returned_unreported,
                 abandoned.manual,
                 abandoned.deadline,
                 s.borrowed_concurrency_abandoned,
@@ -274,6 +280,8 @@ impl Shared {
                 tokens.total_consumed,
                 tokens.total_refunded,
                 tokens.total_overrun,
+                tokens.total_reheld,
+                tokens.total_returned_unreported,
                 by_cause.manual,
                 by_cause.deadline,
                 stats.borrowed_concurrency_abandoned,

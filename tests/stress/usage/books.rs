@@ -372,18 +372,22 @@ impl Shared {
         assert_eq!(tokens.total_overrun, load(&tally.overrun), "overrun");
         assert_eq!(
             tokens.total_refunded,
-            load(&tally.refunded) - load(&tally.reheld),
-            "refunded (net of re-holds)"
+            load(&tally.refunded),
+            "refunded (gross)"
         );
-        // ...and the identity over the admissions settled with usage.
+        assert_eq!(tokens.total_reheld, load(&tally.reheld), "re-held");
+        assert_eq!(
+            tokens.total_returned_unreported, unused,
+            "returned unreported == the reservations of admissions settled without usage"
+        );
+        // ...and the identity over every admission, settled with usage or not.
         if setup.always_usage {
             assert_eq!(unused, 0, "every admission settled with usage");
         }
         assert_eq!(
-            tokens.total_reserved - unused + tokens.total_overrun,
-            tokens.total_consumed + tokens.total_refunded,
-            "reserved + overrun == consumed + refunded ({unused} reserved by admissions \
-             settled without usage left out): {tokens:?}"
+            tokens.total_reserved + tokens.total_overrun + tokens.total_reheld,
+            tokens.total_consumed + tokens.total_refunded + tokens.total_returned_unreported,
+            "reserved + overrun + reheld == consumed + refunded + returned: {tokens:?}"
         );
 
         // The run did what it was meant to (not a vacuous pass).

@@ -13,7 +13,7 @@
 //! during the run. At the end everything must be back and every book must balance: the
 //! bulkhead's counters against the callers' sums, the listener's per-admission traces (usage
 //! events, sum of their `delta_tokens`, the release) against the callers' own, and
-//! `reserved + overrun == consumed + refunded` over the admissions settled with usage.
+//! `reserved + overrun + reheld == consumed + refunded + returned_unreported`.
 //!
 //! Two focused tests check that an overrun hold really blocks admissions until it is released.
 //!

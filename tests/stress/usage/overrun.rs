@@ -136,6 +136,17 @@ fn overrun_holds_block_admissions_until_released() {
     let admitted_in_phase = [AtomicU64::new(0), AtomicU64::new(0)];
     let barrier = Rendezvous::new(HOLDERS + HAMMERS);
     let tokens_in_flight = || bulkhead.stats().token_budget.unwrap().in_flight_tokens;
+    // At a quiet point (holders parked, hammers only refused): the tokens in flight are the
+    // books' balance, `reserved + overrun + reheld - refunded - consumed - returned`.
+    let balanced = || {
+        let t = bulkhead.stats().token_budget.unwrap();
+        assert_eq!(
+            t.total_reserved + t.total_overrun + t.total_reheld,
+            t.in_flight_tokens + t.total_refunded + t.total_consumed + t.total_returned_unreported,
+            "{t:?}"
+        );
+        t.in_flight_tokens
+    };
 
     std::thread::scope(|s| {
         for mut permit in holders {
@@ -173,10 +184,13 @@ fn overrun_holds_block_admissions_until_released() {
         for h in 0..HAMMERS {
             let (bulkhead, barrier, refusals) = (&bulkhead, &barrier, &refusals);
             let (admitted_in_phase, tokens_in_flight) = (&admitted_in_phase, &tokens_in_flight);
+            let balanced = &balanced;
             s.spawn(move || {
                 let mut rng = fastrand::Rng::with_seed(h as u64);
                 barrier.wait(); // (1)
                 assert_eq!(tokens_in_flight(), 1_350);
+                // 900 reserved + 450 overrun; the other hammers' refusals book no tokens.
+                assert_eq!(balanced(), 1_350);
                 for _ in 0..50 {
                     let reservation = match rng.u8(0..4) {
                         0 => Reservation::new(0, 0).unwrap(),
@@ -211,6 +225,8 @@ fn overrun_holds_block_admissions_until_released() {
                 barrier.wait(); // (6)
                 if h == 0 {
                     assert_eq!(tokens_in_flight(), 1_000);
+                    // 2400 reserved + 900 overrun + 450 re-held - 900 refunded - 1850 consumed.
+                    assert_eq!(balanced(), 1_000);
                 }
                 barrier.wait(); // (7)
                 for permit in permits {
@@ -233,12 +249,14 @@ fn overrun_holds_block_admissions_until_released() {
     );
     assert_eq!(stats.rejected, stats.rejected_by_reason.budget_limit);
     // Each holder: +150 above the reservation, -300 refunded, then +150 re-held and +150 above
-    // the reservation again at settlement.
+    // the reservation again at settlement (refunds are gross: the re-hold is booked apart).
     assert_eq!(tokens.total_overrun, HOLDERS as u64 * 300);
-    assert_eq!(tokens.total_refunded, HOLDERS as u64 * 150);
+    assert_eq!(tokens.total_refunded, HOLDERS as u64 * 300);
+    assert_eq!(tokens.total_reheld, HOLDERS as u64 * 150);
+    assert_eq!(tokens.total_returned_unreported, 0);
     assert_eq!(tokens.total_consumed, HOLDERS as u64 * 450 + 15 * 100);
     assert_eq!(
-        tokens.total_reserved + tokens.total_overrun,
+        tokens.total_reserved + tokens.total_overrun + tokens.total_reheld,
         tokens.total_consumed + tokens.total_refunded
     );
 }
