@@ -190,6 +190,13 @@ impl Shard {
         self.bump_at(HANDED_OUT_AT, 1);
     }
 
+    /// Counts `held` tokens returned by a release that knew no usage (indexed directly: the
+    /// release path of a dropped permit).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_returned_unreported(&self, held: u64) {
+        self.bump_at(RETURNED_UNREPORTED_AT, held);
+    }
+
     /// Counts a hand-off its waiter consumed (see [`bump_handed_out`](Shard::bump_handed_out)).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_handed_back(&self) {

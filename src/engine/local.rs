@@ -114,6 +114,15 @@ impl Sink<'_> {
         }
     }
 
+    /// Counts `held` tokens returned by a release that knew no usage.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_returned_unreported(&self, held: u64) {
+        match self {
+            Sink::Own(shard) => shard.bump_returned_unreported(held),
+            Sink::Fallback(hub) => hub.fallback().bump_returned_unreported(held),
+        }
+    }
+
     /// Counts a hand-off its waiter consumed.
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_handed_back(&self) {

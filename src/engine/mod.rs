@@ -655,6 +655,14 @@ impl Engine {
         local::with(&self.counters, |sink| sink.bump(counter, by));
     }
 
+    /// Counts `held` tokens returned without usage by a release of an admission without a
+    /// class (the dropped-permit path: the counter indexed directly, no [`Counter`] value read
+    /// back through memory).
+    #[inline]
+    pub(crate) fn count_returned_unreported(&self, held: u64) {
+        local::with(&self.counters, |sink| sink.bump_returned_unreported(held));
+    }
+
     /// Bumps several counters in this thread's shard (one slot lookup), and for an admission
     /// of `class` the class's twin of each (see [`Counter::class_twin`]).
     #[inline]

@@ -130,8 +130,12 @@ impl LlmCore {
             let held = admission.held_tokens();
             // Without a budget, or with a hold of 0, there is nothing to book (no lookup).
             if held > 0 {
-                self.engine()
-                    .count_all(admission.class(), &[(Counter::ReturnedUnreported, held)]);
+                match admission.class() {
+                    None => self.engine().count_returned_unreported(held),
+                    class => self
+                        .engine()
+                        .count_all(class, &[(Counter::ReturnedUnreported, held)]),
+                }
             }
             self.engine().release(admission.grant());
         }
