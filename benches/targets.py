@@ -57,6 +57,8 @@ def run_benches():
     run(["cargo", "bench", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--features", "tower", "--bench", "tower", "--"] + QUICK,
         stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "--features", "metrics,tracing", "--bench", "observability", "--"]
+        + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
     # The general Bulkhead: its single-thread group quick, its hand-off group with the
     # sampling set in code (like `waiting`).
@@ -257,6 +259,13 @@ def main():
         awaited, theirs = m[g + "bulkhead_acquire_await"], m[g + "tokio_semaphore_acquire_await"]
         print(f"INFO bulkhead_acquire_await_vs_tokio ratio={awaited / theirs:.2f}  "
               f"(acquire().await + release, a slot free: {awaited:.1f} vs {theirs:.1f} ns)")
+    o = "metrics/"
+    if have(o + "off", o + "default_sampling", o + "every_call_sampled"):
+        on, off = m[o + "default_sampling"], m[o + "off"]
+        target("metrics_on_vs_off_1_thread", on / off, 1.5, True,
+               f"admission + release with BulkheadMetrics (default sampling, Prometheus "
+               f"recorder) {on:.1f} ns vs without {off:.1f} ns; every call sampled "
+               f"{m[o + 'every_call_sampled']:.1f} ns")
     if HANDOFF_RATIOS:
         # Like for like: tokio's `acquire().await` has no timeout, so neither does the
         # judged case (`wait_indefinitely`); the defaults (a 10 s queue timeout, a timer

@@ -27,7 +27,13 @@
 //! frees for it) is refused then (429 `budget_limit`), and one that could never fit is answered
 //! 413 so that its client does not retry it unchanged.
 //!
-//! Run: `cargo run --release --example gateway --features tower` (about 12 s; loopback only).
+//! The gateway also serves `GET /metrics` in Prometheus text (`BulkheadMetrics`, feature
+//! `metrics`, under `metrics-exporter-prometheus`'s recorder), outside the layer: the demo
+//! scrapes it after the load, prints the bulkhead's series, and checks that the scrape agrees
+//! with `stats()`.
+//!
+//! Run: `cargo run --release --example gateway --features tower,metrics` (about 12 s; loopback
+//! only).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -36,19 +42,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, Event, EventKind, LlmBulkhead, LlmLayer, Priority, Profile, TokenBudget,
+    AcquireOptions, BulkheadMetrics, Event, EventKind, LlmBulkhead, LlmLayer, Priority, Profile,
+    TokenBudget,
 };
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -235,6 +243,30 @@ async fn forward(State(upstream): State<Upstream>, request: axum::extract::Reque
         }
         Err(error) => (StatusCode::BAD_GATEWAY, format!("provider: {error}")).into_response(),
     }
+}
+
+/// What `GET /metrics` serves.
+struct Scrape {
+    metrics: BulkheadMetrics,
+    prometheus: PrometheusHandle,
+}
+
+/// `GET /metrics`: publishes the bulkhead's counters and gauges from its stats, then renders
+/// everything the recorder holds in Prometheus text.
+async fn metrics_text(State(scrape): State<Arc<Scrape>>) -> String {
+    scrape.metrics.publish();
+    scrape.prometheus.render()
+}
+
+/// Scrapes the gateway's `/metrics` as a Prometheus server would.
+async fn scrape_metrics(gateway: SocketAddr) -> Result<String, Box<dyn std::error::Error>> {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let response = client
+        .get(format!("http://{gateway}/metrics").parse()?)
+        .await?;
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8(body.to_vec())?)
 }
 
 async fn serve(app: Router) -> SocketAddr {
@@ -506,6 +538,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             timeout: Some(QUEUE_TIMEOUT),
         })
         .build()?;
+    // Metrics: a Prometheus recorder for the process, the bulkhead's series registered with it.
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let prometheus = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    let scrape = Arc::new(Scrape {
+        metrics: BulkheadMetrics::builder(&bulkhead, "gateway")
+            .provider("openai")
+            .install(),
+        prometheus,
+    });
     let timing = Arc::new(Timing::default());
     let sink = timing.clone();
     let _subscription = bulkhead.on_events([EventKind::Admit], move |event| {
@@ -535,7 +577,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Router::new()
             .route("/v1/chat/completions", post(forward))
             .with_state(upstream)
-            .layer(layer),
+            .layer(layer)
+            // Added after the layer, so a scrape is never admitted or refused by it.
+            .merge(
+                Router::new()
+                    .route("/metrics", get(metrics_text))
+                    .with_state(scrape),
+            ),
     )
     .await;
 
@@ -747,9 +795,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         spread(of(&|o| o.status == 503, |o| o.end_to_end), ms)
     );
 
+    // ----- The scrape -----
+    let scraped = scrape_metrics(gateway).await?;
+    println!("GET /metrics (the bulkhead's non-zero series, sorted; summaries as _count and _sum)");
+    let mut shown: Vec<&str> = scraped
+        .lines()
+        .filter(|l| {
+            !l.starts_with('#')
+                && (l.starts_with("llm_bulkhead_") || l.starts_with("gen_ai_"))
+                && !l.contains("quantile=")
+                && !l.ends_with(" 0")
+        })
+        .collect();
+    shown.sort_unstable();
+    for line in shown {
+        println!("  {line}");
+    }
+    // The sum of a series' values over its label sets (those with `label`).
+    let series_with = |name: &str, label: &str| -> u64 {
+        scraped
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let series = |name: &str| series_with(name, "");
+
     // ----- Invariants -----
     let reasons = stats.rejected_by_reason;
-    let checks: [(&str, bool); 10] = [
+    let checks: [(&str, bool); 11] = [
         (
             "every request got an answer",
             errors.is_empty() && outcomes.len() == total,
@@ -799,6 +874,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 && peaks.pending.load(Ordering::Relaxed) <= u64::from(MAX_QUEUE),
         ),
         ("the burst exceeded the limits", stats.rejected > 0),
+        (
+            "/metrics agrees with stats()",
+            series("llm_bulkhead_admissions_total") == stats.admitted
+                && series("llm_bulkhead_rejections_total") == stats.rejected
+                && series("llm_bulkhead_tokens_consumed_total") == tokens.total_consumed
+                && series("llm_bulkhead_in_flight_calls") == 0
+                && series_with(
+                    "llm_bulkhead_queue_wait_seconds_count",
+                    "outcome=\"admitted\"",
+                ) == timing.queue_waits.lock().unwrap().len() as u64
+                && series_with(
+                    "llm_bulkhead_queue_wait_seconds_count",
+                    "outcome=\"timeout\"",
+                ) == reasons.timeout,
+        ),
     ];
     println!("invariants");
     for (what, holds) in &checks {

@@ -27,6 +27,19 @@
 //! kind. Emitting an event nobody listens to is one relaxed load and a branch: no allocation,
 //! no lock, and no clock read (admission timing is measured only while someone listens to admit
 //! or reject events).
+//!
+//! # Sampling
+//!
+//! A listener on every admission costs a delivery (and two clock reads) per call, several times
+//! the admission itself. A *sampled* subscription
+//! ([`on_events_sampled`](crate::LlmBulkhead::on_events_sampled)) hears only some calls: one
+//! call in `every` on each thread (a per-thread countdown decides, when the call's decision
+//! starts), and every call that waited in the queue (a wait already costs far more than its
+//! event). A sampled call stays sampled for its whole life: the listener hears its admit or
+//! reject event, and its usage, abandonment and release events. Events that are not about one
+//! call's fast path (reconfigure, bypass, deduplication) reach sampled listeners every time.
+//! The other calls cost one relaxed load, a branch and a decrement of a thread-local counter.
+//! Several sampled subscriptions share one rate, the highest asked for (the smallest `every`).
 
 use core::fmt;
 use std::time::Duration;
@@ -39,7 +52,7 @@ use crate::engine::limits::Limits;
 use crate::priority::Priority;
 use crate::rejection::{CapacityDetail, RejectReason};
 use crate::reservation::{Progressive, Reservation, TokenUsage};
-use crate::sync::unmodeled::{Arc, AtomicU64, Mutex, Ordering, Weak, lock};
+use crate::sync::unmodeled::{Arc, AtomicU32, AtomicU64, Mutex, Ordering, Weak, lock};
 
 /// The kinds of events, to subscribe to some of them.
 ///
@@ -120,7 +133,17 @@ impl EventKind {
     pub(crate) const fn bit(self) -> u64 {
         1 << self as u32
     }
+
+    /// The kind's bit among sampled listeners' kinds.
+    #[inline]
+    pub(crate) const fn sampled_bit(self) -> u64 {
+        self.bit() << SAMPLED_SHIFT
+    }
 }
+
+/// Sampled listeners' kinds sit this far above the kinds' own bits, in the same mask: one load
+/// tells both.
+const SAMPLED_SHIFT: u32 = 32;
 
 /// A lifecycle event, as a listener receives it.
 ///
@@ -436,7 +459,10 @@ type Listener = Box<dyn Fn(&Event<'_>) + Send + Sync>;
 
 struct Entry {
     id: u64,
+    /// The kinds' bits (`EventKind::bit`), or for a sampled listener their sampled bits.
     kinds: u64,
+    /// A sampled listener's rate (one call in `every`); 0 for a listener on every call.
+    every: u32,
     listener: Listener,
 }
 
@@ -447,8 +473,12 @@ struct Entry {
 /// unsubscribing (rare) copy the list under `writer` and swap the copy in.
 #[derive(Default)]
 pub(crate) struct Listeners {
-    /// One bit per [`EventKind`] with at least one listener.
+    /// One bit per [`EventKind`] with at least one listener on every call, and one
+    /// (`EventKind::sampled_bit`) per kind with at least one sampled listener.
     active: AtomicU64,
+    /// The sampling rate: one call in this many (the smallest `every` of the sampled
+    /// listeners; 0 without any).
+    sample_every: AtomicU32,
     /// The listeners, in registration order.
     entries: ArcSwap<Vec<Arc<Entry>>>,
     /// Serialises subscribing and unsubscribing.
@@ -458,28 +488,51 @@ pub(crate) struct Listeners {
 }
 
 impl Listeners {
-    /// Whether anyone listens to `kind`.
+    /// Whether anyone listens to `kind` for a call that is `sampled` or not: listeners on
+    /// every call always, sampled listeners only for a sampled call.
     ///
     /// `Relaxed`: a listener registered concurrently with an event may or may not see it;
     /// one registered before the event (happens-before) is seen because registration and the
     /// event's own synchronisation (the caller's) order them.
     #[inline]
-    pub(crate) fn wants(&self, kind: EventKind) -> bool {
-        self.active.load(Ordering::Relaxed) & kind.bit() != 0
+    pub(crate) fn hears(&self, kind: EventKind, sampled: bool) -> bool {
+        self.active.load(Ordering::Relaxed) & audience(kind, sampled) != 0
     }
 
-    /// Whether anyone listens to any of `kinds`.
+    /// The mask of kinds listened to (see `active`), for a caller that tests several bits
+    /// with one load.
     #[inline]
-    pub(crate) fn wants_any(&self, kinds: u64) -> bool {
-        self.active.load(Ordering::Relaxed) & kinds != 0
+    pub(crate) fn mask(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
     }
 
-    /// Delivers `event` to its listeners (the caller checked [`wants`](Listeners::wants)).
+    /// Whether the call whose decision starts now on this thread is sampled: one in
+    /// `sample_every`, counted down per thread.
+    #[inline]
+    pub(crate) fn sample(&self) -> bool {
+        let every = self.sample_every.load(Ordering::Relaxed);
+        if every == 0 {
+            return false;
+        }
+        SAMPLE_COUNTDOWN.with(|left| match left.get() {
+            0 => {
+                left.set(every - 1);
+                true
+            }
+            n => {
+                left.set(n - 1);
+                false
+            }
+        })
+    }
+
+    /// Delivers `event` to its listeners: those on every call, and the sampled ones when
+    /// `sampled` (the caller checked [`hears`](Listeners::hears)).
     #[cold]
-    pub(crate) fn emit(&self, event: &Event<'_>) {
-        let bit = event.kind().bit();
+    pub(crate) fn emit(&self, event: &Event<'_>, sampled: bool) {
+        let bits = audience(event.kind(), sampled);
         let entries = self.entries.load();
-        for entry in entries.iter().filter(|e| e.kinds & bit != 0) {
+        for entry in entries.iter().filter(|e| e.kinds & bits != 0) {
             // A listener's panic must not unwind into the bulkhead's bookkeeping.
             if crate::contain::contain(|| (entry.listener)(event)) {
                 self.panics.fetch_add(1, Ordering::Relaxed);
@@ -492,13 +545,14 @@ impl Listeners {
         self.panics.load(Ordering::Relaxed)
     }
 
-    fn add(&self, kinds: u64, listener: Listener) -> u64 {
+    fn add(&self, kinds: u64, every: u32, listener: Listener) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let _writer = lock(&self.writer);
         let mut next: Vec<Arc<Entry>> = self.entries.load().iter().cloned().collect();
         next.push(Arc::new(Entry {
             id,
             kinds,
+            every,
             listener,
         }));
         self.publish(next);
@@ -519,9 +573,32 @@ impl Listeners {
 
     /// Installs `next` (the caller holds `writer`).
     fn publish(&self, next: Vec<Arc<Entry>>) {
+        let every = next
+            .iter()
+            .map(|e| e.every)
+            .filter(|&every| every > 0)
+            .min()
+            .unwrap_or(0);
+        self.sample_every.store(every, Ordering::Relaxed);
         self.active.store(mask(&next), Ordering::Relaxed);
         self.entries.store(Arc::new(next));
     }
+}
+
+/// The bits of the listeners that hear an event of `kind` about a call that is `sampled` or
+/// not.
+#[inline]
+const fn audience(kind: EventKind, sampled: bool) -> u64 {
+    if sampled {
+        kind.bit() | kind.sampled_bit()
+    } else {
+        kind.bit()
+    }
+}
+
+std::thread_local! {
+    /// Calls left before this thread's next sampled call (see [`Listeners::sample`]).
+    static SAMPLE_COUNTDOWN: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
 }
 
 fn mask(entries: &[Arc<Entry>]) -> u64 {
@@ -578,7 +655,27 @@ pub struct Subscription {
 
 impl Subscription {
     pub(crate) fn new(listeners: &Arc<Listeners>, kinds: u64, listener: Listener) -> Subscription {
-        let id = listeners.add(kinds, listener);
+        Subscription::register(listeners, kinds, 0, listener)
+    }
+
+    /// A sampled listener of `kinds` (a mask of `EventKind::bit`s), hearing one call in
+    /// `every`.
+    pub(crate) fn sampled(
+        listeners: &Arc<Listeners>,
+        kinds: u64,
+        every: core::num::NonZeroU32,
+        listener: Listener,
+    ) -> Subscription {
+        Subscription::register(listeners, kinds << SAMPLED_SHIFT, every.get(), listener)
+    }
+
+    fn register(
+        listeners: &Arc<Listeners>,
+        kinds: u64,
+        every: u32,
+        listener: Listener,
+    ) -> Subscription {
+        let id = listeners.add(kinds, every, listener);
         Subscription {
             listeners: Arc::downgrade(listeners),
             id: Some(id),
@@ -623,37 +720,44 @@ pub(crate) fn kinds_mask(kinds: impl IntoIterator<Item = EventKind>) -> u64 {
 /// Every kind's bit.
 pub(crate) const ALL_KINDS: u64 = (1 << EventKind::ALL.len()) - 1;
 
-/// When a decision started and, for a call that waited, when it joined the queue. Taken only
-/// while someone listens to admit or reject events (no clock read otherwise).
+/// When a decision started and, for a call that waited, when it joined the queue; and whether
+/// the call is sampled. Taken only while someone listens to admit or reject events, or while a
+/// sampled listener listens and the call is sampled (no clock read otherwise).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timing {
     started: std::time::Instant,
     queued_at: Option<std::time::Instant>,
+    /// Whether sampled listeners hear this call (see the module docs).
+    pub(crate) sampled: bool,
 }
 
 impl Timing {
-    /// A decision that starts now.
+    /// A decision that starts now, of a call that is `sampled` or not.
     #[inline]
-    pub(crate) fn start() -> Timing {
+    pub(crate) fn start(sampled: bool) -> Timing {
         Timing {
             started: std::time::Instant::now(),
             queued_at: None,
+            sampled,
         }
     }
 
     /// A decision nobody timed when it started, which joined the queue at `at`: its decision
-    /// time counts from there (the part before is unknown), its queue wait is exact.
+    /// time counts from there (the part before is unknown), its queue wait is exact. Every call
+    /// that waited is sampled.
     pub(crate) fn from_queue(at: std::time::Instant) -> Timing {
         Timing {
             started: at,
             queued_at: Some(at),
+            sampled: true,
         }
     }
 
-    /// The same decision, which joined the queue at `at`.
+    /// The same decision, which joined the queue at `at` (so it is sampled).
     pub(crate) fn queued(self, at: std::time::Instant) -> Timing {
         Timing {
             queued_at: Some(at),
+            sampled: true,
             ..self
         }
     }
@@ -675,3 +779,15 @@ impl Timing {
 
 /// The kinds whose events carry decision timing.
 pub(crate) const DECISION_KINDS: u64 = EventKind::Admit.bit() | EventKind::Reject.bit();
+
+/// The sampled bits of the kinds of one call's events: a sampled listener of any of them makes
+/// the bulkhead sample calls.
+pub(crate) const SAMPLED_CALL_KINDS: u64 = (EventKind::Admit.bit()
+    | EventKind::Reject.bit()
+    | EventKind::Usage.bit()
+    | EventKind::Release.bit()
+    | EventKind::BorrowedConcurrencyAbandon.bit())
+    << SAMPLED_SHIFT;
+
+/// The sampled bits of the kinds whose events carry decision timing.
+pub(crate) const SAMPLED_DECISION_KINDS: u64 = DECISION_KINDS << SAMPLED_SHIFT;

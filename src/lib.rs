@@ -126,6 +126,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! **Sampled listeners, metrics, tracing.** [`LlmBulkhead::on_events_sampled`] hears one call
+//! in `n` per thread (and every call that waited in the queue) for its whole life, so a
+//! listener that times calls stays cheap. The `metrics` feature builds `BulkheadMetrics` on it
+//! (counters and gauges written from [`stats`](LlmBulkhead::stats), sampled histograms,
+//! OpenTelemetry GenAI token usage); the `tracing` feature opens spans around queued waits and
+//! [`run`](LlmBulkhead::run), and `trace_events` logs a bulkhead's events at `DEBUG` with their
+//! admission ids.
+//!
 //! # Waiting
 //!
 //! With `max_queue > 0` (e.g. [`Profile::Batch`]), a call that finds no free slot may wait in
@@ -252,7 +260,12 @@ mod bulkhead;
 mod llm;
 
 // Integrations with other crates, over the public API (behind their features).
-#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg(any(
+    feature = "axum",
+    feature = "tower",
+    feature = "metrics",
+    feature = "tracing"
+))]
 mod integrations;
 
 /// The named futures of the crate.
@@ -285,12 +298,18 @@ pub use events::{
     UsageEvent,
 };
 pub use http::HttpRefusal;
+#[cfg(feature = "metrics")]
+pub use integrations::metrics::{
+    BulkheadMetrics, BulkheadMetricsBuilder, DEFAULT_SAMPLE_EVERY, Publisher,
+};
 #[cfg(feature = "tower")]
 pub use integrations::tower::{
     BoxError, DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService, provider_usage,
 };
 #[cfg(feature = "tower")]
 pub use integrations::tower_bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
+#[cfg(feature = "tracing")]
+pub use integrations::tracing::{trace_events, trace_events_sampled};
 pub use llm::admission::Admission;
 pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
@@ -368,6 +387,12 @@ fn _assert_send_sync() {
     both::<TenantsBuilder<String>>();
     both::<TenantsError>();
     both::<TenantsConfigError>();
+    #[cfg(feature = "metrics")]
+    {
+        both::<BulkheadMetrics>();
+        both::<BulkheadMetricsBuilder>();
+        both::<Publisher>();
+    }
     #[cfg(feature = "tower")]
     {
         both::<BulkheadLayer>();

@@ -64,6 +64,10 @@ pub struct Stats {
     pub rejected: u64,
     /// Refusals so far, by reason.
     pub rejected_by_reason: RejectionCounts,
+    /// Effective usage reports so far: reports that changed an admission's cumulative usage
+    /// or its hold (the ones a usage event announces; a report that changed nothing is not
+    /// counted). Settlement is not a report.
+    pub usage_reports: u64,
     /// Token accounting, present iff the bulkhead has a token budget.
     pub token_budget: Option<TokenBudgetStats>,
     /// Panics of event listeners, caught and counted.
@@ -301,6 +305,7 @@ impl Stats {
             released: figures.released,
             rejected: rejected_by_reason.total(),
             rejected_by_reason,
+            usage_reports: figures.usage_reports,
             listener_panics,
             estimator_panics,
             deduplication: None,

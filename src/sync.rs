@@ -127,7 +127,7 @@ mod loom_u128 {
 
 /// Items that are not part of any modelled protocol (see the module docs).
 pub(crate) mod unmodeled {
-    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
     /// Locks `mutex`, ignoring poisoning.

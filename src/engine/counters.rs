@@ -28,6 +28,8 @@ pub(crate) enum Counter {
     Reheld,
     /// Tokens of holds returned by releases that knew no usage.
     ReturnedUnreported,
+    /// Effective usage reports (those that changed an admission's usage or hold).
+    UsageReports,
     /// Slots the queue handed to waiters.
     HandedOut,
     /// Hand-offs their waiters consumed (picked up, or gave back).
@@ -82,7 +84,7 @@ impl ClassCounter {
 }
 
 /// Where the refusal counters start among the global counters.
-const REJECTED_AT: usize = 9;
+const REJECTED_AT: usize = 10;
 const HANDED_OUT_AT: usize = 6;
 const HANDED_BACK_AT: usize = 7;
 /// Where [`Counter::ReturnedUnreported`] is among the global counters.
@@ -103,7 +105,7 @@ impl Counter {
     }
 
     /// Global counters (the classes' come after them, `ClassCounter::COUNT` per class).
-    const COUNT: usize = 9 + RejectReason::ALL.len() + AbandonCause::ALL.len();
+    const COUNT: usize = 10 + RejectReason::ALL.len() + AbandonCause::ALL.len();
 
     #[inline]
     fn index(self) -> usize {
@@ -117,6 +119,7 @@ impl Counter {
             Counter::HandedOut => HANDED_OUT_AT,
             Counter::HandedBack => HANDED_BACK_AT,
             Counter::ReturnedUnreported => RETURNED_UNREPORTED_AT,
+            Counter::UsageReports => 9,
             Counter::Rejected(reason) => REJECTED_AT + reason as usize,
             Counter::Abandoned(cause) => REJECTED_AT + RejectReason::ALL.len() + cause as usize,
             Counter::Class(class, counter) => {

@@ -32,6 +32,8 @@ pub(crate) struct Figures {
     pub(crate) reheld: u64,
     /// Tokens of holds returned by releases that knew no usage.
     pub(crate) returned_unreported: u64,
+    /// Effective usage reports.
+    pub(crate) usage_reports: u64,
     /// Admissions that abandoned their borrowed slot, by cause.
     pub(crate) abandoned: [u64; AbandonCause::ALL.len()],
     /// With admission classes.
@@ -141,6 +143,7 @@ impl Engine {
             overrun: totals.get(Counter::Overrun),
             reheld: totals.get(Counter::Reheld),
             returned_unreported: totals.get(Counter::ReturnedUnreported),
+            usage_reports: totals.get(Counter::UsageReports),
             abandoned: core::array::from_fn(|i| {
                 totals.get(Counter::Abandoned(AbandonCause::ALL[i]))
             }),

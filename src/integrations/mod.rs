@@ -11,15 +11,25 @@
 //! - `bulkhead_http.rs` (`axum` or `tower`): the general bulkhead's refusals as 503 with a
 //!   JSON body, shared by the axum response and the tower layer.
 //!
+//! - `metrics.rs` (feature `metrics`): `BulkheadMetrics`, a bulkhead's counters, gauges and
+//!   histograms through the `metrics` facade (stats read when published, a sampled listener).
+//! - `tracing.rs` (feature `tracing`): `trace_events`, a bulkhead's events as `tracing` debug
+//!   events (the spans around queued waits and `run` are in `llm/`, where those are).
+//!
 //! [`HttpRefusal`]: crate::HttpRefusal
 //! [`BulkheadError`]: crate::BulkheadError
 
 #[cfg(feature = "axum")]
 mod axum;
+#[cfg(any(feature = "axum", feature = "tower"))]
 mod bulkhead_http;
 #[cfg(feature = "tower")]
 mod hold_times;
+#[cfg(feature = "metrics")]
+pub(crate) mod metrics;
 #[cfg(feature = "tower")]
 pub(crate) mod tower;
 #[cfg(feature = "tower")]
 pub(crate) mod tower_bulkhead;
+#[cfg(feature = "tracing")]
+pub(crate) mod tracing;

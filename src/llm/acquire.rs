@@ -293,6 +293,9 @@ struct Waiting {
     /// nobody listened to decisions when it arrived). Read for every queued call, listeners
     /// or not: whoever listens when the wait ends hears its outcome, with its queue wait.
     timing: Timing,
+    /// The `llm_bulkhead.queue_wait` span, open while the call waits.
+    #[cfg(feature = "tracing")]
+    span: tracing::Span,
 }
 
 /// The state machine shared by both futures and both blocking variants.
@@ -371,6 +374,8 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
             call,
             sleep,
             timing,
+            #[cfg(feature = "tracing")]
+            span: queue_wait_span(&self.core, &call),
         });
     }
 
@@ -403,9 +408,14 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         decided: Result<Grant, Rejection>,
     ) -> Result<Admission, AcquireError> {
         let picked_at = self.core.wants_decisions().then(Instant::now);
+        // Events announced now are recorded inside the wait's span.
+        #[cfg(feature = "tracing")]
+        let _entered = waiting.span.enter();
+        #[cfg(feature = "tracing")]
+        record_outcome(&waiting.span, &decided);
         match decided {
             Ok(grant) => {
-                let admission = waiting.call.admission(grant);
+                let admission = waiting.call.admission(grant, Some(waiting.timing));
                 self.core
                     .announce_admit(&admission, Some(waiting.timing), picked_at);
                 Ok(admission)
@@ -509,11 +519,47 @@ impl<C: Deref<Target = LlmCore>> Drop for Machine<C> {
         };
         let picked_at = self.core.wants_decisions().then(Instant::now);
         let rejection = self.core.engine().cancel(&waiting.waiter);
+        #[cfg(feature = "tracing")]
+        let _entered = waiting.span.enter();
+        #[cfg(feature = "tracing")]
+        waiting.span.record("outcome", rejection.reason().as_str());
         self.core.announce_reject(
             &rejection,
             waiting.call.ask.class,
             Some(waiting.timing),
             picked_at,
         );
+    }
+}
+
+/// The span of a call's wait in the queue: `DEBUG` `llm_bulkhead.queue_wait`, with the call's
+/// model, class, priority and tokens; its outcome (`admitted` and the admission id, or the
+/// refusal's reason) is recorded when the wait ends.
+#[cfg(feature = "tracing")]
+#[cold]
+fn queue_wait_span(core: &LlmCore, call: &Call) -> tracing::Span {
+    tracing::debug_span!(
+        target: "async_bulkhead_llm",
+        "llm_bulkhead.queue_wait",
+        model = core.model(),
+        class = call.ask.class.map(tracing::field::display),
+        priority = call.ask.priority.as_str(),
+        reserved_tokens = call.ask.reserved,
+        outcome = tracing::field::Empty,
+        admission_id = tracing::field::Empty,
+    )
+}
+
+/// Records how a wait ended on its span.
+#[cfg(feature = "tracing")]
+fn record_outcome(span: &tracing::Span, decided: &Result<Grant, Rejection>) {
+    match decided {
+        Ok(grant) => {
+            span.record("outcome", "admitted");
+            span.record("admission_id", tracing::field::display(grant.id()));
+        }
+        Err(rejection) => {
+            span.record("outcome", rejection.reason().as_str());
+        }
     }
 }

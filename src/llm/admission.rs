@@ -69,6 +69,8 @@ const HAS_MEMO: u8 = 1 << 1;
 const REPORTED: u8 = 1 << 2;
 /// Its permit was released (so dropping it settles nothing more).
 const SETTLED: u8 = 1 << 3;
+/// Sampled listeners hear its events (see `crate::events`).
+const SAMPLED: u8 = 1 << 4;
 
 impl Admission {
     /// The record of `grant`, admitted with `reservation` (none without a token budget) as
@@ -97,6 +99,18 @@ impl Admission {
                 refunded: 0,
             },
         }
+    }
+
+    /// Marks the admission sampled: sampled listeners hear its later events.
+    #[inline]
+    pub(crate) fn mark_sampled(&mut self) {
+        self.ledger.flags |= SAMPLED;
+    }
+
+    /// Whether sampled listeners hear this admission's events.
+    #[inline]
+    pub(crate) fn sampled(&self) -> bool {
+        self.ledger.flags & SAMPLED != 0
     }
 
     /// The admission's unique id.

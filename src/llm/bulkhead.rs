@@ -3,6 +3,7 @@
 //! family lives in `acquire.rs` and `run` in `run.rs`.
 
 use core::fmt;
+use core::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::admission_class::AdmissionClass;
@@ -520,6 +521,51 @@ impl LlmBulkhead {
         listener: impl Fn(&Event<'_>) + Send + Sync + 'static,
     ) -> Subscription {
         Subscription::new(self.core.listeners(), kinds_mask(kinds), Box::new(listener))
+    }
+
+    /// Like [`on_events`](LlmBulkhead::on_events), for a sample of the calls: the listener
+    /// hears one call in `every` on each thread, and every call that waited in the queue; for a
+    /// sampled call, all of its events among `kinds` (its admit or reject, usage, abandonment
+    /// and release). Events that are not about one call (reconfigure, bypass, deduplication)
+    /// it hears every time. This is how a listener that times every call (a histogram of
+    /// decision or hold times) stays cheap: the calls it does not hear cost a thread-local
+    /// countdown, no clock read and no delivery. Several sampled subscriptions on one bulkhead
+    /// share one rate, the highest asked for (the smallest `every`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, LlmRequest};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
+    /// let heard = Arc::new(AtomicU64::new(0));
+    /// let count = heard.clone();
+    /// let every = NonZeroU32::new(10).unwrap();
+    /// let _subscription = bulkhead.on_events_sampled([EventKind::Admit, EventKind::Release], every, move |_| {
+    ///     count.fetch_add(1, Ordering::Relaxed);
+    /// });
+    /// for _ in 0..100 {
+    ///     drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+    /// }
+    /// // One call in ten on this thread: 10 admit and 10 release events.
+    /// assert_eq!(heard.load(Ordering::Relaxed), 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_events_sampled(
+        &self,
+        kinds: impl IntoIterator<Item = EventKind>,
+        every: NonZeroU32,
+        listener: impl Fn(&Event<'_>) + Send + Sync + 'static,
+    ) -> Subscription {
+        Subscription::sampled(
+            self.core.listeners(),
+            kinds_mask(kinds),
+            every,
+            Box::new(listener),
+        )
     }
 
     /// A snapshot of the bulkhead's figures; see [`Stats`].

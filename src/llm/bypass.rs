@@ -34,7 +34,7 @@ impl LlmCore {
             return Err(rejection);
         }
         self.observe_counters().count_bypass(&bypass);
-        if self.listeners().wants(EventKind::Bypass) {
+        if self.listeners().hears(EventKind::Bypass, true) {
             let event = BypassEvent {
                 shadow_id: bypass.shadow_id,
                 limit_revision: bypass.limit_revision,
@@ -45,7 +45,7 @@ impl LlmCore {
                 reservation: bypass.reservation,
                 raced: bypass.raced,
             };
-            self.listeners().emit(&Event::Bypass(&event));
+            self.listeners().emit(&Event::Bypass(&event), true);
         }
         Ok(BypassCall::new(bypass))
     }
@@ -77,7 +77,7 @@ impl LlmCore {
                 reported,
             )
         };
-        if effective && self.listeners().wants(EventKind::BypassUsage) {
+        if effective && self.listeners().hears(EventKind::BypassUsage, true) {
             let event = BypassUsageEvent {
                 shadow_id: bypass.shadow_id,
                 limit_revision: bypass.limit_revision,
@@ -92,7 +92,7 @@ impl LlmCore {
                 over_reservation: report.over_reservation,
                 progressive,
             };
-            self.listeners().emit(&Event::BypassUsage(&event));
+            self.listeners().emit(&Event::BypassUsage(&event), true);
         }
         Ok(report)
     }
@@ -104,7 +104,7 @@ impl LlmCore {
         if let Some(usage) = usage {
             self.observe_counters().count_usage(usage);
         }
-        if self.listeners().wants(EventKind::BypassRelease) {
+        if self.listeners().hears(EventKind::BypassRelease, true) {
             let bypass = call.bypass;
             let event = BypassReleaseEvent {
                 shadow_id: bypass.shadow_id,
@@ -116,7 +116,7 @@ impl LlmCore {
                 usage_sequence: call.sequence,
                 usage,
             };
-            self.listeners().emit(&Event::BypassRelease(&event));
+            self.listeners().emit(&Event::BypassRelease(&event), true);
         }
     }
 
@@ -127,7 +127,7 @@ impl LlmCore {
         rejection: &Rejection,
         class: Option<AdmissionClass>,
     ) {
-        if self.listeners().wants(EventKind::Reject) {
+        if self.listeners().hears(EventKind::Reject, false) {
             let event = RejectEvent {
                 reason: rejection.reason(),
                 class,
@@ -136,7 +136,7 @@ impl LlmCore {
                 decision_duration: Duration::ZERO,
                 queue_wait: Duration::ZERO,
             };
-            self.listeners().emit(&Event::Reject(&event));
+            self.listeners().emit(&Event::Reject(&event), false);
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::engine::{Ask, Decision, Engine, Grant, Wait, WaiterHandle};
 use crate::error::{AcquireError, RequestError};
 use crate::events::{
     AdmitEvent, BorrowedConcurrencyAbandonEvent, DECISION_KINDS, Event, EventKind, Listeners,
-    ReconfigureEvent, RejectEvent, Timing,
+    ReconfigureEvent, RejectEvent, SAMPLED_CALL_KINDS, SAMPLED_DECISION_KINDS, Timing,
 };
 use crate::rejection::Rejection;
 use crate::reservation::Reservation;
@@ -54,10 +54,17 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    /// The record of this call, admitted by `grant`.
+    /// The record of this call, admitted by `grant`, sampled if its `timing` says so (see
+    /// `crate::events`: sampled listeners hear its later events too).
     #[inline]
-    pub(crate) fn admission(&self, grant: Grant) -> Admission {
-        Admission::new(grant, self.reservation, self.memo)
+    pub(crate) fn admission(&self, grant: Grant, timing: Option<Timing>) -> Admission {
+        let mut admission = Admission::new(grant, self.reservation, self.memo);
+        if let Some(timing) = timing
+            && timing.sampled
+        {
+            admission.mark_sampled();
+        }
+        admission
     }
 }
 
@@ -209,7 +216,7 @@ impl LlmCore {
         };
         match decision {
             Decision::Admitted(grant) => {
-                let admission = call.admission(grant);
+                let admission = call.admission(grant, timing);
                 self.announce_admit(&admission, timing, None);
                 Admitted::Now(admission)
             }
@@ -235,9 +242,9 @@ impl LlmCore {
         // temporary would be copied, and a copy read right after the writes that built it
         // stalls the CPU's store forwarding (measured: a refusal took twice as long).
         if timing.is_none() {
-            return self.decide_now(call, permit);
+            return self.decide_now(call, None, permit);
         }
-        let result = self.decide_now(call, permit);
+        let result = self.decide_now(call, timing, permit);
         match &result {
             Ok(permit) => self.announce_admit(permit, timing, None),
             Err(AcquireError::Rejected(rejection)) => {
@@ -253,9 +260,10 @@ impl LlmCore {
     fn decide_now<P>(
         &self,
         call: Call,
+        timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, AcquireError> {
-        let admitted = |grant| permit(call.admission(grant));
+        let admitted = |grant| permit(call.admission(grant, timing));
         if call.ask.class.is_none() {
             self.engine
                 .try_admit(call.ask, admitted, AcquireError::Rejected)
@@ -265,16 +273,23 @@ impl LlmCore {
         }
     }
 
-    /// Starts timing a decision if anyone listens to its outcome.
+    /// Starts timing a decision if anyone will hear of it: a listener of decisions on every
+    /// call, or a sampled listener when this call is sampled (see `crate::events`).
     #[inline]
     pub(crate) fn timing(&self) -> Option<Timing> {
-        self.listeners.wants_any(DECISION_KINDS).then(Timing::start)
+        let mask = self.listeners.mask();
+        if mask & (DECISION_KINDS | SAMPLED_CALL_KINDS) == 0 {
+            return None;
+        }
+        let sampled = mask & SAMPLED_CALL_KINDS != 0 && self.listeners.sample();
+        (sampled || mask & DECISION_KINDS != 0).then(|| Timing::start(sampled))
     }
 
-    /// Whether anyone listens to decisions now (so their timing is worth a clock read).
+    /// Whether anyone listens to the decisions of calls that waited now (so their timing is
+    /// worth a clock read): every call that waited is sampled.
     #[inline]
     pub(crate) fn wants_decisions(&self) -> bool {
-        self.listeners.wants_any(DECISION_KINDS)
+        self.listeners.mask() & (DECISION_KINDS | SAMPLED_DECISION_KINDS) != 0
     }
 
     /// Emits the admit event of `admission` (no-op unless timing was started and anyone
@@ -287,7 +302,7 @@ impl LlmCore {
         picked_at: Option<Instant>,
     ) {
         let Some(timing) = timing else { return };
-        if !self.listeners.wants(EventKind::Admit) {
+        if !self.listeners.hears(EventKind::Admit, timing.sampled) {
             return;
         }
         let (decision_duration, queue_wait) =
@@ -303,7 +318,7 @@ impl LlmCore {
             decision_duration,
             queue_wait,
         };
-        self.listeners.emit(&Event::Admit(&event));
+        self.listeners.emit(&Event::Admit(&event), timing.sampled);
     }
 
     /// Emits the reject event of `rejection` of a call of `class` (no-op unless timing was
@@ -317,7 +332,7 @@ impl LlmCore {
         picked_at: Option<Instant>,
     ) {
         let Some(timing) = timing else { return };
-        if !self.listeners.wants(EventKind::Reject) {
+        if !self.listeners.hears(EventKind::Reject, timing.sampled) {
             return;
         }
         let (decision_duration, queue_wait) =
@@ -330,7 +345,7 @@ impl LlmCore {
             decision_duration,
             queue_wait,
         };
-        self.listeners.emit(&Event::Reject(&event));
+        self.listeners.emit(&Event::Reject(&event), timing.sampled);
     }
 
     /// Returns `admission`'s borrowed slot now, keeping its tokens held until it settles (see
@@ -341,7 +356,11 @@ impl LlmCore {
         if !self.engine.abandon(admission.grant_mut(), cause) {
             return false;
         }
-        if self.listeners.wants(EventKind::BorrowedConcurrencyAbandon) {
+        let sampled = admission.sampled();
+        if self
+            .listeners
+            .hears(EventKind::BorrowedConcurrencyAbandon, sampled)
+        {
             let event = BorrowedConcurrencyAbandonEvent {
                 admission_id: admission.admission_id(),
                 limit_revision: admission.limit_revision(),
@@ -352,18 +371,19 @@ impl LlmCore {
                 held_tokens: admission.held_tokens(),
             };
             self.listeners
-                .emit(&Event::BorrowedConcurrencyAbandon(&event));
+                .emit(&Event::BorrowedConcurrencyAbandon(&event), sampled);
         }
         true
     }
 
     /// Emits a reconfigure event. The caller holds no lock.
     pub(crate) fn announce_reconfigure(&self, previous: &Limits, current: &Limits) {
-        if self.listeners.wants(EventKind::Reconfigure) {
-            self.listeners.emit(&Event::Reconfigure(&ReconfigureEvent {
+        if self.listeners.hears(EventKind::Reconfigure, true) {
+            let event = ReconfigureEvent {
                 previous: previous.clone(),
                 current: current.clone(),
-            }));
+            };
+            self.listeners.emit(&Event::Reconfigure(&event), true);
         }
     }
 }

@@ -307,7 +307,7 @@ impl LlmBulkhead {
             self.core.resolve(request, options.acquire)
         };
         let core = &*self.core;
-        async move {
+        let run = async move {
             let call = prepared.map_err(RunError::Invalid)?;
             let acquire = Acquire::resolved(core, call, options.acquire);
             match enter(core, call, options.observe, acquire).await? {
@@ -327,7 +327,20 @@ impl LlmBulkhead {
                     }
                 }
             }
-        }
+        };
+        // The whole call, wait and callback, inside one span (its admission id recorded once
+        // admitted): what the call's events and the callback's own log lines are recorded in.
+        #[cfg(feature = "tracing")]
+        let run = tracing::Instrument::instrument(
+            run,
+            tracing::debug_span!(
+                target: "async_bulkhead_llm",
+                "llm_bulkhead.run",
+                model = core.model(),
+                admission_id = tracing::field::Empty,
+            ),
+        );
+        run
     }
 }
 
@@ -343,6 +356,11 @@ where
     F: for<'c> AsyncFnOnce(RunContext<'c>) -> Result<T, E>,
     U: FnOnce(&T) -> Option<TokenUsage>,
 {
+    #[cfg(feature = "tracing")]
+    tracing::Span::current().record(
+        "admission_id",
+        tracing::field::display(permit.admission_id()),
+    );
     let timer = cut_timer(deadline, permit.resources().borrowed_concurrency);
     let abandoned = AtomicBool::new(false);
     // The permit lives in this future: dropping the future settles it.

@@ -328,9 +328,9 @@ where
             Plan::Lead(waiter)
         }
         Role::Follower { followers } => {
-            if core.listeners().wants(EventKind::Dedup) {
+            if core.listeners().hears(EventKind::Dedup, true) {
                 core.listeners()
-                    .emit(&Event::Dedup(&DedupEvent { class, followers }));
+                    .emit(&Event::Dedup(&DedupEvent { class, followers }), true);
             }
             let timeout = options.acquire.timeout;
             // A follower may run its own callback only as an observe-mode bypass after its own

@@ -80,6 +80,7 @@ impl LlmCore {
             }
         };
         let previous_hold = self.engine().move_hold(admission.grant_mut(), hold)?;
+        let effective = usage_changed || hold != previous_hold;
         if hold != previous_hold {
             let (overrun, refunded, reheld) =
                 book(admission.reserved_tokens(), previous_hold, hold);
@@ -90,13 +91,20 @@ impl LlmCore {
                     (Counter::Overrun, overrun),
                     (Counter::Refunded, refunded),
                     (Counter::Reheld, reheld),
+                    (Counter::UsageReports, 1),
                 ],
             );
+        } else if effective {
+            self.engine()
+                .count_all(admission.class(), &[(Counter::UsageReports, 1)]);
         }
-        let effective = usage_changed || hold != previous_hold;
         admission.record(reported, effective);
         let report = snapshot(admission, reported);
-        if effective && self.listeners().wants(EventKind::Usage) {
+        if effective
+            && self
+                .listeners()
+                .hears(EventKind::Usage, admission.sampled())
+        {
             let event = UsageEvent {
                 admission_id: report.admission_id,
                 limit_revision: report.limit_revision,
@@ -113,7 +121,8 @@ impl LlmCore {
                 over_reservation: report.over_reservation,
                 progressive,
             };
-            self.listeners().emit(&Event::Usage(&event));
+            self.listeners()
+                .emit(&Event::Usage(&event), admission.sampled());
         }
         Ok(report)
     }
@@ -124,7 +133,11 @@ impl LlmCore {
     /// is not counted: `released` is derived, see `Engine::figures`).
     #[inline]
     pub(crate) fn settle_unused(&self, admission: &Admission) {
-        if admission.usage().is_some() || self.listeners().wants(EventKind::Release) {
+        if admission.usage().is_some()
+            || self
+                .listeners()
+                .hears(EventKind::Release, admission.sampled())
+        {
             self.settle(admission, None);
         } else {
             let held = admission.held_tokens();
@@ -189,7 +202,10 @@ impl LlmCore {
                 self.count_estimator_panic();
             }
         }
-        if self.listeners().wants(EventKind::Release) {
+        if self
+            .listeners()
+            .hears(EventKind::Release, admission.sampled())
+        {
             let event = ReleaseEvent {
                 admission_id: admission.admission_id(),
                 limit_revision: admission.limit_revision(),
@@ -204,7 +220,8 @@ impl LlmCore {
                 usage_sequence: admission.usage_sequence(),
                 usage,
             };
-            self.listeners().emit(&Event::Release(&event));
+            self.listeners()
+                .emit(&Event::Release(&event), admission.sampled());
         }
         ReleaseReport {
             held_tokens: held,

@@ -19,5 +19,6 @@ mod common;
 mod admission_timing;
 mod payloads;
 mod reentrancy_and_panics;
+mod sampling;
 mod subscribed_while_waiting;
 mod subscriptions;
