@@ -152,12 +152,22 @@ fn uncontended(c: &mut Criterion) {
     group.finish();
 }
 
-/// Runs `op` `iters` times on each of `threads` threads at once; returns the wall time.
+/// Runs `op` `iters` times on each of `threads` threads at once; returns the wall time from
+/// the moment all of them are ready (their start-up is outside it) to the last one's end.
+/// Thread `i` is pinned to core `i mod cores`, so two threads on a 2-core machine always run on
+/// different cores (each admission's cache line crosses between them, the case the figures are
+/// about) and never time-share one core by the scheduler's choice.
 fn on_threads(threads: usize, iters: u64, op: &(impl Fn() + Sync)) -> Duration {
     let start = Barrier::new(threads + 1);
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
     std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
+        for i in 0..threads {
+            let core = cores.get(i % cores.len().max(1)).copied();
+            let start = &start;
+            s.spawn(move || {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core);
+                }
                 start.wait();
                 for _ in 0..iters {
                     op();
@@ -172,9 +182,18 @@ fn on_threads(threads: usize, iters: u64, op: &(impl Fn() + Sync)) -> Duration {
     .elapsed()
 }
 
-/// Throughput at 1, 2 and 4 threads hammering one limiter (4 oversubscribes this 2-vCPU
-/// machine). Time per iteration is one operation on every thread, so throughput in elements
-/// is operations per second in all.
+/// The thread counts of `scaling`: powers of two up to twice the machine's cores (1, 2 and 4
+/// here), so the last oversubscribes it.
+fn thread_counts() -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    core::iter::successors(Some(1usize), |n| Some(n * 2))
+        .take_while(|&n| n <= 2 * cores)
+        .collect()
+}
+
+/// Throughput at 1, 2, ... threads hammering one limiter, up to twice the cores (see
+/// [`thread_counts`]). Time per iteration is one operation on every thread, so throughput in
+/// elements is operations per second in all.
 fn scaling(c: &mut Criterion) {
     let request = LlmRequest::new();
     let opts = budget_options();
@@ -189,7 +208,7 @@ fn scaling(c: &mut Criterion) {
     group
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    for threads in [1usize, 2, 4] {
+    for threads in thread_counts() {
         group.throughput(Throughput::Elements(threads as u64));
         group.bench_function(BenchmarkId::new("llm_bulkhead_no_budget", threads), |b| {
             b.iter_custom(|iters| {

@@ -109,13 +109,19 @@ fn one_thread(c: &mut Criterion) {
     group.finish();
 }
 
-/// Runs `op(thread)` `iters` times on each of two threads at once; returns the wall time.
+/// Runs `op(thread)` `iters` times on each of two threads at once, each pinned to its own core
+/// (as in `admission.rs`'s `on_threads`); returns the wall time from when both are ready.
 fn on_two_threads(iters: u64, op: &(impl Fn(usize) + Sync)) -> Duration {
     let start = Barrier::new(3);
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
     std::thread::scope(|s| {
         for thread in 0..2 {
             let start = &start;
+            let core = cores.get(thread % cores.len().max(1)).copied();
             s.spawn(move || {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core);
+                }
                 start.wait();
                 for _ in 0..iters {
                     op(thread);

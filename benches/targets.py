@@ -2,7 +2,7 @@
 """Runs the side-by-side benches and checks every performance target of docs/design.md §D5.
 
 It also checks the deduplication and observe-mode targets that benches/README.md adds. One
-command (about 5 minutes on a 2-vCPU machine):
+command (about 10 minutes on a 2-vCPU machine):
 
     python3 benches/targets.py
 
@@ -19,6 +19,13 @@ else target/criterion). Options:
 
     --no-run    only summarise the criterion results already under target/criterion
     --no-js     skip the JavaScript original (no Node.js or npm registry at hand)
+    --ci        CI's quick mode (`.ci/run`): shorter sampling, one process per multi-thread
+                group, no JS; prints the same table but exits 1 only for an allocation on a
+                fast path or a ratio worse than 3x its goal
+
+The multi-thread groups (scaling, events_2_threads, classes_2_threads, the LLM bulkhead's
+waiting bench and the general Bulkhead's hand-off) run in 5 separate processes and are judged on the median, with the min
+and max printed beside it.
 
 Exits with status 1 if a target fails.
 """
@@ -54,12 +61,13 @@ def run_benches():
         stdout=subprocess.DEVNULL)
     # classes_2_threads sets its own (longer) sampling in code, like the groups below.
     run(["cargo", "bench", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
+    multi_thread_runs()
     run(["cargo", "bench", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--features", "tower", "--bench", "tower", "--"] + QUICK,
         stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--features", "metrics,tracing", "--bench", "observability", "--"]
         + QUICK, stdout=subprocess.DEVNULL)
-    run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"], stdout=subprocess.DEVNULL)
+    waiting_runs()
     # The general Bulkhead: its single-thread group quick, its hand-off group with the
     # sampling set in code (like `waiting`).
     run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_uncontended"] + QUICK,
@@ -67,6 +75,57 @@ def run_benches():
     run(["cargo", "bench", "--bench", "bulkhead", "--no-run"], stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     handoff_runs()
+
+
+# The multi-thread groups (one limiter hammered from several threads) are judged like the
+# hand-off below: MULTI_PROCESSES separate processes (the first is the full run's), the
+# target on the median, with the min and max beside it; the two-thread budget target also
+# fails if any process falls below 1.0x tokio (see benches/README.md, "Multi-thread figures").
+MULTI_PROCESSES = 5
+MULTI_GROUPS = [
+    ("admission", "^(scaling|events_2_threads)/"),
+    ("classes", "^classes_2_threads/"),
+]
+MULTI_RATIOS = []
+
+
+def multi_thread_ratios():
+    m = medians()
+    s, c2 = "scaling/", "classes_2_threads/"
+    return {
+        "budget_2": m[s + "tokio_semaphore/2"] / m[s + "llm_bulkhead_budget/2"],
+        "no_budget_2": m[s + "tokio_semaphore/2"] / m[s + "llm_bulkhead_no_budget/2"],
+        "classes_2": m[c2 + "tokio_three_semaphores"] / m[c2 + "four_classes"],
+    }
+
+
+def multi_thread_runs():
+    MULTI_RATIOS.clear()
+    MULTI_RATIOS.append(multi_thread_ratios())
+    for _ in range(MULTI_PROCESSES - 1):
+        for bench, groups in MULTI_GROUPS:
+            run(["cargo", "bench", "--bench", bench, "--", groups, "--noplot"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        MULTI_RATIOS.append(multi_thread_ratios())
+
+
+# The LLM bulkhead's waiting bench (64 tasks on a multi-thread tokio runtime) is judged the
+# same way, over WAITING_PROCESSES processes.
+WAITING_PROCESSES = 5
+WAITING = "waiting_64_tasks_4_slots/"
+WAITING_RATIOS = []
+
+
+def waiting_runs():
+    WAITING_RATIOS.clear()
+    for _ in range(WAITING_PROCESSES):
+        run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        m = medians()
+        WAITING_RATIOS.append({
+            case: m[WAITING + "tokio_semaphore/acquire"] / m[WAITING + "llm_bulkhead/" + case]
+            for case in ("no_budget", "budget")
+        })
 
 
 # The hand-off benches on two workers are bimodal on a shared 2-core machine (see
@@ -126,7 +185,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-run", action="store_true")
     parser.add_argument("--no-js", action="store_true")
+    parser.add_argument("--ci", action="store_true",
+                        help="CI's quick mode: shorter sampling, one process per multi-thread "
+                             "group, no JS; fails only on an allocation on a fast path or a "
+                             "ratio worse than 3x its goal (what noise cannot explain)")
     args = parser.parse_args()
+    global MULTI_PROCESSES, HANDOFF_PROCESSES, WAITING_PROCESSES
+    if args.ci:
+        args.no_js = True
+        MULTI_PROCESSES = HANDOFF_PROCESSES = 1
+        # The waiting bench's budget case swings most between the machine's regimes: the
+        # median of three keeps one slow process from deciding.
+        WAITING_PROCESSES = 3
+        QUICK[:] = ["--warm-up-time", "0.1", "--measurement-time", "0.5", "--sample-size",
+                    "10", "--noplot"]
 
     if not args.no_run:
         run_benches()
@@ -148,9 +220,15 @@ def main():
     def target(name, ratio, goal, at_most, note=""):
         ok = ratio <= goal if at_most else ratio >= goal
         sign = "<=" if at_most else ">="
-        print(f"TARGET {name} ratio={ratio:.2f} goal={sign}{goal} {'PASS' if ok else 'FAIL'}"
+        # CI's bound: what noise on a shared machine cannot explain.
+        within_3x = ratio <= goal * 3 if at_most else ratio >= goal / 3
+        hard = name == "zero_allocations_fast_path"
+        verdict = "PASS" if ok else "FAIL"
+        if args.ci and not ok:
+            verdict += " (ci: fails the build)" if hard or not within_3x else " (ci: within 3x)"
+        print(f"TARGET {name} ratio={ratio:.2f} goal={sign}{goal} {verdict}"
               + (f"  ({note})" if note else ""))
-        if not ok:
+        if not ok and (not args.ci or hard or not within_3x):
             failed.append(name)
 
     def have(*names):
@@ -171,11 +249,25 @@ def main():
                0.8, True, f"{ours:.1f} vs {m[b + 'tokio_two_semaphores']:.1f} ns")
         target("budget_1_thread_vs_raw_cas_floor", ours / m[b + "raw_cas"], 2.0, True,
                f"{ours:.1f} vs {m[b + 'raw_cas']:.1f} ns")
+    def spread(values):
+        return (f"median {statistics.median(values):.2f}, min {min(values):.2f}, "
+                f"max {max(values):.2f} over {len(values)} processes")
+
     s = "scaling/"
-    if have(s + "llm_bulkhead_budget/2", s + "tokio_semaphore/2"):
+    if MULTI_RATIOS:
+        two = [r["budget_2"] for r in MULTI_RATIOS]
+        target("budget_2_threads_throughput_vs_tokio_semaphore", statistics.median(two), 1.5,
+               False, "throughput at 2 threads, ours with a budget vs tokio's semaphore: "
+               + spread(two))
+        target("budget_2_threads_never_below_tokio", min(two), 1.0, False,
+               "the worst of the processes above")
+        plain = [r["no_budget_2"] for r in MULTI_RATIOS]
+        print(f"INFO no_budget_2_threads_throughput_vs_tokio_semaphore "
+              f"ratio={statistics.median(plain):.2f}  ({spread(plain)})")
+    elif have(s + "llm_bulkhead_budget/2", s + "tokio_semaphore/2"):
         ours, theirs = m[s + "llm_bulkhead_budget/2"], m[s + "tokio_semaphore/2"]
         target("budget_2_threads_throughput_vs_tokio_semaphore", theirs / ours, 1.5, False,
-               f"{ours:.1f} vs {theirs:.1f} ns per iteration")
+               f"{ours:.1f} vs {theirs:.1f} ns per iteration (one process: --no-run)")
     if have("rejection/llm_bulkhead_full", "rejection/llm_bulkhead_closed",
             a + "raw_cas"):
         worst = max(m["rejection/llm_bulkhead_full"], m["rejection/llm_bulkhead_closed"])
@@ -187,7 +279,11 @@ def main():
         target("estimate_2000_chars_vs_100ns_class", m[e] / 100.0, 1.0, True,
                f"{m[e]:.1f} ns for a 2,000-character prompt, default estimator")
     w = "waiting_64_tasks_4_slots/"
-    for case in ["no_budget", "budget"]:
+    for case in ["no_budget", "budget"] if WAITING_RATIOS else []:
+        ratios = [r[case] for r in WAITING_RATIOS]
+        target(f"waiting_{case}_throughput_vs_tokio_acquire", statistics.median(ratios), 0.75,
+               False, spread(ratios))
+    for case in ["no_budget", "budget"] if not WAITING_RATIOS else []:
         if have(w + "llm_bulkhead/" + case, w + "tokio_semaphore/acquire"):
             ours, theirs = m[w + "llm_bulkhead/" + case], m[w + "tokio_semaphore/acquire"]
             target(f"waiting_{case}_throughput_vs_tokio_acquire", theirs / ours, 0.75, False,
@@ -213,7 +309,11 @@ def main():
                ours / m[c + "tokio_three_semaphores"], 0.6, True,
                f"{ours:.1f} vs {m[c + 'tokio_three_semaphores']:.1f} ns")
     c2 = "classes_2_threads/"
-    if have(c2 + "four_classes", c2 + "tokio_three_semaphores"):
+    if MULTI_RATIOS:
+        ratios = [r["classes_2"] for r in MULTI_RATIOS]
+        target("classes_2_threads_throughput_vs_three_tokio_semaphores",
+               statistics.median(ratios), 1.5, False, spread(ratios))
+    elif have(c2 + "four_classes", c2 + "tokio_three_semaphores"):
         ours, theirs = m[c2 + "four_classes"], m[c2 + "tokio_three_semaphores"]
         target("classes_2_threads_throughput_vs_three_tokio_semaphores", theirs / ours, 1.5,
                False, f"{ours:.1f} vs {theirs:.1f} ns per iteration (one op on each thread)")
@@ -271,9 +371,6 @@ def main():
         # judged case (`wait_indefinitely`); the defaults (a 10 s queue timeout, a timer
         # armed per queued wait) are shown beside it. Judged on two workers, as a gateway
         # runs; one worker (the machinery's own cost, no contention) is shown.
-        def spread(values):
-            return (f"median {statistics.median(values):.2f}, min {min(values):.2f}, "
-                    f"max {max(values):.2f} over {len(values)} processes")
         two = [r[2][0] for r in HANDOFF_RATIOS]
         target("bulkhead_handoff_2_workers_throughput_vs_tokio_acquire",
                statistics.median(two), 1.0, False, "queued hand-off, no timeout: " + spread(two))
@@ -285,11 +382,15 @@ def main():
                   f"ratio={statistics.median(values):.2f}  ({case}: {spread(values)})")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
-               "tests/alloc.rs: admission, report, release, drop and refusal, classes included")
+               "tests/alloc.rs: admission, report, release, drop and refusal, classes included; "
+               "the waiting path once warm: queueing, hand-off, cancellation, time-out")
 
     if failed:
         print(f"\n{len(failed)} target(s) failed: {', '.join(failed)}")
         sys.exit(1)
+    if args.ci:
+        print("\nci: no allocation on a fast path, every ratio within 3x of its goal "
+              "(the full run, without --ci, judges the goals)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@
 //! process-wide counter that numbers threads for admission ids. Keeping them out of the model
 //! keeps loom's state space on the admission protocol itself; their correctness does not depend
 //! on interleavings (each shard has one writer at a time, see `crate::engine` `local`).
+//!
+//! On targets without native 64-bit atomics (32-bit PowerPC, MIPS, RISC-V), and everywhere
+//! with the `portable-atomic` feature, every atomic integer here comes from `portable-atomic`
+//! instead of `std` (the feature also turns on event-listener's and atomic-waker's, for targets
+//! with no atomic compare-and-swap at all); `.ci/run` checks the crate for 32-bit PowerPC.
 
 #[cfg(all(loom, not(feature = "loom")))]
 compile_error!("building with `--cfg loom` requires the `loom` feature of async-bulkhead-llm");
@@ -70,14 +75,22 @@ impl AtomicWaker {
 
 /// Atomic integers and orderings.
 pub(crate) mod atomic {
-    #[cfg(not(loom))]
+    #[cfg(all(not(loom), not(feature = "portable-atomic"), target_has_atomic = "64"))]
     pub(crate) use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+    /// The same through `portable-atomic`: with the feature, and on every target without
+    /// native 64-bit atomics.
+    #[cfg(all(
+        not(loom),
+        any(feature = "portable-atomic", not(target_has_atomic = "64"))
+    ))]
+    pub(crate) use portable_atomic_crate::{AtomicU8, AtomicU64, Ordering};
 
     /// The wide admission word of a bulkhead with admission classes: `cmpxchg16b` on x86-64
     /// (detected at run time unless the target enables it), `casp` or `ldxp`/`stxp` on aarch64,
     /// a lock where the target has no 128-bit atomic.
     #[cfg(not(loom))]
-    pub(crate) use portable_atomic::AtomicU128;
+    pub(crate) use portable_atomic_crate::AtomicU128;
 
     #[cfg(loom)]
     pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -127,6 +140,9 @@ mod loom_u128 {
 
 /// Items that are not part of any modelled protocol (see the module docs).
 pub(crate) mod unmodeled {
+    #[cfg(any(feature = "portable-atomic", not(target_has_atomic = "64")))]
+    pub(crate) use portable_atomic_crate::{AtomicU32, AtomicU64, Ordering};
+    #[cfg(all(not(feature = "portable-atomic"), target_has_atomic = "64"))]
     pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 

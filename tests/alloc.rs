@@ -3,6 +3,9 @@
 //! (the `Rejection` and its capacity snapshot included) never touch the heap, with or without a
 //! token budget, with or without admission classes (abandoning a borrowed slot and every class
 //! refusal included), and a listener subscribed to other event kinds costs nothing either.
+//! Once warm, the waiting path allocates nothing either: queueing, being handed a slot, being
+//! cancelled and timing out (both bulkheads; waiters come from a per-thread pool, and the
+//! timer's map keeps its node).
 //!
 //! The `allocation-counter` dev-dependency installs a counting global allocator in this test
 //! binary (and only here: no other target links it). It counts per thread, so the harness's
@@ -429,8 +432,8 @@ fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<
 }
 
 /// Queueing, being handed a slot, and being cancelled (queued, or after the hand-off) allocate
-/// nothing once the thread is warm: the waiter comes from this thread's pool. (A wait with a
-/// timeout also registers with the timer, which allocates: not claimed here.)
+/// nothing once the thread is warm: the waiter comes from this thread's pool. (Timing out: see
+/// the `timed_out_wait` tests below.)
 #[test]
 fn the_general_bulkheads_waiting_path_allocates_nothing_once_warm() {
     let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
@@ -491,4 +494,64 @@ fn the_llm_bulkheads_waiting_path_allocates_nothing_once_warm() {
         drop(handed);
     });
     assert_idle(&bulkhead);
+}
+
+/// Polls `future` until it is ready, spinning (the timer wakes nobody here: the waker is a
+/// no-op, and the poll that finds the deadline passed is what times the wait out).
+fn spin_until_ready<F: std::future::Future + Unpin>(future: &mut F) -> F::Output {
+    loop {
+        if let std::task::Poll::Ready(output) = poll_once(future) {
+            return output;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// A queued wait that times out allocates nothing once warm: it registers with the crate's
+/// timer (an entry in its ordered map, whose node stays allocated while the map is empty) and
+/// leaves it when the deadline has passed; its waiter returns to the pool.
+#[test]
+fn the_llm_bulkheads_timed_out_wait_allocates_nothing_once_warm() {
+    let bulkhead = LlmBulkhead::builder("m", 1)
+        .max_queue(4)
+        .token_budget(TokenBudget::new(10_000))
+        .build()
+        .unwrap();
+    let request = LlmRequest::new();
+    let opts = reservation(10, 20).timeout(std::time::Duration::from_micros(200));
+    let held = bulkhead.try_acquire(&request, opts).unwrap();
+    assert_allocation_free("llm: queue, time out", || {
+        let mut waiting = bulkhead.acquire(&request, opts);
+        assert!(poll_once(&mut waiting).is_pending());
+        let refused = spin_until_ready(&mut waiting).unwrap_err();
+        assert_eq!(refused.rejection().unwrap().reason(), RejectReason::Timeout);
+    });
+    drop(held);
+    assert_idle(&bulkhead);
+    assert_eq!(
+        bulkhead.stats().rejected_by_reason.timeout,
+        (WARM_UP + ITERATIONS) as u64
+    );
+}
+
+/// The same for the general bulkhead's queue timeout.
+#[test]
+fn the_general_bulkheads_timed_out_wait_allocates_nothing_once_warm() {
+    let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
+        .unwrap()
+        .max_queue(4)
+        .queue_timeout(std::time::Duration::from_micros(200))
+        .build();
+    let held = bulkhead.try_acquire().unwrap();
+    assert_allocation_free("bulkhead: queue, time out", || {
+        let mut waiting = bulkhead.acquire();
+        assert!(poll_once(&mut waiting).is_pending());
+        let refused = spin_until_ready(&mut waiting).unwrap_err();
+        assert!(matches!(
+            refused,
+            async_bulkhead_llm::BulkheadError::QueueTimeout { .. }
+        ));
+    });
+    drop(held);
+    assert_eq!(bulkhead.stats().timed_out, (WARM_UP + ITERATIONS) as u64);
 }
