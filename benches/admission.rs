@@ -259,6 +259,20 @@ fn vs_js(c: &mut Criterion) {
     let request = LlmRequest::new();
     let mut group = c.benchmark_group("vs_js");
     group.throughput(Throughput::Elements(1));
+    // tokio's `Semaphore::acquire().await` + drop, the same loop: the async baseline.
+    let tokio_sem = tokio::sync::Semaphore::new(1024);
+    group.bench_function("tokio_semaphore_acquire_await", |b| {
+        b.iter_custom(|iters| {
+            futures::executor::block_on(async {
+                let started = Instant::now();
+                for _ in 0..iters {
+                    let permit = tokio_sem.acquire().await;
+                    drop(black_box(permit.expect("open")));
+                }
+                started.elapsed()
+            })
+        })
+    });
     for (case, budget, opts) in [
         ("acquire_await_budget", true, budget_options()),
         ("acquire_await_no_budget", false, AcquireOptions::new()),

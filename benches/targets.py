@@ -297,8 +297,17 @@ def main():
         target("vs_js", theirs / ours, 50, False,
                f"admission + release with a budget: try_acquire {ours:.1f} ns vs {theirs:.0f} ns")
         awaited = m["vs_js/acquire_await_budget"]
-        print(f"INFO vs_js_acquire_await ratio={theirs / awaited:.2f}  "
-              f"(acquire().await + release {awaited:.1f} ns vs {theirs:.0f} ns)")
+        target("vs_js_acquire_await", theirs / awaited, 50, False,
+               f"acquire().await + release {awaited:.1f} ns vs {theirs:.0f} ns")
+    v = "vs_js/"
+    if have(b + "llm_bulkhead", v + "acquire_await_budget", v + "tokio_semaphore_acquire_await"):
+        awaited, tried = m[v + "acquire_await_budget"], m[b + "llm_bulkhead"]
+        target("acquire_await_vs_try_acquire", awaited / tried, 1.3, True,
+               f"acquire().await + release {awaited:.1f} ns vs try_acquire + release "
+               f"{tried:.1f} ns, a slot free, with a budget")
+        theirs = m[v + "tokio_semaphore_acquire_await"]
+        target("acquire_await_vs_tokio_acquire_await", awaited / theirs, 1.0, True,
+               f"{awaited:.1f} vs tokio's Semaphore::acquire().await + drop {theirs:.1f} ns")
     c = "classes_1_thread/"
     if have(c + "four_classes", c + "no_classes", c + "tokio_three_semaphores"):
         ours = m[c + "four_classes"]

@@ -161,7 +161,40 @@ impl Engine {
         debug_assert!(ask.class.is_none(), "a class call goes through admit_class");
         match self.admit_now(ask) {
             Ok(revision) => Decision::Admitted(self.grant(ask, revision, Resources::NONE)),
-            Err((Refusal::NoSlot, state, bounds)) => {
+            Err(refused) => self.queue_or_refuse(ask, wait, refused),
+        }
+    }
+
+    /// [`admit`](Engine::admit), handing a grant made now to `admitted` so that the caller's
+    /// result is built in place (the first poll of an acquire future: an intermediate
+    /// [`Decision`] would be copied through every frame, and a copy read right after the
+    /// writes that made it stalls store forwarding); anything else (refused, queued) is
+    /// returned as the decision.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn admit_in_place<T>(
+        &self,
+        ask: Ask,
+        wait: Wait<'_>,
+        admitted: impl FnOnce(Grant) -> T,
+    ) -> Result<T, Decision> {
+        debug_assert!(ask.class.is_none(), "a class call goes through admit_class");
+        match self.admit_now(ask) {
+            Ok(revision) => Ok(admitted(self.grant(ask, revision, Resources::NONE))),
+            Err(refused) => Err(self.queue_or_refuse(ask, wait, refused)),
+        }
+    }
+
+    /// What [`admit`](Engine::admit) does with a call the word refused: queue it (decided
+    /// again under the queue lock) if only a slot is missing and it may wait, else refuse it.
+    #[cold]
+    fn queue_or_refuse(
+        &self,
+        ask: Ask,
+        wait: Wait<'_>,
+        refused: (Refusal, State, Bounds),
+    ) -> Decision {
+        match refused {
+            (Refusal::NoSlot, state, bounds) => {
                 // The limits alone can refuse without the queue lock; the queue length cannot.
                 match (wait, policy::queue_or_refuse(&bounds, 0)) {
                     (wait, Ok(())) => self.arrive_or_refuse(ask, wait),
@@ -171,7 +204,7 @@ impl Engine {
                     }
                 }
             }
-            Err((refusal, state, bounds)) => {
+            (refusal, state, bounds) => {
                 Decision::Refused(self.reject_global(refusal.reason(), state, &bounds, ask))
             }
         }

@@ -80,6 +80,7 @@ impl LlmBulkhead {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
+    #[inline]
     pub fn acquire(&self, request: &LlmRequest, options: AcquireOptions) -> Acquire<'_> {
         Acquire {
             machine: Machine::new(&*self.core, request, options),
@@ -218,9 +219,13 @@ impl<'a> Future for Acquire<'a> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let core = self.machine.core;
-        self.machine
-            .poll(cx)
-            .map_ok(|admission| Permit::borrowed(core, admission))
+        let permit = |admission| Permit::borrowed(core, admission);
+        if self.machine.is_new() {
+            return self
+                .machine
+                .start_in_place(cx, permit, |_, admission| permit(admission));
+        }
+        self.machine.poll_waiting(cx).map_ok(permit)
     }
 }
 
@@ -253,13 +258,17 @@ impl Future for AcquireOwned {
     type Output = Result<OwnedPermit, AcquireError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.machine.poll(cx) {
-            Poll::Ready(Ok(admission)) => {
-                Poll::Ready(Ok(Permit::owned(Arc::clone(&self.machine.core), admission)))
-            }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Pending => Poll::Pending,
+        if self.machine.is_new() {
+            // The permit's own reference (dropped again if the call waits: the slow path).
+            let core = Arc::clone(&self.machine.core);
+            return self.machine.start_in_place(
+                cx,
+                move |admission| Permit::owned(core, admission),
+                |core, admission| Permit::owned(Arc::clone(core), admission),
+            );
         }
+        let done = self.machine.poll_waiting(cx);
+        done.map_ok(|admission| Permit::owned(Arc::clone(&self.machine.core), admission))
     }
 }
 
@@ -305,6 +314,7 @@ struct Machine<C: Deref<Target = LlmCore>> {
 }
 
 impl<C: Deref<Target = LlmCore>> Machine<C> {
+    #[inline]
     fn new(core: C, request: &LlmRequest, options: AcquireOptions) -> Machine<C> {
         let step = match core.resolve(request, options) {
             Ok(call) => Step::Start {
@@ -321,6 +331,54 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         Machine {
             core,
             step: Step::Start { call, timeout },
+        }
+    }
+
+    /// Whether the acquire has not been polled yet.
+    #[inline]
+    fn is_new(&self) -> bool {
+        matches!(self.step, Step::Start { .. } | Step::Invalid(_))
+    }
+
+    /// [`start`](Machine::start) for a future's first poll, building its output with
+    /// `permit` in place when the call is admitted at once (the fast path: no intermediate
+    /// result copied through the frames, see `LlmCore::admit_in_place`), with `later` when it
+    /// is admitted on the slow path (decided again under the queue lock, or a call that just
+    /// queued handed a slot before this poll returns).
+    #[inline]
+    fn start_in_place<P>(
+        &mut self,
+        cx: &mut Context<'_>,
+        permit: impl FnOnce(Admission) -> P,
+        later: impl FnOnce(&C, Admission) -> P,
+    ) -> Poll<Result<P, AcquireError>> {
+        match &self.step {
+            &Step::Start { call, timeout } => {
+                self.step = Step::Done;
+                match self
+                    .core
+                    .admit_in_place(call, Wait::Async(cx.waker()), permit)
+                {
+                    Ok(permit) => Poll::Ready(Ok(permit)),
+                    // Admitted after all when decided again under the queue lock.
+                    Err(Admitted::Now(admission)) => Poll::Ready(Ok(later(&self.core, admission))),
+                    Err(Admitted::Refused(rejection)) => {
+                        Poll::Ready(Err(AcquireError::Rejected(rejection)))
+                    }
+                    Err(Admitted::Queued(waiter, timing)) => {
+                        self.wait(waiter, call, timeout, timing);
+                        // Just queued, this task's waker registered before the waiter was
+                        // (a hand-off can still win against an immediate time-out).
+                        let done = self.poll_sleep(cx);
+                        done.map_ok(|admission| later(&self.core, admission))
+                    }
+                }
+            }
+            Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
+                Step::Invalid(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
+                _ => unreachable!(),
+            },
+            Step::Waiting(_) | Step::Done => unreachable!("only a new acquire starts"),
         }
     }
 
@@ -430,21 +488,6 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
                 Err(AcquireError::Rejected(rejection))
             }
         }
-    }
-
-    /// Polls the acquire to completion: the first poll decides (admitted, refused or queued);
-    /// later polls pick up the waiter's fate or time it out.
-    #[inline]
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
-        if matches!(self.step, Step::Start { .. } | Step::Invalid(_)) {
-            return match self.start(Wait::Async(cx.waker())) {
-                Some(done) => Poll::Ready(done),
-                // Just queued, this task's waker registered before the waiter was: whatever
-                // decides its fate from now on wakes it.
-                None => self.poll_sleep(cx),
-            };
-        }
-        self.poll_waiting(cx)
     }
 
     #[cold]

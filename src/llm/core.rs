@@ -228,6 +228,35 @@ impl LlmCore {
         }
     }
 
+    /// [`admit`](LlmCore::admit) for the first poll of an acquire future: a call admitted at
+    /// once becomes the caller's permit in place (`permit`), anything else comes back as
+    /// [`Admitted`] (announced as `admit` announces it). Without a class and without anyone
+    /// timing decisions the decision is the engine's in-place one; otherwise `admit`'s.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn admit_in_place<P>(
+        &self,
+        call: Call,
+        wait: Wait<'_>,
+        permit: impl FnOnce(Admission) -> P,
+    ) -> Result<P, Admitted> {
+        if call.ask.class.is_some()
+            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
+        {
+            return match self.admit(call, wait) {
+                Admitted::Now(admission) => Ok(permit(admission)),
+                other => Err(other),
+            };
+        }
+        // Nobody times decisions: nothing to announce (see `announce_admit`).
+        self.engine
+            .admit_in_place(call.ask, wait, |grant| permit(call.admission(grant, None)))
+            .map_err(|decision| match decision {
+                Decision::Admitted(grant) => Admitted::Now(call.admission(grant, None)),
+                Decision::Refused(rejection) => Admitted::Refused(rejection),
+                Decision::Queued(waiter) => Admitted::Queued(waiter, None),
+            })
+    }
+
     /// Admits `call` now or refuses it now (never queues), announcing the outcome, and makes
     /// the caller's permit of the admission with `permit`: `try_acquire`'s path, which builds
     /// its result in place (no intermediate [`Admitted`] to copy through).

@@ -340,3 +340,44 @@ fn blocking_threads() {
     );
     assert_eq!(stats.admitted + stats.rejected, threads * 200 * scale());
 }
+
+/// A first poll that the word refuses for want of a slot but that the queue lock admits (the
+/// holder released in between) resolves to a permit, on `acquire` and `acquire_owned` alike:
+/// two threads take and return one slot as fast as they can, so that window is hit often.
+#[test]
+fn first_polls_admitted_under_the_queue_lock_resolve_to_permits() {
+    let bulkhead = LlmBulkhead::builder("m", 1).max_queue(4).build().unwrap();
+    let rounds = 100_000 * scale();
+    let start = Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let bulkhead = bulkhead.clone();
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                let request = LlmRequest::new();
+                start.wait();
+                for i in 0..rounds {
+                    if (i + t) % 2 == 0 {
+                        let permit = futures::executor::block_on(
+                            bulkhead.acquire(&request, AcquireOptions::new()),
+                        );
+                        drop(permit.expect("a queued call is admitted"));
+                    } else {
+                        let permit = futures::executor::block_on(
+                            bulkhead.acquire_owned(&request, AcquireOptions::new()),
+                        );
+                        drop(permit.expect("a queued call is admitted"));
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let stats = bulkhead.stats();
+    assert_eq!(stats.admitted, 2 * rounds);
+    assert_eq!(stats.released, 2 * rounds);
+    assert_eq!(stats.rejected, 0);
+    assert_eq!((stats.in_flight, stats.pending), (0, 0));
+}
