@@ -75,6 +75,19 @@ def run_benches():
     run(["cargo", "bench", "--bench", "bulkhead", "--no-run"], stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     handoff_runs()
+    ledger_runs()
+
+
+def ledger_runs():
+    """The Redis ledger (workspace member `redis-ledger`): its bench starts its own
+    redis-server on a free loopback port. Criterion runs it from the member's directory, so
+    its output is sent to the same place as the others'."""
+    if shutil.which("redis-server") is None:
+        print("+ ledger bench skipped: redis-server is not installed", flush=True)
+        return
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-redis", "--bench", "ledger", "--",
+         "--warm-up-time", "1", "--measurement-time", "3", "--noplot"],
+        stdout=subprocess.DEVNULL, env={**os.environ, "CRITERION_HOME": CRITERION})
 
 
 # The multi-thread groups (one limiter hammered from several threads) are judged like the
@@ -389,6 +402,21 @@ def main():
             print(f"INFO bulkhead_handoff_{workers}_worker{'s' if workers > 1 else ''}_"
                   f"{'defaults' if index else 'no_timeout'}_vs_tokio_acquire "
                   f"ratio={statistics.median(values):.2f}  ({case}: {spread(values)})")
+    l = "ledger/"
+    if shutil.which("redis-server") and have(l + "ping", l + "exact_reserve_release",
+                                             l + "exact_64_tasks", l + "local_acquire_release",
+                                             l + "leased_acquire_release"):
+        ping, exact = m[l + "ping"], m[l + "exact_reserve_release"]
+        target("ledger_exact_reserve_release_vs_ping", exact / ping, 2.5, True,
+               f"exact mode try_acquire + release {exact / 1000:.1f} us vs PING "
+               f"{ping / 1000:.1f} us, one Redis on loopback")
+        rate = 1e9 / m[l + "exact_64_tasks"]
+        target("ledger_exact_admissions_per_second_vs_20000", rate / 20000, 1.0, False,
+               f"{rate:.0f} exact admissions + releases per second, 64 tasks, one Redis")
+        leased, local = m[l + "leased_acquire_release"], m[l + "local_acquire_release"]
+        target("ledger_leased_vs_local", leased / local, 1.2, True,
+               f"admission + release on the leased slice {leased:.1f} ns vs the plain "
+               f"bulkhead {local:.1f} ns")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
                "tests/alloc.rs: admission, report, release, drop and refusal, classes included; "

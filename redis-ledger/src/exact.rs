@@ -1,0 +1,489 @@
+//! Exact mode: every admission of the local bulkhead also reserves its tokens in the global
+//! ledger (one script), usage reports move the global hold by sequence number, and release
+//! removes it; a background task renews the replica's lease and sends deferred releases.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use async_bulkhead_llm::{
+    AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, ReleaseReport, TokenUsage, UsageError,
+    UsageReport,
+};
+use tokio::sync::mpsc;
+
+use crate::config::{FailurePolicy, LedgerConfig};
+use crate::error::{
+    ConfigError, GlobalRejection, LedgerError, LedgerRefusal, StoreError, UnavailableRejection,
+};
+use crate::health::Health;
+use crate::stats::{Counters, LedgerStats, bump};
+use crate::store::{GlobalSnapshot, Moved, Reserved, Store};
+
+/// A replica's exact share of one global token budget: the local bulkhead decides first (in
+/// nanoseconds, lock-free), then one Redis script reserves the admission's tokens globally.
+///
+/// Cloning is cheap (one `Arc`); the background task stops when the last clone is dropped.
+///
+/// # Examples
+///
+/// ```no_run
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, TokenUsage};
+/// use async_bulkhead_llm_redis::{ExactLedger, LedgerConfig};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+///     .token_budget(TokenBudget::new(100_000))
+///     .build()?;
+/// let config = LedgerConfig::new("redis://127.0.0.1:6379/", "{gpt-4o}", 200_000);
+/// let ledger = ExactLedger::connect(bulkhead, config).await?;
+/// let request = LlmRequest::new().max_tokens(500);
+/// let mut permit = ledger.acquire(&request, AcquireOptions::new()).await?;
+/// permit.report_usage(TokenUsage::new(120, 40)?).await?;
+/// permit.release(None);
+/// ledger.close().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ExactLedger {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bulkhead: LlmBulkhead,
+    store: Store,
+    config: LedgerConfig,
+    health: Health,
+    counters: Counters,
+    /// Ids whose global hold must be released by the background task.
+    deferred: mpsc::UnboundedSender<String>,
+    /// Stops the background task at once (`close`).
+    stop: tokio::sync::Notify,
+}
+
+impl ExactLedger {
+    /// Validates `config`, connects to Redis and starts the lease renewal task (on the
+    /// current tokio runtime).
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Config`] for an invalid configuration or a bulkhead without a token
+    /// budget, [`LedgerError::Store`] when Redis cannot be reached; nothing is left running.
+    pub async fn connect(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
+        config.validate()?;
+        if bulkhead.limits().token_budget.is_none() {
+            return Err(ConfigError::NoTokenBudget.into());
+        }
+        let store = Store::connect(
+            &config.url,
+            &config.namespace,
+            &config.replica_id,
+            config.timeout,
+        )
+        .await?;
+        store.renew(config.lease).await?;
+        let (deferred, pending) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            bulkhead,
+            store,
+            health: Health::new(config.retry_every),
+            config,
+            counters: Counters::default(),
+            deferred,
+            stop: tokio::sync::Notify::new(),
+        });
+        tokio::spawn(background(Arc::downgrade(&inner), pending));
+        Ok(ExactLedger { inner })
+    }
+
+    /// Admits a call locally (as [`LlmBulkhead::acquire_owned`], queueing if the local
+    /// bulkhead allows), then reserves its tokens in the global ledger.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerRefusal::Local`] when the local bulkhead refuses, [`LedgerRefusal::Global`]
+    /// when the global budget cannot hold the call (the local admission is returned first),
+    /// [`LedgerRefusal::Unavailable`] when Redis is out of reach and the failure policy
+    /// refuses.
+    pub async fn acquire(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<GlobalPermit, LedgerRefusal> {
+        let permit = self
+            .inner
+            .bulkhead
+            .acquire_owned(request, options)
+            .await
+            .map_err(LedgerRefusal::Local)?;
+        self.reserve(permit).await
+    }
+
+    /// [`acquire`](Self::acquire) with [`LlmBulkhead::try_acquire_owned`] locally (never
+    /// waits in the local queue).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<GlobalPermit, LedgerRefusal> {
+        let permit = self
+            .inner
+            .bulkhead
+            .try_acquire_owned(request, options)
+            .map_err(LedgerRefusal::Local)?;
+        self.reserve(permit).await
+    }
+
+    async fn reserve(&self, permit: OwnedPermit) -> Result<GlobalPermit, LedgerRefusal> {
+        let inner = &self.inner;
+        let tokens = permit.held_tokens();
+        let id = permit.admission_id().to_string();
+        if !inner.health.should_try() {
+            return self.fallback(permit, "waiting before trying Redis again".into());
+        }
+        match inner
+            .store
+            .reserve(&id, tokens, inner.config.global_budget, inner.config.lease)
+            .await
+        {
+            Ok(Some(Reserved::Yes { .. })) => {
+                inner.health.up();
+                bump(&inner.counters.reserved);
+                Ok(GlobalPermit {
+                    permit: Some(permit),
+                    hold: Hold::Global(id),
+                    ledger: Arc::clone(inner),
+                })
+            }
+            Ok(Some(Reserved::No { total, budget })) => {
+                inner.health.up();
+                bump(&inner.counters.refused_global);
+                drop(permit);
+                Err(LedgerRefusal::Global(GlobalRejection {
+                    requested: tokens,
+                    global_in_flight: total,
+                    global_budget: budget,
+                    local: inner.bulkhead.stats().token_budget,
+                }))
+            }
+            // Admission ids are unique: a hold under this id cannot exist already.
+            Ok(None) => unreachable!("admission ids are unique"),
+            Err(error) => {
+                inner.failed();
+                // A timed-out reservation may have been applied: release it once Redis
+                // answers (the release of an absent hold changes nothing).
+                inner.defer(id);
+                self.fallback(permit, error.to_string())
+            }
+        }
+    }
+
+    /// The failure policy for a call admitted locally while Redis is unavailable.
+    fn fallback(&self, permit: OwnedPermit, cause: String) -> Result<GlobalPermit, LedgerRefusal> {
+        let inner = &self.inner;
+        let requested = permit.held_tokens();
+        let floor = match inner.config.failure {
+            FailurePolicy::FailClosed => None,
+            FailurePolicy::LocalFloor { tokens } => Some(tokens),
+        };
+        if let Some(size) = floor {
+            let held = &inner.counters.floor_in_flight;
+            let taken = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                now.checked_add(requested).filter(|&after| after <= size)
+            });
+            if taken.is_ok() {
+                bump(&inner.counters.admitted_on_floor);
+                return Ok(GlobalPermit {
+                    permit: Some(permit),
+                    hold: Hold::Floor(requested),
+                    ledger: Arc::clone(inner),
+                });
+            }
+        }
+        bump(&inner.counters.refused_unavailable);
+        drop(permit);
+        Err(LedgerRefusal::Unavailable(UnavailableRejection {
+            cause,
+            requested,
+            floor: floor.map(|size| (inner.counters.floor_in_flight.load(Ordering::Acquire), size)),
+        }))
+    }
+
+    /// The local bulkhead.
+    pub fn bulkhead(&self) -> &LlmBulkhead {
+        &self.inner.bulkhead
+    }
+
+    /// This replica's id in the ledger.
+    pub fn replica_id(&self) -> &str {
+        self.inner.store.replica()
+    }
+
+    /// The ledger's counters.
+    pub fn stats(&self) -> LedgerStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Whether the last call to Redis failed (calls are on the failure policy).
+    pub fn is_degraded(&self) -> bool {
+        self.inner.health.is_down()
+    }
+
+    /// One `PING` to Redis: the round trip a reservation is judged against.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.store.ping().await
+    }
+
+    /// The global figures, read from Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached.
+    pub async fn global(&self) -> Result<GlobalSnapshot, StoreError> {
+        self.inner.store.snapshot().await
+    }
+
+    /// Waits until every release made so far has reached Redis (or `limit` has passed);
+    /// whether none is pending. For a graceful shutdown, and for tests that read Redis.
+    pub async fn settled(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if self.inner.counters.releases_pending.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+        }
+    }
+
+    /// Leaves the ledger: stops the renewal and removes this replica's lease and every hold
+    /// it still has (calls still in flight keep their local permits; their global holds are
+    /// gone). The tokens freed globally.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached (the lease then expires on its own).
+    pub async fn close(&self) -> Result<u64, StoreError> {
+        self.inner.stop.notify_one();
+        self.inner.store.leave().await
+    }
+}
+
+impl Inner {
+    fn failed(&self) {
+        bump(&self.counters.store_errors);
+        self.health.down();
+    }
+
+    fn defer(&self, id: String) {
+        bump(&self.counters.releases_deferred);
+        self.counters
+            .releases_pending
+            .fetch_add(1, Ordering::AcqRel);
+        // The receiver lives as long as the background task, which outlives every `Inner`
+        // user that can still defer (it holds only a `Weak`): a send after it stopped is a
+        // release Redis's lease expiry settles.
+        if self.deferred.send(id).is_err() {
+            self.counters
+                .releases_pending
+                .fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Renews the lease every renewal period and sends deferred releases, retrying those that
+/// fail; stops when the ledger is closed or dropped.
+async fn background(ledger: Weak<Inner>, mut pending: mpsc::UnboundedReceiver<String>) {
+    let period = match ledger.upgrade() {
+        Some(inner) => inner.config.renew_every_value(),
+        None => return,
+    };
+    let mut waiting: Vec<String> = Vec::new();
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stop = {
+            let Some(inner) = ledger.upgrade() else {
+                return;
+            };
+            tokio::select! {
+                _ = tick.tick() => false,
+                id = pending.recv() => {
+                    match id {
+                        Some(id) => waiting.push(id),
+                        None => return,
+                    }
+                    // Gather what else is queued, then send it all.
+                    while let Ok(id) = pending.try_recv() {
+                        waiting.push(id);
+                    }
+                    if inner.health.is_down() {
+                        continue;
+                    }
+                    send_releases(&inner, &mut waiting).await;
+                    continue;
+                }
+                () = inner.stop.notified() => true,
+            }
+        };
+        if stop {
+            return;
+        }
+        let Some(inner) = ledger.upgrade() else {
+            return;
+        };
+        match inner.store.renew(inner.config.lease).await {
+            Ok(lost) => {
+                inner.health.up();
+                if lost {
+                    bump(&inner.counters.leases_lost);
+                }
+                send_releases(&inner, &mut waiting).await;
+            }
+            Err(_) => inner.failed(),
+        }
+    }
+}
+
+/// Sends the waiting releases, up to 256 at a time concurrently (the multiplexed connection
+/// pipelines them); on a failure the rest wait for the next renewal.
+async fn send_releases(inner: &Inner, waiting: &mut Vec<String>) {
+    while !waiting.is_empty() {
+        let batch: Vec<String> = waiting.drain(waiting.len().saturating_sub(256)..).collect();
+        let results =
+            futures_util::future::join_all(batch.iter().map(|id| inner.store.release(id))).await;
+        let mut failed = false;
+        for (id, result) in batch.into_iter().zip(results) {
+            if result.is_ok() {
+                inner
+                    .counters
+                    .releases_pending
+                    .fetch_sub(1, Ordering::AcqRel);
+            } else {
+                failed = true;
+                waiting.push(id);
+            }
+        }
+        if failed {
+            inner.failed();
+            return;
+        }
+    }
+}
+
+/// Where a permit's tokens are held beyond the local bulkhead.
+#[derive(Debug)]
+enum Hold {
+    /// In the global ledger, under this admission id.
+    Global(String),
+    /// On the local floor (Redis was unavailable): these tokens.
+    Floor(u64),
+}
+
+/// A call admitted by the local bulkhead and held in the global ledger (or, while Redis is
+/// unavailable under [`FailurePolicy::LocalFloor`], on the local floor).
+///
+/// Release it with [`release`](Self::release) (or drop it): locally at once, globally from
+/// the background task.
+pub struct GlobalPermit {
+    permit: Option<OwnedPermit>,
+    hold: Hold,
+    ledger: Arc<Inner>,
+}
+
+impl std::fmt::Debug for GlobalPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GlobalPermit")
+            .field("permit", &self.permit)
+            .field("hold", &self.hold)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GlobalPermit {
+    /// The local permit.
+    pub fn permit(&self) -> &OwnedPermit {
+        self.permit.as_ref().expect("held until release")
+    }
+
+    /// Whether the call's tokens are held in the global ledger (`false`: on the local floor).
+    pub fn is_global(&self) -> bool {
+        matches!(self.hold, Hold::Global(_))
+    }
+
+    /// Reports cumulative usage: the local hold moves at once (as
+    /// [`Permit::report_usage`](async_bulkhead_llm::Permit::report_usage)), then the global
+    /// hold follows with the report's sequence number (an update Redis sees late or twice
+    /// changes nothing). A failed global update is counted and left to the next update or
+    /// the release.
+    ///
+    /// # Errors
+    ///
+    /// The local [`UsageError`]; nothing changes.
+    pub async fn report_usage(&mut self, usage: TokenUsage) -> Result<UsageReport, UsageError> {
+        let permit = self.permit.as_mut().expect("held until release");
+        let before = permit.usage_sequence();
+        let report = permit.report_usage(usage)?;
+        if let Hold::Global(id) = &self.hold
+            && report.sequence > before
+        {
+            self.ledger
+                .apply_usage(id, report.sequence, report.held)
+                .await;
+        }
+        Ok(report)
+    }
+
+    /// Releases the call: locally at once, globally from the background task, which sends
+    /// the releases that are waiting together (pipelined on one connection). Until it does,
+    /// the global ledger still counts the tokens: a release can only be late, never early.
+    pub fn release(mut self, usage: Option<TokenUsage>) -> ReleaseReport {
+        let permit = self.permit.take().expect("held until release");
+        let report = permit.release(usage);
+        let hold = std::mem::replace(&mut self.hold, Hold::Floor(0));
+        self.ledger.settle(hold);
+        report
+    }
+}
+
+impl Inner {
+    async fn apply_usage(&self, id: &str, sequence: u64, held: u64) {
+        match self.store.usage(id, sequence, held).await {
+            Ok(Moved::Applied) => bump(&self.counters.usage_applied),
+            Ok(Moved::Stale | Moved::Gone) => bump(&self.counters.usage_stale),
+            Err(_) => self.failed(),
+        }
+    }
+
+    /// Returns `hold`: the floor at once, a global hold from the background task.
+    fn settle(&self, hold: Hold) {
+        match hold {
+            Hold::Floor(tokens) => {
+                self.counters
+                    .floor_in_flight
+                    .fetch_sub(tokens, Ordering::AcqRel);
+            }
+            Hold::Global(id) => self.defer(id),
+        }
+    }
+}
+
+impl Drop for GlobalPermit {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        drop(permit);
+        let hold = std::mem::replace(&mut self.hold, Hold::Floor(0));
+        self.ledger.settle(hold);
+    }
+}

@@ -1,0 +1,331 @@
+//! Leased mode: the replica leases a slice of the global budget and installs it as its local
+//! budget, so admissions stay local and lock-free; a background task rebalances the slice
+//! (fair share plus what the replica has been using) and renews its lease.
+//!
+//! The order of every change keeps the sum of what the replicas may admit within the global
+//! budget: a slice grows in Redis first and locally after; it shrinks locally first (new
+//! admissions refused above it), then in Redis to `max(new slice, tokens still in flight)`.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm::{LlmBulkhead, RejectReason};
+
+use crate::config::{FailurePolicy, LedgerConfig};
+use crate::error::{ConfigError, LedgerError, StoreError};
+use crate::health::Health;
+use crate::stats::{Counters, LedgerStats, bump};
+use crate::store::{GlobalSnapshot, Store};
+
+/// A replica's leased slice of one global token budget, installed as the local bulkhead's
+/// budget: admissions go through the bulkhead as usual, at local speed.
+///
+/// # Examples
+///
+/// ```no_run
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget};
+/// use async_bulkhead_llm_redis::{LeasedLedger, LedgerConfig};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+///     .token_budget(TokenBudget::new(100_000))
+///     .build()?;
+/// let config = LedgerConfig::new("redis://127.0.0.1:6379/", "{gpt-4o}", 200_000);
+/// let ledger = LeasedLedger::start(bulkhead.clone(), config).await?;
+/// let permit = bulkhead.acquire(&LlmRequest::new(), AcquireOptions::new()).await?;
+/// drop(permit);
+/// println!("this replica leases {} tokens", ledger.slice());
+/// ledger.close().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LeasedLedger {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bulkhead: LlmBulkhead,
+    store: Store,
+    config: LedgerConfig,
+    health: Health,
+    counters: Counters,
+    state: Mutex<State>,
+    stop: tokio::sync::Notify,
+}
+
+struct State {
+    /// When the lease this replica holds ends, by its own clock (counted from before the
+    /// request that renewed it was sent, so never later than Redis's).
+    lease_until: Option<Instant>,
+    /// The highest in-flight tokens seen since the last rebalance.
+    peak: u64,
+    /// The most this replica asks for: its local budget when the ledger started (its own
+    /// per-replica cap), at most the global budget.
+    cap: u64,
+    /// Budget refusals counted at the last rebalance.
+    budget_refusals: u64,
+    /// Whether the local budget is the failure policy's (Redis unavailable, lease over).
+    on_fallback: bool,
+    /// The fair share at the last rebalance (the budget over the leased replicas).
+    fair: u64,
+}
+
+impl LeasedLedger {
+    /// Validates `config`, takes a first slice (the local budget is set to zero first, then
+    /// to the slice; the bulkhead's budget when this is called is the most the replica will
+    /// ever ask for) and starts the rebalance task on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::Config`] for an invalid configuration or a bulkhead without a token
+    /// budget, [`LedgerError::Store`] when Redis cannot be reached (the local budget is then
+    /// the failure policy's), [`LedgerError::Limits`] if the local budget cannot be set.
+    pub async fn start(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
+        config.validate()?;
+        if bulkhead.limits().token_budget.is_none() {
+            return Err(ConfigError::NoTokenBudget.into());
+        }
+        let store = Store::connect(
+            &config.url,
+            &config.namespace,
+            &config.replica_id,
+            config.timeout,
+        )
+        .await?;
+        let cap = bulkhead
+            .limits()
+            .token_budget
+            .map_or(0, |b| b.budget)
+            .min(config.global_budget);
+        // Nothing may be admitted above a slice this replica does not hold.
+        bulkhead.set_budget(0).map_err(LedgerError::Limits)?;
+        let inner = Arc::new(Inner {
+            bulkhead,
+            store,
+            health: Health::new(config.retry_every),
+            config,
+            counters: Counters::default(),
+            state: Mutex::new(State {
+                lease_until: None,
+                peak: 0,
+                cap,
+                budget_refusals: 0,
+                on_fallback: false,
+                fair: 0,
+            }),
+            stop: tokio::sync::Notify::new(),
+        });
+        if let Err(error) = inner.rebalance(true).await {
+            inner.expire_if_due().map_err(LedgerError::Limits)?;
+            return Err(error.into());
+        }
+        tokio::spawn(background(Arc::downgrade(&inner)));
+        Ok(LeasedLedger { inner })
+    }
+
+    /// The slice this replica leases now.
+    pub fn slice(&self) -> u64 {
+        self.inner.counters.slice.load(Ordering::Acquire)
+    }
+
+    /// The local bulkhead.
+    pub fn bulkhead(&self) -> &LlmBulkhead {
+        &self.inner.bulkhead
+    }
+
+    /// This replica's id in the ledger.
+    pub fn replica_id(&self) -> &str {
+        self.inner.store.replica()
+    }
+
+    /// The ledger's counters.
+    pub fn stats(&self) -> LedgerStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Whether the local budget is the failure policy's (Redis unavailable past the lease).
+    pub fn is_on_fallback(&self) -> bool {
+        self.inner.state.lock().expect("not poisoned").on_fallback
+    }
+
+    /// Rebalances now (the background task does it every renewal period); the slice after.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached (the failure policy applies once the lease
+    /// has expired).
+    pub async fn rebalance(&self) -> Result<u64, StoreError> {
+        self.inner.rebalance(false).await?;
+        Ok(self.slice())
+    }
+
+    /// The global figures, read from Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached.
+    pub async fn global(&self) -> Result<GlobalSnapshot, StoreError> {
+        self.inner.store.snapshot().await
+    }
+
+    /// Leaves the ledger: stops rebalancing, sets the local budget to zero (calls in flight
+    /// finish) and gives the slice back. The tokens freed globally.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached (the lease then expires on its own).
+    pub async fn close(&self) -> Result<u64, StoreError> {
+        self.inner.stop.notify_one();
+        let _ = self.inner.bulkhead.set_budget(0);
+        self.inner.counters.slice.store(0, Ordering::Release);
+        self.inner.store.leave().await
+    }
+}
+
+impl Inner {
+    fn in_flight(&self) -> u64 {
+        self.bulkhead
+            .stats()
+            .token_budget
+            .map_or(0, |b| b.in_flight_tokens)
+    }
+
+    fn budget_refusals(&self) -> u64 {
+        self.bulkhead
+            .stats()
+            .rejected_by_reason
+            .get(RejectReason::BudgetLimit)
+    }
+
+    /// What to ask for, never above the replica's cap (its local budget when the ledger
+    /// started): at first the cap (the script gives a fair share when others want theirs); later what was used at the peak plus a quarter, and if calls were
+    /// refused for want of tokens at least twice the slice and the fair share.
+    fn want(&self, first: bool) -> u64 {
+        let mut state = self.state.lock().expect("not poisoned");
+        let cap = state.cap.max(1);
+        if first {
+            return cap;
+        }
+        let peak = std::mem::take(&mut state.peak).max(self.in_flight());
+        let refusals = self.budget_refusals();
+        let starved = refusals > state.budget_refusals;
+        state.budget_refusals = refusals;
+        let fair = state.fair;
+        drop(state);
+        let slice = self.counters.slice.load(Ordering::Acquire);
+        let mut want = peak + peak / 4;
+        if starved {
+            want = want.max(slice.saturating_mul(2)).max(fair).max(cap / 64);
+        }
+        want.clamp(1, cap)
+    }
+
+    fn sample(&self) {
+        let now = self.in_flight();
+        let mut state = self.state.lock().expect("not poisoned");
+        state.peak = state.peak.max(now);
+    }
+
+    async fn rebalance(&self, first: bool) -> Result<(), StoreError> {
+        let want = self.want(first);
+        let floor = self.in_flight();
+        let sent = Instant::now();
+        let plan = match self
+            .store
+            .plan(want, floor, self.config.global_budget, self.config.lease)
+            .await
+        {
+            Ok(plan) => plan,
+            Err(error) => {
+                bump(&self.counters.store_errors);
+                self.health.down();
+                let _ = self.expire_if_due();
+                return Err(error);
+            }
+        };
+        self.health.up();
+        bump(&self.counters.rebalances);
+        if plan.lost && !first {
+            bump(&self.counters.leases_lost);
+        }
+        {
+            let mut state = self.state.lock().expect("not poisoned");
+            state.lease_until = Some(sent + self.config.lease);
+            state.on_fallback = false;
+            state.fair = self.config.global_budget / plan.replicas.max(1);
+        }
+        if plan.target < plan.slice {
+            // Shrink: locally first, then in Redis down to what is still in flight.
+            let _ = self.bulkhead.set_budget(plan.target);
+            let still = self.in_flight();
+            let slice = self
+                .store
+                .shrink(plan.target.max(still).min(plan.slice))
+                .await;
+            let slice = slice.unwrap_or(plan.slice);
+            self.counters.slice.store(slice, Ordering::Release);
+        } else {
+            // Grown (or unchanged) in Redis: now locally.
+            let _ = self.bulkhead.set_budget(plan.slice);
+            self.counters.slice.store(plan.slice, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// After a failed rebalance: once the lease is over, the local budget becomes the failure
+    /// policy's (the floor, or zero when failing closed).
+    fn expire_if_due(&self) -> Result<(), async_bulkhead_llm::LimitsError> {
+        let mut state = self.state.lock().expect("not poisoned");
+        let due = state
+            .lease_until
+            .is_none_or(|until| Instant::now() >= until);
+        if !due || state.on_fallback {
+            return Ok(());
+        }
+        state.on_fallback = true;
+        drop(state);
+        let floor = match self.config.failure {
+            FailurePolicy::FailClosed => 0,
+            FailurePolicy::LocalFloor { tokens } => tokens,
+        };
+        self.counters.slice.store(0, Ordering::Release);
+        self.bulkhead.set_budget(floor).map(|_| ())
+    }
+}
+
+/// Samples the local peak eight times per period and rebalances once per period (or once
+/// per retry period while Redis is down); stops when the ledger is closed or dropped.
+async fn background(ledger: Weak<Inner>) {
+    let (period, retry) = match ledger.upgrade() {
+        Some(inner) => (inner.config.renew_every_value(), inner.config.retry_every),
+        None => return,
+    };
+    let step = period / 8;
+    let mut tick = tokio::time::interval(step.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next = Instant::now() + period;
+    loop {
+        {
+            let Some(inner) = ledger.upgrade() else {
+                return;
+            };
+            let stop = tokio::select! {
+                _ = tick.tick() => false,
+                () = inner.stop.notified() => true,
+            };
+            if stop {
+                return;
+            }
+        }
+        let Some(inner) = ledger.upgrade() else {
+            return;
+        };
+        inner.sample();
+        if Instant::now() < next {
+            continue;
+        }
+        let failed = inner.rebalance(false).await.is_err();
+        next = Instant::now() + if failed { retry.min(period) } else { period };
+    }
+}

@@ -1,0 +1,77 @@
+//! The ledger's counters, read as one [`LedgerStats`] snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What one replica's ledger has done since it started (monotonic counts) and holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerStats {
+    /// Calls reserved in the global ledger (exact mode).
+    pub reserved: u64,
+    /// Calls the global ledger refused (exact mode).
+    pub refused_global: u64,
+    /// Calls admitted on the local floor while Redis was unavailable.
+    pub admitted_on_floor: u64,
+    /// Calls refused because Redis was unavailable.
+    pub refused_unavailable: u64,
+    /// Usage updates applied to the global hold.
+    pub usage_applied: u64,
+    /// Usage updates the ledger ignored (a sequence not newer than the last applied).
+    pub usage_stale: u64,
+    /// Calls to Redis that failed or timed out.
+    pub store_errors: u64,
+    /// Renewals that found the lease lapsed (the replica's holds or slice had been purged).
+    pub leases_lost: u64,
+    /// Global releases handed to the background task (every release and drop of a permit
+    /// held globally, and every reservation that timed out).
+    pub releases_deferred: u64,
+    /// Releases still waiting for Redis.
+    pub releases_pending: u64,
+    /// Rebalances done (leased mode).
+    pub rebalances: u64,
+    /// The slice this replica leases now (leased mode).
+    pub slice: u64,
+    /// The local floor's tokens in flight now.
+    pub floor_in_flight: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) reserved: AtomicU64,
+    pub(crate) refused_global: AtomicU64,
+    pub(crate) admitted_on_floor: AtomicU64,
+    pub(crate) refused_unavailable: AtomicU64,
+    pub(crate) usage_applied: AtomicU64,
+    pub(crate) usage_stale: AtomicU64,
+    pub(crate) store_errors: AtomicU64,
+    pub(crate) leases_lost: AtomicU64,
+    pub(crate) releases_deferred: AtomicU64,
+    pub(crate) releases_pending: AtomicU64,
+    pub(crate) rebalances: AtomicU64,
+    pub(crate) slice: AtomicU64,
+    pub(crate) floor_in_flight: AtomicU64,
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> LedgerStats {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LedgerStats {
+            reserved: load(&self.reserved),
+            refused_global: load(&self.refused_global),
+            admitted_on_floor: load(&self.admitted_on_floor),
+            refused_unavailable: load(&self.refused_unavailable),
+            usage_applied: load(&self.usage_applied),
+            usage_stale: load(&self.usage_stale),
+            store_errors: load(&self.store_errors),
+            leases_lost: load(&self.leases_lost),
+            releases_deferred: load(&self.releases_deferred),
+            releases_pending: load(&self.releases_pending),
+            rebalances: load(&self.rebalances),
+            slice: load(&self.slice),
+            floor_in_flight: load(&self.floor_in_flight),
+        }
+    }
+}

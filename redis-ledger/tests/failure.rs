@@ -1,0 +1,238 @@
+//! The failure policy against a real redis-server that is killed, restarted and paused
+//! (`DEBUG SLEEP`): fail closed refuses, the local floor admits within its size and never
+//! more, a slow Redis costs at most the timeout, and recovery is automatic.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+use async_bulkhead_llm_redis::{
+    ExactLedger, FailurePolicy, LeasedLedger, LedgerConfig, LedgerRefusal,
+};
+use common::{RedisServer, observe};
+
+fn bulkhead(budget: u64) -> LlmBulkhead {
+    LlmBulkhead::builder("m", 64)
+        .token_budget(TokenBudget::new(budget))
+        .build()
+        .unwrap()
+}
+
+fn reserve(input: u64, output: u64) -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(input, output).unwrap())
+}
+
+fn config(server: &RedisServer, ns: &str, policy: FailurePolicy) -> LedgerConfig {
+    LedgerConfig::new(server.url(), ns, 10_000)
+        .replica_id("a")
+        .lease(Duration::from_millis(900))
+        .timeout(Duration::from_millis(100))
+        .retry_every(Duration::from_millis(100))
+        .failure(policy)
+}
+
+/// Tries until the ledger admits globally again (recovery), within `limit`.
+async fn until_global(ledger: &ExactLedger, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        if let Ok(permit) = ledger
+            .try_acquire(&LlmRequest::new(), reserve(10, 90))
+            .await
+        {
+            let global = permit.is_global();
+            permit.release(None);
+            if global {
+                return;
+            }
+        }
+        assert!(started.elapsed() < limit, "never recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_while_redis_is_down_and_recovers_by_itself() {
+    let mut server = RedisServer::start();
+    let ledger = ExactLedger::connect(
+        bulkhead(10_000),
+        config(&server, "{closed}", FailurePolicy::FailClosed),
+    )
+    .await
+    .unwrap();
+    server.kill();
+    let started = Instant::now();
+    let refused = ledger
+        .try_acquire(&LlmRequest::new(), reserve(100, 200))
+        .await
+        .unwrap_err();
+    let LedgerRefusal::Unavailable(why) = &refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!((why.requested, why.floor), (300, None));
+    assert_eq!(refused.http_status(), 503);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(ledger.is_degraded());
+    // The local admission was returned.
+    assert_eq!(ledger.bulkhead().stats().in_flight, 0);
+    // While down, calls skip Redis: refused at once, without waiting for the timeout.
+    let quick = Instant::now();
+    assert!(
+        ledger
+            .try_acquire(&LlmRequest::new(), reserve(100, 200))
+            .await
+            .is_err()
+    );
+    assert!(
+        quick.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        quick.elapsed()
+    );
+    server.restart();
+    until_global(&ledger, Duration::from_secs(5)).await;
+    assert!(!ledger.is_degraded());
+    let stats = ledger.stats();
+    assert!(
+        stats.refused_unavailable >= 2 && stats.store_errors >= 1,
+        "{stats:?}"
+    );
+    assert_eq!(stats.admitted_on_floor, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_floor_admits_within_its_size_and_never_more() {
+    let mut server = RedisServer::start();
+    let policy = FailurePolicy::LocalFloor { tokens: 1_000 };
+    let ledger = ExactLedger::connect(bulkhead(10_000), config(&server, "{floor}", policy))
+        .await
+        .unwrap();
+    server.kill();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let permit = ledger
+            .try_acquire(&LlmRequest::new(), reserve(100, 200))
+            .await
+            .unwrap();
+        assert!(!permit.is_global());
+        held.push(permit);
+    }
+    let refused = ledger
+        .try_acquire(&LlmRequest::new(), reserve(100, 200))
+        .await
+        .unwrap_err();
+    let LedgerRefusal::Unavailable(why) = &refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(why.floor, Some((900, 1_000)));
+    assert_eq!(ledger.stats().floor_in_flight, 900);
+    // The local bulkhead itself had room for far more: the floor, not its budget, decides.
+    assert_eq!(
+        ledger
+            .bulkhead()
+            .stats()
+            .token_budget
+            .unwrap()
+            .in_flight_tokens,
+        900
+    );
+    for permit in held {
+        permit.release(None);
+    }
+    assert_eq!(ledger.stats().floor_in_flight, 0);
+    assert_eq!(ledger.stats().admitted_on_floor, 3);
+    server.restart();
+    until_global(&ledger, Duration::from_secs(5)).await;
+    assert!(ledger.settled(Duration::from_secs(2)).await);
+    let mut c = server.connection().unwrap();
+    assert_eq!(observe(&mut c, "{floor}").total, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_costs_at_most_the_timeout_then_recovers() {
+    let server = RedisServer::start();
+    let policy = FailurePolicy::LocalFloor { tokens: 1_000 };
+    let ledger = ExactLedger::connect(bulkhead(10_000), config(&server, "{paused}", policy))
+        .await
+        .unwrap();
+    let pause = server.pause(Duration::from_millis(1_200));
+    let started = Instant::now();
+    let permit = ledger
+        .try_acquire(&LlmRequest::new(), reserve(100, 200))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        !permit.is_global(),
+        "admitted on the floor while Redis sleeps"
+    );
+    assert!(
+        waited >= Duration::from_millis(90) && waited < Duration::from_millis(1_000),
+        "{waited:?}"
+    );
+    permit.release(None);
+    pause.join().unwrap();
+    until_global(&ledger, Duration::from_secs(5)).await;
+    // The reservation that timed out may have been applied when Redis woke: its deferred
+    // release removed it, so nothing is left behind.
+    let mut c = server.connection().unwrap();
+    let mut waited = 0;
+    while observe(&mut c, "{paused}").total != 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+        assert!(waited < 150, "{:?}", observe(&mut c, "{paused}"));
+    }
+}
+
+/// Leased mode: the slice is kept while its lease runs, then the local budget drops to the
+/// floor (never the full local budget); when Redis answers again the slice comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_replica_keeps_its_slice_until_the_lease_ends_then_drops_to_the_floor() {
+    let mut server = RedisServer::start();
+    let policy = FailurePolicy::LocalFloor { tokens: 500 };
+    let config = config(&server, "{leased-down}", policy).renew_every(Duration::from_millis(200));
+    let local = bulkhead(50_000);
+    let ledger = LeasedLedger::start(local.clone(), config).await.unwrap();
+    assert_eq!(ledger.slice(), 10_000);
+    assert_eq!(local.limits().token_budget.unwrap().budget, 10_000);
+    server.kill();
+    let killed = Instant::now();
+    // Within the lease, the slice stays.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if killed.elapsed() < Duration::from_millis(700) {
+        assert_eq!(local.limits().token_budget.unwrap().budget, 10_000);
+    }
+    // After it, the floor.
+    let started = Instant::now();
+    while !ledger.is_on_fallback() {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "never fell back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The lease (900 ms) counts from the last renewal before the kill (one 200 ms period
+    // earlier, more on a loaded machine).
+    assert!(
+        killed.elapsed() >= Duration::from_millis(300),
+        "fell back before the lease ended"
+    );
+    assert_eq!(local.limits().token_budget.unwrap().budget, 500);
+    server.restart();
+    let started = Instant::now();
+    while ledger.is_on_fallback() || ledger.slice() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(local.limits().token_budget.unwrap().budget > 0);
+    let mut c = server.connection().unwrap();
+    let seen = observe(&mut c, "{leased-down}");
+    assert_eq!(seen.slices, ledger.slice());
+    assert!(seen.total <= 10_000);
+}

@@ -1,0 +1,153 @@
+//! Leased mode against a real redis-server: slices start at the whole budget for a lone
+//! replica, move toward fair shares as others join, shrink only as far as the tokens still in
+//! flight, never sum above the global budget (checked by an observer reading Redis), and are
+//! given back on close.
+
+mod common;
+
+use std::time::Duration;
+
+use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+use async_bulkhead_llm_redis::{LeasedLedger, LedgerConfig};
+use common::{Observer, RedisServer, observe};
+
+fn bulkhead() -> LlmBulkhead {
+    LlmBulkhead::builder("m", 256)
+        .token_budget(TokenBudget::new(1_000_000))
+        .build()
+        .unwrap()
+}
+
+fn reserve(tokens: u64) -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(tokens / 2, tokens - tokens / 2).unwrap())
+}
+
+/// A replica whose background rebalance stays out of the way (the test rebalances by hand).
+async fn replica(server: &RedisServer, ns: &str, id: &str, local: &LlmBulkhead) -> LeasedLedger {
+    let config = LedgerConfig::new(server.url(), ns, 10_000)
+        .replica_id(id)
+        .lease(Duration::from_secs(90))
+        .renew_every(Duration::from_secs(30));
+    LeasedLedger::start(local.clone(), config).await.unwrap()
+}
+
+fn budget(b: &LlmBulkhead) -> u64 {
+    b.limits().token_budget.unwrap().budget
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_follow_use_and_shrink_no_further_than_what_is_in_flight() {
+    let server = RedisServer::start();
+    let ns = "{slices}";
+    let mut c = server.connection().unwrap();
+    let (local_a, local_b) = (bulkhead(), bulkhead());
+    let a = replica(&server, ns, "a", &local_a).await;
+    // Alone, a asks for everything and gets it, installed as its local budget.
+    assert_eq!((a.slice(), budget(&local_a)), (10_000, 10_000));
+    let held = local_a
+        .try_acquire_owned(&LlmRequest::new(), reserve(6_000))
+        .unwrap();
+    // b joins: no room until a gives some back.
+    let b = replica(&server, ns, "b", &local_b).await;
+    assert_eq!((b.slice(), budget(&local_b)), (0, 0));
+    assert!(local_b.try_acquire(&LlmRequest::new(), reserve(1)).is_err());
+    // a uses 6,000 (it asks for 7,500); both want more than the fair 5,000, so a's target is
+    // 5,000: its local budget drops to 5,000 at once, its slice only to the 6,000 in flight.
+    assert_eq!(a.rebalance().await.unwrap(), 6_000);
+    assert_eq!(budget(&local_a), 5_000);
+    assert_eq!(b.rebalance().await.unwrap(), 4_000);
+    assert_eq!(budget(&local_b), 4_000);
+    let seen = observe(&mut c, ns);
+    assert_eq!((seen.total, seen.slices), (10_000, 10_000));
+    // b uses 3,000 and is refused more (it asks for twice its slice, 8,000); a finishes and
+    // goes idle (it asks for one token): a keeps one, b gets the rest.
+    let busy = local_b
+        .try_acquire_owned(&LlmRequest::new(), reserve(3_000))
+        .unwrap();
+    assert!(
+        local_b
+            .try_acquire(&LlmRequest::new(), reserve(2_000))
+            .is_err()
+    );
+    drop(held);
+    assert_eq!(a.rebalance().await.unwrap(), 1);
+    assert_eq!(b.rebalance().await.unwrap(), 9_999);
+    assert_eq!(budget(&local_b), 9_999);
+    drop(busy);
+    // Closing gives the slice back and stops local admission.
+    assert_eq!(a.close().await.unwrap(), 1);
+    assert_eq!(budget(&local_a), 0);
+    let seen = observe(&mut c, ns);
+    assert_eq!((seen.total, seen.slices, seen.replicas), (9_999, 9_999, 1));
+}
+
+/// Three replicas admit locally as fast as they can while their background tasks rebalance
+/// every 50 ms; an observer reads the total from Redis every half millisecond. The sum of the
+/// slices never exceeds the budget, and no replica ever holds more in flight than its slice
+/// allows once it has shrunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_slices_never_sum_above_the_global_budget() {
+    let server = RedisServer::start();
+    let ns = "{live}";
+    let observer = Observer::start(&server, ns, 10_000);
+    let mut replicas = Vec::new();
+    for r in 0..3 {
+        let local = bulkhead();
+        let config = LedgerConfig::new(server.url(), ns, 10_000)
+            .replica_id(format!("r{r}"))
+            .lease(Duration::from_millis(600))
+            .renew_every(Duration::from_millis(50));
+        let ledger = LeasedLedger::start(local.clone(), config).await.unwrap();
+        replicas.push((local, ledger));
+    }
+    let mut tasks = Vec::new();
+    for (r, (local, _)) in replicas.iter().enumerate() {
+        for t in 0..2u64 {
+            let local = local.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0u64;
+                let deadline = std::time::Instant::now() + Duration::from_millis(1_500);
+                let mut i = r as u64 * 7 + t;
+                while std::time::Instant::now() < deadline {
+                    i = i
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let tokens = 100 + (i >> 33) % 900;
+                    if let Ok(permit) = local.try_acquire_owned(&LlmRequest::new(), reserve(tokens))
+                    {
+                        admitted += 1;
+                        tokio::time::sleep(Duration::from_micros((i >> 20) % 2_000)).await;
+                        drop(permit);
+                    } else {
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let (reads, peak) = observer.finish();
+    assert!(
+        admitted > 100 && reads > 100,
+        "{admitted} admitted, {reads} reads"
+    );
+    assert!(peak > 5_000, "the slices never grew: peak {peak}");
+    let mut c = server.connection().unwrap();
+    let seen = observe(&mut c, ns);
+    let slices: u64 = replicas.iter().map(|(_, l)| l.slice()).sum();
+    assert!(
+        seen.total <= 10_000 && seen.slices == seen.total,
+        "{seen:?}"
+    );
+    assert!(slices <= 10_000, "{slices}");
+    for (local, ledger) in &replicas {
+        assert_eq!(local.stats().in_flight, 0);
+        assert!(ledger.stats().rebalances >= 5, "{:?}", ledger.stats());
+        ledger.close().await.unwrap();
+    }
+    assert_eq!(observe(&mut c, ns).total, 0);
+}

@@ -1,0 +1,530 @@
+//! The ledger's Lua scripts, run on a real `redis-server`, against a model of their arithmetic:
+//! a property test of RESERVE / USAGE / RELEASE (exact replies, duplicated and reordered usage
+//! updates, the total against the holds Redis keeps), and deterministic tests of the lease
+//! expiry purge (with RENEW's `lost`) and of the leased mode's PLAN / SHRINK.
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm_redis::scripts;
+use common::{Observed, RedisServer, observe};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+const REPLICAS: [&str; 3] = ["r0", "r1", "r2"];
+/// Long enough that no lease lapses during a case.
+const LONG_LEASE_MS: u64 = 60_000;
+
+/// Every script, loaded from its full source.
+struct Scripts {
+    reserve: redis::Script,
+    usage: redis::Script,
+    release: redis::Script,
+    renew: redis::Script,
+    plan: redis::Script,
+    shrink: redis::Script,
+    snapshot: redis::Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        let script = |body: &str| redis::Script::new(&scripts::source(body));
+        Scripts {
+            reserve: script(scripts::RESERVE),
+            usage: script(scripts::USAGE),
+            release: script(scripts::RELEASE),
+            renew: script(scripts::RENEW),
+            plan: script(scripts::PLAN),
+            shrink: script(scripts::SHRINK),
+            snapshot: script(scripts::SNAPSHOT),
+        }
+    }
+}
+
+/// Runs `script` as `replica` in namespace `ns` with the five keys, `ns`, `replica`, then `args`.
+fn call(
+    conn: &mut redis::Connection,
+    script: &redis::Script,
+    ns: &str,
+    replica: &str,
+    args: &[String],
+) -> Vec<i64> {
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(format!("{ns}:total"))
+        .key(format!("{ns}:leases"))
+        .key(format!("{ns}:holds:{replica}"))
+        .key(format!("{ns}:slices"))
+        .key(format!("{ns}:wants"))
+        .arg(ns)
+        .arg(replica);
+    for a in args {
+        invocation.arg(a);
+    }
+    invocation
+        .invoke::<Vec<i64>>(conn)
+        .unwrap_or_else(|e| panic!("script call by {replica} in {ns} with {args:?}: {e}"))
+}
+
+fn args(values: &[&dyn ToString]) -> Vec<String> {
+    values.iter().map(|v| v.to_string()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model of the exact mode.
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve {
+        replica: usize,
+        id: u8,
+        tokens: u64,
+    },
+    Usage {
+        replica: usize,
+        id: u8,
+        seq: u64,
+        held: u64,
+    },
+    Release {
+        replica: usize,
+        id: u8,
+    },
+    /// The same usage update sent twice: the second is a duplicate.
+    UsageTwice {
+        replica: usize,
+        id: u8,
+        seq: u64,
+        held: u64,
+    },
+    /// Sequence `seq + 1` then `seq`: the second arrives late and must change nothing.
+    UsageReordered {
+        replica: usize,
+        id: u8,
+        seq: u64,
+        newer: u64,
+        older: u64,
+    },
+}
+
+/// Per replica: admission id -> (held tokens, last sequence); and whether it ever joined (a
+/// successful RESERVE gives it a lease, which lasts the whole case).
+struct Model {
+    budget: u64,
+    holds: [BTreeMap<String, (u64, u64)>; 3],
+    joined: [bool; 3],
+}
+
+impl Model {
+    fn new(budget: u64) -> Model {
+        Model {
+            budget,
+            holds: Default::default(),
+            joined: [false; 3],
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.holds
+            .iter()
+            .flat_map(|h| h.values())
+            .map(|&(t, _)| t)
+            .sum()
+    }
+
+    fn count(&self) -> u64 {
+        self.holds.iter().map(|h| h.len() as u64).sum()
+    }
+
+    /// `{outcome, total, budget, purged}`.
+    fn reserve(&mut self, replica: usize, id: &str, tokens: u64) -> Vec<i64> {
+        let total = self.total();
+        let budget = self.budget as i64;
+        if total + tokens > self.budget {
+            return vec![0, total as i64, budget, 0];
+        }
+        if self.holds[replica].contains_key(id) {
+            return vec![-1, total as i64, budget, 0];
+        }
+        self.holds[replica].insert(id.to_owned(), (tokens, 0));
+        self.joined[replica] = true;
+        vec![1, self.total() as i64, budget, 0]
+    }
+
+    /// `{outcome, total, previous hold}`.
+    fn usage(&mut self, replica: usize, id: &str, seq: u64, held: u64) -> Vec<i64> {
+        let total = self.total() as i64;
+        let Some(hold) = self.holds[replica].get_mut(id) else {
+            return vec![-1, total, 0];
+        };
+        let (old, last) = *hold;
+        if seq <= last {
+            return vec![0, total, old as i64];
+        }
+        *hold = (held, seq);
+        vec![1, self.total() as i64, old as i64]
+    }
+
+    /// `{outcome, total, tokens freed}`.
+    fn release(&mut self, replica: usize, id: &str) -> Vec<i64> {
+        match self.holds[replica].remove(id) {
+            None => vec![0, self.total() as i64, 0],
+            Some((freed, _)) => vec![1, self.total() as i64, freed as i64],
+        }
+    }
+
+    fn observed(&self) -> Observed {
+        Observed {
+            total: self.total(),
+            holds: self.total(),
+            hold_count: self.count(),
+            slices: 0,
+            replicas: self.joined.iter().filter(|&&j| j).count() as u64,
+        }
+    }
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let replica = 0..REPLICAS.len();
+    // Skewed toward a few ids, so that updates and releases often find a hold.
+    let id = prop_oneof![3 => 0u8..3, 1 => 0u8..8];
+    prop_oneof![
+        3 => (replica.clone(), id.clone(), prop_oneof![0u64..500, 0u64..5000])
+            .prop_map(|(replica, id, tokens)| Op::Reserve { replica, id, tokens }),
+        3 => (replica.clone(), id.clone(), 0u64..10, 0u64..6000)
+            .prop_map(|(replica, id, seq, held)| Op::Usage { replica, id, seq, held }),
+        2 => (replica.clone(), id.clone())
+            .prop_map(|(replica, id)| Op::Release { replica, id }),
+        1 => (replica.clone(), id.clone(), 0u64..10, 0u64..6000)
+            .prop_map(|(replica, id, seq, held)| Op::UsageTwice { replica, id, seq, held }),
+        1 => (replica, id, 0u64..10, 0u64..6000, 0u64..6000).prop_map(
+            |(replica, id, seq, newer, older)| Op::UsageReordered { replica, id, seq, newer, older }
+        ),
+    ]
+}
+
+/// One case: a fresh namespace, then every op on Redis and on the model, compared after each.
+fn run_case(
+    conn: &mut redis::Connection,
+    s: &Scripts,
+    ns: &str,
+    budget: u64,
+    ops: &[Op],
+    seen: &mut BTreeMap<(&'static str, i64), u64>,
+) -> Result<(), TestCaseError> {
+    let mut model = Model::new(budget);
+    prop_assert_eq!(
+        observe(conn, ns),
+        model.observed(),
+        "fresh namespace {}",
+        ns
+    );
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = format!("{ns} step {step}: {op:?}");
+        match *op {
+            Op::Reserve {
+                replica,
+                id,
+                tokens,
+            } => {
+                let id = id.to_string();
+                let a = args(&[&id, &tokens, &budget, &LONG_LEASE_MS]);
+                let got = call(conn, &s.reserve, ns, REPLICAS[replica], &a);
+                *seen.entry(("reserve", got[0])).or_default() += 1;
+                prop_assert_eq!(got, model.reserve(replica, &id, tokens), "RESERVE {}", ctx);
+            }
+            Op::Usage {
+                replica,
+                id,
+                seq,
+                held,
+            } => {
+                let id = id.to_string();
+                let got = call(
+                    conn,
+                    &s.usage,
+                    ns,
+                    REPLICAS[replica],
+                    &args(&[&id, &seq, &held]),
+                );
+                *seen.entry(("usage", got[0])).or_default() += 1;
+                prop_assert_eq!(got, model.usage(replica, &id, seq, held), "USAGE {}", ctx);
+            }
+            Op::Release { replica, id } => {
+                let id = id.to_string();
+                let got = call(conn, &s.release, ns, REPLICAS[replica], &args(&[&id]));
+                *seen.entry(("release", got[0])).or_default() += 1;
+                prop_assert_eq!(got, model.release(replica, &id), "RELEASE {}", ctx);
+            }
+            Op::UsageTwice {
+                replica,
+                id,
+                seq,
+                held,
+            } => {
+                let id = id.to_string();
+                let a = args(&[&id, &seq, &held]);
+                let first = call(conn, &s.usage, ns, REPLICAS[replica], &a);
+                prop_assert_eq!(
+                    first,
+                    model.usage(replica, &id, seq, held),
+                    "USAGE 1st {}",
+                    ctx
+                );
+                let between = observe(conn, ns);
+                let second = call(conn, &s.usage, ns, REPLICAS[replica], &a);
+                *seen.entry(("duplicate", second[0])).or_default() += 1;
+                prop_assert!(
+                    second[0] != 1,
+                    "a duplicate was applied: {:?} {}",
+                    second,
+                    ctx
+                );
+                prop_assert_eq!(
+                    second,
+                    model.usage(replica, &id, seq, held),
+                    "USAGE 2nd {}",
+                    ctx
+                );
+                prop_assert_eq!(observe(conn, ns), between, "the duplicate changed {}", ctx);
+            }
+            Op::UsageReordered {
+                replica,
+                id,
+                seq,
+                newer,
+                older,
+            } => {
+                let id = id.to_string();
+                let a = args(&[&id, &(seq + 1), &newer]);
+                let first = call(conn, &s.usage, ns, REPLICAS[replica], &a);
+                let expected = model.usage(replica, &id, seq + 1, newer);
+                prop_assert_eq!(first, expected, "USAGE newer {}", ctx);
+                let between = observe(conn, ns);
+                let a = args(&[&id, &seq, &older]);
+                let second = call(conn, &s.usage, ns, REPLICAS[replica], &a);
+                *seen.entry(("late", second[0])).or_default() += 1;
+                prop_assert!(
+                    second[0] != 1,
+                    "a late update was applied: {:?} {}",
+                    second,
+                    ctx
+                );
+                let expected = model.usage(replica, &id, seq, older);
+                prop_assert_eq!(second, expected, "USAGE older {}", ctx);
+                prop_assert_eq!(
+                    observe(conn, ns),
+                    between,
+                    "the late update changed {}",
+                    ctx
+                );
+            }
+        }
+        prop_assert_eq!(observe(conn, ns), model.observed(), "ledger after {}", ctx);
+    }
+    // Keeps the database small (`observe` scans the keys).
+    let mut del = redis::cmd("DEL");
+    for key in ["total", "leases", "slices", "wants"] {
+        del.arg(format!("{ns}:{key}"));
+    }
+    for replica in REPLICAS {
+        del.arg(format!("{ns}:holds:{replica}"));
+    }
+    del.exec(conn).expect("DEL");
+    Ok(())
+}
+
+#[test]
+fn exact_scripts_match_the_model() {
+    let server = RedisServer::start();
+    let conn = RefCell::new(server.connection().unwrap());
+    let s = Scripts::new();
+    let case = Cell::new(0u64);
+    let seen = RefCell::new(BTreeMap::new());
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        1_000u64..20_000,
+        prop::collection::vec(op_strategy(), 10..=60),
+    );
+    let started = Instant::now();
+    let result = runner.run(&strategy, |(budget, ops)| {
+        case.set(case.get() + 1);
+        let ns = format!("{{case-{}}}", case.get());
+        run_case(
+            &mut conn.borrow_mut(),
+            &s,
+            &ns,
+            budget,
+            &ops,
+            &mut seen.borrow_mut(),
+        )
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let seen = seen.into_inner();
+    eprintln!("{} cases in {:?}: {seen:?}", case.get(), started.elapsed());
+    // The cases reached every outcome (the test is not vacuous); `late` -1 and 0 both happen.
+    for outcome in [
+        ("reserve", 1),
+        ("reserve", 0),
+        ("reserve", -1),
+        ("usage", 1),
+        ("usage", 0),
+        ("usage", -1),
+        ("release", 1),
+        ("release", 0),
+        ("duplicate", 0),
+        ("late", 0),
+    ] {
+        assert!(
+            seen.contains_key(&outcome),
+            "never saw {outcome:?}: {seen:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lease expiry.
+
+#[test]
+fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let s = Scripts::new();
+    let ns = "{expiry}";
+    let budget = 10_000u64;
+
+    let r = call(
+        &mut c,
+        &s.reserve,
+        ns,
+        "a",
+        &args(&[&"1", &300, &budget, &200]),
+    );
+    assert_eq!(r, vec![1, 300, 10_000, 0]);
+    let r = call(
+        &mut c,
+        &s.reserve,
+        ns,
+        "a",
+        &args(&[&"2", &200, &budget, &200]),
+    );
+    assert_eq!(r, vec![1, 500, 10_000, 0]);
+    let r = call(
+        &mut c,
+        &s.reserve,
+        ns,
+        "b",
+        &args(&[&"1", &100, &budget, &60_000]),
+    );
+    assert_eq!(r, vec![1, 600, 10_000, 0]);
+    let o = observe(&mut c, ns);
+    assert_eq!(
+        (o.total, o.holds, o.hold_count, o.replicas),
+        (600, 600, 3, 2)
+    );
+
+    std::thread::sleep(Duration::from_millis(400));
+
+    // `{total, live replicas, leased replicas}` after the purge of "a".
+    let r = call(&mut c, &s.snapshot, ns, "b", &[]);
+    assert_eq!(r, vec![100, 1, 0]);
+    let o = observe(&mut c, ns);
+    assert_eq!(
+        o,
+        Observed {
+            total: 100,
+            holds: 100,
+            hold_count: 1,
+            slices: 0,
+            replicas: 1,
+        }
+    );
+
+    // `{lost, total, live replicas}`: "a" joins again with nothing.
+    let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
+    assert_eq!(r, vec![1, 100, 2]);
+    // Renewing a live lease loses nothing.
+    let r = call(&mut c, &s.renew, ns, "b", &args(&[&60_000]));
+    assert_eq!(r, vec![0, 100, 2]);
+    let o = observe(&mut c, ns);
+    assert_eq!(
+        (o.total, o.holds, o.hold_count, o.replicas),
+        (100, 100, 1, 2)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leased mode.
+
+#[test]
+fn plan_grows_toward_the_fair_target_and_shrink_makes_room() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let s = Scripts::new();
+    let ns = "{leased}";
+    let budget = 10_000u64;
+    let lease = 60_000u64;
+    let check = |c: &mut redis::Connection, total: u64, slices: u64, replicas: u64| {
+        let o = observe(c, ns);
+        assert!(o.total <= budget, "total {} above the budget", o.total);
+        assert_eq!(
+            o,
+            Observed {
+                total,
+                holds: 0,
+                hold_count: 0,
+                slices,
+                replicas,
+            }
+        );
+    };
+    let plan = |c: &mut redis::Connection, replica: &str, want: u64, floor: u64| {
+        call(
+            c,
+            &s.plan,
+            ns,
+            replica,
+            &args(&[&want, &floor, &budget, &lease]),
+        )
+    };
+
+    // `{slice, target, total, live leased replicas, lost}`. Alone: the whole budget.
+    assert_eq!(
+        plan(&mut c, "a", 10_000, 0),
+        vec![10_000, 10_000, 10_000, 1, 1]
+    );
+    check(&mut c, 10_000, 10_000, 1);
+
+    // "b" is owed half, but nothing is free until "a" shrinks.
+    assert_eq!(plan(&mut c, "b", 10_000, 0), vec![0, 5_000, 10_000, 2, 1]);
+    check(&mut c, 10_000, 10_000, 2);
+
+    // "a" now wants 1: its target drops, its slice does not (PLAN never shrinks).
+    assert_eq!(plan(&mut c, "a", 1, 0), vec![10_000, 1, 10_000, 2, 0]);
+    check(&mut c, 10_000, 10_000, 2);
+
+    // `{slice, total}`.
+    let r = call(&mut c, &s.shrink, ns, "a", &args(&[&1]));
+    assert_eq!(r, vec![1, 1]);
+    check(&mut c, 1, 1, 2);
+    // SHRINK never raises.
+    let r = call(&mut c, &s.shrink, ns, "a", &args(&[&5]));
+    assert_eq!(r, vec![1, 1]);
+    check(&mut c, 1, 1, 2);
+
+    // "b" gets its fair share plus all that "a" does not ask for.
+    assert_eq!(
+        plan(&mut c, "b", 10_000, 0),
+        vec![9_999, 9_999, 10_000, 2, 0]
+    );
+    check(&mut c, 10_000, 10_000, 2);
+}
