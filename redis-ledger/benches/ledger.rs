@@ -81,6 +81,11 @@ fn ledger(c: &mut Criterion) {
             })
         })
     });
+    let stats = exact.stats();
+    eprintln!(
+        "exact mode: {} releases, {} of them on a reservation",
+        stats.releases_deferred, stats.releases_on_reservations
+    );
     let local = bulkhead();
     let leased_bulkhead = bulkhead();
     // No rebalance during the measurement: the admission on the slice is what is measured.

@@ -1,6 +1,7 @@
 //! Exact mode: every admission of the local bulkhead also reserves its tokens in the global
 //! ledger (one script), usage reports move the global hold by sequence number, and release
-//! removes it; a background task renews the replica's lease and sends deferred releases.
+//! removes it (riding on the replica's next reservation, or sent by the background task within
+//! a few milliseconds); the background task also renews the replica's lease.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -9,12 +10,9 @@ use async_bulkhead_llm::{
     AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, ReleaseReport, TokenUsage, UsageError,
     UsageReport,
 };
-use tokio::sync::mpsc;
 
 use crate::config::{FailurePolicy, LedgerConfig};
-use crate::error::{
-    ConfigError, GlobalRejection, LedgerError, LedgerRefusal, StoreError, UnavailableRejection,
-};
+use crate::error::{GlobalRejection, LedgerError, LedgerRefusal, StoreError, UnavailableRejection};
 use crate::health::Health;
 use crate::stats::{Counters, LedgerStats, bump};
 use crate::store::{GlobalSnapshot, Moved, Reserved, Store};
@@ -54,8 +52,11 @@ struct Inner {
     config: LedgerConfig,
     health: Health,
     counters: Counters,
-    /// Ids whose global hold must be released by the background task.
-    deferred: mpsc::UnboundedSender<String>,
+    /// Ids whose global hold must still be released: they ride on this replica's next
+    /// reservation, or go from the background task after `RIDE_WINDOW`.
+    pending: std::sync::Mutex<Vec<String>>,
+    /// Wakes the background task when `pending` stops being empty.
+    wake: tokio::sync::Notify,
     /// Stops the background task at once (`close`).
     stop: tokio::sync::Notify,
 }
@@ -69,29 +70,19 @@ impl ExactLedger {
     /// [`LedgerError::Config`] for an invalid configuration or a bulkhead without a token
     /// budget, [`LedgerError::Store`] when Redis cannot be reached; nothing is left running.
     pub async fn connect(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
-        config.validate()?;
-        if bulkhead.limits().token_budget.is_none() {
-            return Err(ConfigError::NoTokenBudget.into());
-        }
-        let store = Store::connect(
-            &config.url,
-            &config.namespace,
-            &config.replica_id,
-            config.timeout,
-        )
-        .await?;
+        let store = Store::open(&bulkhead, &config).await?;
         store.renew(config.lease).await?;
-        let (deferred, pending) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             bulkhead,
             store,
             health: Health::new(config.retry_every),
             config,
             counters: Counters::default(),
-            deferred,
+            pending: std::sync::Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
             stop: tokio::sync::Notify::new(),
         });
-        tokio::spawn(background(Arc::downgrade(&inner), pending));
+        tokio::spawn(background(Arc::downgrade(&inner)));
         Ok(ExactLedger { inner })
     }
 
@@ -144,11 +135,27 @@ impl ExactLedger {
         if !inner.health.should_try() {
             return self.fallback(permit, "waiting before trying Redis again".into());
         }
-        match inner
+        let riders = inner.take_pending(RIDERS);
+        let reserved = inner
             .store
-            .reserve(&id, tokens, inner.config.global_budget, inner.config.lease)
-            .await
-        {
+            .reserve(
+                &id,
+                tokens,
+                inner.config.global_budget,
+                inner.config.lease,
+                &riders,
+            )
+            .await;
+        if reserved.is_ok() {
+            inner.released(riders.len());
+            inner
+                .counters
+                .releases_on_reservations
+                .fetch_add(riders.len() as u64, Ordering::Relaxed);
+        } else {
+            inner.put_back(riders);
+        }
+        match reserved {
             Ok(Some(Reserved::Yes { .. })) => {
                 inner.health.up();
                 bump(&inner.counters.reserved);
@@ -289,93 +296,101 @@ impl Inner {
         self.counters
             .releases_pending
             .fetch_add(1, Ordering::AcqRel);
-        // The receiver lives as long as the background task, which outlives every `Inner`
-        // user that can still defer (it holds only a `Weak`): a send after it stopped is a
-        // release Redis's lease expiry settles.
-        if self.deferred.send(id).is_err() {
-            self.counters
-                .releases_pending
-                .fetch_sub(1, Ordering::AcqRel);
+        let first = {
+            let mut pending = self.pending.lock().expect("not poisoned");
+            pending.push(id);
+            pending.len() == 1
+        };
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Takes up to `max` waiting releases (the newest first).
+    fn take_pending(&self, max: usize) -> Vec<String> {
+        let mut pending = self.pending.lock().expect("not poisoned");
+        let from = pending.len().saturating_sub(max);
+        pending.drain(from..).collect()
+    }
+
+    /// Returns releases that could not be sent (they are idempotent: sent again later).
+    fn put_back(&self, ids: Vec<String>) {
+        if !ids.is_empty() {
+            self.pending.lock().expect("not poisoned").extend(ids);
+        }
+    }
+
+    fn released(&self, sent: usize) {
+        self.counters
+            .releases_pending
+            .fetch_sub(sent as u64, Ordering::AcqRel);
+    }
+
+    /// Sends every waiting release, 256 ids per script; on a failure the rest wait for the
+    /// next renewal.
+    async fn flush(&self) {
+        loop {
+            let batch = self.take_pending(256);
+            if batch.is_empty() {
+                return;
+            }
+            match self.store.release(&batch).await {
+                Ok(_) => self.released(batch.len()),
+                Err(_) => {
+                    self.put_back(batch);
+                    self.failed();
+                    return;
+                }
+            }
         }
     }
 }
 
-/// Renews the lease every renewal period and sends deferred releases, retrying those that
-/// fail; stops when the ledger is closed or dropped.
-async fn background(ledger: Weak<Inner>, mut pending: mpsc::UnboundedReceiver<String>) {
+/// The most waiting releases one reservation carries.
+const RIDERS: usize = 64;
+
+/// How long a release waits for a reservation to ride on before the background task sends
+/// it on its own.
+const RIDE_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Renews the lease every renewal period and sends the releases no reservation took within
+/// `RIDE_WINDOW`, retrying those that fail; stops when the ledger is closed or dropped.
+async fn background(ledger: Weak<Inner>) {
     let period = match ledger.upgrade() {
         Some(inner) => inner.config.renew_every_value(),
         None => return,
     };
-    let mut waiting: Vec<String> = Vec::new();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let stop = {
-            let Some(inner) = ledger.upgrade() else {
-                return;
-            };
-            tokio::select! {
-                _ = tick.tick() => false,
-                id = pending.recv() => {
-                    match id {
-                        Some(id) => waiting.push(id),
-                        None => return,
-                    }
-                    // Gather what else is queued, then send it all.
-                    while let Ok(id) = pending.try_recv() {
-                        waiting.push(id);
-                    }
-                    if inner.health.is_down() {
-                        continue;
-                    }
-                    send_releases(&inner, &mut waiting).await;
-                    continue;
-                }
-                () = inner.stop.notified() => true,
-            }
-        };
-        if stop {
-            return;
-        }
         let Some(inner) = ledger.upgrade() else {
             return;
         };
-        match inner.store.renew(inner.config.lease).await {
-            Ok(lost) => {
-                inner.health.up();
-                if lost {
-                    bump(&inner.counters.leases_lost);
+        let renew = tokio::select! {
+            _ = tick.tick() => true,
+            () = inner.wake.notified() => false,
+            () = inner.stop.notified() => return,
+        };
+        if renew {
+            match inner.store.renew(inner.config.lease).await {
+                Ok(lost) => {
+                    inner.health.up();
+                    if lost {
+                        bump(&inner.counters.leases_lost);
+                    }
+                    inner.flush().await;
                 }
-                send_releases(&inner, &mut waiting).await;
+                Err(_) => inner.failed(),
             }
-            Err(_) => inner.failed(),
+            continue;
         }
-    }
-}
-
-/// Sends the waiting releases, up to 256 at a time concurrently (the multiplexed connection
-/// pipelines them); on a failure the rest wait for the next renewal.
-async fn send_releases(inner: &Inner, waiting: &mut Vec<String>) {
-    while !waiting.is_empty() {
-        let batch: Vec<String> = waiting.drain(waiting.len().saturating_sub(256)..).collect();
-        let results =
-            futures_util::future::join_all(batch.iter().map(|id| inner.store.release(id))).await;
-        let mut failed = false;
-        for (id, result) in batch.into_iter().zip(results) {
-            if result.is_ok() {
-                inner
-                    .counters
-                    .releases_pending
-                    .fetch_sub(1, Ordering::AcqRel);
-            } else {
-                failed = true;
-                waiting.push(id);
-            }
-        }
-        if failed {
-            inner.failed();
+        drop(inner);
+        tokio::time::sleep(RIDE_WINDOW).await;
+        let Some(inner) = ledger.upgrade() else {
             return;
+        };
+        if !inner.health.is_down() {
+            inner.flush().await;
         }
     }
 }
@@ -392,8 +407,8 @@ enum Hold {
 /// A call admitted by the local bulkhead and held in the global ledger (or, while Redis is
 /// unavailable under [`FailurePolicy::LocalFloor`], on the local floor).
 ///
-/// Release it with [`release`](Self::release) (or drop it): locally at once, globally from
-/// the background task.
+/// Release it with [`release`](Self::release) (or drop it): locally at once, globally a
+/// moment later (see `release`).
 pub struct GlobalPermit {
     permit: Option<OwnedPermit>,
     hold: Hold,
@@ -443,9 +458,10 @@ impl GlobalPermit {
         Ok(report)
     }
 
-    /// Releases the call: locally at once, globally from the background task, which sends
-    /// the releases that are waiting together (pipelined on one connection). Until it does,
-    /// the global ledger still counts the tokens: a release can only be late, never early.
+    /// Releases the call: locally at once; globally with this replica's next reservation
+    /// (one script releases what waits, then reserves), or from the background task if no
+    /// reservation comes within 2 ms (one script per batch). Until then the global ledger
+    /// still counts the tokens: a release can only be late, never early.
     pub fn release(mut self, usage: Option<TokenUsage>) -> ReleaseReport {
         let permit = self.permit.take().expect("held until release");
         let report = permit.release(usage);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use async_bulkhead_llm::{LlmBulkhead, RejectReason};
 
 use crate::config::{FailurePolicy, LedgerConfig};
-use crate::error::{ConfigError, LedgerError, StoreError};
+use crate::error::{LedgerError, StoreError};
 use crate::health::Health;
 use crate::stats::{Counters, LedgerStats, bump};
 use crate::store::{GlobalSnapshot, Store};
@@ -82,17 +82,17 @@ impl LeasedLedger {
     /// budget, [`LedgerError::Store`] when Redis cannot be reached (the local budget is then
     /// the failure policy's), [`LedgerError::Limits`] if the local budget cannot be set.
     pub async fn start(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
-        config.validate()?;
-        if bulkhead.limits().token_budget.is_none() {
-            return Err(ConfigError::NoTokenBudget.into());
-        }
-        let store = Store::connect(
-            &config.url,
-            &config.namespace,
-            &config.replica_id,
-            config.timeout,
-        )
-        .await?;
+        let store = match Store::open(&bulkhead, &config).await {
+            Ok(store) => store,
+            Err(LedgerError::Store(error)) => {
+                // No slice: the replica runs on the failure policy's budget until it starts.
+                bulkhead
+                    .set_budget(policy_budget(&config))
+                    .map_err(LedgerError::Limits)?;
+                return Err(LedgerError::Store(error));
+            }
+            Err(other) => return Err(other),
+        };
         let cap = bulkhead
             .limits()
             .token_budget
@@ -285,12 +285,19 @@ impl Inner {
         }
         state.on_fallback = true;
         drop(state);
-        let floor = match self.config.failure {
-            FailurePolicy::FailClosed => 0,
-            FailurePolicy::LocalFloor { tokens } => tokens,
-        };
         self.counters.slice.store(0, Ordering::Release);
-        self.bulkhead.set_budget(floor).map(|_| ())
+        self.bulkhead
+            .set_budget(policy_budget(&self.config))
+            .map(|_| ())
+    }
+}
+
+/// The local budget while Redis is unavailable and no lease is held: the floor, or zero when
+/// failing closed.
+fn policy_budget(config: &LedgerConfig) -> u64 {
+    match config.failure {
+        FailurePolicy::FailClosed => 0,
+        FailurePolicy::LocalFloor { tokens } => tokens,
     }
 }
 

@@ -8,8 +8,9 @@
 //! - [`ExactLedger`] (exact mode): every admission also reserves its tokens in one global
 //!   ledger (one Lua script: the sum of live holds plus the request must fit the global
 //!   budget), usage reports move the global hold by sequence number (a stale or duplicate
-//!   update changes nothing), release removes it. One Redis round trip per admission and one
-//!   per release.
+//!   update changes nothing), release removes it, riding on the replica's next reservation (one
+//!   script releases what waits, then reserves) or sent by a background task within 2 ms. So
+//!   one Redis round trip per admission.
 //! - [`LeasedLedger`] (leased mode): the replica leases a slice of the global budget (a fair
 //!   share plus what it has been using, rebalanced every renewal period) and installs it as
 //!   its local budget, so admissions stay local and lock-free.

@@ -13,8 +13,11 @@
 //! - `ns:slices` / `ns:wants`: hashes, replica id -> the slice it leases / the tokens it asked
 //!   for at its last rebalance (leased mode).
 //!
-//! Every script first purges up to 32 replicas whose lease has passed: their holds and slices
-//! leave the total, so the budget heals without an operator. The holds hash of a purged
+//! The scripts that judge or report the whole ledger (a reservation that would be refused,
+//! renewals, rebalances, snapshots) first purge up to 32 replicas whose lease has passed: their
+//! holds and slices leave the total, so the budget heals without an operator. A reservation
+//! that fits, a usage update and a release touch only the replica's own holds and skip it (a
+//! purge reads Redis's clock and the lease set: a third of a reservation's cost). The holds hash of a purged
 //! replica is named from the namespace inside the script (the same hash tag, so the same slot).
 //!
 //! Numbers are Lua doubles: exact below 2^53, far above what a budget can hold
@@ -55,29 +58,46 @@ local function purge(now)
   end
   return #dead
 end
-local now = now_ms()
-local purged = purge(now)
 "#;
 
-/// Reserves `tokens` for admission `id` if the total stays within `budget`.
-/// ARGV: ns, replica, id, tokens, budget, lease_ms.
-/// Returns `{outcome, total, budget, purged}`: outcome 1 reserved, 0 refused (the total
-/// unchanged), -1 the id already holds (nothing changed).
+/// Reserves `tokens` for admission `id` if the total stays within `budget`, after releasing
+/// the holds named in `riders` (releases waiting on this replica ride on its next
+/// reservation: no round trip of their own).
+/// ARGV: ns, replica, id, tokens, budget, lease_ms, riders....
+/// Returns `{outcome, total, budget, purged, released}`: outcome 1 reserved, 0 refused (the
+/// total unchanged but for the riders and the purge), -1 the id already holds (nothing
+/// changed but for the riders and the purge); purged is the number of lapsed replicas purged
+/// (only a reservation that did not fit purges); released the number of riders that held.
 pub const RESERVE: &str = r#"
+local released = 0
+for i = 7, #ARGV do
+  local v = redis.call('HGET', H, ARGV[i])
+  if v then
+    local old = hold_of(v)
+    redis.call('HDEL', H, ARGV[i])
+    redis.call('DECRBY', T, old)
+    released = released + 1
+  end
+end
 local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = total()
+local purged = 0
 if t + tokens > budget then
-  return {0, t, budget, purged}
+  -- Refused unless lapsed replicas were holding the room.
+  purged = purge(now_ms())
+  t = total()
+  if t + tokens > budget then
+    return {0, t, budget, purged, released}
+  end
 end
-if redis.call('HEXISTS', H, ARGV[3]) == 1 then
-  return {-1, t, budget, purged}
+if redis.call('HSETNX', H, ARGV[3], ARGV[4] .. '|0') == 0 then
+  return {-1, t, budget, purged, released}
 end
 if not redis.call('ZSCORE', L, replica) then
-  redis.call('ZADD', L, now + tonumber(ARGV[6]), replica)
+  redis.call('ZADD', L, now_ms() + tonumber(ARGV[6]), replica)
 end
-redis.call('HSET', H, ARGV[3], ARGV[4] .. '|0')
 t = redis.call('INCRBY', T, tokens)
-return {1, t, budget, purged}
+return {1, t, budget, purged, released}
 "#;
 
 /// Moves admission `id`'s hold to `held` if `seq` is newer than the last applied sequence.
@@ -98,23 +118,33 @@ local t = redis.call('INCRBY', T, tonumber(ARGV[5]) - old)
 return {1, t, old}
 "#;
 
-/// Removes admission `id`'s hold. ARGV: ns, replica, id.
-/// Returns `{outcome, total, tokens freed}`: 1 released, 0 no such hold.
+/// Removes the holds of the admissions named (one or many: a batch of releases is one
+/// script). ARGV: ns, replica, id....
+/// Returns `{released, total, tokens freed}`: how many of them held (so 1 or 0 for one id).
 pub const RELEASE: &str = r#"
-local v = redis.call('HGET', H, ARGV[3])
-if not v then
-  return {0, total(), 0}
+local released, freed = 0, 0
+for i = 3, #ARGV do
+  local v = redis.call('HGET', H, ARGV[i])
+  if v then
+    local old = hold_of(v)
+    redis.call('HDEL', H, ARGV[i])
+    released = released + 1
+    freed = freed + old
+  end
 end
-local old = hold_of(v)
-redis.call('HDEL', H, ARGV[3])
-local t = redis.call('DECRBY', T, old)
-return {1, t, old}
+local t = total()
+if freed > 0 then
+  t = redis.call('DECRBY', T, freed)
+end
+return {released, t, freed}
 "#;
 
 /// Renews the replica's lease. ARGV: ns, replica, lease_ms.
 /// Returns `{lost, total, live replicas}`: lost is 1 when the lease had lapsed (its holds and
 /// slice were purged, by this call or an earlier one) and the replica joins again with none.
 pub const RENEW: &str = r#"
+local now = now_ms()
+purge(now)
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
 return {lost, total(), redis.call('ZCARD', L)}
 "#;
@@ -122,6 +152,8 @@ return {lost, total(), redis.call('ZCARD', L)}
 /// Removes the replica at once: its lease, holds and slice (a graceful shutdown).
 /// ARGV: ns, replica. Returns `{tokens freed, total}`.
 pub const LEAVE: &str = r#"
+local now = now_ms()
+purge(now)
 local before = total()
 if redis.call('ZSCORE', L, replica) then
   redis.call('ZADD', L, 0, replica)
@@ -139,6 +171,8 @@ return {before - t, t}
 /// ARGV: ns, replica, want, floor, budget, lease_ms.
 /// Returns `{slice, target, total, live leased replicas, lost}`.
 pub const PLAN: &str = r#"
+local now = now_ms()
+purge(now)
 local want, floor, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[6]), replica)
 redis.call('HSET', W, replica, ARGV[3])
@@ -198,6 +232,7 @@ return {current, t}
 
 /// Reads the ledger: `{total, live replicas, leased replicas}` (after the purge).
 pub const SNAPSHOT: &str = r#"
+purge(now_ms())
 return {total(), redis.call('ZCARD', L), redis.call('HLEN', W)}
 "#;
 

@@ -21,9 +21,12 @@ pub struct LedgerStats {
     pub store_errors: u64,
     /// Renewals that found the lease lapsed (the replica's holds or slice had been purged).
     pub leases_lost: u64,
-    /// Global releases handed to the background task (every release and drop of a permit
-    /// held globally, and every reservation that timed out).
+    /// Global releases made (every release and drop of a permit held globally, and every
+    /// reservation that timed out): each rides on a later reservation or is sent by the
+    /// background task.
     pub releases_deferred: u64,
+    /// Of them, those that rode on a reservation (no round trip of their own).
+    pub releases_on_reservations: u64,
     /// Releases still waiting for Redis.
     pub releases_pending: u64,
     /// Rebalances done (leased mode).
@@ -45,6 +48,7 @@ pub(crate) struct Counters {
     pub(crate) store_errors: AtomicU64,
     pub(crate) leases_lost: AtomicU64,
     pub(crate) releases_deferred: AtomicU64,
+    pub(crate) releases_on_reservations: AtomicU64,
     pub(crate) releases_pending: AtomicU64,
     pub(crate) rebalances: AtomicU64,
     pub(crate) slice: AtomicU64,
@@ -68,6 +72,7 @@ impl Counters {
             store_errors: load(&self.store_errors),
             leases_lost: load(&self.leases_lost),
             releases_deferred: load(&self.releases_deferred),
+            releases_on_reservations: load(&self.releases_on_reservations),
             releases_pending: load(&self.releases_pending),
             rebalances: load(&self.rebalances),
             slice: load(&self.slice),

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-use crate::error::StoreError;
+use async_bulkhead_llm::LlmBulkhead;
+
+use crate::config::LedgerConfig;
+use crate::error::{ConfigError, LedgerError, StoreError};
 use crate::scripts::Scripts;
 
 /// The outcome of a reservation in the global ledger.
@@ -61,7 +64,27 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    pub(crate) async fn connect(
+    /// What both modes do first: validate `config`, check that `bulkhead` has a token budget,
+    /// connect.
+    pub(crate) async fn open(
+        bulkhead: &LlmBulkhead,
+        config: &LedgerConfig,
+    ) -> Result<Store, LedgerError> {
+        config.validate()?;
+        if bulkhead.limits().token_budget.is_none() {
+            return Err(ConfigError::NoTokenBudget.into());
+        }
+        let store = Store::connect(
+            &config.url,
+            &config.namespace,
+            &config.replica_id,
+            config.timeout,
+        )
+        .await?;
+        Ok(store)
+    }
+
+    async fn connect(
         url: &str,
         namespace: &str,
         replica: &str,
@@ -117,24 +140,23 @@ impl Store {
         Ok(reply)
     }
 
+    /// Reserves `tokens` for `id`, releasing the holds of `riders` first.
     pub(crate) async fn reserve(
         &self,
         id: &str,
         tokens: u64,
         budget: u64,
         lease: Duration,
+        riders: &[String],
     ) -> Result<Option<Reserved>, StoreError> {
-        let reply = self
-            .run(
-                &self.scripts.reserve,
-                &[
-                    id,
-                    &tokens.to_string(),
-                    &budget.to_string(),
-                    &millis(lease).to_string(),
-                ],
-            )
-            .await?;
+        let (tokens, budget, lease) = (
+            tokens.to_string(),
+            budget.to_string(),
+            millis(lease).to_string(),
+        );
+        let mut args: Vec<&str> = vec![id, &tokens, &budget, &lease];
+        args.extend(riders.iter().map(String::as_str));
+        let reply = self.run(&self.scripts.reserve, &args).await?;
         Ok(match reply.first() {
             Some(1) => Some(Reserved::Yes {
                 total: unsigned(&reply, 1),
@@ -167,10 +189,11 @@ impl Store {
         })
     }
 
-    /// Releases `id`'s hold; the tokens it freed (`None` when there was none).
-    pub(crate) async fn release(&self, id: &str) -> Result<Option<u64>, StoreError> {
-        let reply = self.run(&self.scripts.release, &[id]).await?;
-        Ok((reply.first() == Some(&1)).then(|| unsigned(&reply, 2)))
+    /// Releases the holds of `ids` (one script); how many held.
+    pub(crate) async fn release(&self, ids: &[String]) -> Result<u64, StoreError> {
+        let args: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let reply = self.run(&self.scripts.release, &args).await?;
+        Ok(unsigned(&reply, 0))
     }
 
     /// Renews the lease; `true` when it had lapsed (the replica's holds were purged).

@@ -8,22 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget, TokenUsage,
-};
+use async_bulkhead_llm::{LlmRequest, RejectReason, TokenUsage};
 use async_bulkhead_llm_redis::{ExactLedger, LedgerConfig, LedgerRefusal};
-use common::{Observer, RedisServer, observe};
-
-fn bulkhead(budget: u64) -> LlmBulkhead {
-    LlmBulkhead::builder("m", 64)
-        .token_budget(TokenBudget::new(budget))
-        .build()
-        .unwrap()
-}
-
-fn reserve(input: u64, output: u64) -> AcquireOptions {
-    AcquireOptions::new().reservation(Reservation::new(input, output).unwrap())
-}
+use common::{Observer, RedisServer, bulkhead, observe, reserve};
 
 async fn replica(server: &RedisServer, ns: &str, id: &str, global: u64, local: u64) -> ExactLedger {
     let config = LedgerConfig::new(server.url(), ns, global)
@@ -344,4 +331,136 @@ async fn a_killed_replica_has_its_holds_expire() {
     }
     let seen = observe(&mut c, ns);
     assert_eq!((seen.total, seen.hold_count, seen.replicas), (0, 0, 1));
+}
+
+/// The child side of the multi-process test: a replica that makes 300 calls with random
+/// reservations, usage reports and hold times, waits for its releases to reach Redis, and
+/// prints what it did. Does nothing unless the parent set `LEDGER_HAMMER`.
+#[test]
+fn hammer_child() {
+    let Ok(spec) = std::env::var("LEDGER_HAMMER") else {
+        return;
+    };
+    let mut parts = spec.split(' ');
+    let (url, ns, id) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let config = LedgerConfig::new(url, ns, 8_000)
+            .replica_id(id)
+            .lease(Duration::from_secs(5));
+        let ledger = ExactLedger::connect(bulkhead(6_000), config).await.unwrap();
+        let tasks: Vec<_> = (0..3u64)
+            .map(|t| {
+                let ledger = ledger.clone();
+                let seed = id.bytes().map(u64::from).sum::<u64>() * 7 + t;
+                tokio::spawn(async move {
+                    let mut rng = fastrand_seed(seed);
+                    for i in 0..100u64 {
+                        let (input, output) = (50 + rng() % 400, 100 + rng() % 1_200);
+                        let Ok(mut permit) = ledger
+                            .try_acquire(&LlmRequest::new(), reserve(input, output))
+                            .await
+                        else {
+                            continue;
+                        };
+                        if i % 2 == 0 {
+                            let usage = TokenUsage::new(input / 2, output / 2).unwrap();
+                            permit.report_usage(usage).await.unwrap();
+                        }
+                        tokio::time::sleep(Duration::from_micros(rng() % 2_000)).await;
+                        permit.release(None);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert!(ledger.settled(Duration::from_secs(5)).await);
+        let stats = ledger.stats();
+        println!(
+            "LEDGER_HAMMER_DONE reserved={} refused_global={} errors={}",
+            stats.reserved, stats.refused_global, stats.store_errors
+        );
+        ledger.close().await.unwrap();
+    });
+}
+
+/// Three replica processes and one in this process hammer one ledger at once while the
+/// observer reads Redis: the global budget bites, is never exceeded, and every token returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separate_processes_hammer_one_ledger() {
+    let server = RedisServer::start();
+    let ns = "{processes}";
+    let observer = Observer::start(&server, ns, 8_000);
+    let children: Vec<_> = (0..3)
+        .map(|p| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "hammer_child",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env(
+                    "LEDGER_HAMMER",
+                    format!("{} {ns} process-{p}", server.url()),
+                )
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let local = replica(&server, ns, "parent", 8_000, 6_000).await;
+    let mut rng = fastrand_seed(99);
+    let mut parent_reserved = 0;
+    for _ in 0..150 {
+        if let Ok(permit) = local
+            .try_acquire(
+                &LlmRequest::new(),
+                reserve(50 + rng() % 400, 100 + rng() % 1_200),
+            )
+            .await
+        {
+            parent_reserved += 1;
+            tokio::time::sleep(Duration::from_micros(rng() % 2_000)).await;
+            permit.release(None);
+        }
+    }
+    let (mut reserved, mut refused) = (parent_reserved, local.stats().refused_global);
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "a replica process failed");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.contains("LEDGER_HAMMER_DONE"))
+            .expect("the child reports");
+        let field = |name: &str| -> u64 {
+            let start = line.find(name).unwrap() + name.len() + 1;
+            line[start..].split(' ').next().unwrap().parse().unwrap()
+        };
+        assert_eq!(field("errors"), 0);
+        reserved += field("reserved");
+        refused += field("refused_global");
+    }
+    assert!(local.settled(Duration::from_secs(5)).await);
+    let (reads, peak) = observer.finish();
+    let mut c = server.connection().unwrap();
+    let seen = observe(&mut c, ns);
+    assert_eq!(
+        (seen.total, seen.holds, seen.hold_count),
+        (0, 0, 0),
+        "{seen:?}"
+    );
+    assert!(
+        reserved > 100 && refused > 0,
+        "{reserved} reserved, {refused} refused"
+    );
+    assert!(reads > 10 && peak > 4_000, "{reads} reads, peak {peak}");
 }

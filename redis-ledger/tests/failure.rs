@@ -6,22 +6,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget};
+use async_bulkhead_llm::LlmRequest;
 use async_bulkhead_llm_redis::{
     ExactLedger, FailurePolicy, LeasedLedger, LedgerConfig, LedgerRefusal,
 };
-use common::{RedisServer, observe};
-
-fn bulkhead(budget: u64) -> LlmBulkhead {
-    LlmBulkhead::builder("m", 64)
-        .token_budget(TokenBudget::new(budget))
-        .build()
-        .unwrap()
-}
-
-fn reserve(input: u64, output: u64) -> AcquireOptions {
-    AcquireOptions::new().reservation(Reservation::new(input, output).unwrap())
-}
+use common::{RedisServer, bulkhead, observe, reserve};
 
 fn config(server: &RedisServer, ns: &str, policy: FailurePolicy) -> LedgerConfig {
     LedgerConfig::new(server.url(), ns, 10_000)
@@ -235,4 +224,32 @@ async fn a_leased_replica_keeps_its_slice_until_the_lease_ends_then_drops_to_the
     let seen = observe(&mut c, "{leased-down}");
     assert_eq!(seen.slices, ledger.slice());
     assert!(seen.total <= 10_000);
+}
+
+/// A leased replica that cannot reach Redis at start runs on the failure policy's budget,
+/// not its full local budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_replica_that_cannot_start_runs_on_the_floor() {
+    let mut server = RedisServer::start();
+    let config = config(
+        &server,
+        "{no-start}",
+        FailurePolicy::LocalFloor { tokens: 700 },
+    );
+    server.kill();
+    let local = bulkhead(50_000);
+    let started = LeasedLedger::start(local.clone(), config).await;
+    assert!(matches!(
+        started,
+        Err(async_bulkhead_llm_redis::LedgerError::Store(_))
+    ));
+    assert_eq!(local.limits().token_budget.unwrap().budget, 700);
+    let closed = config_closed(&server);
+    let local = bulkhead(50_000);
+    assert!(LeasedLedger::start(local.clone(), closed).await.is_err());
+    assert_eq!(local.limits().token_budget.unwrap().budget, 0);
+}
+
+fn config_closed(server: &RedisServer) -> LedgerConfig {
+    config(server, "{no-start}", FailurePolicy::FailClosed)
 }

@@ -78,10 +78,12 @@ fn args(values: &[&dyn ToString]) -> Vec<String> {
 
 #[derive(Debug, Clone)]
 enum Op {
+    /// A reservation carrying `riders`: releases of the same replica sent with it.
     Reserve {
         replica: usize,
         id: u8,
         tokens: u64,
+        riders: Vec<u8>,
     },
     Usage {
         replica: usize,
@@ -89,10 +91,8 @@ enum Op {
         seq: u64,
         held: u64,
     },
-    Release {
-        replica: usize,
-        id: u8,
-    },
+    /// One script releasing one or more ids (a batch; an id may repeat).
+    Release { replica: usize, ids: Vec<u8> },
     /// The same usage update sent twice: the second is a duplicate.
     UsageTwice {
         replica: usize,
@@ -139,19 +139,23 @@ impl Model {
         self.holds.iter().map(|h| h.len() as u64).sum()
     }
 
-    /// `{outcome, total, budget, purged}`.
-    fn reserve(&mut self, replica: usize, id: &str, tokens: u64) -> Vec<i64> {
+    /// `{outcome, total, budget, purged, riders released}`: the riders are released first.
+    fn reserve(&mut self, replica: usize, id: &str, tokens: u64, riders: &[String]) -> Vec<i64> {
+        let released = riders
+            .iter()
+            .filter(|r| self.holds[replica].remove(r.as_str()).is_some())
+            .count() as i64;
         let total = self.total();
         let budget = self.budget as i64;
         if total + tokens > self.budget {
-            return vec![0, total as i64, budget, 0];
+            return vec![0, total as i64, budget, 0, released];
         }
         if self.holds[replica].contains_key(id) {
-            return vec![-1, total as i64, budget, 0];
+            return vec![-1, total as i64, budget, 0, released];
         }
         self.holds[replica].insert(id.to_owned(), (tokens, 0));
         self.joined[replica] = true;
-        vec![1, self.total() as i64, budget, 0]
+        vec![1, self.total() as i64, budget, 0, released]
     }
 
     /// `{outcome, total, previous hold}`.
@@ -168,12 +172,16 @@ impl Model {
         vec![1, self.total() as i64, old as i64]
     }
 
-    /// `{outcome, total, tokens freed}`.
-    fn release(&mut self, replica: usize, id: &str) -> Vec<i64> {
-        match self.holds[replica].remove(id) {
-            None => vec![0, self.total() as i64, 0],
-            Some((freed, _)) => vec![1, self.total() as i64, freed as i64],
+    /// `{released, total, tokens freed}`.
+    fn release(&mut self, replica: usize, ids: &[String]) -> Vec<i64> {
+        let (mut released, mut freed) = (0, 0);
+        for id in ids {
+            if let Some((tokens, _)) = self.holds[replica].remove(id.as_str()) {
+                released += 1;
+                freed += tokens as i64;
+            }
         }
+        vec![released, self.total() as i64, freed]
     }
 
     fn observed(&self) -> Observed {
@@ -193,11 +201,20 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     let id = prop_oneof![3 => 0u8..3, 1 => 0u8..8];
     prop_oneof![
         3 => (replica.clone(), id.clone(), prop_oneof![0u64..500, 0u64..5000])
-            .prop_map(|(replica, id, tokens)| Op::Reserve { replica, id, tokens }),
+            .prop_flat_map(|(replica, id, tokens)| {
+                proptest::collection::vec(0u8..3, 0..3)
+                    .prop_map(move |riders| Op::Reserve { replica, id, tokens, riders })
+            }),
         3 => (replica.clone(), id.clone(), 0u64..10, 0u64..6000)
             .prop_map(|(replica, id, seq, held)| Op::Usage { replica, id, seq, held }),
         2 => (replica.clone(), id.clone())
-            .prop_map(|(replica, id)| Op::Release { replica, id }),
+            .prop_flat_map(|(replica, id)| {
+                proptest::collection::vec(0u8..4, 0..3).prop_map(move |more| {
+                    let mut ids = vec![id];
+                    ids.extend(more);
+                    Op::Release { replica, ids }
+                })
+            }),
         1 => (replica.clone(), id.clone(), 0u64..10, 0u64..6000)
             .prop_map(|(replica, id, seq, held)| Op::UsageTwice { replica, id, seq, held }),
         1 => (replica, id, 0u64..10, 0u64..6000, 0u64..6000).prop_map(
@@ -224,17 +241,28 @@ fn run_case(
     );
     for (step, op) in ops.iter().enumerate() {
         let ctx = format!("{ns} step {step}: {op:?}");
-        match *op {
+        match op.clone() {
             Op::Reserve {
                 replica,
                 id,
                 tokens,
+                riders,
             } => {
                 let id = id.to_string();
-                let a = args(&[&id, &tokens, &budget, &LONG_LEASE_MS]);
+                let riders: Vec<String> = riders.iter().map(u8::to_string).collect();
+                let mut a = args(&[&id, &tokens, &budget, &LONG_LEASE_MS]);
+                a.extend(riders.iter().cloned());
                 let got = call(conn, &s.reserve, ns, REPLICAS[replica], &a);
                 *seen.entry(("reserve", got[0])).or_default() += 1;
-                prop_assert_eq!(got, model.reserve(replica, &id, tokens), "RESERVE {}", ctx);
+                if got.get(4).is_some_and(|&r| r > 0) {
+                    *seen.entry(("riders", 1)).or_default() += 1;
+                }
+                prop_assert_eq!(
+                    got,
+                    model.reserve(replica, &id, tokens, &riders),
+                    "RESERVE {}",
+                    ctx
+                );
             }
             Op::Usage {
                 replica,
@@ -253,11 +281,11 @@ fn run_case(
                 *seen.entry(("usage", got[0])).or_default() += 1;
                 prop_assert_eq!(got, model.usage(replica, &id, seq, held), "USAGE {}", ctx);
             }
-            Op::Release { replica, id } => {
-                let id = id.to_string();
-                let got = call(conn, &s.release, ns, REPLICAS[replica], &args(&[&id]));
-                *seen.entry(("release", got[0])).or_default() += 1;
-                prop_assert_eq!(got, model.release(replica, &id), "RELEASE {}", ctx);
+            Op::Release { replica, ids } => {
+                let ids: Vec<String> = ids.iter().map(u8::to_string).collect();
+                let got = call(conn, &s.release, ns, REPLICAS[replica], &ids);
+                *seen.entry(("release", got[0].min(2))).or_default() += 1;
+                prop_assert_eq!(got, model.release(replica, &ids), "RELEASE {}", ctx);
             }
             Op::UsageTwice {
                 replica,
@@ -381,6 +409,8 @@ fn exact_scripts_match_the_model() {
         ("usage", -1),
         ("release", 1),
         ("release", 0),
+        ("release", 2),
+        ("riders", 1),
         ("duplicate", 0),
         ("late", 0),
     ] {
@@ -409,7 +439,7 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         "a",
         &args(&[&"1", &300, &budget, &200]),
     );
-    assert_eq!(r, vec![1, 300, 10_000, 0]);
+    assert_eq!(r, vec![1, 300, 10_000, 0, 0]);
     let r = call(
         &mut c,
         &s.reserve,
@@ -417,7 +447,7 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         "a",
         &args(&[&"2", &200, &budget, &200]),
     );
-    assert_eq!(r, vec![1, 500, 10_000, 0]);
+    assert_eq!(r, vec![1, 500, 10_000, 0, 0]);
     let r = call(
         &mut c,
         &s.reserve,
@@ -425,7 +455,7 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         "b",
         &args(&[&"1", &100, &budget, &60_000]),
     );
-    assert_eq!(r, vec![1, 600, 10_000, 0]);
+    assert_eq!(r, vec![1, 600, 10_000, 0, 0]);
     let o = observe(&mut c, ns);
     assert_eq!(
         (o.total, o.holds, o.hold_count, o.replicas),

@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Label, Unit};
 
-use crate::{
-    AbandonCause, AdmissionId, Event, EventKind, LlmBulkhead, RejectReason, Stats, Subscription,
-};
+use crate::admission_class::AbandonCause;
+use crate::admission_id::AdmissionId;
+use crate::events::{Event, EventKind, Subscription};
+use crate::llm::bulkhead::LlmBulkhead;
+use crate::rejection::RejectReason;
+use crate::stats::Stats;
 
 /// The default sampling rate of the histograms: one call in 64 on each thread (and every call
 /// that waited in the queue).

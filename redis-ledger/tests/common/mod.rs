@@ -7,6 +7,20 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A bulkhead of 64 slots and `budget` tokens.
+pub fn bulkhead(budget: u64) -> async_bulkhead_llm::LlmBulkhead {
+    async_bulkhead_llm::LlmBulkhead::builder("m", 64)
+        .token_budget(async_bulkhead_llm::TokenBudget::new(budget))
+        .build()
+        .unwrap()
+}
+
+/// Options reserving `input` + `output` tokens.
+pub fn reserve(input: u64, output: u64) -> async_bulkhead_llm::AcquireOptions {
+    async_bulkhead_llm::AcquireOptions::new()
+        .reservation(async_bulkhead_llm::Reservation::new(input, output).unwrap())
+}
+
 /// A `redis-server` child process on 127.0.0.1, without persistence.
 pub struct RedisServer {
     child: Option<Child>,
