@@ -52,6 +52,10 @@ struct Inner {
     counters: Counters,
     state: Mutex<State>,
     stop: tokio::sync::Notify,
+    /// One rebalance (or the close) at a time, so that the grow and shrink orders are never
+    /// interleaved (the background task and `rebalance()` can both run one); `true` once
+    /// closed: no rebalance after the close.
+    turn: tokio::sync::Mutex<bool>,
 }
 
 struct State {
@@ -115,6 +119,7 @@ impl LeasedLedger {
                 fair: 0,
             }),
             stop: tokio::sync::Notify::new(),
+            turn: tokio::sync::Mutex::new(false),
         });
         if let Err(error) = inner.rebalance(true).await {
             inner.expire_if_due().map_err(LedgerError::Limits)?;
@@ -176,6 +181,8 @@ impl LeasedLedger {
     ///
     /// [`StoreError`] when Redis cannot be reached (the lease then expires on its own).
     pub async fn close(&self) -> Result<u64, StoreError> {
+        let mut closed = self.inner.turn.lock().await;
+        *closed = true;
         self.inner.stop.notify_one();
         let _ = self.inner.bulkhead.set_budget(0);
         self.inner.counters.slice.store(0, Ordering::Release);
@@ -228,6 +235,10 @@ impl Inner {
     }
 
     async fn rebalance(&self, first: bool) -> Result<(), StoreError> {
+        let closed = self.turn.lock().await;
+        if *closed {
+            return Ok(());
+        }
         let want = self.want(first);
         let floor = self.in_flight();
         let sent = Instant::now();
