@@ -365,6 +365,45 @@ impl Engine {
         Ok(from)
     }
 
+    /// Returns a class admission's slot and hold (a release, the common case): the class's
+    /// counts, the word's slot and tokens and the shared figures in one wide CAS, the class
+    /// locked meanwhile; then serves the queue and the drainers as a release does.
+    /// [`release_class`](Engine::release_class) with [`Returned::All`], specialized: the
+    /// release path of every class permit.
+    #[inline]
+    pub(super) fn release_class_all(&self, class: AdmissionClass, held: u64) {
+        let (guard, view) = self.lock_class_view(class);
+        let counts = ClassCounts {
+            slots: view.slots - 1,
+            tokens: view.tokens - held,
+        };
+        let shared_slots = view.borrowed_slots(view.slots) - view.borrowed_slots(counts.slots);
+        let shared_tokens = view.borrowed_tokens(view.tokens) - view.borrowed_tokens(counts.tokens);
+        let (before, after) = self.state.modify_with_before(|s| {
+            s.without_slot()
+                .with_tokens(s.tokens() - held)
+                .expect("fewer tokens fit")
+                .with_shared(
+                    s.shared_slots() - shared_slots,
+                    s.shared_tokens() - shared_tokens,
+                )
+        });
+        guard.set(counts);
+        if before.needs_attention_on_release() {
+            self.after_class_release(before, after);
+        }
+    }
+
+    /// What a class release that saw waiters or a drainer does after its CAS: serves the
+    /// queue, or tells the drainers if the state it wrote (`after`) was idle.
+    #[cold]
+    fn after_class_release(&self, before: State, after: State) {
+        if before.has_waiters() {
+            self.pump();
+        }
+        self.idle_check(after);
+    }
+
     /// Returns what a class admission gives back (see [`Returned`]), moving the shared
     /// figures with the class's counts; then serves the queue and the drainers as a release
     /// does. `false` when an abandonment could not be counted (at most [`MAX_ABANDONED`]

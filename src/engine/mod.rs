@@ -312,10 +312,10 @@ impl Engine {
     /// hand-off the waiter picked up).
     #[inline]
     pub(crate) fn grant(&self, ask: Ask, revision: u64, borrowed: Resources) -> Grant {
-        let id = local::with(&self.counters, |sink| sink.admit(ask.reserved));
-        if let Some(class) = ask.class {
-            self.count_class_admission(class, ask.reserved, borrowed);
-        }
+        let id = match ask.class {
+            None => local::with(&self.counters, |sink| sink.admit(ask.reserved)),
+            Some(class) => self.count_class_admission(class, ask.reserved, borrowed),
+        };
         Grant::new(
             id,
             revision,
@@ -326,12 +326,19 @@ impl Engine {
         )
     }
 
-    /// Counts an admission of `class` (apart from [`grant`](Engine::grant), whose path
-    /// without classes it would otherwise weigh down: measured, not guessed).
+    /// Counts an admission of `class` and mints its id, in one counter lookup (apart from
+    /// [`grant`](Engine::grant)'s path without classes, which it would otherwise weigh down:
+    /// measured, not guessed).
     #[inline(never)]
-    fn count_class_admission(&self, class: AdmissionClass, reserved: u64, borrowed: Resources) {
+    fn count_class_admission(
+        &self,
+        class: AdmissionClass,
+        reserved: u64,
+        borrowed: Resources,
+    ) -> crate::admission_id::IdParts {
         let class = class.index();
         local::with(&self.counters, |sink| {
+            let id = sink.admit(reserved);
             sink.bump_class(class, ClassCounter::Admitted, 1);
             if reserved > 0 {
                 sink.bump_class(class, ClassCounter::Reserved, reserved);
@@ -346,7 +353,8 @@ impl Engine {
                     borrowed.borrowed_tokens,
                 );
             }
-        });
+            id
+        })
     }
 
     /// Admits `ask` (without a class) now, as a newcomer, or says why not (with the word and
@@ -620,16 +628,48 @@ impl Engine {
         match grant.class() {
             None => self.release_capacity(grant.held()),
             Some(class) => {
-                let returned = if grant.holds_slot() {
-                    Returned::All
-                } else {
-                    Returned::Tokens
-                };
-                self.release_class(class, grant.held(), returned);
                 local::with(&self.counters, |sink| {
                     sink.bump_class(class.index(), ClassCounter::Released, 1);
                 });
+                self.release_class_admission(class, grant);
             }
+        }
+    }
+
+    /// Returns `grant`'s hold without usage (a dropped permit): counts the hold as returned
+    /// unreported (and, for a class admission, the release, in the same counter lookup), then
+    /// returns the slot and the hold as [`release`](Engine::release) does.
+    #[inline]
+    pub(crate) fn release_unreported(&self, grant: &Grant) {
+        let held = grant.held();
+        match grant.class() {
+            None => {
+                // Without a budget, or with a hold of 0, there is nothing to book (no lookup).
+                if held > 0 {
+                    self.count_returned_unreported(held);
+                }
+                self.release_capacity(held);
+            }
+            Some(class) => {
+                local::with(&self.counters, |sink| {
+                    if held > 0 {
+                        sink.bump_returned_unreported(held);
+                        sink.bump_class(class.index(), ClassCounter::ReturnedUnreported, held);
+                    }
+                    sink.bump_class(class.index(), ClassCounter::Released, 1);
+                });
+                self.release_class_admission(class, grant);
+            }
+        }
+    }
+
+    /// The capacity a class admission returns at its release (its counters already booked).
+    #[inline]
+    fn release_class_admission(&self, class: AdmissionClass, grant: &Grant) {
+        if grant.holds_slot() {
+            self.release_class_all(class, grant.held());
+        } else {
+            self.release_class(class, grant.held(), Returned::Tokens);
         }
     }
 

@@ -431,6 +431,17 @@ impl AtomicState {
         .unwrap_or_else(|never| match never {})
     }
 
+    /// [`modify`](AtomicState::modify), returning the state it replaced and the state it
+    /// wrote.
+    #[inline]
+    pub(crate) fn modify_with_before(&self, mut f: impl FnMut(State) -> State) -> (State, State) {
+        self.update(|s| {
+            let next = f(s);
+            Ok::<_, core::convert::Infallible>((next, (s, next)))
+        })
+        .unwrap_or_else(|never| match never {})
+    }
+
     /// A CAS loop for updates that do not depend on the limits: `decide` maps the current
     /// state to the next one (plus a value to return) or to an error, which ends the loop
     /// without writing anything.

@@ -140,17 +140,7 @@ impl LlmCore {
         {
             self.settle(admission, None);
         } else {
-            let held = admission.held_tokens();
-            // Without a budget, or with a hold of 0, there is nothing to book (no lookup).
-            if held > 0 {
-                match admission.class() {
-                    None => self.engine().count_returned_unreported(held),
-                    class => self
-                        .engine()
-                        .count_all(class, &[(Counter::ReturnedUnreported, held)]),
-                }
-            }
-            self.engine().release(admission.grant());
+            self.engine().release_unreported(admission.grant());
         }
     }
 
