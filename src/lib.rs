@@ -366,7 +366,7 @@ fn _assert_send_sync() {
     both::<LlmBulkheadBuilder>();
     both::<AdmissionId>();
     both::<LlmRequest>();
-    both::<futures::Acquire<'static>>();
+    both::<futures::Acquire<'static, 'static>>();
     both::<futures::AcquireOwned>();
     both::<futures::Drain<'static>>();
     both::<futures::DrainTimeout<'static>>();

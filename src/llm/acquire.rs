@@ -81,9 +81,16 @@ impl LlmBulkhead {
     /// # }).unwrap();
     /// ```
     #[inline]
-    pub fn acquire(&self, request: &LlmRequest, options: AcquireOptions) -> Acquire<'_> {
+    pub fn acquire<'a, 'r>(
+        &'a self,
+        request: &'r LlmRequest,
+        options: AcquireOptions,
+    ) -> Acquire<'a, 'r> {
         Acquire {
-            machine: Machine::new(&*self.core, request, options),
+            machine: Machine {
+                core: &*self.core,
+                step: Step::Unresolved { request, options },
+            },
         }
     }
 
@@ -198,22 +205,27 @@ impl LlmBulkhead {
     }
 }
 
-/// Future returned by [`LlmBulkhead::acquire`].
+/// Future returned by [`LlmBulkhead::acquire`]: it borrows the bulkhead for `'a` (its permit
+/// does too) and the request for `'r` (read at the first poll, which resolves it).
 #[must_use = "futures do nothing unless polled"]
-pub struct Acquire<'a> {
-    machine: Machine<&'a LlmCore>,
+pub struct Acquire<'a, 'r> {
+    machine: Machine<'r, &'a LlmCore>,
 }
 
-impl<'a> Acquire<'a> {
+impl<'a> Acquire<'a, 'static> {
     /// The acquire of a call already resolved (by `run`, which needed its reservation first).
-    pub(crate) fn resolved(core: &'a LlmCore, call: Call, options: AcquireOptions) -> Acquire<'a> {
+    pub(crate) fn resolved(
+        core: &'a LlmCore,
+        call: Call,
+        options: AcquireOptions,
+    ) -> Acquire<'a, 'static> {
         Acquire {
             machine: Machine::resolved(core, call, options),
         }
     }
 }
 
-impl<'a> Future for Acquire<'a> {
+impl<'a> Future for Acquire<'a, '_> {
     type Output = Result<Permit<'a>, AcquireError>;
 
     #[inline]
@@ -229,7 +241,7 @@ impl<'a> Future for Acquire<'a> {
     }
 }
 
-impl fmt::Debug for Acquire<'_> {
+impl fmt::Debug for Acquire<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Acquire { .. }")
     }
@@ -238,7 +250,7 @@ impl fmt::Debug for Acquire<'_> {
 /// Future returned by [`LlmBulkhead::acquire_owned`].
 #[must_use = "futures do nothing unless polled"]
 pub struct AcquireOwned {
-    machine: Machine<Arc<LlmCore>>,
+    machine: Machine<'static, Arc<LlmCore>>,
 }
 
 impl AcquireOwned {
@@ -279,8 +291,19 @@ impl fmt::Debug for AcquireOwned {
 }
 
 /// Where an acquire is.
-enum Step {
-    /// Not polled yet.
+enum Step<'r> {
+    /// Not polled yet, the request not resolved yet: [`acquire`](LlmBulkhead::acquire)'s
+    /// future borrows its request and resolves it at the first poll, so that the resolved
+    /// call goes from the estimate to the decision in registers. (A call resolved when the
+    /// future is made is written into the future and read back at once by the first poll:
+    /// about 3 ns of a 35 ns `acquire().await` + release, see benches/README.md "The async
+    /// fast path".)
+    Unresolved {
+        request: &'r LlmRequest,
+        options: AcquireOptions,
+    },
+    /// Not polled yet, the request resolved (the owned future, which cannot borrow it, the
+    /// blocking acquires, and `run`, which needed the reservation first).
     Start {
         call: Call,
         timeout: Option<Duration>,
@@ -307,15 +330,16 @@ struct Waiting {
     span: tracing::Span,
 }
 
-/// The state machine shared by both futures and both blocking variants.
-struct Machine<C: Deref<Target = LlmCore>> {
+/// The state machine shared by both futures and both blocking variants (`'r`: the request
+/// an unresolved acquire borrows).
+struct Machine<'r, C: Deref<Target = LlmCore>> {
     core: C,
-    step: Step,
+    step: Step<'r>,
 }
 
-impl<C: Deref<Target = LlmCore>> Machine<C> {
+impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
     #[inline]
-    fn new(core: C, request: &LlmRequest, options: AcquireOptions) -> Machine<C> {
+    fn new(core: C, request: &LlmRequest, options: AcquireOptions) -> Machine<'r, C> {
         let step = match core.resolve(request, options) {
             Ok(call) => Step::Start {
                 call,
@@ -326,7 +350,7 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         Machine { core, step }
     }
 
-    fn resolved(core: C, call: Call, options: AcquireOptions) -> Machine<C> {
+    fn resolved(core: C, call: Call, options: AcquireOptions) -> Machine<'r, C> {
         let timeout = core.timeout(options);
         Machine {
             core,
@@ -337,7 +361,10 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
     /// Whether the acquire has not been polled yet.
     #[inline]
     fn is_new(&self) -> bool {
-        matches!(self.step, Step::Start { .. } | Step::Invalid(_))
+        matches!(
+            self.step,
+            Step::Unresolved { .. } | Step::Start { .. } | Step::Invalid(_)
+        )
     }
 
     /// [`start`](Machine::start) for a future's first poll, building its output with
@@ -353,26 +380,19 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         later: impl FnOnce(&C, Admission) -> P,
     ) -> Poll<Result<P, AcquireError>> {
         match &self.step {
+            &Step::Unresolved { request, options } => {
+                self.step = Step::Done;
+                match self.core.resolve(request, options) {
+                    Ok(call) => {
+                        let timeout = self.core.timeout(options);
+                        self.first_decision(cx, call, timeout, permit, later)
+                    }
+                    Err(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
+                }
+            }
             &Step::Start { call, timeout } => {
                 self.step = Step::Done;
-                match self
-                    .core
-                    .admit_in_place(call, Wait::Async(cx.waker()), permit)
-                {
-                    Ok(permit) => Poll::Ready(Ok(permit)),
-                    // Admitted after all when decided again under the queue lock.
-                    Err(Admitted::Now(admission)) => Poll::Ready(Ok(later(&self.core, admission))),
-                    Err(Admitted::Refused(rejection)) => {
-                        Poll::Ready(Err(AcquireError::Rejected(rejection)))
-                    }
-                    Err(Admitted::Queued(waiter, timing)) => {
-                        self.wait(waiter, call, timeout, timing);
-                        // Just queued, this task's waker registered before the waiter was
-                        // (a hand-off can still win against an immediate time-out).
-                        let done = self.poll_sleep(cx);
-                        done.map_ok(|admission| later(&self.core, admission))
-                    }
-                }
+                self.first_decision(cx, call, timeout, permit, later)
             }
             Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
                 Step::Invalid(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
@@ -382,12 +402,51 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
         }
     }
 
+    /// The first decision of [`start_in_place`](Machine::start_in_place), `call` resolved.
+    #[inline]
+    fn first_decision<P>(
+        &mut self,
+        cx: &mut Context<'_>,
+        call: Call,
+        timeout: Option<Duration>,
+        permit: impl FnOnce(Admission) -> P,
+        later: impl FnOnce(&C, Admission) -> P,
+    ) -> Poll<Result<P, AcquireError>> {
+        match self
+            .core
+            .admit_in_place(call, Wait::Async(cx.waker()), permit)
+        {
+            Ok(permit) => Poll::Ready(Ok(permit)),
+            // Admitted after all when decided again under the queue lock.
+            Err(Admitted::Now(admission)) => Poll::Ready(Ok(later(&self.core, admission))),
+            Err(Admitted::Refused(rejection)) => {
+                Poll::Ready(Err(AcquireError::Rejected(rejection)))
+            }
+            Err(Admitted::Queued(waiter, timing)) => {
+                self.wait(waiter, call, timeout, timing);
+                // Just queued, this task's waker registered before the waiter was (a
+                // hand-off can still win against an immediate time-out).
+                let done = self.poll_sleep(cx);
+                done.map_ok(|admission| later(&self.core, admission))
+            }
+        }
+    }
+
     /// Leaves `Start`/`Invalid`: either finished, or now `Waiting` (as a blocked thread if
     /// `blocking`).
     #[inline]
     fn start(&mut self, wait: Wait<'_>) -> Option<Result<Admission, AcquireError>> {
         // Matched by reference and left as it is unless it changes: moving the whole `Step`
         // out and back costs more than the decision on the fast path.
+        if let &Step::Unresolved { request, options } = &self.step {
+            self.step = match self.core.resolve(request, options) {
+                Ok(call) => Step::Start {
+                    call,
+                    timeout: self.core.timeout(options),
+                },
+                Err(error) => Step::Invalid(error),
+            };
+        }
         match &self.step {
             &Step::Start { call, timeout } => {
                 self.step = Step::Done;
@@ -404,6 +463,7 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
                 Step::Invalid(error) => Some(Err(AcquireError::Invalid(error))),
                 _ => unreachable!(),
             },
+            Step::Unresolved { .. } => unreachable!("resolved above"),
             Step::Waiting(_) | Step::Done => None,
         }
     }
@@ -552,7 +612,7 @@ impl<C: Deref<Target = LlmCore>> Machine<C> {
     }
 }
 
-impl<C: Deref<Target = LlmCore>> Drop for Machine<C> {
+impl<C: Deref<Target = LlmCore>> Drop for Machine<'_, C> {
     fn drop(&mut self) {
         if !matches!(self.step, Step::Waiting(_)) {
             return;

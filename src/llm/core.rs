@@ -228,6 +228,14 @@ impl LlmCore {
         }
     }
 
+    /// [`admit`](LlmCore::admit), not inlined: the first poll's path for a class call or a
+    /// timed decision, kept out of the in-place path's frame (inlined, it made the fast path's
+    /// frame spill registers).
+    #[inline(never)]
+    fn admit_out_of_line(&self, call: Call, wait: Wait<'_>) -> Admitted {
+        self.admit(call, wait)
+    }
+
     /// [`admit`](LlmCore::admit) for the first poll of an acquire future: a call admitted at
     /// once becomes the caller's permit in place (`permit`), anything else comes back as
     /// [`Admitted`] (announced as `admit` announces it). Without a class and without anyone
@@ -242,7 +250,7 @@ impl LlmCore {
         if call.ask.class.is_some()
             || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
         {
-            return match self.admit(call, wait) {
+            return match self.admit_out_of_line(call, wait) {
                 Admitted::Now(admission) => Ok(permit(admission)),
                 other => Err(other),
             };

@@ -11,6 +11,11 @@ use futures::executor::block_on;
 
 use crate::support::{Entry, MODEL, Outcome, Twin, call, plus_one_rejection, probe, res, with_res};
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 fn queued_twin() -> Twin {
     let mut twin = Twin::new(|| {
         LlmBulkhead::builder(MODEL, 1)
@@ -83,7 +88,7 @@ fn a_zero_timeout_while_queued_gives_up_at_the_first_check_and_leaves_the_queue(
 /// admitted (the timeout did not fire or panic).
 fn waits_then_admits(b: &LlmBulkhead, options: AcquireOptions, holder: OwnedPermit) {
     block_on(async {
-        let mut waiting = Box::pin(b.acquire(&LlmRequest::new(), options));
+        let mut waiting = Box::pin(b.acquire(&EMPTY_REQUEST, options));
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         assert!(
             futures::poll!(waiting.as_mut()).is_pending(),
@@ -176,7 +181,7 @@ fn dropping_a_waiter_with_a_duration_max_timeout_aborts_cleanly() {
     block_on(async {
         let mut waiting = Box::pin(
             twin.subject
-                .acquire(&LlmRequest::new(), with_res(1, 1).timeout(Duration::MAX)),
+                .acquire(&EMPTY_REQUEST, with_res(1, 1).timeout(Duration::MAX)),
         );
         assert!(futures::poll!(waiting.as_mut()).is_pending());
     });

@@ -11,6 +11,11 @@ use async_bulkhead_llm::{
 
 use crate::support::{admit, class_stats, in_class, tokens};
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 /// 2 slots, 1000 tokens; premium keeps 1 slot and 400 tokens, batch has no floor.
 fn tiers(max_queue: u32) -> LlmBulkhead {
     LlmBulkhead::builder("m", 2)
@@ -189,7 +194,7 @@ fn an_abandoned_slot_goes_to_the_queue_head_at_once() {
     let mut first = admit(&b, batch);
     let _premium = admit(&b, tokens(in_class(&b, "premium"), 10, 10));
     futures::executor::block_on(async {
-        let waiting = b.acquire(&LlmRequest::new(), batch.timeout(Duration::from_secs(5)));
+        let waiting = b.acquire(&EMPTY_REQUEST, batch.timeout(Duration::from_secs(5)));
         let mut waiting = std::pin::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         assert_eq!(b.stats().pending, 1);

@@ -11,6 +11,11 @@ use async_bulkhead_llm::{
 
 use crate::support::{admit, class_stats, in_class};
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 fn queued(max_concurrent: u32) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .max_queue(4)
@@ -30,7 +35,7 @@ fn a_waiter_is_admitted_in_its_class_when_a_slot_frees() {
     let held = admit(&b, in_class(&b, "b"));
     futures::executor::block_on(async {
         let mut waiting =
-            std::pin::pin!(b.acquire(&LlmRequest::new(), a.timeout(Duration::from_secs(5))));
+            std::pin::pin!(b.acquire(&EMPTY_REQUEST, a.timeout(Duration::from_secs(5))));
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         drop(held);
         let permit = waiting.await.unwrap();

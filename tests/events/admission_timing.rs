@@ -11,6 +11,11 @@ use crate::common::usage_fixtures::{
     usage,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 /// How long the queued call is made to wait.
 const WAIT: Duration = Duration::from_millis(30);
 
@@ -60,7 +65,7 @@ fn immediate_rejections_have_zero_queue_wait() {
     assert_eq!(e.queue_wait, Duration::ZERO);
 
     // acquire with the queue full.
-    let mut waiting = Box::pin(bulkhead.acquire(&req(), fixed()));
+    let mut waiting = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, fixed()));
     assert!(poll_once(&mut waiting).is_pending());
     rejection(block_on(bulkhead.acquire(&req(), fixed())));
     let e = one_reject(&events);
@@ -84,7 +89,7 @@ fn a_call_that_waited_reports_its_queue_wait_apart_from_its_decision_time() {
     events.take();
 
     let started = Instant::now();
-    let mut waiting = Box::pin(bulkhead.acquire(&req(), fixed().timeout(PATIENCE)));
+    let mut waiting = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, fixed().timeout(PATIENCE)));
     assert!(poll_once(&mut waiting).is_pending());
     assert_eq!(bulkhead.stats().pending, 1);
     // Released from another thread after WAIT, i.e. at least WAIT after the call queued.
@@ -148,7 +153,7 @@ fn a_cancelled_waiter_reports_how_long_it_waited() {
         .unwrap();
     let events = Recorder::only(&bulkhead, &[EventKind::Reject]);
     let _held = bulkhead.try_acquire(&req(), fixed()).unwrap();
-    let mut waiting = Box::pin(bulkhead.acquire(&req(), AcquireOptions::new()));
+    let mut waiting = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, AcquireOptions::new()));
     assert!(poll_once(&mut waiting).is_pending());
     thread::sleep(WAIT);
     drop(waiting);

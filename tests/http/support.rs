@@ -10,6 +10,11 @@ use async_bulkhead_llm::{
     LlmRequest, RejectReason, Rejection, Reservation, TokenBudget,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 pub fn req() -> LlmRequest {
     LlmRequest::new()
 }
@@ -57,10 +62,10 @@ pub fn budget_limit_never() -> Rejection {
 pub fn queue_limit() -> Rejection {
     let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build().unwrap();
     let _held = bulkhead.try_acquire(&req(), AcquireOptions::new()).unwrap();
-    let mut waiting = pin!(bulkhead.acquire(&req(), AcquireOptions::new()));
+    let mut waiting = pin!(bulkhead.acquire(&EMPTY_REQUEST, AcquireOptions::new()));
     let mut cx = Context::from_waker(std::task::Waker::noop());
     assert!(waiting.as_mut().poll(&mut cx).is_pending());
-    let mut refused = pin!(bulkhead.acquire(&req(), AcquireOptions::new()));
+    let mut refused = pin!(bulkhead.acquire(&EMPTY_REQUEST, AcquireOptions::new()));
     match refused.as_mut().poll(&mut cx) {
         Poll::Ready(result) => rejection(result),
         Poll::Pending => panic!("a full queue refuses at once"),
@@ -97,7 +102,7 @@ pub fn aborted() -> (RejectReason, async_bulkhead_llm::CapacityDetail) {
     });
     let _held = bulkhead.try_acquire(&req(), AcquireOptions::new()).unwrap();
     {
-        let mut waiting = Box::pin(bulkhead.acquire(&req(), AcquireOptions::new()));
+        let mut waiting = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, AcquireOptions::new()));
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(waiting.as_mut().poll(&mut cx).is_pending());
     }

@@ -9,6 +9,11 @@ use async_bulkhead_llm::{
 };
 use futures::executor::block_on;
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 fn budgeted(max_concurrent: u32, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .max_queue(1)
@@ -108,7 +113,7 @@ fn predicted_concurrency_and_queue_refusals_are_bypassed_too() {
     let _held = queueing
         .try_acquire(&LlmRequest::new(), AcquireOptions::new())
         .unwrap();
-    let mut queued = Box::pin(queueing.acquire(&LlmRequest::new(), AcquireOptions::new()));
+    let mut queued = Box::pin(queueing.acquire(&EMPTY_REQUEST, AcquireOptions::new()));
     assert!(pending(&mut queued));
     let bypass = observed(&queueing, AcquireOptions::new()).unwrap().unwrap();
     assert_eq!(bypass.reason, RejectReason::QueueLimit);

@@ -20,6 +20,11 @@ use async_bulkhead_llm::{
 };
 use futures::future::{Either, select};
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 fn scale() -> u64 {
     std::env::var("STRESS_SCALE")
         .ok()
@@ -89,7 +94,7 @@ async fn call(bulkhead: &LlmBulkhead, tally: &Tally, seed: u64) {
     if rng.u8(0..3) == 0 {
         options = options.timeout(Duration::from_micros(rng.u64(0..2_000)));
     }
-    let acquire = bulkhead.acquire(&LlmRequest::new(), options);
+    let acquire = bulkhead.acquire(&EMPTY_REQUEST, options);
     let result = if rng.u8(0..4) == 0 {
         // Give up after a few executor turns: the acquire future is dropped wherever it is.
         match select(pin!(acquire), pin!(yields(rng.usize(0..6)))).await {

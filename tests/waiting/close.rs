@@ -15,15 +15,20 @@ use crate::support::{
     reason_of, rejection, req, wait_until, within,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn close_refuses_every_waiter_with_shutdown_at_once() {
     let bulkhead = plain(1, 8);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let wakers: Vec<(Waker, Arc<WakeCount>)> = (0..3).map(|_| counting_waker()).collect();
-    let mut waiters: Vec<Pin<Box<Acquire<'_>>>> = wakers
+    let mut waiters: Vec<Pin<Box<Acquire<'_, 'static>>>> = wakers
         .iter()
         .map(|(waker, _)| {
-            let mut fut = Box::pin(bulkhead.acquire(&req(), within(PATIENCE)));
+            let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, within(PATIENCE)));
             assert!(poll_with(&mut fut, waker).is_pending());
             fut
         })
@@ -45,7 +50,7 @@ fn close_refuses_every_waiter_with_shutdown_at_once() {
     assert_eq!(count(&bulkhead, RejectReason::Aborted), 0);
 
     // Nothing is admitted afterwards; the permit in flight releases normally.
-    let mut late = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut late = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     assert_eq!(reason_of(ready(&mut late)), RejectReason::Shutdown);
     drop(held);
     assert_eq!(figures(&bulkhead), (0, 0, 1));

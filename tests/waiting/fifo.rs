@@ -12,14 +12,19 @@ use crate::support::{
     queued, ready, reason_of, rejection, req, toks,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn releases_grant_waiters_strictly_in_arrival_order() {
     let bulkhead = plain(1, 8);
     let mut held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let wakers: Vec<(Waker, Arc<WakeCount>)> = (0..5).map(|_| counting_waker()).collect();
-    let mut waiters: Vec<Option<Pin<Box<Acquire<'_>>>>> = Vec::new();
+    let mut waiters: Vec<Option<Pin<Box<Acquire<'_, 'static>>>>> = Vec::new();
     for (i, (waker, _)) in wakers.iter().enumerate() {
-        let mut fut = Box::pin(bulkhead.acquire(&req(), opts()));
+        let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
         assert!(poll_with(&mut fut, waker).is_pending(), "waiter {i} queues");
         assert_eq!(bulkhead.stats().pending, i as u64 + 1);
         waiters.push(Some(fut));
@@ -71,10 +76,10 @@ fn raising_max_concurrent_admits_the_first_waiters_at_once_in_order() {
     let bulkhead = plain(1, 8);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let wakers: Vec<(Waker, Arc<WakeCount>)> = (0..5).map(|_| counting_waker()).collect();
-    let mut waiters: Vec<Pin<Box<Acquire<'_>>>> = wakers
+    let mut waiters: Vec<Pin<Box<Acquire<'_, 'static>>>> = wakers
         .iter()
         .map(|(waker, _)| {
-            let mut fut = Box::pin(bulkhead.acquire(&req(), opts()));
+            let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
             assert!(poll_with(&mut fut, waker).is_pending());
             fut
         })
@@ -137,7 +142,7 @@ fn priority_does_not_reorder_the_queue() {
 fn an_acquire_takes_its_place_at_its_first_poll_not_at_creation() {
     let bulkhead = plain(1, 4);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
-    let mut created_first = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut created_first = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     let mut polled_first = queued(&bulkhead, opts());
     assert_eq!(
         bulkhead.stats().pending,
@@ -157,7 +162,7 @@ fn an_acquire_takes_its_place_at_its_first_poll_not_at_creation() {
 #[test]
 fn an_acquire_with_a_free_slot_is_admitted_at_its_first_poll() {
     let bulkhead = plain(2, 4);
-    let mut fut = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     let permit = ready(&mut fut).expect("free slot");
     assert_eq!(figures(&bulkhead), (1, 0, 1));
     let mut owned = Box::pin(bulkhead.acquire_owned(&req(), opts()));

@@ -15,6 +15,11 @@ use crate::support::{
     rejection, req,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn lowering_max_concurrent_keeps_waiters_until_capacity_frees_under_the_new_limit() {
     let bulkhead = plain(2, 4);
@@ -57,7 +62,7 @@ fn lowering_max_queue_keeps_accepted_waiters_and_refuses_newcomers() {
         .apply_limits(Limits::new(1, 1).with_max_queue(1))
         .expect("valid limits");
     assert_eq!(bulkhead.stats().pending, 3);
-    let mut late = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut late = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     let refused = rejection(ready(&mut late));
     assert_eq!(refused.reason(), RejectReason::QueueLimit);
     assert_eq!(
@@ -69,7 +74,7 @@ fn lowering_max_queue_keeps_accepted_waiters_and_refuses_newcomers() {
     bulkhead
         .apply_limits(Limits::new(2, 1).with_max_queue(0))
         .expect("valid limits");
-    let mut late = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut late = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     assert_eq!(reason_of(ready(&mut late)), RejectReason::ConcurrencyLimit);
     assert_eq!(bulkhead.stats().pending, 3);
 
@@ -100,7 +105,7 @@ fn zero_max_concurrent_keeps_a_waiter_until_the_limit_is_raised() {
     let bulkhead = plain(1, 4);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let (waker, woken) = counting_waker();
-    let mut a = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut a = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     assert!(poll_with(&mut a, &waker).is_pending());
     bulkhead
         .apply_limits(Limits::new(1, 0).with_max_queue(4))
@@ -109,7 +114,7 @@ fn zero_max_concurrent_keeps_a_waiter_until_the_limit_is_raised() {
     assert_eq!(figures(&bulkhead), (0, 1, 1));
     assert_eq!(woken.get(), 0);
     assert!(poll_with(&mut a, &waker).is_pending());
-    let mut late = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut late = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     assert_eq!(reason_of(ready(&mut late)), RejectReason::ConcurrencyLimit);
 
     bulkhead

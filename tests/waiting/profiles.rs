@@ -6,6 +6,11 @@ use async_bulkhead_llm::{LlmBulkhead, Profile, RejectReason};
 
 use crate::support::{opts, queued, ready, reason_of, rejection, req};
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn the_default_profile_is_interactive_without_queue_or_timeout() {
     let bulkhead = LlmBulkhead::builder("test-model", 1)
@@ -15,7 +20,7 @@ fn the_default_profile_is_interactive_without_queue_or_timeout() {
     assert_eq!(bulkhead.limits().max_queue, 0);
     assert_eq!(bulkhead.queue_timeout(), None);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
-    let mut fut = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     assert_eq!(reason_of(ready(&mut fut)), RejectReason::ConcurrencyLimit);
     assert_eq!(bulkhead.stats().pending, 0);
     drop(held);
@@ -40,7 +45,7 @@ fn the_batch_profile_queues_twenty_for_thirty_seconds() {
     assert_eq!(bulkhead.queue_timeout(), Some(Duration::from_secs(30)));
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let waiters: Vec<_> = (0..20).map(|_| queued(&bulkhead, opts())).collect();
-    let mut extra = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut extra = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     let refused = rejection(ready(&mut extra));
     assert_eq!(refused.reason(), RejectReason::QueueLimit);
     assert_eq!(
@@ -66,7 +71,7 @@ fn a_custom_profile_sets_queue_and_timeout() {
     assert_eq!(custom.queue_timeout(), Some(Duration::from_millis(250)));
     let held = custom.try_acquire(&req(), opts()).expect("free slot");
     let _w: Vec<_> = (0..3).map(|_| queued(&custom, opts())).collect();
-    let mut extra = Box::pin(custom.acquire(&req(), opts()));
+    let mut extra = Box::pin(custom.acquire(&EMPTY_REQUEST, opts()));
     assert_eq!(reason_of(ready(&mut extra)), RejectReason::QueueLimit);
     drop(held);
 
@@ -112,7 +117,7 @@ fn explicit_options_override_the_profile_whatever_the_order() {
     assert_eq!(mixed.limits().max_queue, 0);
     assert_eq!(mixed.queue_timeout(), Some(Duration::from_secs(30)));
     let held = mixed.try_acquire(&req(), opts()).expect("free slot");
-    let mut fut = Box::pin(mixed.acquire(&req(), opts()));
+    let mut fut = Box::pin(mixed.acquire(&EMPTY_REQUEST, opts()));
     assert_eq!(reason_of(ready(&mut fut)), RejectReason::ConcurrencyLimit);
     drop(held);
 

@@ -7,13 +7,18 @@ use crate::support::{
     tokens, toks, within,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn a_full_queue_refuses_queue_limit_with_pending_equal_to_max_queue() {
     let bulkhead = plain(1, 2);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let a = queued(&bulkhead, opts());
     let _b = queued(&bulkhead, opts());
-    let mut c = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut c = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     let refused = rejection(ready(&mut c));
     assert_eq!(refused.reason(), RejectReason::QueueLimit);
     let d = refused.detail();
@@ -38,7 +43,7 @@ fn a_full_queue_refuses_queue_limit_with_pending_equal_to_max_queue() {
 #[test]
 fn zero_max_concurrent_never_queues_even_with_a_queue() {
     let bulkhead = plain(0, 5);
-    let mut fut = Box::pin(bulkhead.acquire(&req(), opts()));
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, opts()));
     let refused = rejection(ready(&mut fut));
     assert_eq!(refused.reason(), RejectReason::ConcurrencyLimit);
     assert_eq!(
@@ -52,7 +57,7 @@ fn zero_max_concurrent_never_queues_even_with_a_queue() {
     bulkhead
         .apply_limits(Limits::new(1, 0).with_max_queue(5))
         .expect("valid limits");
-    let mut fut = Box::pin(bulkhead.acquire(&req(), within(PATIENCE)));
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, within(PATIENCE)));
     assert_eq!(reason_of(ready(&mut fut)), RejectReason::ConcurrencyLimit);
     let mut owned = Box::pin(bulkhead.acquire_owned(&req(), opts()));
     assert_eq!(reason_of(ready(&mut owned)), RejectReason::ConcurrencyLimit);
@@ -64,7 +69,7 @@ fn zero_max_concurrent_never_queues_even_with_a_queue() {
 fn zero_max_queue_refuses_concurrency_limit() {
     let bulkhead = plain(1, 0);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
-    let mut fut = Box::pin(bulkhead.acquire(&req(), within(PATIENCE)));
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, within(PATIENCE)));
     let refused = rejection(ready(&mut fut));
     assert_eq!(refused.reason(), RejectReason::ConcurrencyLimit);
     assert_eq!(
@@ -107,7 +112,7 @@ fn try_acquire_never_queues() {
 fn an_acquire_never_polled_counts_nothing_and_holds_nothing() {
     let bulkhead = budgeted(1, 4, 1000);
     let held = bulkhead.try_acquire(&req(), toks(100)).expect("free slot");
-    let fut = bulkhead.acquire(&req(), toks(100));
+    let fut = bulkhead.acquire(&EMPTY_REQUEST, toks(100));
     let owned = bulkhead.acquire_owned(&req(), toks(100));
     assert_eq!(figures(&bulkhead), (1, 0, 1));
     drop(fut);

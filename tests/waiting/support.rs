@@ -15,6 +15,11 @@ use async_bulkhead_llm::{
     TokenBudget, TokenBudgetStats, TokenUsage,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 /// A queue timeout long enough to be sure the waiter queued first, short enough for fast tests.
 pub(crate) const SHORT: Duration = Duration::from_millis(20);
 /// How long to wait for another thread before declaring a hang.
@@ -105,8 +110,8 @@ where
 pub(crate) fn queued<'a>(
     bulkhead: &'a LlmBulkhead,
     options: AcquireOptions,
-) -> Pin<Box<Acquire<'a>>> {
-    let mut fut = Box::pin(bulkhead.acquire(&req(), options));
+) -> Pin<Box<Acquire<'a, 'static>>> {
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, options));
     assert_pending(&mut fut);
     fut
 }

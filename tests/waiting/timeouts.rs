@@ -11,6 +11,11 @@ use crate::support::{
     rejection, req, within,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn a_per_call_timeout_refuses_timeout_and_leaves_the_queue() {
     let bulkhead = plain(1, 4);
@@ -141,7 +146,7 @@ fn profile_default_timeouts_apply_to_the_queue() {
 #[test]
 fn a_timeout_bounds_only_the_queue_wait() {
     let bulkhead = plain(2, 4);
-    let mut instant = Box::pin(bulkhead.acquire(&req(), within(Duration::ZERO)));
+    let mut instant = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, within(Duration::ZERO)));
     let p1 = ready(&mut instant).expect("a free slot admits at once, whatever the timeout");
     let mut tiny = Box::pin(bulkhead.acquire_owned(&req(), within(Duration::from_nanos(1))));
     let p2 = ready(&mut tiny).expect("a free slot admits at once");
@@ -164,7 +169,7 @@ fn a_timeout_bounds_only_the_queue_wait() {
 fn a_zero_timeout_queues_and_times_out_at_the_first_check() {
     let bulkhead = plain(1, 1);
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
-    let mut zero = Box::pin(bulkhead.acquire(&req(), within(Duration::ZERO)));
+    let mut zero = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, within(Duration::ZERO)));
     let refused = rejection(ready(&mut zero));
     // `timeout`, not `concurrency_limit`: it did join the queue, then gave up at once.
     assert_eq!(refused.reason(), RejectReason::Timeout);
@@ -178,11 +183,11 @@ fn a_zero_timeout_queues_and_times_out_at_the_first_check() {
 
     // The queue is judged first: a full queue says queue_limit, no queue concurrency_limit.
     let _w = queued(&bulkhead, opts());
-    let mut zero = Box::pin(bulkhead.acquire(&req(), within(Duration::ZERO)));
+    let mut zero = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, within(Duration::ZERO)));
     assert_eq!(reason_of(ready(&mut zero)), RejectReason::QueueLimit);
     let no_queue = plain(1, 0);
     let _h = no_queue.try_acquire(&req(), opts()).expect("free slot");
-    let mut zero = Box::pin(no_queue.acquire(&req(), within(Duration::ZERO)));
+    let mut zero = Box::pin(no_queue.acquire(&EMPTY_REQUEST, within(Duration::ZERO)));
     assert_eq!(reason_of(ready(&mut zero)), RejectReason::ConcurrencyLimit);
 
     assert_eq!(count(&bulkhead, RejectReason::Timeout), 2);

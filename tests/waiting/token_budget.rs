@@ -7,11 +7,16 @@ use crate::support::{
     toks,
 };
 
+/// An empty request for futures that outlive the statement that made them (an acquire
+/// borrows its request until its first poll).
+static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
+    std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
+
 #[test]
 fn tokens_that_do_not_fit_are_refused_at_once_even_with_a_queue() {
     let bulkhead = budgeted(1, 4, 1000);
     let held = bulkhead.try_acquire(&req(), toks(600)).expect("free slot");
-    let mut big = Box::pin(bulkhead.acquire(&req(), toks(500)));
+    let mut big = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, toks(500)));
     let refused = rejection(ready(&mut big));
     assert_eq!(refused.reason(), RejectReason::BudgetLimit);
     let d = refused.detail();
@@ -28,7 +33,7 @@ fn tokens_that_do_not_fit_are_refused_at_once_even_with_a_queue() {
     let mut fits = queued(&bulkhead, toks(400));
     assert_eq!(bulkhead.stats().pending, 1);
     // A newcomer that does not fit is still refused at once, not queued behind it.
-    let mut big = Box::pin(bulkhead.acquire(&req(), toks(401)));
+    let mut big = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, toks(401)));
     assert_eq!(reason_of(ready(&mut big)), RejectReason::BudgetLimit);
     assert_eq!(bulkhead.stats().pending, 1);
     drop(held);
@@ -48,7 +53,7 @@ fn the_batch_profile_does_not_queue_for_tokens() {
         .build()
         .expect("valid configuration");
     let held = bulkhead.try_acquire(&req(), toks(600)).expect("free slot");
-    let mut fut = Box::pin(bulkhead.acquire(&req(), toks(500)));
+    let mut fut = Box::pin(bulkhead.acquire(&EMPTY_REQUEST, toks(500)));
     assert_eq!(reason_of(ready(&mut fut)), RejectReason::BudgetLimit);
     assert_eq!(bulkhead.stats().pending, 0);
     drop(held);

@@ -90,7 +90,7 @@ pub(super) fn model_view(id: AdmissionId, permit: &ModelPermit) -> View {
 
 /// A waiting future of either kind.
 enum Waiting<'b> {
-    Borrowed(Acquire<'b>),
+    Borrowed(Acquire<'b, 'static>),
     Owned(AcquireOwned),
 }
 
@@ -474,7 +474,11 @@ impl<'b> Driver<'b> {
         let mut future = if owned {
             Waiting::Owned(self.bulkhead.acquire_owned(&request, options))
         } else {
-            Waiting::Borrowed(self.bulkhead.acquire(&request, options))
+            // The borrowed future holds its request until its first poll (below), and the
+            // driver keeps it for later polls: the request must outlive the future. A few
+            // hundred bytes per waiting acquire of a test run, leaked on purpose.
+            let request: &'static LlmRequest = Box::leak(Box::new(request));
+            Waiting::Borrowed(self.bulkhead.acquire(request, options))
         };
         let real = future.poll();
         let model = ask.map(|ask| self.model.acquire(ask, zero_timeout));
