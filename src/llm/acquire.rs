@@ -45,8 +45,12 @@ impl LlmBulkhead {
     ///
     /// The wait is bounded by the call's [`timeout`](AcquireOptions::timeout), else the
     /// bulkhead's [`queue_timeout`](LlmBulkhead::queue_timeout) (`timeout`), and ends with
-    /// `shutdown` if the bulkhead closes. Nothing happens until the future is first polled;
-    /// that poll takes the place in the queue.
+    /// `shutdown` if the bulkhead closes. Nothing happens until the future is first polled:
+    /// that poll sizes the request (the estimator runs then, unless the options carry a
+    /// reservation), decides, and takes the place in the queue. So the future borrows
+    /// `request` as well as the bulkhead; a future kept beyond the statement that made it
+    /// needs its request in a variable. ([`acquire_owned`](LlmBulkhead::acquire_owned) sizes
+    /// the request at once and borrows nothing.)
     ///
     /// # Errors
     ///
@@ -95,7 +99,8 @@ impl LlmBulkhead {
     }
 
     /// Like [`acquire`](LlmBulkhead::acquire), resolving to an [`OwnedPermit`]; the future
-    /// itself is `'static` and can be spawned.
+    /// itself is `'static` and can be spawned. It sizes the request at once (it cannot keep
+    /// a borrow of it for its first poll); an invalid request is still reported by that poll.
     ///
     /// # Errors
     ///
