@@ -472,10 +472,22 @@ impl GlobalPermit {
 }
 
 impl Inner {
+    /// Moves a global hold to `held` (the local usage sequence `sequence`). While Redis is
+    /// down the update is skipped (counted), as every call skips Redis then but one per retry
+    /// period: a report must not wait for a timeout each time.
     async fn apply_usage(&self, id: &str, sequence: u64, held: u64) {
+        if !self.health.should_try() {
+            bump(&self.counters.usage_skipped);
+            return;
+        }
         match self.store.usage(id, sequence, held).await {
-            Ok(Moved::Applied) => bump(&self.counters.usage_applied),
-            Ok(Moved::Stale | Moved::Gone) => bump(&self.counters.usage_stale),
+            Ok(moved) => {
+                self.health.up();
+                match moved {
+                    Moved::Applied => bump(&self.counters.usage_applied),
+                    Moved::Stale | Moved::Gone => bump(&self.counters.usage_stale),
+                }
+            }
             Err(_) => self.failed(),
         }
     }

@@ -17,6 +17,9 @@ pub struct LedgerStats {
     pub usage_applied: u64,
     /// Usage updates the ledger ignored (a sequence not newer than the last applied).
     pub usage_stale: u64,
+    /// Usage updates not sent because Redis was down (the global hold keeps the size of the
+    /// last update sent until a later one or the release).
+    pub usage_skipped: u64,
     /// Calls to Redis that failed or timed out.
     pub store_errors: u64,
     /// Renewals that found the lease lapsed (the replica's holds or slice had been purged).
@@ -45,6 +48,7 @@ pub(crate) struct Counters {
     pub(crate) refused_unavailable: AtomicU64,
     pub(crate) usage_applied: AtomicU64,
     pub(crate) usage_stale: AtomicU64,
+    pub(crate) usage_skipped: AtomicU64,
     pub(crate) store_errors: AtomicU64,
     pub(crate) leases_lost: AtomicU64,
     pub(crate) releases_deferred: AtomicU64,
@@ -69,6 +73,7 @@ impl Counters {
             refused_unavailable: load(&self.refused_unavailable),
             usage_applied: load(&self.usage_applied),
             usage_stale: load(&self.usage_stale),
+            usage_skipped: load(&self.usage_skipped),
             store_errors: load(&self.store_errors),
             leases_lost: load(&self.leases_lost),
             releases_deferred: load(&self.releases_deferred),

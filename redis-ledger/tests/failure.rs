@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::LlmRequest;
+use async_bulkhead_llm::{LlmRequest, TokenUsage};
 use async_bulkhead_llm_redis::{
     ExactLedger, FailurePolicy, LeasedLedger, LedgerConfig, LedgerRefusal,
 };
@@ -138,6 +138,66 @@ async fn the_local_floor_admits_within_its_size_and_never_more() {
     assert!(ledger.settled(Duration::from_secs(2)).await);
     let mut c = server.connection().unwrap();
     assert_eq!(observe(&mut c, "{floor}").total, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_reports_skip_redis_while_it_is_down() {
+    let mut server = RedisServer::start();
+    let ledger = ExactLedger::connect(
+        bulkhead(10_000),
+        config(&server, "{usage-down}", FailurePolicy::FailClosed)
+            .retry_every(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let mut permit = ledger
+        .try_acquire(&LlmRequest::new(), reserve(100, 200))
+        .await
+        .unwrap();
+    assert!(permit.is_global());
+    server.kill();
+    // The first report finds Redis gone, within the timeout, and marks it down (unless the
+    // lease renewal found it gone first, and the report already skipped it)...
+    let first = Instant::now();
+    permit
+        .report_usage(TokenUsage::new(100, 10).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        first.elapsed() < Duration::from_millis(1_000),
+        "{:?}",
+        first.elapsed()
+    );
+    assert!(ledger.is_degraded());
+    // ... and the next ones do not wait for Redis: the local books take them, the ledger
+    // counts them skipped.
+    let quick = Instant::now();
+    for output in 20..30 {
+        let report = permit
+            .report_usage(TokenUsage::new(100, output).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            report.held, 300,
+            "the hold stays the reservation until the usage passes it"
+        );
+    }
+    assert!(
+        quick.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        quick.elapsed()
+    );
+    let stats = ledger.stats();
+    assert!(
+        matches!(stats.usage_skipped, 10 | 11)
+            && stats.usage_applied == 0
+            && stats.store_errors >= 1,
+        "{stats:?}"
+    );
+    server.restart();
+    permit.release(None);
+    until_global(&ledger, Duration::from_secs(10)).await;
+    assert!(!ledger.is_degraded());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
