@@ -52,7 +52,7 @@ use crate::engine::limits::Limits;
 use crate::priority::Priority;
 use crate::rejection::{CapacityDetail, RejectReason};
 use crate::reservation::{Progressive, Reservation, TokenUsage};
-use crate::sync::unmodeled::{Arc, AtomicU32, AtomicU64, Mutex, Ordering, Weak, lock};
+use crate::sync::unmodeled::{Arc, AtomicU32, AtomicU64, Mutex, Ordering, Weak, fence, lock};
 
 /// The kinds of events, to subscribe to some of them.
 ///
@@ -531,6 +531,11 @@ impl Listeners {
     #[cold]
     pub(crate) fn emit(&self, event: &Event<'_>, sampled: bool) {
         let bits = audience(event.kind(), sampled);
+        // Acquire: with the relaxed loads of the mask before it, synchronizes with the
+        // `Release` store of the mask they read (see `publish`), so the list loaded below is at
+        // least the one published with that mask. Off the fast path: only a call someone
+        // listens to gets here.
+        fence(Ordering::Acquire);
         let entries = self.entries.load();
         for entry in entries.iter().filter(|e| e.kinds & bits != 0) {
             // A listener's panic must not unwind into the bulkhead's bookkeeping.
@@ -571,7 +576,14 @@ impl Listeners {
         self.publish(next);
     }
 
-    /// Installs `next` (the caller holds `writer`).
+    /// Installs `next` (the caller holds `writer`): the list first, then the rate and the
+    /// mask. A call decides whether anyone listens (and whether it is sampled) from the mask,
+    /// and its events are delivered to the list as it is then; a bit set before its listener
+    /// is in the list would let a call be sampled for a listener its admit event then misses,
+    /// while that listener still hears the call's later events (a release without its
+    /// admission: `tests/events/sampling.rs` caught it). `Release`, paired with the `Acquire`
+    /// fence in [`emit`](Listeners::emit): whoever read the new mask (with a relaxed load, on
+    /// the fast path) and then emits sees the list published before it.
     fn publish(&self, next: Vec<Arc<Entry>>) {
         let every = next
             .iter()
@@ -579,9 +591,10 @@ impl Listeners {
             .filter(|&every| every > 0)
             .min()
             .unwrap_or(0);
-        self.sample_every.store(every, Ordering::Relaxed);
-        self.active.store(mask(&next), Ordering::Relaxed);
+        let bits = mask(&next);
         self.entries.store(Arc::new(next));
+        self.sample_every.store(every, Ordering::Release);
+        self.active.store(bits, Ordering::Release);
     }
 }
 

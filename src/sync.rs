@@ -141,9 +141,9 @@ mod loom_u128 {
 /// Items that are not part of any modelled protocol (see the module docs).
 pub(crate) mod unmodeled {
     #[cfg(any(feature = "portable-atomic", not(target_has_atomic = "64")))]
-    pub(crate) use portable_atomic_crate::{AtomicU32, AtomicU64, Ordering};
+    pub(crate) use portable_atomic_crate::{AtomicU32, AtomicU64, Ordering, fence};
     #[cfg(all(not(feature = "portable-atomic"), target_has_atomic = "64"))]
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
     /// Locks `mutex`, ignoring poisoning.

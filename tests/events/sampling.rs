@@ -234,3 +234,84 @@ fn events_about_no_single_call_reach_sampled_listeners_every_time() {
     }
     assert_eq!(count(&heard, EventKind::Reconfigure), 3);
 }
+
+/// A sampled listener subscribing while calls run on another thread never hears the release
+/// of a call whose admission it did not hear: a call is sampled only if it saw the listener's
+/// bit, and once it saw the bit its admit event reaches the listener (the listener list is
+/// published before the bit). The listener is dropped only while no call is in flight (the
+/// caller pauses between calls), so no listener leaves during a call's life: a release heard
+/// without its admission can only be a sampled call whose admit event missed the listener.
+#[test]
+fn a_sampled_listener_never_hears_a_release_without_its_admission() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let bulkhead = LlmBulkhead::builder("m", 4).build().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // The subscriber asks the caller to pause between calls; the caller says it has.
+    let pause = Arc::new(AtomicBool::new(false));
+    let paused = Arc::new(AtomicBool::new(false));
+    let orphans = Arc::new(AtomicU64::new(0));
+    let heard_releases = Arc::new(AtomicU64::new(0));
+    let caller = {
+        let (bulkhead, stop) = (bulkhead.clone(), stop.clone());
+        let (pause, paused) = (pause.clone(), paused.clone());
+        thread::spawn(move || {
+            let mut calls = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                if pause.load(Ordering::Acquire) {
+                    paused.store(true, Ordering::Release);
+                    while pause.load(Ordering::Acquire) {
+                        thread::yield_now();
+                    }
+                    paused.store(false, Ordering::Release);
+                }
+                drop(bulkhead.try_acquire(&req(), AcquireOptions::new()).unwrap());
+                calls += 1;
+            }
+            calls
+        })
+    };
+    for _ in 0..100_000 {
+        let admitted: Arc<Mutex<HashSet<AdmissionId>>> = Arc::default();
+        let (orphans, heard_releases) = (orphans.clone(), heard_releases.clone());
+        let subscription = bulkhead.on_events_sampled(
+            [EventKind::Admit, EventKind::Release],
+            every(1),
+            move |event| match event {
+                Event::Admit(e) => {
+                    admitted.lock().unwrap().insert(e.admission_id);
+                }
+                Event::Release(e) => {
+                    heard_releases.fetch_add(1, Ordering::Relaxed);
+                    if !admitted.lock().unwrap().contains(&e.admission_id) {
+                        orphans.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                _ => {}
+            },
+        );
+        thread::yield_now();
+        pause.store(true, Ordering::Release);
+        while !paused.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        drop(subscription);
+        pause.store(false, Ordering::Release);
+        while paused.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+    }
+    stop.store(true, Ordering::Release);
+    let calls = caller.join().unwrap();
+    assert!(
+        calls > 1_000 && heard_releases.load(Ordering::Relaxed) > 0,
+        "the calls and the subscriptions did not overlap ({calls} calls)"
+    );
+    assert_eq!(
+        orphans.load(Ordering::Relaxed),
+        0,
+        "releases heard without their admission, of {} heard",
+        heard_releases.load(Ordering::Relaxed)
+    );
+}
