@@ -369,7 +369,9 @@ impl Engine {
     /// counts, the word's slot and tokens and the shared figures in one wide CAS, the class
     /// locked meanwhile; then serves the queue and the drainers as a release does.
     /// [`release_class`](Engine::release_class) with [`Returned::All`], specialized: the
-    /// release path of every class permit.
+    /// release path of every class permit. (One body shared with a constant `Returned` was
+    /// measured at 856 instructions per admission + release against 807 for this copy: the
+    /// compiler then keeps the generic CAS loop out of line.)
     #[inline]
     pub(super) fn release_class_all(&self, class: AdmissionClass, held: u64) {
         let (guard, view) = self.lock_class_view(class);

@@ -115,10 +115,9 @@ struct Config {
     bulkhead: Arc<ToBulkhead>,
     request: Arc<ToRequest>,
     options: Arc<ToOptions>,
-    usage: Arc<ToUsage>,
-    /// Whether `usage` is [`provider_usage`] (no [`LlmLayer::usage`] given): a JSON response
-    /// is then read for its usage block alone (see [`json_response_usage`]).
-    provider_usage: bool,
+    /// The reader of [`LlmLayer::usage`]; `None`: [`provider_usage`], which lets a JSON
+    /// response be read for its usage members alone (see [`json_response_usage`]).
+    usage: Option<Arc<ToUsage>>,
     wait: bool,
     max_body: usize,
     /// With `retry_after_hint`: the recent hold time of released calls.
@@ -174,8 +173,7 @@ impl LlmLayer {
                     serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
                 }),
                 options: Arc::new(|_| AcquireOptions::new()),
-                usage: Arc::new(provider_usage),
-                provider_usage: true,
+                usage: None,
                 wait: false,
                 max_body: DEFAULT_MAX_REQUEST_BODY,
             }),
@@ -218,9 +216,7 @@ impl LlmLayer {
         mut self,
         f: impl Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync + 'static,
     ) -> LlmLayer {
-        let config = self.config();
-        config.usage = Arc::new(f);
-        config.provider_usage = false;
+        self.config().usage = Some(Arc::new(f));
         self
     }
 
@@ -574,10 +570,14 @@ impl<B> Streaming<B> {
         let Some(permit) = self.permit.as_mut() else {
             return;
         };
-        let usage = &*self.config.usage;
+        let usage = self.config.usage.as_deref();
         match &mut self.reader {
             Reader::Events(events) => events.feed(data, |json| {
-                if let Some(found) = usage(json) {
+                let found = match usage {
+                    Some(read) => read(json),
+                    None => provider_usage(json),
+                };
+                if let Some(found) = found {
                     // A provider's figures that do not fit are ignored, never fatal to the
                     // stream.
                     let _ = permit.report_usage(found);
@@ -603,10 +603,13 @@ impl<B> Streaming<B> {
         // The usage reader is user code: not called again while a panic unwinds (this may be
         // the drop of a body whose reader panicked).
         let usage = match &self.reader {
-            Reader::Json(body) if self.config.provider_usage => json_response_usage(body),
-            Reader::Json(body) if !std::thread::panicking() => serde_json::from_slice(body)
-                .ok()
-                .and_then(|json| (self.config.usage)(&json)),
+            Reader::Json(body) => match &self.config.usage {
+                None => json_response_usage(body),
+                Some(read) if !std::thread::panicking() => serde_json::from_slice(body)
+                    .ok()
+                    .and_then(|json| read(&json)),
+                Some(_) => None,
+            },
             _ => None,
         };
         let _ = permit.release(usage);
@@ -730,11 +733,7 @@ fn states_usage(data: &[u8]) -> bool {
 /// whose `output_tokens` is cumulative), or a messages response's `usage` (`input_tokens`,
 /// `output_tokens`; cache reads and writes count as input).
 pub fn provider_usage(json: &serde_json::Value) -> Option<TokenUsage> {
-    let usage = json
-        .get("usage")
-        .filter(|u| u.is_object())
-        .or_else(|| json.get("message").and_then(|m| m.get("usage")))?;
-    usage_block(usage)
+    usage_of(json.get("usage"), json.get("message"))
 }
 
 /// The top-level members of a JSON response that [`provider_usage`] reads; every other
@@ -751,11 +750,18 @@ struct UsageDocument {
 /// usage.
 fn json_response_usage(body: &[u8]) -> Option<TokenUsage> {
     let document: UsageDocument = serde_json::from_slice(body).ok()?;
-    let usage = document
-        .usage
-        .as_ref()
+    usage_of(document.usage.as_ref(), document.message.as_ref())
+}
+
+/// The usage a document states from its top-level `usage` and `message` members: `usage` if
+/// it is an object, else `message.usage` (see [`provider_usage`]).
+fn usage_of(
+    usage: Option<&serde_json::Value>,
+    message: Option<&serde_json::Value>,
+) -> Option<TokenUsage> {
+    let usage = usage
         .filter(|u| u.is_object())
-        .or_else(|| document.message.as_ref().and_then(|m| m.get("usage")))?;
+        .or_else(|| message.and_then(|m| m.get("usage")))?;
     usage_block(usage)
 }
 

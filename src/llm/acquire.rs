@@ -443,15 +443,6 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
     fn start(&mut self, wait: Wait<'_>) -> Option<Result<Admission, AcquireError>> {
         // Matched by reference and left as it is unless it changes: moving the whole `Step`
         // out and back costs more than the decision on the fast path.
-        if let &Step::Unresolved { request, options } = &self.step {
-            self.step = match self.core.resolve(request, options) {
-                Ok(call) => Step::Start {
-                    call,
-                    timeout: self.core.timeout(options),
-                },
-                Err(error) => Step::Invalid(error),
-            };
-        }
         match &self.step {
             &Step::Start { call, timeout } => {
                 self.step = Step::Done;
@@ -468,7 +459,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 Step::Invalid(error) => Some(Err(AcquireError::Invalid(error))),
                 _ => unreachable!(),
             },
-            Step::Unresolved { .. } => unreachable!("resolved above"),
+            Step::Unresolved { .. } => unreachable!("a blocking acquire is resolved when made"),
             Step::Waiting(_) | Step::Done => None,
         }
     }
