@@ -20,12 +20,13 @@ else target/criterion). Options:
     --no-run    only summarise the criterion results already under target/criterion
     --no-js     skip the JavaScript original (no Node.js or npm registry at hand)
     --ci        CI's quick mode (`.ci/run`): shorter sampling, one process per multi-thread
-                group, no JS; prints the same table but exits 1 only for an allocation on a
+                group (three for the paired single-thread ratios), no JS; prints the same table but exits 1 only for an allocation on a
                 fast path or a ratio worse than 3x its goal
 
 The multi-thread groups (scaling, events_2_threads, classes_2_threads, the LLM bulkhead's
 waiting bench and the general Bulkhead's hand-off) run in 5 separate processes and are judged on the median, with the min
-and max printed beside it.
+and max printed beside it; so are the single-thread ratios of one bench to another measured
+apart (the async path, the class path: PAIRED_GROUPS).
 
 Exits with status 1 if a target fails.
 """
@@ -61,6 +62,7 @@ def run_benches():
         stdout=subprocess.DEVNULL)
     # classes_2_threads sets its own (longer) sampling in code, like the groups below.
     run(["cargo", "bench", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
+    paired_runs()
     multi_thread_runs()
     run(["cargo", "bench", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
     run(["cargo", "bench", "--features", "tower", "--bench", "tower", "--"] + QUICK,
@@ -88,6 +90,45 @@ def ledger_runs():
     run(["cargo", "bench", "-p", "async-bulkhead-llm-redis", "--bench", "ledger", "--",
          "--warm-up-time", "1", "--measurement-time", "3", "--noplot"],
         stdout=subprocess.DEVNULL, env={**os.environ, "CRITERION_HOME": CRITERION})
+
+
+# The single-thread targets that divide one bench by another (the async path by
+# `try_acquire` and by tokio, the class path by the same bulkhead without classes and by three
+# tokio semaphores) are judged on the median of PAIRED_PROCESSES processes, each running the
+# benches of its ratio back to back (the first is the full run's), with the min and max
+# beside it: the machine's speed drifts between two benches measured minutes apart, and one
+# process's ratio moved by up to 0.3 (benches/README.md, "The async fast path").
+PAIRED_PROCESSES = 5
+PAIRED_GROUPS = [
+    ("admission", "^(uncontended/budget/llm_bulkhead|vs_js/(acquire_await_budget|"
+                  "tokio_semaphore_acquire_await))$"),
+    ("classes", "^classes_1_thread/"),
+]
+PAIRED_RATIOS = []
+
+
+def paired_ratios():
+    m = medians()
+    tried, v, c = m["uncontended_budget/llm_bulkhead"], "vs_js/", "classes_1_thread/"
+    awaited = m[v + "acquire_await_budget"]
+    classes = m[c + "four_classes"]
+    return {
+        "awaited_ns": awaited,
+        "await_vs_try": awaited / tried,
+        "await_vs_tokio": awaited / m[v + "tokio_semaphore_acquire_await"],
+        "classes_vs_plain": classes / m[c + "no_classes"],
+        "classes_vs_tokio": classes / m[c + "tokio_three_semaphores"],
+    }
+
+
+def paired_runs():
+    PAIRED_RATIOS.clear()
+    PAIRED_RATIOS.append(paired_ratios())
+    for _ in range(PAIRED_PROCESSES - 1):
+        for bench, groups in PAIRED_GROUPS:
+            run(["cargo", "bench", "--bench", bench, "--", groups] + QUICK,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        PAIRED_RATIOS.append(paired_ratios())
 
 
 # The multi-thread groups (one limiter hammered from several threads) are judged like the
@@ -203,10 +244,12 @@ def main():
                              "group, no JS; fails only on an allocation on a fast path or a "
                              "ratio worse than 3x its goal (what noise cannot explain)")
     args = parser.parse_args()
-    global MULTI_PROCESSES, HANDOFF_PROCESSES, WAITING_PROCESSES
+    global MULTI_PROCESSES, HANDOFF_PROCESSES, WAITING_PROCESSES, PAIRED_PROCESSES
     if args.ci:
         args.no_js = True
         MULTI_PROCESSES = HANDOFF_PROCESSES = 1
+        # Three: the async ratio's single quick processes ranged 1.16-1.49x.
+        PAIRED_PROCESSES = 3
         # The waiting bench's budget case swings most between the machine's regimes: the
         # median of three keeps one slow process from deciding.
         WAITING_PROCESSES = 3
@@ -310,10 +353,21 @@ def main():
         target("vs_js", theirs / ours, 50, False,
                f"admission + release with a budget: try_acquire {ours:.1f} ns vs {theirs:.0f} ns")
         awaited = m["vs_js/acquire_await_budget"]
+        if PAIRED_RATIOS:
+            awaited = statistics.median(r["awaited_ns"] for r in PAIRED_RATIOS)
         target("vs_js_acquire_await", theirs / awaited, 50, False,
                f"acquire().await + release {awaited:.1f} ns vs {theirs:.0f} ns")
     v = "vs_js/"
-    if have(b + "llm_bulkhead", v + "acquire_await_budget", v + "tokio_semaphore_acquire_await"):
+    if PAIRED_RATIOS:
+        ratios = [r["await_vs_try"] for r in PAIRED_RATIOS]
+        target("acquire_await_vs_try_acquire", statistics.median(ratios), 1.3, True,
+               "acquire().await + release vs try_acquire + release, a slot free, with a "
+               "budget: " + spread(ratios))
+        ratios = [r["await_vs_tokio"] for r in PAIRED_RATIOS]
+        target("acquire_await_vs_tokio_acquire_await", statistics.median(ratios), 1.0, True,
+               "vs tokio's Semaphore::acquire().await + drop: " + spread(ratios))
+    elif have(b + "llm_bulkhead", v + "acquire_await_budget",
+              v + "tokio_semaphore_acquire_await"):
         awaited, tried = m[v + "acquire_await_budget"], m[b + "llm_bulkhead"]
         target("acquire_await_vs_try_acquire", awaited / tried, 1.3, True,
                f"acquire().await + release {awaited:.1f} ns vs try_acquire + release "
@@ -322,7 +376,14 @@ def main():
         target("acquire_await_vs_tokio_acquire_await", awaited / theirs, 1.0, True,
                f"{awaited:.1f} vs tokio's Semaphore::acquire().await + drop {theirs:.1f} ns")
     c = "classes_1_thread/"
-    if have(c + "four_classes", c + "no_classes", c + "tokio_three_semaphores"):
+    if PAIRED_RATIOS:
+        ratios = [r["classes_vs_plain"] for r in PAIRED_RATIOS]
+        target("classes_1_thread_vs_no_classes", statistics.median(ratios), 1.5, True,
+               "4 classes, floors, budget vs the same without classes: " + spread(ratios))
+        ratios = [r["classes_vs_tokio"] for r in PAIRED_RATIOS]
+        target("classes_1_thread_vs_three_tokio_semaphores", statistics.median(ratios), 0.6,
+               True, "vs three tokio semaphores: " + spread(ratios))
+    elif have(c + "four_classes", c + "no_classes", c + "tokio_three_semaphores"):
         ours = m[c + "four_classes"]
         target("classes_1_thread_vs_no_classes", ours / m[c + "no_classes"], 1.5, True,
                f"4 classes, floors, budget {ours:.1f} ns vs the same without classes "

@@ -609,10 +609,22 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
 }
 
 impl<C: Deref<Target = LlmCore>> Drop for Machine<'_, C> {
+    /// Only a waiting acquire has something to give back: the check is inlined into every
+    /// acquire's drop (a finished one, the fast path's case, pays a compare), the withdrawal is
+    /// not.
+    #[inline]
     fn drop(&mut self) {
-        if !matches!(self.step, Step::Waiting(_)) {
-            return;
+        if matches!(self.step, Step::Waiting(_)) {
+            self.withdraw();
         }
+    }
+}
+
+impl<C: Deref<Target = LlmCore>> Machine<'_, C> {
+    /// Leaves the queue (the acquire was dropped while waiting), counted as `aborted`.
+    #[cold]
+    #[inline(never)]
+    fn withdraw(&mut self) {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()
         };
