@@ -120,6 +120,13 @@ mod loom_u128 {
             *self.0.lock().unwrap()
         }
 
+        pub(crate) fn fetch_sub(&self, value: u128, _order: Ordering) -> u128 {
+            let mut current = self.0.lock().unwrap();
+            let before = *current;
+            *current = before.wrapping_sub(value);
+            before
+        }
+
         pub(crate) fn compare_exchange_weak(
             &self,
             current: u128,

@@ -399,7 +399,9 @@ impl AtomicState {
     /// A release decides nothing, so it is one `fetch_sub` (wait-free) rather than a CAS loop.
     /// It cannot borrow across fields: the releasing permit's slot and its `tokens` are part of
     /// the counts it subtracts from. `AcqRel` for the same reason as a CAS (module docs). (The
-    /// wide word's releases also move the shared-pool figures, and go through `update`.)
+    /// wide word's releases also move the shared-pool figures: [`release_wide`].)
+    ///
+    /// [`release_wide`]: AtomicState::release_wide
     #[inline]
     pub(crate) fn release(&self, tokens: u64) -> State {
         match self {
@@ -420,6 +422,42 @@ impl AtomicState {
         }
     }
 
+    /// Returns one slot and `tokens` tokens of the wide word, and `shared_slots` and
+    /// `shared_tokens` of the shared pool's figures, in one `fetch_sub`; returns the states
+    /// before and after.
+    ///
+    /// The same argument as [`release`](AtomicState::release): nothing is decided, and no
+    /// field can borrow from the one above it, because every amount is part of the count it
+    /// is taken from (the caller holds the class's lock, so its class's borrowed figures are
+    /// part of the shared ones). One read-modify-write instead of a load and a CAS loop (on
+    /// x86-64 without `cmpxchg16b` enabled at compile time, one call through
+    /// `portable-atomic`'s run-time dispatch instead of two).
+    #[inline]
+    pub(crate) fn release_wide(
+        &self,
+        tokens: u64,
+        shared_slots: u32,
+        shared_tokens: u64,
+    ) -> (State, State) {
+        let AtomicState::Wide(word) = self else {
+            unreachable!("only a class admission moves the shared figures")
+        };
+        let delta = State {
+            lo: ONE_SLOT + tokens,
+            hi: 0,
+        }
+        .with_shared(shared_slots, shared_tokens);
+        let before = State::from_wide(word.fetch_sub(delta.wide(), Ordering::AcqRel));
+        debug_assert!(
+            before.slots() > 0
+                && before.tokens() >= tokens
+                && before.shared_slots() >= shared_slots
+                && before.shared_tokens() >= shared_tokens,
+            "slot, token or shared count underflow"
+        );
+        (before, State::from_wide(before.wide() - delta.wide()))
+    }
+
     /// A CAS loop for an update that always applies: `f` maps the current state to the next;
     /// returns the state written.
     #[inline]
@@ -427,17 +465,6 @@ impl AtomicState {
         self.update(|s| {
             let next = f(s);
             Ok::<_, core::convert::Infallible>((next, next))
-        })
-        .unwrap_or_else(|never| match never {})
-    }
-
-    /// [`modify`](AtomicState::modify), returning the state it replaced and the state it
-    /// wrote.
-    #[inline]
-    pub(crate) fn modify_with_before(&self, mut f: impl FnMut(State) -> State) -> (State, State) {
-        self.update(|s| {
-            let next = f(s);
-            Ok::<_, core::convert::Infallible>((next, (s, next)))
         })
         .unwrap_or_else(|never| match never {})
     }
@@ -583,5 +610,42 @@ mod tests {
         );
         assert_eq!(cell.release(0).slots(), 1);
         assert!(cell.load().is_idle());
+    }
+
+    #[test]
+    fn a_wide_release_subtracts_every_field_exactly_and_leaves_the_rest() {
+        let cell = AtomicState::wide();
+        // Every field at its largest where a borrow would show: full token counts, the
+        // shared figures at their maximum, waiters, an epoch and abandoned admissions.
+        let full = State::INITIAL
+            .with_next_epoch()
+            .with_waiters(true)
+            .with_admission(MAX_TOKENS)
+            .with_admission(0)
+            .with_shared(MAX_SLOTS, MAX_TOKENS)
+            .with_abandoned(MAX_ABANDONED);
+        cell.update(|_| Ok::<_, ()>((full, ()))).unwrap();
+        let (before, after) = cell.release_wide(MAX_TOKENS, 1, MAX_TOKENS);
+        assert_eq!(before, full);
+        assert_eq!(after, cell.load());
+        assert_eq!(
+            (
+                after.slots(),
+                after.tokens(),
+                after.shared_slots(),
+                after.shared_tokens()
+            ),
+            (1, 0, MAX_SLOTS - 1, 0)
+        );
+        assert_eq!(
+            (after.epoch_bits(), after.has_waiters(), after.abandoned()),
+            (1, true, MAX_ABANDONED)
+        );
+        let (_, last) = cell.release_wide(0, MAX_SLOTS - 1, 0);
+        assert_eq!(
+            (last.slots(), last.tokens(), last.shared_slots()),
+            (0, 0, 0)
+        );
+        assert_eq!(last.abandoned(), MAX_ABANDONED);
     }
 }
