@@ -4,8 +4,9 @@
 //! involved.
 //!
 //! Invariants checked: a protected floor is never lent and the shared pool never overdrawn (at
-//! most one of two borrowers wins the last shared slot, and a call within its floor always
-//! gets in); every refusal is explained by a sequential order (its detail shows the pool full
+//! most one of two borrowers wins the last shared slot, a call within its floor always gets
+//! in, and a borrower racing a borrowing release, one 128-bit `fetch_sub`, gets the slot only
+//! after it); every refusal is explained by a sequential order (its detail shows the pool full
 //! with someone else's committed admission, never a half-made one); an admission racing
 //! `apply_limits` is decided wholly under the old limits or wholly under the new ones; an
 //! abandoned slot reaches the queue's head exactly once; and at the end every slot, token,
@@ -317,4 +318,123 @@ fn abandonment_races_an_admission_of_the_same_class() {
         drop(_floor);
         assert_classes_idle(&bulkhead);
     });
+}
+
+/// A borrowing admission's release (slot, hold and shared figures in one 128-bit `fetch_sub`,
+/// no CAS loop) races another class's borrow of the last shared slot: 3 slots and 190 tokens,
+/// floors a = 1 slot / 10 tokens and b = 1 slot / 10 tokens, so 1 slot and 170 tokens are
+/// shared. `a` holds its floor and a borrower (1 slot, 80 shared
+/// tokens); `b` makes a call within its floor, then one that borrows. The borrower is
+/// admitted exactly when the release came first, and a refusal shows the pool held by the
+/// committed admissions, never by a half-made release; the shared figures come back exact.
+#[test]
+fn a_borrowing_release_races_another_class_borrowing_the_last_shared_slot() {
+    use std::sync::atomic::{AtomicBool as StdAtomicBool, Ordering::Relaxed};
+    // Which orders the model reached: the borrow after the release, and before it.
+    static AFTER: StdAtomicBool = StdAtomicBool::new(false);
+    static BEFORE: StdAtomicBool = StdAtomicBool::new(false);
+
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 3)
+            .token_budget(TokenBudget::new(190))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class(
+                        "a",
+                        ClassLimits::new()
+                            .protected_concurrent(1)
+                            .protected_in_flight_tokens(10),
+                    )
+                    .class(
+                        "b",
+                        ClassLimits::new()
+                            .protected_concurrent(1)
+                            .protected_in_flight_tokens(10),
+                    ),
+            )
+            .build()
+            .unwrap();
+        let a = in_class(&bulkhead, "a");
+        let floor_a =
+            try_admit(&bulkhead, a.reservation(tokens(10, 0).reservation.unwrap())).unwrap();
+        let borrower_a =
+            try_admit(&bulkhead, a.reservation(tokens(80, 0).reservation.unwrap())).unwrap();
+        let resources = borrower_a.resources();
+        assert!(resources.borrowed_concurrency);
+        assert_eq!(resources.borrowed_tokens, 80);
+
+        let releaser = thread::spawn(move || drop(borrower_a));
+        let b_calls = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let b = in_class(&bulkhead, "b");
+                let floor = try_admit(&bulkhead, b.reservation(tokens(10, 0).reservation.unwrap()));
+                let borrow =
+                    try_admit(&bulkhead, b.reservation(tokens(80, 0).reservation.unwrap()));
+                (floor, borrow)
+            })
+        };
+        releaser.join().unwrap();
+        let (b_floor, b_borrow) = b_calls.join().unwrap();
+
+        let b_floor = b_floor.expect("a call within its floors is admitted");
+        assert!(!b_floor.resources().borrowed_concurrency);
+        assert_eq!(b_floor.resources().borrowed_tokens, 0);
+        let stats = bulkhead.stats();
+        let shared = stats.admission_classes.clone().unwrap().shared;
+        match b_borrow {
+            // After the release: b holds the shared slot and the 80 shared tokens.
+            Ok(permit) => {
+                AFTER.store(true, Relaxed);
+                assert!(permit.resources().borrowed_concurrency);
+                assert_eq!(permit.resources().borrowed_tokens, 80);
+                assert_eq!(stats.in_flight, 3);
+                assert_eq!(
+                    (
+                        shared.in_flight,
+                        shared.token_budget.unwrap().in_flight_tokens
+                    ),
+                    (1, 80)
+                );
+                drop(permit);
+            }
+            // Before it: the shared slot was held by a's committed borrow, never by a half-made
+            // release (the budget had room: 10 + 80 + 10 + 80 of 190).
+            Err(loser) => {
+                BEFORE.store(true, Relaxed);
+                assert_eq!(loser.reason(), RejectReason::ConcurrencyLimit);
+                let detail = loser.detail();
+                assert_eq!(
+                    detail.constraint,
+                    Some(Constraint::AdmissionClassProtection)
+                );
+                let pool = detail.shared_capacity().unwrap().concurrency;
+                assert_eq!(
+                    (pool.capacity, pool.in_use, pool.requested_borrowed),
+                    (1, 1, 1),
+                    "refused on a committed borrow"
+                );
+                // The release has happened by now: the pool is empty and lends again.
+                assert_eq!(
+                    (
+                        shared.in_flight,
+                        shared.token_budget.unwrap().in_flight_tokens
+                    ),
+                    (0, 0)
+                );
+                let again = try_admit(
+                    &bulkhead,
+                    in_class(&bulkhead, "b").reservation(tokens(80, 0).reservation.unwrap()),
+                )
+                .expect("the released shared slot and tokens lend again");
+                drop(again);
+            }
+        }
+        drop((floor_a, b_floor));
+        assert_classes_idle(&bulkhead);
+    });
+    assert!(
+        AFTER.load(Relaxed) && BEFORE.load(Relaxed),
+        "the model reached the borrow both after the release and before it"
+    );
 }
