@@ -28,10 +28,11 @@ fn held(bulkhead: &LlmBulkhead) -> async_bulkhead_llm::OwnedPermit {
         .unwrap()
 }
 
-/// Two calls hold the two slots, one waits; one call releases while `max_concurrent` drops to
-/// 1. A pass decided before the change grants the head under revision 0 (and the change then
-/// revokes nothing); after it, two calls in flight exceed the new limit, so nothing is passed
-/// and the head waits for the next release. Never a grant under revision 1 while two hold.
+/// Two calls hold the two slots, one waits; one call releases while `max_concurrent` drops
+/// to one. A pass decided before the change grants the head under revision 0 (and the change
+/// then revokes nothing); after it, two calls in flight exceed the new limit, so nothing is
+/// passed and the head waits for the next release. Never a grant under revision 1 while two
+/// hold.
 #[test]
 fn a_pass_racing_a_lowered_limit_never_exceeds_the_limit_it_was_decided_under() {
     loom::model(|| {
