@@ -57,6 +57,23 @@ fn assert_classes_idle(bulkhead: &LlmBulkhead) {
     }
 }
 
+/// A borrower refused by protection on a shared pool of 1 slot that a committed admission
+/// holds (never a half-made admission or release).
+fn assert_refused_on_a_committed_borrow(loser: &Rejection) {
+    assert_eq!(loser.reason(), RejectReason::ConcurrencyLimit);
+    let detail = loser.detail();
+    assert_eq!(
+        detail.constraint,
+        Some(Constraint::AdmissionClassProtection)
+    );
+    let shared = detail.shared_capacity().unwrap().concurrency;
+    assert_eq!(
+        (shared.capacity, shared.in_use, shared.requested_borrowed),
+        (1, 1, 1),
+        "refused only on a committed borrow"
+    );
+}
+
 /// Two classes race for the last shared slot at a floor boundary: 3 slots, floors a = 1 and
 /// b = 1, so 1 slot is shared. `a` already holds its floor; a second `a` call borrows, while
 /// `b` makes a call within its floor and then one that borrows. Exactly one of the two
@@ -100,18 +117,7 @@ fn two_classes_race_at_a_floor_boundary_for_the_last_shared_slot() {
             (Err(x), Err(y)) => panic!("both borrowers refused: {x} / {y}"),
         };
         assert!(winner.resources().borrowed_concurrency);
-        assert_eq!(loser.reason(), RejectReason::ConcurrencyLimit);
-        let detail = loser.detail();
-        assert_eq!(
-            detail.constraint,
-            Some(Constraint::AdmissionClassProtection)
-        );
-        let shared = detail.shared_capacity().unwrap().concurrency;
-        assert_eq!(
-            (shared.capacity, shared.in_use, shared.requested_borrowed),
-            (1, 1, 1),
-            "refused only on a committed borrow"
-        );
+        assert_refused_on_a_committed_borrow(&loser);
         let stats = bulkhead.stats();
         assert_eq!(stats.in_flight, 3);
         assert_eq!(stats.admission_classes.unwrap().shared.in_flight, 1);
@@ -402,18 +408,7 @@ fn a_borrowing_release_races_another_class_borrowing_the_last_shared_slot() {
             // release (the budget had room: 10 + 80 + 10 + 80 of 190).
             Err(loser) => {
                 BEFORE.store(true, Relaxed);
-                assert_eq!(loser.reason(), RejectReason::ConcurrencyLimit);
-                let detail = loser.detail();
-                assert_eq!(
-                    detail.constraint,
-                    Some(Constraint::AdmissionClassProtection)
-                );
-                let pool = detail.shared_capacity().unwrap().concurrency;
-                assert_eq!(
-                    (pool.capacity, pool.in_use, pool.requested_borrowed),
-                    (1, 1, 1),
-                    "refused on a committed borrow"
-                );
+                assert_refused_on_a_committed_borrow(&loser);
                 // The release has happened by now: the pool is empty and lends again.
                 assert_eq!(
                     (

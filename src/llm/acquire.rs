@@ -577,6 +577,27 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         Poll::Pending
     }
 
+    /// Leaves the queue (the acquire was dropped while waiting), counted as `aborted`.
+    #[cold]
+    #[inline(never)]
+    fn withdraw(&mut self) {
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!()
+        };
+        let picked_at = self.core.wants_decisions().then(Instant::now);
+        let rejection = self.core.engine().cancel(&waiting.waiter);
+        #[cfg(feature = "tracing")]
+        let _entered = waiting.span.enter();
+        #[cfg(feature = "tracing")]
+        waiting.span.record("outcome", rejection.reason().as_str());
+        self.core.announce_reject(
+            &rejection,
+            waiting.call.ask.class,
+            Some(waiting.timing),
+            picked_at,
+        );
+    }
+
     /// The blocking equivalent of polling to completion.
     fn block(mut self) -> Result<Admission, AcquireError> {
         if let Some(done) = self.start(Wait::Blocking) {
@@ -617,29 +638,6 @@ impl<C: Deref<Target = LlmCore>> Drop for Machine<'_, C> {
         if matches!(self.step, Step::Waiting(_)) {
             self.withdraw();
         }
-    }
-}
-
-impl<C: Deref<Target = LlmCore>> Machine<'_, C> {
-    /// Leaves the queue (the acquire was dropped while waiting), counted as `aborted`.
-    #[cold]
-    #[inline(never)]
-    fn withdraw(&mut self) {
-        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
-            unreachable!()
-        };
-        let picked_at = self.core.wants_decisions().then(Instant::now);
-        let rejection = self.core.engine().cancel(&waiting.waiter);
-        #[cfg(feature = "tracing")]
-        let _entered = waiting.span.enter();
-        #[cfg(feature = "tracing")]
-        waiting.span.record("outcome", rejection.reason().as_str());
-        self.core.announce_reject(
-            &rejection,
-            waiting.call.ask.class,
-            Some(waiting.timing),
-            picked_at,
-        );
     }
 }
 
