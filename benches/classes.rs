@@ -4,6 +4,13 @@
 //!   with 4 classes and floors (a call naming its class), the same bulkhead without classes,
 //!   and the tokio baseline of three semaphores a class gateway would otherwise stack (global
 //!   slots, global tokens with `try_acquire_many`, the class's own slots).
+//! - `classes_1_thread/atomics_floor*`: the locked instructions alone, no decision: what any
+//!   class admission + release that keeps the class's counts and the global figures exact
+//!   must execute (a CAS to take the class's word and a 128-bit CAS to commit, then a CAS
+//!   and a 128-bit `fetch_sub` to release, each followed by the store that frees the class),
+//!   beside the same floor of the path without classes (a CAS and a `fetch_sub`). They bound
+//!   from below what a class path can cost, measured in the same run as the paths themselves
+//!   (`benches/README.md`, "Admission classes").
 //! - `classes_2_threads/*`: two threads admitting in different classes at once (time per
 //!   iteration is one operation on each thread), ours against the three-semaphore baseline
 //!   (one class semaphore per thread, the global two shared).
@@ -12,6 +19,7 @@
 
 use std::hint::black_box;
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
@@ -88,6 +96,78 @@ impl ThreeSemaphores {
     }
 }
 
+/// The locked instructions of a class admission + release, in the order the engine runs them,
+/// with none of its decisions: a lower bound on any class protocol that changes a class's
+/// counts and the global figures together (`src/engine/classes.rs` says why it takes two
+/// words).
+struct AtomicsFloor {
+    class: AtomicU64,
+    wide: portable_atomic_crate::AtomicU128,
+}
+
+/// The class word's lock bit.
+const LOCKED: u64 = 1 << 63;
+
+impl AtomicsFloor {
+    fn new() -> AtomicsFloor {
+        AtomicsFloor {
+            class: AtomicU64::new(0),
+            wide: portable_atomic_crate::AtomicU128::new(0),
+        }
+    }
+
+    /// Takes the class word's lock (one CAS), returning the counts it held.
+    #[inline]
+    fn lock(&self) -> u64 {
+        let mut current = self.class.load(Ordering::Relaxed);
+        loop {
+            match self.class.compare_exchange_weak(
+                current & !LOCKED,
+                current | LOCKED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(counts) => return counts,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn cycle(&self, tokens: u64) {
+        let wide_delta = (1u128 << 64) | u128::from(tokens);
+        let counts = self.lock();
+        let mut current = self.wide.load(Ordering::Acquire);
+        while let Err(actual) = self.wide.compare_exchange_weak(
+            current,
+            current + wide_delta,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            current = actual;
+        }
+        self.class.store(counts + tokens + 1, Ordering::Release);
+        let counts = self.lock();
+        self.wide.fetch_sub(wide_delta, Ordering::AcqRel);
+        self.class.store(counts - tokens - 1, Ordering::Release);
+    }
+}
+
+/// The same floor without classes: one CAS to admit, one `fetch_sub` to release.
+#[inline]
+fn plain_floor(word: &AtomicU64, tokens: u64) {
+    let mut current = word.load(Ordering::Acquire);
+    while let Err(actual) = word.compare_exchange_weak(
+        current,
+        current + tokens + 1,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        current = actual;
+    }
+    word.fetch_sub(tokens + 1, Ordering::AcqRel);
+}
+
 fn one_thread(c: &mut Criterion) {
     let request = LlmRequest::new();
     let mut group = c.benchmark_group("classes_1_thread");
@@ -105,6 +185,14 @@ fn one_thread(c: &mut Criterion) {
     let baseline = ThreeSemaphores::new();
     group.bench_function("tokio_three_semaphores", |b| {
         b.iter(|| baseline.cycle(black_box(0)))
+    });
+    let floor = AtomicsFloor::new();
+    group.bench_function("atomics_floor", |b| {
+        b.iter(|| floor.cycle(black_box(u64::from(RESERVED))))
+    });
+    let word = AtomicU64::new(0);
+    group.bench_function("atomics_floor_no_classes", |b| {
+        b.iter(|| plain_floor(&word, black_box(u64::from(RESERVED))))
     });
     group.finish();
 }

@@ -114,13 +114,17 @@ def paired_ratios():
     m = medians()
     tried, v, c = m["uncontended_budget/llm_bulkhead"], "vs_js/", "classes_1_thread/"
     awaited = m[v + "acquire_await_budget"]
-    classes = m[c + "four_classes"]
+    classes, plain = m[c + "four_classes"], m[c + "no_classes"]
+    # The least a class cycle could cost: the class protocol's locked instructions alone,
+    # plus everything the path without classes does besides its own (no class decision).
+    floor = m[c + "atomics_floor"] + plain - m[c + "atomics_floor_no_classes"]
     return {
         "awaited_ns": awaited,
         "await_vs_try": awaited / tried,
         "await_vs_tokio": awaited / m[v + "tokio_semaphore_acquire_await"],
         "classes_vs_plain": classes / m[c + "no_classes"],
         "classes_vs_tokio": classes / m[c + "tokio_three_semaphores"],
+        "floor_vs_plain": floor / plain,
     }
 
 
@@ -386,6 +390,11 @@ def main():
         ratios = [r["classes_vs_tokio"] for r in PAIRED_RATIOS]
         target("classes_1_thread_vs_three_tokio_semaphores", statistics.median(ratios), 0.6,
                True, "vs three tokio semaphores: " + spread(ratios))
+        ratios = [r["floor_vs_plain"] for r in PAIRED_RATIOS]
+        print(f"INFO classes_1_thread_atomics_floor_vs_no_classes "
+              f"ratio={statistics.median(ratios):.2f}  (the class protocol's locked "
+              f"instructions alone + the rest of the path without classes, no class "
+              f"decision: the least a class cycle can cost; " + spread(ratios) + ")")
     elif have(c + "four_classes", c + "no_classes", c + "tokio_three_semaphores"):
         ours = m[c + "four_classes"]
         target("classes_1_thread_vs_no_classes", ours / m[c + "no_classes"], 1.5, True,

@@ -53,6 +53,14 @@
 //! reservations of other classes; keeping every class's counts in the one atomic word does not
 //! fit (each class needs 51 bits); sharding capacity per class makes refusals on capacity
 //! leased to an idle class unexplainable.
+//!
+//! What it costs, and the one way under it: any protocol that changes a class's counts and the
+//! global figures, held in two words, together takes two locked instructions per side against
+//! one without classes. `benches/classes.rs` measures those instructions alone
+//! (`atomics_floor`) in the same run as both paths, and `benches/README.md` ("Admission
+//! classes") what they leave of a 1.5x budget and the design that would need only one: a
+//! call within its class's floors decided on its class's word alone, the floors counted in
+//! the wide word as if in use.
 
 use crossbeam_utils::{Backoff, CachePadded};
 
