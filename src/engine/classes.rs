@@ -66,11 +66,12 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use super::limits::Bounds;
 use super::policy::{ClassView, Refusal};
-use super::state::{MAX_ABANDONED, MAX_SLOTS, MAX_TOKENS, State};
+use super::state::{EPOCH_MASK, MAX_ABANDONED, MAX_SLOTS, MAX_TOKENS, State};
 use super::{Engine, Grant};
 use crate::admission_class::{AdmissionClass, Resources};
 use crate::error::{RequestError, UsageError};
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::priority::Priority;
+use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Bits of a class word that count tokens.
 const TOKEN_BITS: u32 = 35;
@@ -78,10 +79,25 @@ const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
 /// Position of the count of calls in flight.
 const SLOT_SHIFT: u32 = TOKEN_BITS;
 const SLOT_MASK: u64 = (1 << 16) - 1;
+/// One call in flight, in place.
+const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
+/// Position of the low bits of the limits epoch the class word was last unlocked under by a
+/// writer of every class (see "Floors reserved").
+const EPOCH_SHIFT: u32 = SLOT_SHIFT + 16;
+/// Set while the admission word counts the class at its floors at least: its calls within
+/// its floors are admitted and released on this word alone.
+const RESERVED: u64 = 1 << 62;
 /// Set while an operation of the class holds the class.
 const LOCKED: u64 = 1 << 63;
 
 const _: () = assert!(TOKEN_MASK == MAX_TOKENS && SLOT_MASK == MAX_SLOTS as u64);
+const _: () = assert!(EPOCH_SHIFT + 11 <= 62 && EPOCH_MASK < 1 << 11);
+
+/// The low bits of `epoch` as a class word carries them.
+#[inline]
+fn epoch_bits(epoch: u64) -> u64 {
+    (epoch & EPOCH_MASK) << EPOCH_SHIFT
+}
 
 /// A class's live counts, as its word holds them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,6 +131,9 @@ pub(crate) struct Classes {
     handles: Box<[AdmissionClass]>,
     /// The class of calls that name none.
     default: AdmissionClass,
+    /// Whether the limits in force give some class a floor of calls (so its floors may be
+    /// reserved): written with every class locked.
+    reservable: AtomicU8,
 }
 
 impl Classes {
@@ -132,6 +151,7 @@ impl Classes {
                 .collect(),
             default: handles[default],
             handles,
+            reservable: AtomicU8::new(0),
         }
     }
 
@@ -162,7 +182,7 @@ impl Classes {
     /// The class's counts now (not locked: a statistic).
     pub(crate) fn counts(&self, class: AdmissionClass) -> ClassCounts {
         // Acquire: pairs with the Release store that wrote them.
-        ClassCounts::unpack(self.word(class).load(Ordering::Acquire) & !LOCKED)
+        ClassCounts::unpack(self.word(class).load(Ordering::Acquire))
     }
 
     fn word(&self, class: AdmissionClass) -> &AtomicU64 {
@@ -170,42 +190,76 @@ impl Classes {
     }
 
     /// Takes `class`'s lock, waiting (briefly) while another operation of the class holds it.
-    /// (A `fetch_or` would take it in one instruction without the load, but measured no
-    /// faster, and its spinning waiter is not a model loom can explore: a CAS it is.)
     #[inline]
     pub(crate) fn lock(&self, class: AdmissionClass) -> ClassGuard<'_> {
         let word = self.word(class);
-        let backoff = Backoff::new();
-        // Relaxed: only a successful CAS acquires.
-        let mut current = word.load(Ordering::Relaxed);
-        loop {
-            if current & LOCKED == 0 {
-                // Acquire: pairs with the Release store of the last holder, so its counts
-                // (and the wide-word CAS it made before storing them) are visible.
-                match word.compare_exchange_weak(
-                    current,
-                    current | LOCKED,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        return ClassGuard {
-                            word,
-                            counts: ClassCounts::unpack(current),
-                        };
-                    }
-                    Err(actual) => current = actual,
-                }
-            } else {
-                crate::sync::spin_wait(&backoff);
-                current = word.load(Ordering::Relaxed);
-            }
+        let held = take(word);
+        ClassGuard {
+            word,
+            counts: ClassCounts::unpack(held),
+            bits: held & (RESERVED | (EPOCH_MASK << EPOCH_SHIFT)),
         }
     }
 
-    /// Takes every class's lock, in class order (installing new limits).
-    pub(crate) fn lock_all(&self) -> Vec<ClassGuard<'_>> {
-        self.handles.iter().map(|&class| self.lock(class)).collect()
+    /// Takes every class's lock, in class order, until [`unlock_all`](Classes::unlock_all)
+    /// (installing limits, switching the reserved floors).
+    pub(super) fn lock_all(&self) {
+        for word in self.words.iter() {
+            take(word);
+        }
+    }
+
+    /// Class `index`'s counts while every class is locked.
+    fn locked_counts(&self, index: usize) -> ClassCounts {
+        // Relaxed: this thread holds the lock (its Acquire CAS saw the last holder's store).
+        ClassCounts::unpack(self.words[index].load(Ordering::Relaxed))
+    }
+
+    /// Releases every class [`lock_all`](Classes::lock_all) took, their counts unchanged,
+    /// marked with `epoch`'s low bits and reserving their floors where `reserves(index)`.
+    fn unlock_all(&self, epoch: u64, reserves: impl Fn(usize) -> bool) {
+        for (index, word) in self.words.iter().enumerate() {
+            let counts = self.locked_counts(index);
+            let reserved = if reserves(index) { RESERVED } else { 0 };
+            // Release: as a guard's drop.
+            word.store(
+                counts.pack() | epoch_bits(epoch) | reserved,
+                Ordering::Release,
+            );
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.words.len()
+    }
+}
+
+/// Sets `word`'s lock bit, waiting (briefly) while another operation of the class holds it;
+/// returns the word as it was. (A `fetch_or` would take it in one instruction without the
+/// load, but measured no faster, and its spinning waiter is not a model loom can explore: a
+/// CAS it is.)
+#[inline]
+fn take(word: &AtomicU64) -> u64 {
+    let backoff = Backoff::new();
+    // Relaxed: only a successful CAS acquires.
+    let mut current = word.load(Ordering::Relaxed);
+    loop {
+        if current & LOCKED == 0 {
+            // Acquire: pairs with the Release store of the last holder, so its counts (and the
+            // wide-word CAS it made before storing them) are visible.
+            match word.compare_exchange_weak(
+                current,
+                current | LOCKED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return current,
+                Err(actual) => current = actual,
+            }
+        } else {
+            crate::sync::spin_wait(&backoff);
+            current = word.load(Ordering::Relaxed);
+        }
     }
 }
 
@@ -216,11 +270,18 @@ impl Classes {
 pub(crate) struct ClassGuard<'a> {
     word: &'a AtomicU64,
     counts: ClassCounts,
+    /// The word's epoch bits and `RESERVED`, written back as they were.
+    bits: u64,
 }
 
 impl ClassGuard<'_> {
     pub(crate) fn counts(&self) -> ClassCounts {
         self.counts
+    }
+
+    /// Whether the admission word counts this class at its floors at least.
+    pub(crate) fn reserved(&self) -> bool {
+        self.bits & RESERVED != 0
     }
 
     /// Writes `counts` and releases the lock.
@@ -234,7 +295,8 @@ impl Drop for ClassGuard<'_> {
     fn drop(&mut self) {
         // Release: the next holder's Acquire CAS sees these counts and everything this holder
         // did before (its wide-word CAS included).
-        self.word.store(self.counts.pack(), Ordering::Release);
+        self.word
+            .store(self.counts.pack() | self.bits, Ordering::Release);
     }
 }
 
@@ -290,6 +352,7 @@ impl Engine {
             slots: counts.slots,
             tokens: counts.tokens,
             caps: self.published.read_class(epoch, usize::from(class.index())),
+            reserved: guard.reserved(),
         }
     }
 
@@ -307,99 +370,281 @@ impl Engine {
         self.state.update(|s| decide(s, bounds, view))
     }
 
-    /// Admits a class call as a newcomer, or says why not (with what it decided on). On
-    /// success the class's counts are written and its lock released; on a refusal the lock is
-    /// released unchanged.
+    /// Admits a class call as a newcomer, or says why not (with what it decided on): within
+    /// its class's floors while they are reserved, on its class's word alone
+    /// ([`admit_within_floors`](Engine::admit_within_floors)); otherwise under its class's
+    /// lock. On success the class's counts are written and its lock released; on a refusal
+    /// the lock is released unchanged.
+    #[inline]
     pub(super) fn admit_class_now(
         &self,
         ask: crate::engine::Ask,
     ) -> Result<(u64, Resources), (Refusal, State, Bounds, ClassView)> {
+        match self.admit_within_floors(ask) {
+            Some(revision) => Ok((revision, Resources::NONE)),
+            None => self.admit_class_locked(ask),
+        }
+    }
+
+    /// Admits a class call within its class's floors on its class's word alone, while the
+    /// floors are reserved (see "Floors reserved" in the module docs): one CAS. `None` when
+    /// the call must take the locked path (the floors are not reserved, the class is locked,
+    /// the call would go beyond a floor, or it may use less than the whole budget).
+    #[inline]
+    fn admit_within_floors(&self, ask: crate::engine::Ask) -> Option<u64> {
+        let class = ask.class?;
+        let word = self.classes.as_ref()?.word(class);
+        // Acquire: pairs with the Release store of the writer that last unlocked the class
+        // (its counts, and the limits it published for the epoch in the word's bits).
+        let current = word.load(Ordering::Acquire);
+        if current & (LOCKED | RESERVED) != RESERVED {
+            return None;
+        }
+        let epoch = self.published.epoch();
+        if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
+            return None;
+        }
+        let caps = self.published.read_class(epoch, usize::from(class.index()));
+        let counts = ClassCounts::unpack(current);
+        let tokens = counts.tokens.saturating_add(ask.reserved);
+        let within = counts.slots < caps.protected_slots
+            && tokens <= caps.protected_tokens
+            && caps.max_slots.is_none_or(|max| counts.slots < max)
+            && caps.max_tokens.is_none_or(|max| tokens <= max);
+        // A normal-priority call may use the budget less its high-priority reserve, which the
+        // reserved floors do not bound.
+        if !within || (ask.priority != Priority::High && self.published.reserve(epoch) > 0) {
+            return None;
+        }
+        let revision = self.published.revision(epoch);
+        // AcqRel: acquires as a lock would; releases the counts to the next operation.
+        word.compare_exchange(
+            current,
+            current + ONE_SLOT + ask.reserved,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .ok()?;
+        self.check_floors_epoch(epoch);
+        Some(revision)
+    }
+
+    /// After a commit on a class word alone under the limits of `epoch`: if the limits
+    /// changed as many times as the word's epoch bits wrap in between (2^10, or 2 under loom),
+    /// the commit may have used a floor no longer in force and the shared figures may not be
+    /// the sums they stand for: recompute every figure of the admission word from the class
+    /// counts.
+    #[inline]
+    fn check_floors_epoch(&self, epoch: u64) {
+        if self.published.epoch() != epoch {
+            self.recount_classes(true, |s| s);
+        }
+    }
+
+    /// The locked path of [`admit_class_now`](Engine::admit_class_now). A refusal on the
+    /// budget or on a slot while the floors are reserved may come from the idle floors the
+    /// word counts: the floors stop being reserved and the call is decided again.
+    fn admit_class_locked(
+        &self,
+        ask: crate::engine::Ask,
+    ) -> Result<(u64, Resources), (Refusal, State, Bounds, ClassView)> {
         let class = ask.class.expect("a class call");
-        let (guard, bounds, view) = self.lock_class(class);
-        let decided =
-            self.decide_class(&bounds, &view, |s, b, v| {
+        loop {
+            let (guard, bounds, view) = self.lock_class(class);
+            let decided = self.decide_class(&bounds, &view, |s, b, v| {
                 match super::policy::admit_class(s, b, v, ask, super::policy::Turn::Newcomer) {
                     Ok((next, borrow)) => Ok((next, (b.revision, borrow))),
                     Err(refusal) => Err((refusal, s)),
                 }
             });
-        match decided {
-            Ok(out) => {
-                guard.set(ClassCounts {
-                    slots: view.slots + 1,
-                    tokens: view.tokens + ask.reserved,
-                });
-                Ok(out)
-            }
-            Err((refusal, state)) => {
-                drop(guard);
-                Err((refusal, state, bounds, view))
+            match decided {
+                Ok(out) => {
+                    guard.set(ClassCounts {
+                        slots: view.slots + 1,
+                        tokens: view.tokens + ask.reserved,
+                    });
+                    return Ok(out);
+                }
+                Err((Refusal::Budget | Refusal::NoSlot, state)) if state.floors_reserved() => {
+                    drop(guard);
+                    self.recount_classes(false, |s| s);
+                }
+                Err((refusal, state)) => {
+                    drop(guard);
+                    return Err((refusal, state, bounds, view));
+                }
             }
         }
     }
 
     /// Moves a class admission's hold to `to` tokens: the class's tokens, the tokens in flight
-    /// and the shared tokens together. Returns the previous hold.
+    /// and the shared tokens together. Returns the previous hold. A move that would take the
+    /// shared tokens past their capacity while the floors are reserved (a usage report above
+    /// the reservation) first stops reserving them.
     pub(super) fn move_class_hold(&self, grant: &mut Grant, to: u64) -> Result<u64, UsageError> {
+        enum Refused {
+            Overflow,
+            Reserved,
+        }
         let from = grant.held();
         if from == to {
             return Ok(from);
         }
         let class = grant.class().expect("a class admission");
-        let (guard, view) = self.lock_class_view(class);
-        let tokens = if to >= from {
-            view.tokens.checked_add(to - from)
-        } else {
-            Some(view.tokens - (from - to))
-        };
-        let tokens = tokens
-            .filter(|&t| t <= MAX_TOKENS)
-            .ok_or(UsageError::HoldOverflow)?;
-        let shared_delta = i128::from(view.borrowed_tokens(tokens))
-            - i128::from(view.borrowed_tokens(view.tokens));
-        self.state.update(|s| {
-            let total = if to >= from {
-                s.tokens().checked_add(to - from)
+        loop {
+            let (guard, bounds, view) = self.lock_class(class);
+            let tokens = if to >= from {
+                view.tokens.checked_add(to - from)
             } else {
-                Some(s.tokens() - (from - to))
+                Some(view.tokens - (from - to))
             };
-            let next = total
-                .and_then(|t| s.with_tokens(t))
+            let tokens = tokens
+                .filter(|&t| t <= MAX_TOKENS)
                 .ok_or(UsageError::HoldOverflow)?;
-            let shared = (i128::from(s.shared_tokens()) + shared_delta) as u64;
-            Ok((next.with_shared(s.shared_slots(), shared), ()))
-        })?;
-        guard.set(ClassCounts {
-            slots: view.slots,
-            tokens,
-        });
-        grant.set_held(to);
-        Ok(from)
+            let shared_delta = i128::from(view.borrowed_tokens(tokens))
+                - i128::from(view.borrowed_tokens(view.tokens));
+            let counted_delta = i128::from(view.counted(view.slots, tokens).1)
+                - i128::from(view.counted(view.slots, view.tokens).1);
+            let moved = self.state.update(|s| {
+                let total = i128::from(s.tokens()) + counted_delta;
+                let shared = (i128::from(s.shared_tokens()) + shared_delta) as u64;
+                let refused = if s.floors_reserved() {
+                    Refused::Reserved
+                } else {
+                    Refused::Overflow
+                };
+                let next = u64::try_from(total)
+                    .ok()
+                    .and_then(|t| s.with_tokens(t))
+                    .ok_or(refused)?;
+                if s.floors_reserved()
+                    && bounds
+                        .token_budget
+                        .is_some_and(|b| shared + bounds.protected_tokens > b.budget)
+                {
+                    return Err(Refused::Reserved);
+                }
+                Ok((next.with_shared(s.shared_slots(), shared), ()))
+            });
+            match moved {
+                Ok(()) => {
+                    guard.set(ClassCounts {
+                        slots: view.slots,
+                        tokens,
+                    });
+                    grant.set_held(to);
+                    return Ok(from);
+                }
+                Err(Refused::Overflow) => return Err(UsageError::HoldOverflow),
+                Err(Refused::Reserved) => {
+                    drop(guard);
+                    self.recount_classes(false, |s| s);
+                }
+            }
+        }
     }
 
-    /// Returns a class admission's slot and hold (a release, the common case): the class's
+    /// Returns a class admission's slot and hold (a release, the common case): within its
+    /// class's floors while they are reserved, on the class's word alone
+    /// ([`release_within_floors`](Engine::release_within_floors)); otherwise the class's
     /// counts, the word's slot and tokens and the shared figures in one wide `fetch_sub`
     /// ([`AtomicState::release_wide`](super::state::AtomicState::release_wide)), the class
     /// locked meanwhile; then serves the queue and the drainers as a release does.
     /// [`release_class`](Engine::release_class) with [`Returned::All`], specialized: the
     /// release path of every class permit. It decides nothing (an abandonment must check the
-    /// abandoned count's room, which takes a CAS loop), so it needs no loop: measured, 807 to
-    /// 744 instructions per class admission + release, and about 4 ns, against the CAS loop it
-    /// replaced (a load and a `cmpxchg16b`, each a call through `portable-atomic`'s run-time
-    /// dispatch on x86-64).
+    /// abandoned count's room, which takes a CAS loop), so it needs no loop.
     #[inline]
     pub(super) fn release_class_all(&self, class: AdmissionClass, held: u64) {
+        if !self.release_within_floors(class, held) {
+            self.release_class_locked(class, held);
+        }
+    }
+
+    /// Releases a class admission within its class's floors on its class's word alone, while
+    /// the floors are reserved: one CAS. `false` (nothing done) when the release must take the
+    /// locked path.
+    #[inline]
+    fn release_within_floors(&self, class: AdmissionClass, held: u64) -> bool {
+        let word = self.class_table().word(class);
+        // Acquire: as in `admit_within_floors`.
+        let current = word.load(Ordering::Acquire);
+        if current & (LOCKED | RESERVED) != RESERVED {
+            return false;
+        }
+        let epoch = self.published.epoch();
+        if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
+            return false;
+        }
+        let caps = self.published.read_class(epoch, usize::from(class.index()));
+        let counts = ClassCounts::unpack(current);
+        debug_assert!(
+            counts.slots > 0 && counts.tokens >= held,
+            "class count underflow"
+        );
+        if counts.slots > caps.protected_slots || counts.tokens > caps.protected_tokens {
+            return false;
+        }
+        // AcqRel: releases what the permit's holder did to the next admission; acquires as a
+        // lock would.
+        let released = word
+            .compare_exchange(
+                current,
+                current - ONE_SLOT - held,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if released {
+            self.check_floors_epoch(epoch);
+        }
+        released
+    }
+
+    /// The locked path of [`release_class_all`](Engine::release_class_all).
+    fn release_class_locked(&self, class: AdmissionClass, held: u64) {
         let (guard, view) = self.lock_class_view(class);
         let counts = ClassCounts {
             slots: view.slots - 1,
             tokens: view.tokens - held,
         };
+        let (counted_slots, counted_tokens) = view.counted(view.slots, view.tokens);
+        let (after_slots, after_tokens) = view.counted(counts.slots, counts.tokens);
         let shared_slots = view.borrowed_slots(view.slots) - view.borrowed_slots(counts.slots);
         let shared_tokens = view.borrowed_tokens(view.tokens) - view.borrowed_tokens(counts.tokens);
-        let (before, after) = self.state.release_wide(held, shared_slots, shared_tokens);
+        let (before, after) = self.state.release_wide(
+            counted_slots - after_slots,
+            counted_tokens - after_tokens,
+            shared_slots,
+            shared_tokens,
+        );
         guard.set(counts);
         if before.needs_attention_on_release() {
             self.after_class_release(before, after);
+        }
+        // Relaxed: a hint; whether the floors may be reserved is decided with every class
+        // locked.
+        if !after.floors_reserved() && self.class_table().reservable.load(Ordering::Relaxed) != 0 {
+            self.reserve_floors_again(after);
+        }
+    }
+
+    /// After a release while the floors are not reserved on an engine whose limits allow it:
+    /// reserves them again once the shared pool has room to spare (at most half its capacity
+    /// of slots and of tokens borrowed), so that an engine that released them at a limit (a
+    /// refusal on the budget, a usage report above it) does not take them back at the next
+    /// release and give them up at the next refusal.
+    #[inline(never)]
+    fn reserve_floors_again(&self, after: State) {
+        let bounds = self.published.read(self.published.epoch());
+        let slots = bounds
+            .max_concurrent
+            .saturating_sub(bounds.protected_concurrent);
+        let spare = after.shared_slots() <= slots / 2
+            && bounds.token_budget.is_none_or(|b| {
+                after.shared_tokens() <= b.budget.saturating_sub(bounds.protected_tokens) / 2
+            });
+        if spare && floors_may_be_reserved(after, &bounds) {
+            self.recount_classes(true, |s| s);
         }
     }
 
@@ -433,16 +678,16 @@ impl Engine {
             slots: view.slots - slot,
             tokens: view.tokens - tokens,
         };
+        let (counted_slots, counted_tokens) = view.counted(view.slots, view.tokens);
+        let (after_slots, after_tokens) = view.counted(counts.slots, counts.tokens);
         let shared_slots = view.borrowed_slots(view.slots) - view.borrowed_slots(counts.slots);
         let shared_tokens = view.borrowed_tokens(view.tokens) - view.borrowed_tokens(counts.tokens);
         let updated = self.state.update(|s| {
-            let mut next = s;
-            if slot == 1 {
-                next = next.without_slot();
-            }
-            next = next
-                .with_tokens(s.tokens() - tokens)
-                .expect("fewer tokens fit")
+            let mut next = s
+                .with_counts(
+                    s.slots() - (counted_slots - after_slots),
+                    s.tokens() - (counted_tokens - after_tokens),
+                )
                 .with_shared(
                     s.shared_slots() - shared_slots,
                     s.shared_tokens() - shared_tokens,
@@ -470,4 +715,130 @@ impl Engine {
         self.idle_check(after);
         true
     }
+    // ----- reserved floors -----
+
+    /// Locks every class, rewrites the admission word's figures from the class counts under
+    /// the limits in force ([`recount`](Engine::recount)), reserving the floors if `reserve`
+    /// and they may be, with `also` applied in the same CAS; unlocks. Returns the word before
+    /// and after. Without reserved floors and with `reserve` false it changes only what
+    /// `also` does (the figures it writes are the ones already there).
+    pub(super) fn recount_classes(
+        &self,
+        reserve: bool,
+        also: impl Fn(State) -> State,
+    ) -> (State, State) {
+        let classes = self.class_table();
+        classes.lock_all();
+        // Stable: a limits writer takes every class's lock before it publishes.
+        let epoch = self.published.epoch();
+        let (before, after) = self.recount(epoch, reserve, also);
+        self.unlock_classes(epoch, after);
+        (before, after)
+    }
+
+    /// Stops reserving the classes' floors, if they are (one load when they are not).
+    pub(super) fn release_floors(&self) {
+        if self.state.load().floors_reserved() {
+            self.recount_classes(false, |s| s);
+        }
+    }
+
+    /// With every class locked ([`Classes::lock_all`]): rewrites the admission word's slots,
+    /// tokens and shared figures from the class counts under the limits published for
+    /// `epoch`, `also` applied first. The floors are reserved if `reserve` and
+    /// [`floors_may_be_reserved`] allows it on the word written. Returns the word before and
+    /// after.
+    pub(super) fn recount(
+        &self,
+        epoch: u64,
+        reserve: bool,
+        also: impl Fn(State) -> State,
+    ) -> (State, State) {
+        let classes = self.class_table();
+        let bounds = self.published.read(epoch);
+        let (mut slots, mut tokens) = (0u32, 0u64);
+        let (mut shared_slots, mut shared_tokens) = (0u32, 0u64);
+        let (mut idle_slots, mut idle_tokens) = (0u32, 0u64);
+        for index in 0..classes.len() {
+            let counts = classes.locked_counts(index);
+            let caps = self.published.read_class(epoch, index);
+            slots += counts.slots;
+            tokens += counts.tokens;
+            shared_slots += counts.slots.saturating_sub(caps.protected_slots);
+            shared_tokens += counts.tokens.saturating_sub(caps.protected_tokens);
+            if caps.protected_slots > 0 {
+                idle_slots += caps.protected_slots.saturating_sub(counts.slots);
+                idle_tokens += caps.protected_tokens.saturating_sub(counts.tokens);
+            }
+        }
+        // Relaxed: read as a hint (see `release_class_locked`); written under every lock.
+        classes
+            .reservable
+            .store(u8::from(bounds.protected_concurrent > 0), Ordering::Relaxed);
+        let mut before = State::INITIAL;
+        let after = self.state.modify(|s| {
+            before = s;
+            debug_assert!(
+                s.floors_reserved() || (s.slots(), s.tokens()) == (slots, tokens),
+                "the word counts exactly what the classes hold"
+            );
+            let next = also(s).with_shared(shared_slots, shared_tokens);
+            let reserved = reserve
+                && floors_may_be_reserved(next, &bounds)
+                && slots + idle_slots <= MAX_SLOTS
+                && tokens + idle_tokens <= MAX_TOKENS;
+            let next = if reserved {
+                next.with_counts(slots + idle_slots, tokens + idle_tokens)
+            } else {
+                next.with_counts(slots, tokens)
+            };
+            next.with_floors_reserved(reserved)
+        });
+        (before, after)
+    }
+
+    /// Unlocks every class after [`recount`](Engine::recount) wrote `after` under `epoch`'s
+    /// limits: the classes with a floor of calls reserve their floors iff `after` says so.
+    pub(super) fn unlock_classes(&self, epoch: u64, after: State) {
+        self.class_table().unlock_all(epoch, |index| {
+            after.floors_reserved() && self.published.read_class(epoch, index).protected_slots > 0
+        });
+    }
+
+    /// `state` with the idle reserved floors taken out of its slots and tokens: the calls and
+    /// tokens in flight. Read from the class words and the limits in force after `state`, not
+    /// at the same instant: exact when nothing else runs; under concurrency it may count
+    /// admissions or releases of other classes made meanwhile (a statistic's or a refusal's
+    /// snapshot, never a decision).
+    pub(crate) fn in_flight_of(&self, state: State) -> State {
+        let Some(classes) = self.classes.as_ref().filter(|_| state.floors_reserved()) else {
+            return state;
+        };
+        let epoch = self.published.epoch();
+        let (mut slots, mut tokens) = (state.slots(), state.tokens());
+        for (index, &class) in classes.handles().iter().enumerate() {
+            let caps = self.published.read_class(epoch, index);
+            if caps.protected_slots > 0 {
+                let counts = classes.counts(class);
+                slots = slots.saturating_sub(caps.protected_slots.saturating_sub(counts.slots));
+                tokens = tokens.saturating_sub(caps.protected_tokens.saturating_sub(counts.tokens));
+            }
+        }
+        state.with_counts(slots, tokens).with_floors_reserved(false)
+    }
+}
+
+/// Whether the word `state` (written under `bounds`) may count the classes at their floors:
+/// open, nobody waiting, no drain waiting, some class with a floor of calls, and the shared
+/// figures within their capacities, which every borrowing admission keeps them in (so a call
+/// within its class's floors fits every global limit, see "Floors reserved").
+fn floors_may_be_reserved(state: State, bounds: &Bounds) -> bool {
+    !state.is_closed()
+        && !state.has_waiters()
+        && !state.is_draining()
+        && bounds.protected_concurrent > 0
+        && state.shared_slots() + bounds.protected_concurrent <= bounds.max_concurrent
+        && bounds
+            .token_budget
+            .is_none_or(|b| state.shared_tokens() + bounds.protected_tokens <= b.budget)
 }

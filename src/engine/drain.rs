@@ -93,20 +93,29 @@ impl Future for Drain<'_> {
                 return Poll::Ready(());
             }
             // Arm: set DRAINING unless idle, in one CAS that also reads whether it is idle.
+            // While the classes' floors are reserved the word never reads idle: they are
+            // released first (and not reserved again while DRAINING is set).
             let idle = engine
                 .state
                 .update(|s| {
-                    if s.is_idle() {
-                        Err(true)
+                    if s.floors_reserved() {
+                        Err(None)
+                    } else if s.is_idle() {
+                        Err(Some(true))
                     } else if s.is_draining() {
-                        Err(false)
+                        Err(Some(false))
                     } else {
-                        Ok((s.with_draining(true), false))
+                        Ok((s.with_draining(true), Some(false)))
                     }
                 })
                 .unwrap_or_else(|idle| idle);
-            if idle {
-                return Poll::Ready(());
+            match idle {
+                None => {
+                    engine.release_floors();
+                    continue;
+                }
+                Some(true) => return Poll::Ready(()),
+                Some(false) => {}
             }
             match &mut self.listener {
                 None => self.listener = Some(engine.drained.listen()),

@@ -83,6 +83,7 @@ impl Engine {
         let totals = self.counters.totals();
         let limits = self.limits();
         let (state, bounds) = self.snapshot();
+        let state = self.in_flight_of(state);
         let admitted = totals.get(Counter::Admitted);
         let in_flight = u64::from(state.slots());
         // Slots handed to waiters that have not picked them up are in flight but not yet

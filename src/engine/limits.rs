@@ -744,6 +744,28 @@ impl PublishedLimits {
         }
     }
 
+    /// The revision of the slot of `epoch`.
+    #[inline]
+    pub(crate) fn revision(&self, epoch: u64) -> u64 {
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
+        self.slots[(epoch & 1) as usize]
+            .revision
+            .load(Ordering::Acquire)
+    }
+
+    /// The high-priority reserve of the slot of `epoch` (0 without a budget).
+    #[inline]
+    pub(crate) fn reserve(&self, epoch: u64) -> u64 {
+        if self.has_budget {
+            // Acquire: pairs with the Release stores in `store`, see the module docs.
+            self.slots[(epoch & 1) as usize]
+                .reserve
+                .load(Ordering::Acquire)
+        } else {
+            0
+        }
+    }
+
     /// Reads class `index`'s limits from the slot of `epoch` (trustworthy as [`read`] is).
     #[inline]
     pub(crate) fn read_class(&self, epoch: u64, index: usize) -> ClassCaps {

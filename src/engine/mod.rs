@@ -123,7 +123,7 @@ impl Engine {
             Classes::new(&ids, default_class)
         });
         let class_count = classes.as_ref().map_or(0, |c| c.handles().len());
-        Engine {
+        let engine = Engine {
             state: if classes.is_some() {
                 AtomicState::wide()
             } else {
@@ -137,7 +137,12 @@ impl Engine {
             idle_generation: AtomicU64::new(0),
             counters: Hub::new(class_count),
             classes,
+        };
+        if engine.classes.is_some() {
+            // Nothing in flight: the floors are reserved from the start if any class has one.
+            engine.recount_classes(true, |s| s);
         }
+        engine
     }
 
     /// Whether the limits carry a token budget.
@@ -402,7 +407,7 @@ impl Engine {
         Rejection::new(
             reason,
             policy::detail(
-                seen.state,
+                self.in_flight_of(seen.state),
                 &seen.bounds,
                 self.pending(),
                 ask,
@@ -429,6 +434,7 @@ impl Engine {
         };
         let pending = self.pending();
         self.count_refusal(reason, class);
+        let state = self.in_flight_of(state);
         Rejection::new(reason, policy::global_detail(state, &bounds, pending, ask))
     }
 
@@ -465,10 +471,12 @@ impl Engine {
             }
             Some(class) => {
                 // The class's counts and the word at one moment: the class locked meanwhile.
-                let (guard, bounds, view) = self.lock_class(class);
+                let (guard, bounds, mut view) = self.lock_class(class);
                 let state = self.state.load();
                 drop(guard);
-                Seen::class(state, bounds, view)
+                // Judged on the calls and tokens in flight, not on floors the word reserves.
+                view.reserved = false;
+                Seen::class(self.in_flight_of(state), bounds, view)
             }
         };
         let pending = self.pending();
@@ -785,15 +793,16 @@ impl Engine {
         self.queue.len()
     }
 
-    /// Nothing in flight, nobody waiting, no abandoned admission unsettled: one load.
+    /// Nothing in flight, nobody waiting, no abandoned admission unsettled: one load (and,
+    /// while the classes' floors are reserved, a read of the class words).
     pub(crate) fn is_idle(&self) -> bool {
-        self.state.load().is_idle()
+        self.in_flight_of(self.state.load()).is_idle()
     }
 
     /// Admissions not settled yet: those holding a slot, and those that gave their borrowed
     /// slot back but still hold their tokens.
     pub(crate) fn unsettled(&self) -> u64 {
-        let state = self.state.load();
+        let state = self.in_flight_of(self.state.load());
         u64::from(state.slots()) + u64::from(state.abandoned())
     }
 
@@ -858,6 +867,7 @@ impl fmt::Debug for Engine {
     /// Never blocks: reads the admission word and the published limits only.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (state, limits) = self.snapshot();
+        let state = self.in_flight_of(state);
         let mut d = f.debug_struct("Engine");
         d.field("in_flight", &state.slots())
             .field("closed", &state.is_closed())

@@ -34,9 +34,37 @@ pub(crate) struct ClassView {
     /// The tokens the class holds.
     pub(crate) tokens: u64,
     pub(crate) caps: ClassCaps,
+    /// Whether the word counts the class at its floors at least (`classes`, "Floors
+    /// reserved").
+    pub(crate) reserved: bool,
 }
 
 impl ClassView {
+    /// What the word counts for this class with `slots` calls in flight and `tokens` held:
+    /// those, or its floors where they are more while its floors are reserved.
+    #[inline]
+    pub(crate) fn counted(&self, slots: u32, tokens: u64) -> (u32, u64) {
+        if self.reserved {
+            (
+                slots.max(self.caps.protected_slots),
+                tokens.max(self.caps.protected_tokens),
+            )
+        } else {
+            (slots, tokens)
+        }
+    }
+
+    /// What an admission of `reserved` tokens adds to the word's slots and tokens in flight:
+    /// one slot and its tokens, less what falls within a reserved floor.
+    #[inline]
+    pub(crate) fn added(&self, reserved: u64) -> (u32, u64) {
+        let (slots, tokens) = self.counted(self.slots, self.tokens);
+        // Saturating: a reservation no word can count is refused on the budget all the same.
+        let (after_slots, after_tokens) =
+            self.counted(self.slots + 1, self.tokens.saturating_add(reserved));
+        (after_slots - slots, after_tokens - tokens)
+    }
+
     /// What an admission of `reserved` tokens would borrow from the shared pool: its slot if
     /// the class is at or above its floor (a class without a floor always borrows), and its
     /// tokens beyond the class's free token floor.
@@ -161,13 +189,20 @@ pub(crate) fn admit(state: State, limits: &Bounds, ask: Ask, turn: Turn) -> Resu
 /// Whether `ask`'s tokens fit the priority-adjusted budget on top of those in flight.
 #[inline]
 fn fits_budget(state: State, limits: &Bounds, ask: Ask) -> Result<(), Refusal> {
+    fits_budget_adding(state, limits, ask, ask.reserved)
+}
+
+/// [`fits_budget`] for a call that adds `added` tokens to the word (its reservation, less
+/// what falls within its class's reserved floor).
+#[inline]
+fn fits_budget_adding(state: State, limits: &Bounds, ask: Ask, added: u64) -> Result<(), Refusal> {
     match limits.token_budget {
         Some(budget) => {
             let effective = budget.effective(ask.priority);
             // Strict `>`: an exact fit admits. An overflowing sum cannot fit any budget, nor
             // can one the word cannot count (budgets are validated against `MAX_TOKENS`; the
             // second bound only matters to callers of this pure function that do not).
-            match state.tokens().checked_add(ask.reserved) {
+            match state.tokens().checked_add(added) {
                 Some(total) if total <= effective && total <= MAX_TOKENS => Ok(()),
                 _ => Err(Refusal::Budget),
             }
@@ -199,14 +234,21 @@ pub(crate) fn admit_class(
     if state.is_closed() {
         return Err(Refusal::Shutdown);
     }
-    let no_slot = |state: State| match turn {
-        Turn::Newcomer => state.has_waiters() || state.slots() >= limits.max_concurrent,
-        Turn::Head => state.slots() >= limits.max_concurrent,
+    // What the admission adds to the word: one slot and its tokens, less what falls within a
+    // reserved floor (the word already counts that); with nothing reserved these checks are
+    // `slots < max_concurrent` and `tokens + reserved <= budget`.
+    let (added_slots, added_tokens) = class.added(ask.reserved);
+    let no_slot = |state: State| {
+        let full = state.slots() + added_slots > limits.max_concurrent;
+        match turn {
+            Turn::Newcomer => state.has_waiters() || full,
+            Turn::Head => full,
+        }
     };
     if turn == Turn::Head && no_slot(state) {
         return Err(Refusal::NoSlot);
     }
-    fits_budget(state, limits, ask)?;
+    fits_budget_adding(state, limits, ask, added_tokens)?;
     if let Some(max) = class.caps.max_tokens
         && class
             .tokens
@@ -248,7 +290,7 @@ pub(crate) fn admit_class(
     let shared_slots = state.shared_slots() + u32::from(borrow.borrowed_concurrency);
     let shared_tokens = state.shared_tokens() + borrow.borrowed_tokens;
     let next = state
-        .with_admission(ask.reserved)
+        .with_added(added_slots, added_tokens)
         .with_shared(shared_slots, shared_tokens);
     Ok((next, borrow))
 }

@@ -6,11 +6,11 @@ use crate::error::LimitsError;
 use crate::sync::lock;
 
 use super::Engine;
-use super::classes::Classes;
 use super::limits::{
     self, ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_REVISION,
 };
 use super::queue::HandedOff;
+use super::state::State;
 
 impl Engine {
     // ----- limits and close -----
@@ -92,44 +92,29 @@ impl Engine {
     /// between and decide for them under other limits).
     fn install(&self, current: &mut Limits, next: Limits) -> (Limits, HandedOff) {
         // With classes, hold every class still while the limits change (see `classes`): class
-        // decisions then read the limits once, and the shared figures are recomputed here
-        // from the class counts and the new floors.
-        let guards = self.classes.as_ref().map(Classes::lock_all);
-        let shared = guards.as_ref().map(|guards| {
-            let table = next.admission_classes.as_ref().expect("validated");
-            guards.iter().zip(table.iter()).fold(
-                (0u32, 0u64),
-                |(slots, tokens), (guard, (_, limits))| {
-                    let counts = guard.counts();
-                    (
-                        slots
-                            + counts
-                                .slots
-                                .saturating_sub(limits.protected_concurrent.unwrap_or(0)),
-                        tokens
-                            + counts
-                                .tokens
-                                .saturating_sub(limits.protected_in_flight_tokens.unwrap_or(0)),
-                    )
-                },
-            )
-        });
+        // decisions then read the limits once, and the word's figures are recomputed here
+        // from the class counts and the new floors (reserved again if they may be).
+        if let Some(classes) = &self.classes {
+            classes.lock_all();
+        }
         // Only writers move the epoch and we hold the writer lock, so it is stable here.
         let epoch = self.published.epoch();
         self.published.store(epoch + 1, &next);
         // The linearization point: admissions that read the word before this fail their CAS,
         // and those that read it after see the new epoch's bits (and so read the new slot).
-        let after = self.state.modify(|s| {
+        let next_epoch = |s: State| {
             debug_assert!(s.matches_epoch(epoch));
-            let next = s.with_next_epoch();
-            match shared {
-                Some((slots, tokens)) => next.with_shared(slots, tokens),
-                None => next,
-            }
-        });
+            s.with_next_epoch()
+        };
+        let after = match &self.classes {
+            Some(_) => self.recount(epoch + 1, true, next_epoch).1,
+            None => self.state.modify(next_epoch),
+        };
         self.published.set_epoch(epoch + 1);
         // The class locks go before the hand-offs, which take the queue lock then class locks.
-        drop(guards);
+        if self.classes.is_some() {
+            self.unlock_classes(epoch + 1, after);
+        }
         let previous = core::mem::replace(current, next);
         let handed_off = if after.has_waiters() {
             // Raised limits admit waiters at once, in order.
@@ -140,19 +125,23 @@ impl Engine {
         (previous, handed_off)
     }
 
-    /// Stops admission for good; `true` for the call that closed it. Every waiter is refused
-    /// `shutdown`.
     pub(crate) fn close(&self) -> bool {
-        let closed_now = self
-            .state
-            .update(|s| {
-                if s.is_closed() {
-                    Err(())
-                } else {
-                    Ok((s.with_closed(), ()))
-                }
-            })
-            .is_ok();
+        let closed_now = if self.classes.is_some() {
+            // The floors stop being reserved in the same CAS that closes (a call within its
+            // class's floors would otherwise still be admitted on its class's word).
+            let (before, _) = self.recount_classes(false, State::with_closed);
+            !before.is_closed()
+        } else {
+            self.state
+                .update(|s| {
+                    if s.is_closed() {
+                        Err(())
+                    } else {
+                        Ok((s.with_closed(), ()))
+                    }
+                })
+                .is_ok()
+        };
         if closed_now {
             // No call can join the queue any more (it would see the flag); empty it.
             self.refuse_all_waiters();
@@ -160,7 +149,6 @@ impl Engine {
         closed_now
     }
 
-    /// The class ids, in order, with classes.
     fn class_ids(&self) -> Option<Vec<&'static str>> {
         self.classes
             .as_ref()

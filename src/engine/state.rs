@@ -116,12 +116,16 @@ const SHARED_TOKENS_SHIFT: u32 = SLOT_BITS;
 /// Position of the count of abandoned, unsettled admissions in the high half of a wide word.
 const ABANDONED_SHIFT: u32 = SHARED_TOKENS_SHIFT + TOKEN_BITS;
 /// Bits that count abandoned, unsettled admissions.
-const ABANDONED_BITS: u32 = 64 - ABANDONED_SHIFT;
+const ABANDONED_BITS: u32 = 63 - ABANDONED_SHIFT;
 /// Most admissions that may have abandoned their slot without settling yet, at once.
 pub(crate) const MAX_ABANDONED: u32 = (1 << ABANDONED_BITS) - 1;
-const _: () = assert!(ABANDONED_BITS >= 8 && ABANDONED_SHIFT + ABANDONED_BITS == 64);
+/// Set while the classes' floors are reserved in the word (see `super::classes`, "Floors
+/// reserved"): the slots and tokens in flight then count every reserving class at its floor
+/// at least.
+const FLOORS_RESERVED_BIT: u64 = 1 << 63;
+const _: () = assert!(ABANDONED_BITS >= 8 && ABANDONED_SHIFT + ABANDONED_BITS == 63);
 // Stated in `Permit::abandon_borrowed_concurrency`'s documentation.
-const _: () = assert!(MAX_ABANDONED == 8_191);
+const _: () = assert!(MAX_ABANDONED == 4_095);
 
 /// A decoded copy of the admission word.
 ///
@@ -130,10 +134,11 @@ const _: () = assert!(MAX_ABANDONED == 8_191);
 /// class admission:
 ///
 /// ```text
-///   63 ................. 51   50 ................... 16   15 ............... 0
-/// +------------------------+-----------------------------+--------------------+
-/// |  ABANDONED (13 bits)   |  SHARED TOKENS (35 bits)    | SHARED SLOTS (16)  |
-/// +------------------------+-----------------------------+--------------------+
+///   63          62 ........... 51   50 ................... 16   15 ............... 0
+/// +-----------+-------------------+-----------------------------+--------------------+
+/// | FLOORS    | ABANDONED (12)    |  SHARED TOKENS (35 bits)    | SHARED SLOTS (16)  |
+/// | RESERVED  |                   |                             |                    |
+/// +-----------+-------------------+-----------------------------+--------------------+
 /// ```
 ///
 /// - `SHARED SLOTS`: slots borrowed from the shared pool, `Σ_c max(0, in_flight_c −
@@ -141,6 +146,10 @@ const _: () = assert!(MAX_ABANDONED == 8_191);
 ///   moment (they change only in the same CAS as the class counts they derive from).
 /// - `ABANDONED`: admissions that gave their borrowed slot back and hold tokens until they
 ///   settle; they keep the engine from being idle (a drain waits for them).
+/// - `FLOORS RESERVED`: while set, `lo`'s slots and tokens count every class that reserves
+///   its floors at its floor at least (`max(in_flight_c, protected_c)`), so that a call within
+///   its class's floors is admitted and released on its class's word alone; the readers of
+///   the figures subtract the idle floors (`super::classes`, "Floors reserved").
 ///
 /// Without classes `hi` is always 0 and never stored: the narrow word is `lo` alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,13 +250,6 @@ impl State {
         self.with_lo(self.lo - ONE_SLOT - tokens)
     }
 
-    /// This state with one slot fewer (the tokens stay).
-    #[inline]
-    pub(crate) fn without_slot(self) -> State {
-        debug_assert!(self.slots() > 0, "underflow");
-        self.with_lo(self.lo - ONE_SLOT)
-    }
-
     /// This state with the epoch's low bits advanced by one (wrapping within their field).
     #[inline]
     pub(crate) fn with_next_epoch(self) -> State {
@@ -281,7 +283,50 @@ impl State {
     /// Admissions that abandoned their slot and have not settled (0 without classes).
     #[inline]
     pub(crate) fn abandoned(self) -> u32 {
-        (self.hi >> ABANDONED_SHIFT) as u32
+        ((self.hi >> ABANDONED_SHIFT) as u32) & MAX_ABANDONED
+    }
+
+    /// Whether the classes' floors are reserved in the slots and tokens (never without
+    /// classes).
+    #[inline]
+    pub(crate) fn floors_reserved(self) -> bool {
+        self.hi & FLOORS_RESERVED_BIT != 0
+    }
+
+    #[inline]
+    pub(crate) fn with_floors_reserved(self, reserved: bool) -> State {
+        State {
+            lo: self.lo,
+            hi: set_bit(self.hi, FLOORS_RESERVED_BIT, reserved),
+        }
+    }
+
+    /// This state with `slots` slots and `tokens` tokens in flight (the caller keeps them
+    /// within [`MAX_SLOTS`] and [`MAX_TOKENS`]).
+    #[inline]
+    pub(crate) fn with_counts(self, slots: u32, tokens: u64) -> State {
+        debug_assert!(slots <= MAX_SLOTS && tokens <= MAX_TOKENS);
+        self.with_lo(
+            (self.lo & !((SLOT_MASK << SLOT_SHIFT) | TOKEN_MASK))
+                | (u64::from(slots) << SLOT_SHIFT)
+                | tokens,
+        )
+    }
+
+    /// This state with `slots` more slots and `tokens` more tokens in flight (a class
+    /// admission while the floors are reserved may add less than one slot and its tokens).
+    /// The caller (the policy) has checked that both stay within their limits.
+    #[inline]
+    pub(crate) fn with_added(self, slots: u32, tokens: u64) -> State {
+        debug_assert!(
+            self.slots() + slots <= MAX_SLOTS
+                && self
+                    .tokens()
+                    .checked_add(tokens)
+                    .is_some_and(|t| t <= MAX_TOKENS),
+            "slot or token count overflow"
+        );
+        self.with_lo(self.lo + (u64::from(slots) << SLOT_SHIFT) + tokens)
     }
 
     /// This state with the shared-pool figures replaced. The caller keeps them within their
@@ -422,7 +467,8 @@ impl AtomicState {
         }
     }
 
-    /// Returns one slot and `tokens` tokens of the wide word, and `shared_slots` and
+    /// Returns `slots` slots (one, or none while the floors are reserved and the class stays
+    /// within its floor) and `tokens` tokens of the wide word, and `shared_slots` and
     /// `shared_tokens` of the shared pool's figures, in one `fetch_sub`; returns the states
     /// before and after.
     ///
@@ -435,6 +481,7 @@ impl AtomicState {
     #[inline]
     pub(crate) fn release_wide(
         &self,
+        slots: u32,
         tokens: u64,
         shared_slots: u32,
         shared_tokens: u64,
@@ -443,13 +490,13 @@ impl AtomicState {
             unreachable!("only a class admission moves the shared figures")
         };
         let delta = State {
-            lo: ONE_SLOT + tokens,
+            lo: (u64::from(slots) << SLOT_SHIFT) + tokens,
             hi: 0,
         }
         .with_shared(shared_slots, shared_tokens);
         let before = State::from_wide(word.fetch_sub(delta.wide(), Ordering::AcqRel));
         debug_assert!(
-            before.slots() > 0
+            before.slots() >= slots
                 && before.tokens() >= tokens
                 && before.shared_slots() >= shared_slots
                 && before.shared_tokens() >= shared_tokens,
@@ -623,9 +670,10 @@ mod tests {
             .with_admission(MAX_TOKENS)
             .with_admission(0)
             .with_shared(MAX_SLOTS, MAX_TOKENS)
-            .with_abandoned(MAX_ABANDONED);
+            .with_abandoned(MAX_ABANDONED)
+            .with_floors_reserved(true);
         cell.update(|_| Ok::<_, ()>((full, ()))).unwrap();
-        let (before, after) = cell.release_wide(MAX_TOKENS, 1, MAX_TOKENS);
+        let (before, after) = cell.release_wide(1, MAX_TOKENS, 1, MAX_TOKENS);
         assert_eq!(before, full);
         assert_eq!(after, cell.load());
         assert_eq!(
@@ -638,14 +686,20 @@ mod tests {
             (1, 0, MAX_SLOTS - 1, 0)
         );
         assert_eq!(
-            (after.epoch_bits(), after.has_waiters(), after.abandoned()),
-            (1, true, MAX_ABANDONED)
+            (
+                after.epoch_bits(),
+                after.has_waiters(),
+                after.abandoned(),
+                after.floors_reserved()
+            ),
+            (1, true, MAX_ABANDONED, true)
         );
-        let (_, last) = cell.release_wide(0, MAX_SLOTS - 1, 0);
+        let (_, last) = cell.release_wide(1, 0, MAX_SLOTS - 1, 0);
         assert_eq!(
             (last.slots(), last.tokens(), last.shared_slots()),
             (0, 0, 0)
         );
         assert_eq!(last.abandoned(), MAX_ABANDONED);
+        assert!(last.floors_reserved());
     }
 }

@@ -101,6 +101,9 @@ impl Engine {
             Admitted(u64, Resources),
             Queue,
             Refused(RejectReason, Option<Constraint>, State, Bounds),
+            /// The classes' floors are reserved: no call may queue until they are not (a
+            /// call within its class's floors would be admitted past the queue).
+            Release,
         }
         // Allocated before taking the lock, to keep the critical section short: a newcomer
         // that reached this slow path almost always queues.
@@ -110,7 +113,10 @@ impl Engine {
         let queued = Arc::clone(&waiter);
         let mut list = self.queue.lock();
         let pending = list.len() as u64;
-        let (step, view) = self.decide_queued(ask, |s, bounds, class| {
+        let decide = |s: State, bounds: &Bounds, class: Option<&ClassView>| {
+            if s.floors_reserved() {
+                return Err(Step::Release);
+            }
             match policy::admit_any(s, bounds, class, ask, Turn::Newcomer) {
                 Ok((next, borrowed)) => Ok((next, Step::Admitted(bounds.revision, borrowed), true)),
                 // Setting the flag is a CAS that also confirms the limits which allowed
@@ -127,7 +133,15 @@ impl Engine {
                     *bounds,
                 )),
             }
-        });
+        };
+        let (step, view) = loop {
+            match self.decide_queued(ask, decide) {
+                // A limits writer may reserve them again before the next decision: it then
+                // goes round once more.
+                (Err(Step::Release), _) => self.release_floors(),
+                decided => break decided,
+            }
+        };
         match step.unwrap_or_else(|step| step) {
             Step::Admitted(revision, borrowed) => Arrival::Admitted { revision, borrowed },
             Step::Queue => {
@@ -136,6 +150,7 @@ impl Engine {
                 drop(list);
                 Arrival::Queued(waiter)
             }
+            Step::Release => unreachable!("decided again once the floors were released"),
             Step::Refused(reason, constraint, state, bounds) => {
                 drop(list);
                 let seen = Seen {
@@ -217,6 +232,7 @@ impl Engine {
         let mut emptied = None;
         {
             let mut list = self.queue.lock();
+            let served = !list.is_empty();
             while let Some(ask) = list.front().map(|head| head.ask()) {
                 let last = list.len() == 1;
                 let (turned, view) = self.decide_queued(ask, |s, bounds, class| {
@@ -292,6 +308,11 @@ impl Engine {
                     }
                 };
                 woken.push(head);
+            }
+            if served && list.is_empty() && self.classes().is_some() {
+                // The queue emptied: the classes' floors may be reserved again (an arrival
+                // released them; it cannot queue meanwhile, this thread holds the queue lock).
+                self.recount_classes(true, |s| s);
             }
         }
         HandedOff { woken, emptied }

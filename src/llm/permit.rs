@@ -174,7 +174,7 @@ impl<'a> Permit<'a> {
     /// to the queue's head at once, while the tokens stay held (and usage can still be
     /// reported) until the permit is released or dropped. Returns whether it did anything
     /// (always `false` without admission classes, for a slot within the class's floor, and for
-    /// a second call; also while 8,191 admissions of the bulkhead have abandoned their slot
+    /// a second call; also while 4,095 admissions of the bulkhead have abandoned their slot
     /// and not settled yet, the most its admission word counts: the slot then stays held until
     /// the permit settles).
     ///

@@ -231,28 +231,28 @@ fn drain_waits_for_abandoned_admissions_to_settle() {
 
 #[test]
 fn abandonments_beyond_what_the_word_counts_keep_their_slot() {
-    // The admission word counts at most 8,191 admissions that gave their slot back and have
+    // The admission word counts at most 4,095 admissions that gave their slot back and have
     // not settled: the next one keeps its slot (and says so), nothing is lost.
     let b = LlmBulkhead::builder("m", 9_000)
         .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
         .build()
         .unwrap();
-    let mut permits: Vec<_> = (0..8_192)
+    let mut permits: Vec<_> = (0..4_096)
         .map(|_| admit(&b, AcquireOptions::new()))
         .collect();
-    for permit in &mut permits[..8_191] {
+    for permit in &mut permits[..4_095] {
         assert!(permit.abandon_borrowed_concurrency());
     }
     let last = permits.last_mut().unwrap();
     assert!(!last.abandon_borrowed_concurrency());
     assert!(last.holds_slot());
     let stats = b.stats();
-    assert_eq!((stats.in_flight, stats.abandoned_in_flight), (1, 8_191));
-    assert_eq!(stats.borrowed_concurrency_abandoned, 8_191);
+    assert_eq!((stats.in_flight, stats.abandoned_in_flight), (1, 4_095));
+    assert_eq!(stats.borrowed_concurrency_abandoned, 4_095);
     drop(permits);
     let stats = b.stats();
     assert_eq!(
         (stats.in_flight, stats.abandoned_in_flight, stats.released),
-        (0, 0, 8_192)
+        (0, 0, 4_096)
     );
 }

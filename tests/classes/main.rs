@@ -11,4 +11,5 @@ mod deadline;
 mod decision;
 mod limits;
 mod queue;
+mod reserved;
 mod support;

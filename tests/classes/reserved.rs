@@ -1,0 +1,196 @@
+//! Reserved floors: while the classes' floors are reserved, a call within its class's floors
+//! is admitted and released on its class's word alone, and the admission word counts every
+//! class with a floor of calls at its floors at least. What users see must not change: the
+//! decisions, their reasons and details, the stats, drain and close are those of the calls
+//! and tokens in flight, whatever the word counts.
+
+use async_bulkhead_llm::{
+    AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint, LlmBulkhead, RejectReason,
+    TokenBudget, TokenUsage,
+};
+
+use crate::support::{admit, class_stats, four_slots, in_class, refuse, tokens};
+
+/// 10 slots, budget 200; `a` and `b` each with a floor of 1 call and 50 tokens, `c` with none:
+/// the shared pool holds 8 slots and 100 tokens.
+fn floors_and_a_borrower() -> LlmBulkhead {
+    LlmBulkhead::builder("m", 10)
+        .token_budget(TokenBudget::new(200))
+        .admission_classes(
+            AdmissionClasses::new("c")
+                .class(
+                    "a",
+                    ClassLimits::new()
+                        .protected_concurrent(1)
+                        .protected_in_flight_tokens(50),
+                )
+                .class(
+                    "b",
+                    ClassLimits::new()
+                        .protected_concurrent(1)
+                        .protected_in_flight_tokens(50),
+                )
+                .class("c", ClassLimits::new()),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Whether a drain started now completes at once (nothing in flight, nobody waiting).
+fn idle(bulkhead: &LlmBulkhead) -> bool {
+    futures::executor::block_on(futures::future::poll_immediate(bulkhead.drain())).is_some()
+}
+
+#[test]
+fn a_refusal_near_the_budget_is_judged_on_the_tokens_in_flight_not_on_reserved_floors() {
+    let bulkhead = floors_and_a_borrower();
+    // `c` borrows 90 of the 100 shared tokens; `b` holds 35 tokens within its floor of 50;
+    // `a` is idle (its floor of 50 is reserved in the word, not in flight).
+    let _c = admit(&bulkhead, tokens(in_class(&bulkhead, "c"), 40, 50));
+    let b = tokens(in_class(&bulkhead, "b"), 10, 25);
+    let first = admit(&bulkhead, b);
+    assert_eq!(first.resources().borrowed_tokens, 0);
+    // 30 more for `b` borrow 15 shared tokens (65 - 50): 105 of 100, refused by the floors
+    // of the others. The budget itself has room: 125 in flight + 30 <= 200. Counting `a`'s
+    // idle floor (50) would have refused it on the budget instead.
+    let refused = refuse(&bulkhead, tokens(in_class(&bulkhead, "b"), 10, 20));
+    assert_eq!(refused.reason(), RejectReason::BudgetLimit);
+    let detail = refused.detail();
+    assert_eq!(
+        detail.constraint,
+        Some(Constraint::AdmissionClassProtection)
+    );
+    let budget = detail.token_budget.unwrap();
+    assert_eq!((budget.in_flight_tokens, budget.available), (125, 75));
+    assert_eq!(detail.in_flight, 2);
+    // And a call the budget cannot hold is refused on the budget, with the same figures.
+    let over = refuse(&bulkhead, tokens(in_class(&bulkhead, "a"), 40, 40));
+    assert_eq!(over.reason(), RejectReason::BudgetLimit);
+    assert_eq!(over.detail().constraint, Some(Constraint::Global));
+    assert_eq!(over.detail().token_budget.unwrap().in_flight_tokens, 125);
+}
+
+#[test]
+fn stats_drain_and_idleness_count_calls_in_flight_not_reserved_floors() {
+    let bulkhead = four_slots();
+    let premium = bulkhead.class("premium").unwrap();
+    assert!(idle(&bulkhead));
+    let stats = bulkhead.stats();
+    assert_eq!((stats.in_flight, stats.released), (0, 0));
+    let permit = admit(&bulkhead, in_class(&bulkhead, "premium"));
+    assert!(!permit.resources().borrowed_concurrency);
+    let stats = bulkhead.stats();
+    assert_eq!((stats.in_flight, stats.admitted, stats.released), (1, 1, 0));
+    assert_eq!(stats.admission_classes.unwrap().shared.in_flight, 0);
+    assert_eq!(class_stats(&bulkhead, premium).in_flight, 1);
+    assert!(!idle(&bulkhead));
+    futures::executor::block_on(async {
+        let mut drain = std::pin::pin!(bulkhead.drain());
+        assert!(futures::poll!(drain.as_mut()).is_pending());
+        drop(permit);
+        drain.await;
+    });
+    assert!(idle(&bulkhead));
+    let stats = bulkhead.stats();
+    assert_eq!((stats.in_flight, stats.released), (0, 1));
+    // After the drain the floors serve calls within them as before.
+    let again = admit(&bulkhead, in_class(&bulkhead, "premium"));
+    assert_eq!(bulkhead.stats().in_flight, 1);
+    drop(again);
+    assert!(idle(&bulkhead));
+}
+
+#[test]
+fn close_refuses_calls_within_their_floors() {
+    let bulkhead = four_slots();
+    let held = admit(&bulkhead, in_class(&bulkhead, "premium"));
+    assert!(bulkhead.close());
+    let refused = refuse(&bulkhead, in_class(&bulkhead, "premium"));
+    assert_eq!(refused.reason(), RejectReason::Shutdown);
+    assert_eq!(refused.detail().in_flight, 1);
+    drop(held);
+    assert!(idle(&bulkhead));
+    assert_eq!(bulkhead.stats().released, 1);
+}
+
+#[test]
+fn floors_moved_under_calls_in_flight_keep_the_shared_figures_exact() {
+    // Premium floor 2 of 4 slots: two premium calls within it, then the floor drops to 0:
+    // both are borrowed now, the shared pool (4 - 1 = 3) holds them.
+    let bulkhead = four_slots();
+    let premium = in_class(&bulkhead, "premium");
+    let first = admit(&bulkhead, premium);
+    let second = admit(&bulkhead, premium);
+    let shared = |b: &LlmBulkhead| b.stats().admission_classes.unwrap().shared.in_flight;
+    assert_eq!(shared(&bulkhead), 0);
+    let mut next = bulkhead.limits();
+    next.revision += 1;
+    next.admission_classes = Some(
+        ClassLimitsTable::new()
+            .with("premium", ClassLimits::new())
+            .with("standard", ClassLimits::new().protected_concurrent(1)),
+    );
+    assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+    assert_eq!(shared(&bulkhead), 2);
+    assert_eq!(bulkhead.stats().in_flight, 2);
+    // One more premium call borrows the last shared slot; the next is refused by standard's
+    // floor, with the exact figures.
+    let third = admit(&bulkhead, premium);
+    assert!(third.resources().borrowed_concurrency);
+    let refused = refuse(&bulkhead, premium);
+    assert_eq!(
+        refused.detail().constraint,
+        Some(Constraint::AdmissionClassProtection)
+    );
+    assert_eq!(refused.detail().in_flight, 3);
+    drop((first, second, third));
+    assert_eq!(shared(&bulkhead), 0);
+    assert!(idle(&bulkhead));
+    // Standard's floor still admits within it.
+    let standard = admit(&bulkhead, in_class(&bulkhead, "standard"));
+    assert!(!standard.resources().borrowed_concurrency);
+}
+
+#[test]
+fn a_usage_report_beyond_the_shared_tokens_keeps_every_figure_exact() {
+    let bulkhead = floors_and_a_borrower();
+    // `a` reserves 40 within its floor, then reports 190 tokens used: 140 beyond its floor,
+    // more than the shared pool's 100 (a report is never refused for the budget).
+    let mut permit = admit(&bulkhead, tokens(in_class(&bulkhead, "a"), 20, 20));
+    permit
+        .report_usage(TokenUsage::new(150, 40).unwrap())
+        .unwrap();
+    let stats = bulkhead.stats();
+    assert_eq!(stats.token_budget.unwrap().in_flight_tokens, 190);
+    let classes = stats.admission_classes.unwrap();
+    assert_eq!(classes.shared.token_budget.unwrap().in_flight_tokens, 140);
+    // Nothing else fits the shared pool now; `b` still has its own floor.
+    let refused = refuse(&bulkhead, tokens(in_class(&bulkhead, "c"), 1, 1));
+    assert_eq!(refused.reason(), RejectReason::BudgetLimit);
+    assert_eq!(refused.detail().token_budget.unwrap().in_flight_tokens, 190);
+    let b = admit(&bulkhead, tokens(in_class(&bulkhead, "b"), 5, 5));
+    assert_eq!(b.resources().borrowed_tokens, 0);
+    drop((permit, b));
+    let stats = bulkhead.stats();
+    assert_eq!(
+        (
+            stats.in_flight,
+            stats.token_budget.unwrap().in_flight_tokens
+        ),
+        (0, 0)
+    );
+    assert_eq!(
+        stats
+            .admission_classes
+            .unwrap()
+            .shared
+            .token_budget
+            .unwrap()
+            .in_flight_tokens,
+        0
+    );
+    // Calls within their floors are admitted as before.
+    let within = admit(&bulkhead, tokens(in_class(&bulkhead, "a"), 10, 10));
+    assert_eq!(within.resources().borrowed_tokens, 0);
+    assert_eq!(bulkhead.stats().token_budget.unwrap().in_flight_tokens, 20);
+}
