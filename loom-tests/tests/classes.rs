@@ -433,3 +433,258 @@ fn a_borrowing_release_races_another_class_borrowing_the_last_shared_slot() {
         "the model reached the borrow both after the release and before it"
     );
 }
+
+/// Runs `bulkhead.drain()` to completion on the calling (loom) thread (as in `drain.rs`): one
+/// poll with a recording waker, then, if pending, wait for the wake-up and poll again.
+fn drain_to_completion(bulkhead: &LlmBulkhead) {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let (woken, waker) = common::flag();
+    let mut drain = Box::pin(bulkhead.drain());
+    if drain
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_ready()
+    {
+        return;
+    }
+    while !woken.woken() {
+        thread::yield_now();
+    }
+    assert!(
+        drain
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_ready(),
+        "a woken drain found no idle moment"
+    );
+}
+
+/// A call within its class's floor (admitted on its class's word alone while the floors are
+/// reserved) races `apply_limits` that moves the floor to the other class. Under revision 0 it
+/// is within a's floor; under revision 1 a has none and it borrows the one shared slot.
+/// Either way the install's recount leaves the shared figure equal to the sum it stands for
+/// under the new floors (a's call beyond its floor of 0), and everything returns exactly.
+#[test]
+fn a_call_within_its_floor_races_apply_limits_moving_the_floor() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .token_budget(TokenBudget::new(100))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class(
+                        "a",
+                        ClassLimits::new()
+                            .protected_concurrent(1)
+                            .protected_in_flight_tokens(50),
+                    )
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let caller = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let options =
+                    in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
+                try_admit(&bulkhead, options)
+            })
+        };
+        let control = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let mut next = bulkhead.limits();
+                next.revision = 1;
+                next.admission_classes = Some(
+                    ClassLimitsTable::new()
+                        .with("a", ClassLimits::new())
+                        .with("b", ClassLimits::new().protected_concurrent(1)),
+                );
+                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+            })
+        };
+        let permit = caller.join().unwrap().expect("fits under either revision");
+        control.join().unwrap();
+        let borrowed = permit.resources().borrowed_concurrency;
+        match permit.limit_revision() {
+            0 => assert!(!borrowed, "within a's floor then"),
+            1 => assert!(borrowed, "a has no floor now"),
+            other => panic!("revision {other}"),
+        }
+        let stats = bulkhead.stats();
+        assert_eq!(
+            (
+                stats.in_flight,
+                stats.token_budget.unwrap().in_flight_tokens
+            ),
+            (1, 20)
+        );
+        let classes = stats.admission_classes.unwrap();
+        // Under the new floors a's call is beyond a's floor of 0, whenever it was admitted.
+        assert_eq!(classes.shared.in_flight, 1, "the shared figure is the sum");
+        assert_eq!(classes.shared.token_budget.unwrap().in_flight_tokens, 20);
+        drop(permit);
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// `close` races a call within its class's floor. Closing stops reserving the floors in the
+/// same CAS that sets the flag, under every class lock, so the call is either admitted before
+/// the close (and the close's caller, reading the stats right after, sees it in flight) or
+/// refused `shutdown`; never admitted on its class's word once the bulkhead is closed.
+#[test]
+fn close_races_a_call_within_its_floor() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .admission_classes(
+                AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(1)),
+            )
+            .build()
+            .unwrap();
+        let caller = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || try_admit(&bulkhead, in_class(&bulkhead, "a")))
+        };
+        let closer = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                assert!(bulkhead.close());
+                bulkhead.stats().in_flight
+            })
+        };
+        let admitted = caller.join().unwrap();
+        let seen_after_close = closer.join().unwrap();
+        match admitted {
+            Ok(permit) => {
+                assert_eq!(
+                    seen_after_close, 1,
+                    "admitted before the close, seen after it"
+                );
+                drop(permit);
+            }
+            Err(refused) => {
+                assert_eq!(refused.reason(), RejectReason::Shutdown);
+                assert_eq!(seen_after_close, 0);
+            }
+        }
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// A drain races the release of a call admitted within its class's floor. The word counts
+/// the reserved floor whatever is in flight, so it never reads idle while the floors are
+/// reserved: the drain releases them (recounting under every class lock) before it arms, and
+/// the release, on its class's word or then under its lock, makes the bulkhead idle. The drain
+/// completes in every interleaving (a lost wake-up spins past loom's branch limit).
+#[test]
+fn a_drain_races_a_release_within_its_floor() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .admission_classes(
+                AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(1)),
+            )
+            .build()
+            .unwrap();
+        let permit = try_admit(&bulkhead, in_class(&bulkhead, "a")).unwrap();
+        assert!(!permit.resources().borrowed_concurrency);
+        let releaser = thread::spawn(move || drop(permit));
+        drain_to_completion(&bulkhead);
+        releaser.join().unwrap();
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// A release within a class's floor (one CAS on the class word) races a second call of the
+/// same class, which borrows if it is decided while the first is in flight (under the class
+/// lock: the release's CAS fails while the lock is held, and takes the locked path) and is
+/// within the floor if decided after. The shared figure is the sum it stands for once both are
+/// done (a's one call is within its floor: nothing shared), and everything returns exactly.
+#[test]
+fn a_release_within_its_floor_races_a_call_of_its_class() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", ClassLimits::new().protected_concurrent(1))
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let first = try_admit(&bulkhead, in_class(&bulkhead, "a")).unwrap();
+        assert!(!first.resources().borrowed_concurrency);
+        let releaser = thread::spawn(move || drop(first));
+        let second = try_admit(&bulkhead, in_class(&bulkhead, "a")).expect("a slot either way");
+        releaser.join().unwrap();
+        let classes = bulkhead.stats().admission_classes.unwrap();
+        assert_eq!(classes.classes[0].in_flight, 1);
+        assert_eq!(
+            classes.shared.in_flight, 0,
+            "one call of a, within its floor"
+        );
+        drop(second);
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// A call within its class's floors races `apply_limits` that lowers the class's token floor
+/// from 50 to 5 and leaves everything else as it was: the class word's counts and its
+/// reserving bit are the same before and after, so only the limits epoch the install writes
+/// into it makes the call's CAS fail when it read the old floor. Under revision 0 the call's
+/// 20 tokens are within the floor; under revision 1 it borrows 15. Either way the shared tokens
+/// are 15 afterwards (the install's recount), and everything returns exactly.
+#[test]
+fn a_call_within_its_floor_races_apply_limits_lowering_the_floor() {
+    loom::model(|| {
+        let floors = |tokens| {
+            ClassLimits::new()
+                .protected_concurrent(1)
+                .protected_in_flight_tokens(tokens)
+        };
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .token_budget(TokenBudget::new(100))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", floors(50))
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let caller = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let options =
+                    in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
+                try_admit(&bulkhead, options)
+            })
+        };
+        let control = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let mut next = bulkhead.limits();
+                next.revision = 1;
+                next.admission_classes = Some(
+                    ClassLimitsTable::new()
+                        .with("a", floors(5))
+                        .with("b", ClassLimits::new()),
+                );
+                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+            })
+        };
+        let permit = caller.join().unwrap().expect("fits under either revision");
+        control.join().unwrap();
+        let borrowed = permit.resources().borrowed_tokens;
+        match permit.limit_revision() {
+            0 => assert_eq!(borrowed, 0, "within a's floor of 50 then"),
+            1 => assert_eq!(borrowed, 15, "beyond a's floor of 5 now"),
+            other => panic!("revision {other}"),
+        }
+        let classes = bulkhead.stats().admission_classes.unwrap();
+        assert_eq!(
+            classes.shared.token_budget.unwrap().in_flight_tokens,
+            15,
+            "the shared tokens are the sum under the new floor"
+        );
+        drop(permit);
+        assert_classes_idle(&bulkhead);
+    });
+}
