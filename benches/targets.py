@@ -94,8 +94,8 @@ def ledger_runs():
 
 
 # The single-thread targets that divide one bench by another (the async path by
-# `try_acquire` and by tokio, the class path by the same bulkhead without classes and by three
-# tokio semaphores) are judged on the median of PAIRED_PROCESSES processes, each running the
+# `try_acquire` and by tokio, `try_acquire` without a budget by tokio's, the class path by the
+# same bulkhead without classes and by three tokio semaphores) are judged on the median of PAIRED_PROCESSES processes, each running the
 # benches of its ratio back to back (the first is the full run's), with the min and max
 # beside it: the machine's speed drifts between two benches measured minutes apart, and one
 # process's ratio moved by up to 0.3 (benches/README.md, "The async fast path").
@@ -103,8 +103,8 @@ PAIRED_PROCESSES = 5
 PAIRED_GROUPS = [
     # The whole `uncontended/budget` group, not only `llm_bulkhead`: the budget targets
     # divide it by its neighbours, which must come from the same (the last) process.
-    ("admission", "^(uncontended/budget/|vs_js/(acquire_await_budget|"
-                  "tokio_semaphore_acquire_await)$)"),
+    ("admission", "^(uncontended/budget/|uncontended/no_budget/(llm_bulkhead|tokio_semaphore)$|"
+                  "vs_js/(acquire_await_budget|tokio_semaphore_acquire_await)$)"),
     ("classes", "^classes_1_thread/"),
 ]
 PAIRED_RATIOS = []
@@ -118,7 +118,9 @@ def paired_ratios():
     # The least a class cycle could cost: the class protocol's locked instructions alone,
     # plus everything the path without classes does besides its own (no class decision).
     floor = m[c + "atomics_floor"] + plain - m[c + "atomics_floor_no_classes"]
+    plain_try = m["uncontended_no_budget/llm_bulkhead"]
     return {
+        "no_budget_vs_tokio": plain_try / m["uncontended_no_budget/tokio_semaphore"],
         "awaited_ns": awaited,
         "await_vs_try": awaited / tried,
         "await_vs_tokio": awaited / m[v + "tokio_semaphore_acquire_await"],
@@ -300,9 +302,18 @@ def main():
             print(f"TARGET ? missing results: {', '.join(missing)}")
         return not missing
 
+    def spread(values):
+        return (f"median {statistics.median(values):.2f}, min {min(values):.2f}, "
+                f"max {max(values):.2f} over {len(values)} processes")
+
     a = "uncontended_no_budget/"
     b = "uncontended_budget/"
-    if have(a + "llm_bulkhead", a + "tokio_semaphore"):
+    if PAIRED_RATIOS:
+        ratios = [r["no_budget_vs_tokio"] for r in PAIRED_RATIOS]
+        target("no_budget_1_thread_vs_tokio_semaphore", statistics.median(ratios), 1.0, True,
+               "try_acquire + release without a budget vs tokio's try_acquire + drop: "
+               + spread(ratios))
+    elif have(a + "llm_bulkhead", a + "tokio_semaphore"):
         ours, theirs = m[a + "llm_bulkhead"], m[a + "tokio_semaphore"]
         target("no_budget_1_thread_vs_tokio_semaphore", ours / theirs, 1.0, True,
                f"{ours:.1f} vs {theirs:.1f} ns")
@@ -312,10 +323,6 @@ def main():
                0.8, True, f"{ours:.1f} vs {m[b + 'tokio_two_semaphores']:.1f} ns")
         target("budget_1_thread_vs_raw_cas_floor", ours / m[b + "raw_cas"], 2.0, True,
                f"{ours:.1f} vs {m[b + 'raw_cas']:.1f} ns")
-    def spread(values):
-        return (f"median {statistics.median(values):.2f}, min {min(values):.2f}, "
-                f"max {max(values):.2f} over {len(values)} processes")
-
     s = "scaling/"
     if MULTI_RATIOS:
         two = [r["budget_2"] for r in MULTI_RATIOS]

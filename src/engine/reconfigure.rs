@@ -125,6 +125,8 @@ impl Engine {
         (previous, handed_off)
     }
 
+    /// Stops admission for good; `true` for the call that closed it. Every waiter is refused
+    /// `shutdown`.
     pub(crate) fn close(&self) -> bool {
         let closed_now = if self.classes.is_some() {
             // The floors stop being reserved in the same CAS that closes (a call within its
@@ -149,6 +151,7 @@ impl Engine {
         closed_now
     }
 
+    /// The class ids, in order, with classes.
     fn class_ids(&self) -> Option<Vec<&'static str>> {
         self.classes
             .as_ref()
