@@ -23,7 +23,7 @@ use async_bulkhead_llm::{
     AcquireOptions, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint, LlmBulkhead,
     LlmRequest, OwnedPermit, RejectReason, Rejection, TokenBudget,
 };
-use common::{assert_idle, first_poll, settle, tokens};
+use common::{assert_idle, drain_to_completion, first_poll, settle, tokens};
 use loom::thread;
 
 fn in_class(bulkhead: &LlmBulkhead, id: &str) -> AcquireOptions {
@@ -434,77 +434,61 @@ fn a_borrowing_release_races_another_class_borrowing_the_last_shared_slot() {
     );
 }
 
-/// Runs `bulkhead.drain()` to completion on the calling (loom) thread (as in `drain.rs`): one
-/// poll with a recording waker, then, if pending, wait for the wake-up and poll again.
-fn drain_to_completion(bulkhead: &LlmBulkhead) {
-    use std::future::Future;
-    use std::task::{Context, Waker};
-    let (woken, waker) = common::flag();
-    let mut drain = Box::pin(bulkhead.drain());
-    if drain
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_ready()
-    {
-        return;
-    }
-    while !woken.woken() {
-        thread::yield_now();
-    }
-    assert!(
-        drain
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_ready(),
-        "a woken drain found no idle moment"
-    );
+/// Floors of 1 call and `tokens` tokens.
+fn floors(tokens: u64) -> ClassLimits {
+    ClassLimits::new()
+        .protected_concurrent(1)
+        .protected_in_flight_tokens(tokens)
 }
 
-/// A call within its class's floor (admitted on its class's word alone while the floors are
-/// reserved) races `apply_limits` that moves the floor to the other class. Under revision 0 it
-/// is within a's floor; under revision 1 a has none and it borrows the one shared slot.
-/// Either way the install's recount leaves the shared figure equal to the sum it stands for
-/// under the new floors (a's call beyond its floor of 0), and everything returns exactly.
+/// The two `apply_limits` models below: 2 slots, a budget of 100, class a with floors of 1 call
+/// and 50 tokens, class b none. A call of a for 20 tokens (within a's floors, so admitted on
+/// a's class word while the floors are reserved) races `apply_limits` installing `next` as
+/// revision 1. Returns the bulkhead and the call's permit (it fits under either revision).
+fn a_call_within_its_floor_racing(next: ClassLimitsTable) -> (LlmBulkhead, OwnedPermit) {
+    let bulkhead = LlmBulkhead::builder("m", 2)
+        .token_budget(TokenBudget::new(100))
+        .admission_classes(
+            AdmissionClasses::new("a")
+                .class("a", floors(50))
+                .class("b", ClassLimits::new()),
+        )
+        .build()
+        .unwrap();
+    let caller = {
+        let bulkhead = bulkhead.clone();
+        thread::spawn(move || {
+            let options = in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
+            try_admit(&bulkhead, options)
+        })
+    };
+    let control = {
+        let bulkhead = bulkhead.clone();
+        thread::spawn(move || {
+            let mut limits = bulkhead.limits();
+            limits.revision = 1;
+            limits.admission_classes = Some(next);
+            assert!(bulkhead.apply_limits(limits).unwrap().is_applied());
+        })
+    };
+    let permit = caller.join().unwrap().expect("fits under either revision");
+    control.join().unwrap();
+    (bulkhead, permit)
+}
+
+/// A call within its class's floor races `apply_limits` that moves the floor of calls to the
+/// other class. Under revision 0 it is within a's floor; under revision 1 a has none and it
+/// borrows the one shared slot. Either way the install's recount leaves the shared figures
+/// equal to the sums they stand for under the new floors (a's call beyond floors of 0), and
+/// everything returns exactly.
 #[test]
 fn a_call_within_its_floor_races_apply_limits_moving_the_floor() {
     loom::model(|| {
-        let bulkhead = LlmBulkhead::builder("m", 2)
-            .token_budget(TokenBudget::new(100))
-            .admission_classes(
-                AdmissionClasses::new("a")
-                    .class(
-                        "a",
-                        ClassLimits::new()
-                            .protected_concurrent(1)
-                            .protected_in_flight_tokens(50),
-                    )
-                    .class("b", ClassLimits::new()),
-            )
-            .build()
-            .unwrap();
-        let caller = {
-            let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let options =
-                    in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
-                try_admit(&bulkhead, options)
-            })
-        };
-        let control = {
-            let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let mut next = bulkhead.limits();
-                next.revision = 1;
-                next.admission_classes = Some(
-                    ClassLimitsTable::new()
-                        .with("a", ClassLimits::new())
-                        .with("b", ClassLimits::new().protected_concurrent(1)),
-                );
-                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
-            })
-        };
-        let permit = caller.join().unwrap().expect("fits under either revision");
-        control.join().unwrap();
+        let (bulkhead, permit) = a_call_within_its_floor_racing(
+            ClassLimitsTable::new()
+                .with("a", ClassLimits::new())
+                .with("b", ClassLimits::new().protected_concurrent(1)),
+        );
         let borrowed = permit.resources().borrowed_concurrency;
         match permit.limit_revision() {
             0 => assert!(!borrowed, "within a's floor then"),
@@ -520,12 +504,52 @@ fn a_call_within_its_floor_races_apply_limits_moving_the_floor() {
             (1, 20)
         );
         let classes = stats.admission_classes.unwrap();
-        // Under the new floors a's call is beyond a's floor of 0, whenever it was admitted.
         assert_eq!(classes.shared.in_flight, 1, "the shared figure is the sum");
         assert_eq!(classes.shared.token_budget.unwrap().in_flight_tokens, 20);
         drop(permit);
         assert_classes_idle(&bulkhead);
     });
+}
+
+/// A call within its class's floors races `apply_limits` that lowers the class's token floor
+/// from 50 to 5 and leaves everything else as it was: the class word's counts and its
+/// reserving bit are the same before and after, so only the limits epoch the install writes
+/// into it makes the call's CAS fail when it read the old floor. Under revision 0 the call's
+/// 20 tokens are within the floor; under revision 1 it borrows 15. Either way the shared tokens
+/// are 15 afterwards (the install's recount), and everything returns exactly.
+#[test]
+fn a_call_within_its_floor_races_apply_limits_lowering_the_floor() {
+    loom::model(|| {
+        let (bulkhead, permit) = a_call_within_its_floor_racing(
+            ClassLimitsTable::new()
+                .with("a", floors(5))
+                .with("b", ClassLimits::new()),
+        );
+        let borrowed = permit.resources().borrowed_tokens;
+        match permit.limit_revision() {
+            0 => assert_eq!(borrowed, 0, "within a's floor of 50 then"),
+            1 => assert_eq!(borrowed, 15, "beyond a's floor of 5 now"),
+            other => panic!("revision {other}"),
+        }
+        let classes = bulkhead.stats().admission_classes.unwrap();
+        assert_eq!(
+            classes.shared.token_budget.unwrap().in_flight_tokens,
+            15,
+            "the shared tokens are the sum under the new floor"
+        );
+        drop(permit);
+        assert_classes_idle(&bulkhead);
+    });
+}
+
+/// 2 slots, one class `a` with a floor of 1 call.
+fn one_class_with_a_floor_of_one_call() -> LlmBulkhead {
+    LlmBulkhead::builder("m", 2)
+        .admission_classes(
+            AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(1)),
+        )
+        .build()
+        .unwrap()
 }
 
 /// `close` races a call within its class's floor. Closing stops reserving the floors in the
@@ -535,12 +559,7 @@ fn a_call_within_its_floor_races_apply_limits_moving_the_floor() {
 #[test]
 fn close_races_a_call_within_its_floor() {
     loom::model(|| {
-        let bulkhead = LlmBulkhead::builder("m", 2)
-            .admission_classes(
-                AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(1)),
-            )
-            .build()
-            .unwrap();
+        let bulkhead = one_class_with_a_floor_of_one_call();
         let caller = {
             let bulkhead = bulkhead.clone();
             thread::spawn(move || try_admit(&bulkhead, in_class(&bulkhead, "a")))
@@ -579,12 +598,7 @@ fn close_races_a_call_within_its_floor() {
 #[test]
 fn a_drain_races_a_release_within_its_floor() {
     loom::model(|| {
-        let bulkhead = LlmBulkhead::builder("m", 2)
-            .admission_classes(
-                AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(1)),
-            )
-            .build()
-            .unwrap();
+        let bulkhead = one_class_with_a_floor_of_one_call();
         let permit = try_admit(&bulkhead, in_class(&bulkhead, "a")).unwrap();
         assert!(!permit.resources().borrowed_concurrency);
         let releaser = thread::spawn(move || drop(permit));
@@ -622,69 +636,6 @@ fn a_release_within_its_floor_races_a_call_of_its_class() {
             "one call of a, within its floor"
         );
         drop(second);
-        assert_classes_idle(&bulkhead);
-    });
-}
-
-/// A call within its class's floors races `apply_limits` that lowers the class's token floor
-/// from 50 to 5 and leaves everything else as it was: the class word's counts and its
-/// reserving bit are the same before and after, so only the limits epoch the install writes
-/// into it makes the call's CAS fail when it read the old floor. Under revision 0 the call's
-/// 20 tokens are within the floor; under revision 1 it borrows 15. Either way the shared tokens
-/// are 15 afterwards (the install's recount), and everything returns exactly.
-#[test]
-fn a_call_within_its_floor_races_apply_limits_lowering_the_floor() {
-    loom::model(|| {
-        let floors = |tokens| {
-            ClassLimits::new()
-                .protected_concurrent(1)
-                .protected_in_flight_tokens(tokens)
-        };
-        let bulkhead = LlmBulkhead::builder("m", 2)
-            .token_budget(TokenBudget::new(100))
-            .admission_classes(
-                AdmissionClasses::new("a")
-                    .class("a", floors(50))
-                    .class("b", ClassLimits::new()),
-            )
-            .build()
-            .unwrap();
-        let caller = {
-            let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let options =
-                    in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
-                try_admit(&bulkhead, options)
-            })
-        };
-        let control = {
-            let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let mut next = bulkhead.limits();
-                next.revision = 1;
-                next.admission_classes = Some(
-                    ClassLimitsTable::new()
-                        .with("a", floors(5))
-                        .with("b", ClassLimits::new()),
-                );
-                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
-            })
-        };
-        let permit = caller.join().unwrap().expect("fits under either revision");
-        control.join().unwrap();
-        let borrowed = permit.resources().borrowed_tokens;
-        match permit.limit_revision() {
-            0 => assert_eq!(borrowed, 0, "within a's floor of 50 then"),
-            1 => assert_eq!(borrowed, 15, "beyond a's floor of 5 now"),
-            other => panic!("revision {other}"),
-        }
-        let classes = bulkhead.stats().admission_classes.unwrap();
-        assert_eq!(
-            classes.shared.token_budget.unwrap().in_flight_tokens,
-            15,
-            "the shared tokens are the sum under the new floor"
-        );
-        drop(permit);
         assert_classes_idle(&bulkhead);
     });
 }

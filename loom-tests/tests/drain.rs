@@ -14,36 +14,9 @@
 
 mod common;
 
-use std::future::Future;
-use std::task::{Context, Waker};
-
 use async_bulkhead_llm::{AcquireOptions, Limits, LlmBulkhead, LlmRequest, RejectReason};
-use common::{assert_idle, flag, queued, settle};
+use common::{assert_idle, drain_to_completion, queued, settle};
 use loom::thread;
-
-/// Runs `bulkhead.drain()` to completion on the calling (loom) thread: one poll with a
-/// recording waker, then, if pending, wait for the wake-up and poll again, which must finish.
-fn drain_to_completion(bulkhead: &LlmBulkhead) {
-    let (woken, waker) = flag();
-    let mut drain = Box::pin(bulkhead.drain());
-    if drain
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_ready()
-    {
-        return;
-    }
-    while !woken.woken() {
-        thread::yield_now();
-    }
-    assert!(
-        drain
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_ready(),
-        "a woken drain found no idle moment"
-    );
-}
 
 /// The queue's last waiter is refused by `close` while a drain arms: nothing holds a slot, so
 /// the bulkhead becomes idle when `close` clears `WAITERS`, and the drain (armed before or

@@ -9,14 +9,13 @@
 
 mod common;
 
-use std::future::Future;
-use std::task::{Context, Poll, Waker};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
     AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget,
 };
-use common::{Queued, assert_idle, flag, poll, queued, reason};
+use common::{Queued, assert_idle, drain_to_completion, poll, queued, reason};
 use loom::thread;
 
 /// A release hands the slot to the head while the head's future is being dropped: the slot and
@@ -210,26 +209,10 @@ fn drain_races_the_last_release() {
         let releaser = thread::spawn(move || drop(held));
         let drainer = {
             let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let (woken, waker) = flag();
-                let mut drain = Box::pin(bulkhead.drain());
-                match drain.as_mut().poll(&mut Context::from_waker(&waker)) {
-                    Poll::Ready(()) => true,
-                    Poll::Pending => {
-                        // Only the release can complete it now: wait until it wakes us.
-                        while !woken.woken() {
-                            thread::yield_now();
-                        }
-                        drain
-                            .as_mut()
-                            .poll(&mut Context::from_waker(Waker::noop()))
-                            .is_ready()
-                    }
-                }
-            })
+            thread::spawn(move || drain_to_completion(&bulkhead))
         };
         releaser.join().unwrap();
-        assert!(drainer.join().unwrap(), "the drain completed");
+        drainer.join().unwrap();
         assert_idle(&bulkhead);
     });
 }
@@ -253,26 +236,7 @@ fn drain_completes_when_the_last_waiter_leaves() {
 
         let drainer = {
             let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let (woken, waker) = flag();
-                let mut drain = Box::pin(bulkhead.drain());
-                if drain
-                    .as_mut()
-                    .poll(&mut Context::from_waker(&waker))
-                    .is_ready()
-                {
-                    return;
-                }
-                while !woken.woken() {
-                    thread::yield_now();
-                }
-                assert!(
-                    drain
-                        .as_mut()
-                        .poll(&mut Context::from_waker(Waker::noop()))
-                        .is_ready()
-                );
-            })
+            thread::spawn(move || drain_to_completion(&bulkhead))
         };
         let canceller = thread::spawn(move || drop(waiter));
         canceller.join().unwrap();

@@ -471,17 +471,7 @@ impl Engine {
     fn admit_within_floors(&self, ask: crate::engine::Ask) -> Option<u64> {
         let class = ask.class?;
         let word = self.classes.as_ref()?.word(class);
-        // Acquire: pairs with the Release store of the writer that last unlocked the class
-        // (its counts, and the limits it published for the epoch in the word's bits).
-        let current = word.load(Ordering::Acquire);
-        if current & (LOCKED | RESERVED) != RESERVED {
-            return None;
-        }
-        let epoch = self.published.epoch();
-        if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
-            return None;
-        }
-        let caps = self.published.read_class(epoch, usize::from(class.index()));
+        let (current, epoch, caps) = self.reserved_word(word, class)?;
         let counts = ClassCounts::unpack(current);
         let tokens = counts.tokens.saturating_add(ask.reserved);
         let within = counts.slots < caps.protected_slots
@@ -494,28 +484,52 @@ impl Engine {
             return None;
         }
         let revision = self.published.revision(epoch);
-        // AcqRel: acquires as a lock would; releases the counts to the next operation.
-        word.compare_exchange(
-            current,
-            current + ONE_SLOT + ask.reserved,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        )
-        .ok()?;
-        self.check_floors_epoch(epoch);
-        Some(revision)
+        self.commit_within_floors(word, current, current + ONE_SLOT + ask.reserved, epoch)
+            .then_some(revision)
     }
 
-    /// After a commit on a class word alone under the limits of `epoch`: if the limits
-    /// changed as many times as the word's epoch bits wrap in between (2^10, or 2 under loom),
-    /// the commit may have used a floor no longer in force and the shared figures may not be
-    /// the sums they stand for: recompute every figure of the admission word from the class
-    /// counts.
+    /// `class`'s word (`word`) as an operation within its floors may move it alone: its floors
+    /// reserved, not locked, and last unlocked under the limits in force. Returns its value,
+    /// the epoch and the class's caps under it; `None` sends the operation to the locked path.
     #[inline]
-    fn check_floors_epoch(&self, epoch: u64) {
-        if self.published.epoch() != epoch {
+    fn reserved_word(
+        &self,
+        word: &AtomicU64,
+        class: AdmissionClass,
+    ) -> Option<(u64, u64, super::limits::ClassCaps)> {
+        // Acquire: pairs with the Release store of the writer that last unlocked the class
+        // (its counts, and the limits it published for the epoch in the word's bits).
+        let current = word.load(Ordering::Acquire);
+        if current & (LOCKED | RESERVED) != RESERVED {
+            return None;
+        }
+        let epoch = self.published.epoch();
+        if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
+            return None;
+        }
+        let caps = self.published.read_class(epoch, usize::from(class.index()));
+        Some((current, epoch, caps))
+    }
+
+    /// Commits an operation within its class's floors decided on `current` under `epoch`:
+    /// one CAS of the class word to `next`. One attempt: a failure means another operation
+    /// of the class moved the word (or locked it), and the caller takes the locked path,
+    /// which serializes with it. `AcqRel`: acquires as taking the lock would, and releases
+    /// the counts (and what the caller did before) to the class's next operation.
+    ///
+    /// After the commit: if the limits changed as many times as the word's epoch bits wrap
+    /// since `epoch` was read (2^10, or 2 under loom), the commit may have used a floor no
+    /// longer in force and the shared figures may not be the sums they stand for: every
+    /// figure of the admission word is recomputed from the class counts.
+    #[inline]
+    fn commit_within_floors(&self, word: &AtomicU64, current: u64, next: u64, epoch: u64) -> bool {
+        let committed = word
+            .compare_exchange(current, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if committed && self.published.epoch() != epoch {
             self.recount_classes(true, |s| s);
         }
+        committed
     }
 
     /// The locked path of [`admit_class_now`](Engine::admit_class_now). A refusal on the
@@ -643,38 +657,17 @@ impl Engine {
     #[inline]
     fn release_within_floors(&self, class: AdmissionClass, held: u64) -> bool {
         let word = self.class_table().word(class);
-        // Acquire: as in `admit_within_floors`.
-        let current = word.load(Ordering::Acquire);
-        if current & (LOCKED | RESERVED) != RESERVED {
+        let Some((current, epoch, caps)) = self.reserved_word(word, class) else {
             return false;
-        }
-        let epoch = self.published.epoch();
-        if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
-            return false;
-        }
-        let caps = self.published.read_class(epoch, usize::from(class.index()));
+        };
         let counts = ClassCounts::unpack(current);
         debug_assert!(
             counts.slots > 0 && counts.tokens >= held,
             "class count underflow"
         );
-        if counts.slots > caps.protected_slots || counts.tokens > caps.protected_tokens {
-            return false;
-        }
-        // AcqRel: releases what the permit's holder did to the next admission; acquires as a
-        // lock would.
-        let released = word
-            .compare_exchange(
-                current,
-                current - ONE_SLOT - held,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok();
-        if released {
-            self.check_floors_epoch(epoch);
-        }
-        released
+        counts.slots <= caps.protected_slots
+            && counts.tokens <= caps.protected_tokens
+            && self.commit_within_floors(word, current, current - ONE_SLOT - held, epoch)
     }
 
     /// The locked path of [`release_class_all`](Engine::release_class_all).

@@ -1,5 +1,5 @@
 //! Helpers shared by the model files (`limits.rs`, `arrival.rs`, `blocking.rs`, `dedup.rs`,
-//! `drain.rs`, `events.rs`, `queue.rs`): wakers that remember being woken, hand polling, and
+//! `drain.rs`, `events.rs`, `queue.rs`, `classes.rs`): wakers that remember being woken, hand polling, and
 //! the end-of-model checks.
 //!
 //! Each model file uses only some of them.
@@ -105,6 +105,32 @@ pub fn first_poll(
 ) -> (Poll<Result<OwnedPermit, AcquireError>>, StdArc<Flag>) {
     let (flag, waker) = flag();
     (poll(future, &waker), flag)
+}
+
+/// Runs `bulkhead.drain()` to completion on the calling (loom) thread: one poll with a
+/// recording waker, then, if pending, wait for the wake-up and poll again, which must finish.
+/// After a lost notification the wait never ends, and loom fails the model when it exceeds its
+/// branch limit.
+pub fn drain_to_completion(bulkhead: &LlmBulkhead) {
+    let (woken, waker) = flag();
+    let mut drain = Box::pin(bulkhead.drain());
+    if drain
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_ready()
+    {
+        return;
+    }
+    while !woken.woken() {
+        loom::thread::yield_now();
+    }
+    assert!(
+        drain
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_ready(),
+        "a woken drain found no idle moment"
+    );
 }
 
 /// Nothing in flight, nothing queued, every token back, every admission settled.
