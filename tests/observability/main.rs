@@ -90,5 +90,33 @@ fn on_two_threads(bulkhead: &LlmBulkhead, enter: impl Fn(&dyn Fn()) + Sync) {
                 })
             });
         }
+    }); // Whatever the scheduling did above, one call waits and is handed a slot: both slots held,
+    // a third call queues (with a timeout far beyond this step), the first release hands it
+    // the slot. Each thread inside `enter`, as the workers.
+    enter(&|| {
+        let request = LlmRequest::new();
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                bulkhead
+                    .try_acquire(&request, options())
+                    .expect("a free slot")
+            })
+            .collect();
+        thread::scope(|scope| {
+            let waiter = scope.spawn(|| {
+                enter(&|| {
+                    let options = options().timeout(Duration::from_secs(60));
+                    let permit = bulkhead
+                        .acquire_blocking(&LlmRequest::new(), options)
+                        .expect("handed a slot");
+                    permit.release(None);
+                })
+            });
+            while bulkhead.stats().pending == 0 {
+                thread::yield_now();
+            }
+            drop(held);
+            waiter.join().expect("the waiter");
+        });
     });
 }
