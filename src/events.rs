@@ -609,10 +609,9 @@ const fn audience(kind: EventKind, sampled: bool) -> u64 {
     }
 }
 
-std::thread_local! {
-    /// Calls left before this thread's next sampled call (see [`Listeners::sample`]).
-    static SAMPLE_COUNTDOWN: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
-}
+// Calls left before this thread's next sampled call (see [`Listeners::sample`]); one per
+// modelled thread under loom, so a model's first call on a thread is sampled in every run.
+crate::sync::thread_local_cell!(SAMPLE_COUNTDOWN: core::cell::Cell<u32> = core::cell::Cell::new(0));
 
 fn mask(entries: &[Arc<Entry>]) -> u64 {
     entries.iter().fold(0, |m, e| m | e.kinds)

@@ -371,3 +371,105 @@ fn a_leader_leaving_hands_the_call_to_a_follower_that_drives_it_to_the_end() {
         "the leader's poll did not both finish the call and leave it to the follower"
     );
 }
+
+/// The window between a leader's registration and its install: the leader's `run_shared`
+/// registers the flight, resolves its call (the estimator, unlocked) and only then installs
+/// it, while an identical call on another thread may join and be polled in between (it finds
+/// no call to drive and waits). The leader's future is never polled. Whatever the
+/// interleaving, the install wakes the waiting follower, which drives the call to the end (a
+/// lost wake-up is a loom deadlock); if the second call registered first, it leads and runs
+/// its own. Both orders are asserted reached.
+#[test]
+fn a_follower_polled_before_the_leader_installs_its_call_drives_it_when_it_comes() {
+    static FIRST_LED: StdAtomicBool = StdAtomicBool::new(false);
+    static SECOND_LED: StdAtomicBool = StdAtomicBool::new(false);
+
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1)
+            .deduplication(Deduplication::new())
+            .token_budget(async_bulkhead_llm::TokenBudget::new(1_000))
+            .estimator(|_: &LlmRequest| async_bulkhead_llm::TokenEstimate::new(10, 10))
+            .build()
+            .unwrap();
+        let registering = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                // Registered, estimated and installed here; never polled.
+                let call: Call<&str> = Box::pin(bulkhead.run_shared(
+                    &request(),
+                    AcquireOptions::new(),
+                    |_ctx| async { Ok::<_, String>("first") },
+                ));
+                call
+            })
+        };
+        let second = bulkhead.run_shared(&request(), AcquireOptions::new(), |_ctx| async {
+            Ok::<_, String>("second")
+        });
+        let reply = block_on(second);
+        let first = registering.join().unwrap();
+        match reply {
+            Ok("first") => FIRST_LED.store(true, Relaxed),
+            Ok("second") => SECOND_LED.store(true, Relaxed),
+            ref other => panic!("unexpected outcome {other:?}"),
+        }
+        // The first call's own outcome: already there when the calls shared one flight; when
+        // the second finished before the first registered, the first leads its own and this
+        // poll drives it.
+        let mut first = first;
+        let value = match poll(&mut first, Waker::noop()) {
+            Poll::Ready(value) => value,
+            Poll::Pending => panic!("the first call was left without its outcome"),
+        };
+        let stats = bulkhead.stats();
+        if value == reply {
+            assert_eq!(stats.deduplication.unwrap().hits, 1);
+            assert_eq!((stats.admitted, stats.released), (1, 1));
+        } else {
+            assert_eq!((value, reply), (Ok("first"), Ok("second")));
+            assert_eq!(stats.deduplication.unwrap().hits, 0);
+            assert_eq!((stats.admitted, stats.released), (2, 2));
+        }
+        assert_settled(&bulkhead);
+    });
+    assert!(
+        FIRST_LED.load(Relaxed) && SECOND_LED.load(Relaxed),
+        "the model did not reach both registration orders"
+    );
+}
+
+/// A leader whose estimator panics between its registration and its install, while an
+/// identical call joins on another thread: the follower gets a panic of its own (never a wait
+/// for a call that will never come: a stranded follower is a loom deadlock), the flight leaves
+/// the registry, and nothing was admitted. Whichever call registers first leads, so each
+/// thread's call may be the one that panics in its estimator.
+#[test]
+fn a_leader_that_panics_before_installing_its_call_fails_its_followers() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1)
+            .deduplication(Deduplication::new())
+            .token_budget(async_bulkhead_llm::TokenBudget::new(1_000))
+            .estimator(|_: &LlmRequest| -> async_bulkhead_llm::TokenEstimate {
+                panic!("the estimator fails")
+            })
+            .build()
+            .unwrap();
+        let call = |bulkhead: LlmBulkhead| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                let call = bulkhead.run_shared(&request(), AcquireOptions::new(), |_ctx| async {
+                    Ok::<_, String>("never")
+                });
+                block_on(call)
+            }))
+        };
+        let other = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || call(bulkhead).is_err())
+        };
+        assert!(call(bulkhead.clone()).is_err(), "a panic, never a value");
+        assert!(other.join().unwrap(), "a panic, never a value");
+        let stats = bulkhead.stats();
+        assert_eq!(stats.admitted, 0);
+        assert_settled(&bulkhead);
+    });
+}

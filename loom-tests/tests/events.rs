@@ -20,7 +20,7 @@ mod common;
 
 use std::task::Poll;
 
-use async_bulkhead_llm::{AcquireOptions, Event, LlmBulkhead, LlmRequest, Subscription};
+use async_bulkhead_llm::{AcquireOptions, Event, EventKind, LlmBulkhead, LlmRequest, Subscription};
 use common::{assert_idle, queued, settle};
 use loom::sync::Arc;
 use loom::sync::atomic::AtomicU64;
@@ -181,6 +181,132 @@ fn unsubscribing_while_a_timed_call_is_handed_its_slot() {
         let stats = bulkhead.stats();
         assert_eq!(stats.listener_panics, 0);
         assert_eq!(stats.admitted, 2);
+        assert_idle(&bulkhead);
+    });
+}
+
+fn subscribe_sampled(bulkhead: &LlmBulkhead, heard: &Arc<Heard>, every: u32) -> Subscription {
+    let heard = heard.clone();
+    bulkhead.on_events_sampled(
+        [EventKind::Admit, EventKind::Release],
+        std::num::NonZeroU32::new(every).unwrap(),
+        move |event| match event {
+            Event::Admit(_) => {
+                heard.admits.fetch_add(1, AcqRel);
+            }
+            Event::Release(_) => {
+                heard.releases.fetch_add(1, AcqRel);
+            }
+            _ => {}
+        },
+    )
+}
+
+/// A sampled listener (one call in one: every call is sampled while it listens) subscribes and
+/// unsubscribes on one thread while another admits and releases a call. A call is sampled or
+/// not for its whole life, decided when its admission starts: the listener never hears a
+/// release whose admission it did not hear (the list is published before the mask and the
+/// rate), hears each event at most once and nothing after unsubscribing, and the call is
+/// admitted and released exactly as without listeners. Both placements (the admission heard,
+/// and not) are asserted reached.
+#[test]
+fn a_sampled_listener_never_hears_a_release_without_its_admission() {
+    use std::sync::atomic::{AtomicBool as StdAtomicBool, Ordering::Relaxed};
+    static HEARD: StdAtomicBool = StdAtomicBool::new(false);
+    static MISSED: StdAtomicBool = StdAtomicBool::new(false);
+
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1).build().unwrap();
+        let heard = Arc::new(Heard::default());
+        let steps = Arc::new(AtomicU64::new(0));
+
+        let subscriber = {
+            let (bulkhead, heard, steps) = (bulkhead.clone(), heard.clone(), steps.clone());
+            thread::spawn(move || {
+                anchor(&bulkhead, &steps);
+                let subscription = subscribe_sampled(&bulkhead, &heard, 1);
+                anchor(&bulkhead, &steps);
+                drop(subscription);
+                anchor(&bulkhead, &steps);
+            })
+        };
+        let caller = {
+            let (bulkhead, steps) = (bulkhead.clone(), steps.clone());
+            thread::spawn(move || {
+                steps.fetch_add(1, AcqRel);
+                let permit = bulkhead
+                    .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+                    .expect("the only call gets the only slot");
+                steps.fetch_add(1, AcqRel);
+                drop(permit);
+                steps.fetch_add(1, AcqRel);
+            })
+        };
+        subscriber.join().unwrap();
+        caller.join().unwrap();
+
+        let (admits, releases) = heard.counts();
+        assert!(admits <= 1, "heard {admits} admits");
+        assert!(
+            releases <= admits,
+            "heard a release ({releases}) whose admission it missed ({admits})"
+        );
+        if admits == 1 { &HEARD } else { &MISSED }.store(true, Relaxed);
+        let stats = bulkhead.stats();
+        assert_eq!((stats.listener_panics, stats.admitted), (0, 1));
+        assert_idle(&bulkhead);
+        drop(
+            bulkhead
+                .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+                .unwrap(),
+        );
+        assert_eq!(
+            heard.counts(),
+            (admits, releases),
+            "heard after unsubscribing"
+        );
+    });
+    assert!(
+        HEARD.load(Relaxed) && MISSED.load(Relaxed),
+        "the subscription was not placed both before and after the admission"
+    );
+}
+
+/// A sampled listener that hears one call in a hundred: a call that waited in the queue is
+/// sampled whatever the count (its wait is what the listener is for). The call is handed its
+/// slot by a release on another thread while the main thread takes its admission: the
+/// listener hears its admit and its release, and of the holder (admitted before the count
+/// came round) neither.
+#[test]
+fn a_call_that_waited_is_heard_by_a_sampled_listener_whatever_its_rate() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build().unwrap();
+        let heard = Arc::new(Heard::default());
+        let _subscription = subscribe_sampled(&bulkhead, &heard, 100);
+        // This thread's first call is sampled (the count starts at the rate's turn); the
+        // holder's is the second, not sampled.
+        drop(
+            bulkhead
+                .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+                .unwrap(),
+        );
+        let first = heard.counts();
+        assert_eq!(first, (1, 1), "a thread's first call is sampled");
+        let held = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+            .unwrap();
+        let waiter = queued(&bulkhead, AcquireOptions::new());
+        let releaser = thread::spawn(move || drop(held));
+        releaser.join().unwrap();
+        let permit = settle(waiter.future, Poll::Pending, &waiter.flag).expect("handed the slot");
+        drop(permit);
+        let (admits, releases) = heard.counts();
+        assert_eq!(
+            (admits - first.0, releases - first.1),
+            (1, 1),
+            "the call that waited was heard, the holder was not"
+        );
+        assert_eq!(bulkhead.stats().listener_panics, 0);
         assert_idle(&bulkhead);
     });
 }

@@ -34,6 +34,11 @@
 //! - **Leave** (a waiter dropped, or a follower's own timeout): under the shard lock and the
 //!   flight's, its slot is removed; the last waiter of an unfinished call removes the flight
 //!   from its shard and drops the call (after unlocking), which settles its admission.
+//! - **Install**: the leader registers first and installs its call after unlocking (it
+//!   resolves the call meanwhile: user code, the estimator, which may panic). A leader that
+//!   leaves before installing (that panic unwinding through it) leaves nothing to drive: it
+//!   removes the flight from its shard and finishes it with a panic for every follower that
+//!   joined meanwhile, so none waits for a call that will never come.
 //! - A call that panics while polled finishes the flight with a panic for every other waiter.
 
 use core::any::{Any, TypeId};
@@ -380,8 +385,11 @@ pub(crate) struct Flight<O> {
 }
 
 struct Inner<O> {
-    /// The call; `None` while a waiter polls it, and once it finished or was dropped.
+    /// The call; `None` until its leader installs it, while a waiter polls it, and once it
+    /// finished or was dropped.
     call: Option<Call<O>>,
+    /// The leader installed the call (a leader gone before that leaves nothing to drive).
+    installed: bool,
     polling: bool,
     /// A wake-up arrived while a waiter polled the call.
     repoll: bool,
@@ -496,7 +504,28 @@ impl<O> Inner<O> {
             .enumerate()
             .find_map(|(i, slot)| Some((i, slot.as_mut()?.waker.take()?)))
     }
+
+    /// Finishes the flight with a panic (`message`) for every waiter still in it; their wakers,
+    /// to wake after unlocking. The caller has removed the flight from its shard.
+    fn fail(&mut self, message: &'static str) -> Vec<Waker> {
+        self.finished = true;
+        self.polling = false;
+        self.waiters
+            .iter_mut()
+            .flatten()
+            .filter_map(|slot| {
+                slot.outcome = Some(Box::new(Outcome::Panicked(Box::new(message))));
+                slot.waker.take()
+            })
+            .collect()
+    }
 }
+
+/// What the other waiters of a call that panicked while polled get, as their panic.
+const CALL_PANICKED: &str = "the shared call panicked while another caller polled it";
+/// What the followers of a leader that panicked before installing its call get, as their panic.
+const LEADER_PANICKED: &str =
+    "the shared call's leader panicked before its call started (in the estimator or a listener)";
 
 impl<O: Send + 'static> Flight<O> {
     /// A flight registered in `slot`, whose followers get `share(&outcome)`; its leader
@@ -505,6 +534,7 @@ impl<O: Send + 'static> Flight<O> {
         Arc::new(Flight {
             inner: Mutex::new(Inner {
                 call: None,
+                installed: false,
                 polling: false,
                 repoll: false,
                 finished: false,
@@ -584,6 +614,7 @@ impl<O: Send + 'static> Waiter<O> {
                 "installed once, first"
             );
             inner.call = Some(call);
+            inner.installed = true;
             if inner.driver.is_none() {
                 inner.any_waker().map(|(i, waker)| {
                     inner.driver = Some(i);
@@ -754,9 +785,24 @@ impl<O: Send + 'static> Waiter<O> {
         let dedup = &*self.dedup;
         let mut shard = lock(dedup.shard_of(&self.flight));
         let mut inner = lock(&self.flight.inner);
+        // Only the leader installs the call: a leader leaving before it did (something it
+        // called on the way, such as the estimator, panicked) leaves nothing to drive.
+        let orphaned = !inner.finished && !inner.installed && inner.leader == Some(index);
         let removed = inner.remove(index);
         let mut dropped = None;
         let mut wake = None;
+        if orphaned {
+            dedup.unregister(&self.flight, &mut shard);
+            let wakers = inner.fail(LEADER_PANICKED);
+            drop(inner);
+            drop(shard);
+            for waker in wakers {
+                contain(|| waker.wake());
+            }
+            return removed
+                .and_then(|slot| slot.outcome)
+                .map(|outcome| *outcome);
+        }
         if !inner.finished {
             if inner.live == 0 {
                 inner.finished = true;
@@ -805,22 +851,7 @@ impl<O: Send + 'static> Drop for PollGuard<'_, O> {
         }
         self.dedup
             .unregister(self.flight, &mut lock(self.dedup.shard_of(self.flight)));
-        let wakers: Vec<Waker> = {
-            let mut inner = lock(&self.flight.inner);
-            inner.finished = true;
-            inner.polling = false;
-            inner
-                .waiters
-                .iter_mut()
-                .flatten()
-                .filter_map(|slot| {
-                    slot.outcome = Some(Box::new(Outcome::Panicked(Box::new(
-                        "the shared call panicked while another caller polled it",
-                    ))));
-                    slot.waker.take()
-                })
-                .collect()
-        };
+        let wakers = lock(&self.flight.inner).fail(CALL_PANICKED);
         for waker in wakers {
             contain(|| waker.wake());
         }

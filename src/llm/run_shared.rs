@@ -156,7 +156,10 @@ impl LlmBulkhead {
     ///
     /// Resumes, in a follower's task, a panic of the share hook for that follower; if the call
     /// itself panics while one caller drives it, that caller's task unwinds and every other
-    /// waiter panics too.
+    /// waiter panics too. A leader whose call panics before it starts (its estimator, say,
+    /// which runs in `run_shared` itself, after the leader registered) unwinds from
+    /// `run_shared`, and every follower that joined it meanwhile panics too; the flight is gone
+    /// at once, so the next identical call leads anew.
     ///
     /// # Examples
     ///

@@ -210,3 +210,67 @@ fn a_call_that_panics_panics_every_waiter_and_leaves_nothing_behind() {
     assert_eq!((stats.in_flight, stats.admitted, stats.released), (0, 1, 1));
     assert_eq!(stats.deduplication.unwrap().active, 0);
 }
+
+/// The leader registers its flight, then resolves its call (the estimator, user code) before
+/// installing it. A panic there must not strand the followers that joined meanwhile: each gets
+/// a panic of its own, the flight leaves the registry, and the next identical call leads anew.
+#[test]
+fn a_leader_that_panics_before_its_call_is_installed_strands_no_follower() {
+    let estimates = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&estimates);
+    let bulkhead = builder(2)
+        .token_budget(TokenBudget::new(10_000))
+        .estimator(move |_: &LlmRequest| {
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                panic!("the estimator fails");
+            }
+            async_bulkhead_llm::TokenEstimate::new(10, 10)
+        })
+        .build()
+        .unwrap();
+    let request = prompt("estimated");
+    let leader = {
+        let (bulkhead, request) = (bulkhead.clone(), request.clone());
+        std::thread::spawn(move || {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                drop(bulkhead.run_shared(&request, plain(), |_ctx| async { Ok::<u64, String>(0) }))
+            }))
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    // Joins the leader's flight while the leader is still in its estimator.
+    let (done, outcome) = std::sync::mpsc::channel();
+    {
+        let (bulkhead, request) = (bulkhead.clone(), request.clone());
+        std::thread::spawn(move || {
+            let call =
+                bulkhead.run_shared(&request, plain(), |_ctx| async { Ok::<u64, String>(1) });
+            let _ = done.send(block_on(AssertUnwindSafe(call).catch_unwind()));
+        });
+    }
+    let panicked = leader.join().unwrap().unwrap_err();
+    assert_eq!(
+        panicked.downcast_ref::<&str>(),
+        Some(&"the estimator fails")
+    );
+    let follower = outcome
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the follower got no outcome: stranded by its leader's panic");
+    let payload = follower.unwrap_err();
+    assert!(
+        payload
+            .downcast_ref::<&str>()
+            .unwrap()
+            .contains("leader panicked"),
+        "the follower's panic says why"
+    );
+    let stats = bulkhead.stats();
+    assert_eq!(stats.deduplication.unwrap().active, 0);
+    assert_eq!((stats.in_flight, stats.admitted), (0, 0));
+    // The next identical call leads a flight of its own.
+    let again =
+        block_on(bulkhead.run_shared(&request, plain(), |_ctx| async { Ok::<u64, String>(2) }));
+    assert_eq!(again, Ok(2));
+    assert_eq!(bulkhead.stats().deduplication.unwrap().active, 0);
+}
