@@ -261,8 +261,13 @@ pub struct RejectEvent {
     pub detail: CapacityDetail,
     /// Time spent deciding, queue wait excluded. For a call that waited and that nobody timed
     /// when it arrived (no listener then), only the part after the wait.
+    ///
+    /// Zero, with `queue_wait`, for a refusal announced untimed: a deduplication follower's own
+    /// wait, a bypass's hard refusal, and in observe mode a refusal the call then bypasses as
+    /// a race (as the original announces them).
     pub decision_duration: Duration,
-    /// Time spent waiting in the queue (zero for a refusal decided before any wait).
+    /// Time spent waiting in the queue (zero for a refusal decided before any wait, and for an
+    /// untimed one).
     pub queue_wait: Duration,
 }
 
@@ -741,6 +746,9 @@ pub(crate) struct Timing {
     queued_at: Option<std::time::Instant>,
     /// Whether sampled listeners hear this call (see the module docs).
     pub(crate) sampled: bool,
+    /// The refusals announced without timing (a bit per `RejectReason`, as `ShadowReasons`
+    /// has them): in observe mode, those the call bypasses as a race.
+    untimed: u8,
 }
 
 impl Timing {
@@ -751,6 +759,7 @@ impl Timing {
             started: std::time::Instant::now(),
             queued_at: None,
             sampled,
+            untimed: 0,
         }
     }
 
@@ -762,7 +771,28 @@ impl Timing {
             started: at,
             queued_at: Some(at),
             sampled: true,
+            untimed: 0,
         }
+    }
+
+    /// The same decision, whose refusals for the reasons in `untimed` (a bit per
+    /// `RejectReason`) are announced without timing.
+    #[inline]
+    pub(crate) fn untimed(self, untimed: u8) -> Timing {
+        Timing { untimed, ..self }
+    }
+
+    /// `(decision, queue_wait)` for a refusal for `reason` that ends now (see
+    /// [`durations`](Timing::durations)): both zero if the refusal is announced untimed.
+    pub(crate) fn refusal_durations(
+        self,
+        reason: crate::rejection::RejectReason,
+        picked_at: std::time::Instant,
+    ) -> (Duration, Duration) {
+        if self.untimed & (1 << reason as u8) != 0 {
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        self.durations(picked_at)
     }
 
     /// The same decision, which joined the queue at `at` (so it is sampled).

@@ -219,13 +219,16 @@ pub struct Acquire<'a, 'r> {
 
 impl<'a> Acquire<'a, 'static> {
     /// The acquire of a call already resolved (by `run`, which needed its reservation first).
+    /// Its refusals for the reasons in `untimed` (a bit per `RejectReason`: observe mode's race
+    /// bypasses) are announced untimed.
     pub(crate) fn resolved(
         core: &'a LlmCore,
         call: Call,
         options: AcquireOptions,
+        untimed: u8,
     ) -> Acquire<'a, 'static> {
         Acquire {
-            machine: Machine::resolved(core, call, options),
+            machine: Machine::resolved(core, call, options, untimed),
         }
     }
 }
@@ -260,13 +263,16 @@ pub struct AcquireOwned {
 
 impl AcquireOwned {
     /// The acquire of a call already resolved (by `run_shared`).
+    /// Its refusals for the reasons in `untimed` are announced untimed (see
+    /// [`Acquire::resolved`]).
     pub(crate) fn resolved(
         core: Arc<LlmCore>,
         call: Call,
         options: AcquireOptions,
+        untimed: u8,
     ) -> AcquireOwned {
         AcquireOwned {
-            machine: Machine::resolved(core, call, options),
+            machine: Machine::resolved(core, call, options, untimed),
         }
     }
 }
@@ -312,6 +318,8 @@ enum Step<'r> {
     Start {
         call: Call,
         timeout: Option<Duration>,
+        /// Refusals announced untimed (a bit per `RejectReason`; see `LlmCore::admit`).
+        untimed: u8,
     },
     /// The input was invalid; reported at the first poll.
     Invalid(RequestError),
@@ -349,17 +357,24 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
             Ok(call) => Step::Start {
                 call,
                 timeout: core.timeout(options),
+                untimed: 0,
             },
             Err(error) => Step::Invalid(error),
         };
         Machine { core, step }
     }
 
-    fn resolved(core: C, call: Call, options: AcquireOptions) -> Machine<'r, C> {
+    /// The acquire of `call`, resolved already, whose refusals for the reasons in `untimed` (a
+    /// bit per `RejectReason`) are announced untimed.
+    fn resolved(core: C, call: Call, options: AcquireOptions, untimed: u8) -> Machine<'r, C> {
         let timeout = core.timeout(options);
         Machine {
             core,
-            step: Step::Start { call, timeout },
+            step: Step::Start {
+                call,
+                timeout,
+                untimed,
+            },
         }
     }
 
@@ -390,14 +405,18 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 match self.core.resolve(request, options) {
                     Ok(call) => {
                         let timeout = self.core.timeout(options);
-                        self.first_decision(cx, call, timeout, permit, later)
+                        self.first_decision(cx, call, timeout, 0, permit, later)
                     }
                     Err(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
                 }
             }
-            &Step::Start { call, timeout } => {
+            &Step::Start {
+                call,
+                timeout,
+                untimed,
+            } => {
                 self.step = Step::Done;
-                self.first_decision(cx, call, timeout, permit, later)
+                self.first_decision(cx, call, timeout, untimed, permit, later)
             }
             Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
                 Step::Invalid(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
@@ -414,12 +433,13 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         cx: &mut Context<'_>,
         call: Call,
         timeout: Option<Duration>,
+        untimed: u8,
         permit: impl FnOnce(Admission) -> P,
         later: impl FnOnce(&C, Admission) -> P,
     ) -> Poll<Result<P, AcquireError>> {
         match self
             .core
-            .admit_in_place(call, Wait::Async(cx.waker()), permit)
+            .admit_in_place(call, Wait::Async(cx.waker()), untimed, permit)
         {
             Ok(permit) => Poll::Ready(Ok(permit)),
             // Admitted after all when decided again under the queue lock.
@@ -428,7 +448,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 Poll::Ready(Err(AcquireError::Rejected(rejection)))
             }
             Err(Admitted::Queued(waiter, timing)) => {
-                self.wait(waiter, call, timeout, timing);
+                self.wait(waiter, call, timeout, timing, untimed);
                 // Just queued, this task's waker registered before the waiter was (a
                 // hand-off can still win against an immediate time-out).
                 let done = self.poll_sleep(cx);
@@ -444,13 +464,17 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         // Matched by reference and left as it is unless it changes: moving the whole `Step`
         // out and back costs more than the decision on the fast path.
         match &self.step {
-            &Step::Start { call, timeout } => {
+            &Step::Start {
+                call,
+                timeout,
+                untimed,
+            } => {
                 self.step = Step::Done;
-                match self.core.admit(call, wait) {
+                match self.core.admit(call, wait, untimed) {
                     Admitted::Now(admission) => Some(Ok(admission)),
                     Admitted::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
                     Admitted::Queued(waiter, timing) => {
-                        self.wait(waiter, call, timeout, timing);
+                        self.wait(waiter, call, timeout, timing, untimed);
                         None
                     }
                 }
@@ -472,6 +496,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         call: Call,
         timeout: Option<Duration>,
         timing: Option<Timing>,
+        untimed: u8,
     ) {
         // The wait is timed from the instant its deadline counts from. One clock read per
         // queued call (two with the `tokio` feature, whose sleep also reads tokio's clock):
@@ -481,7 +506,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         let sleep = timeout.and_then(|t| Sleep::after(queued_at, t));
         let timing = match timing {
             Some(timing) => timing.queued(queued_at),
-            None => Timing::from_queue(queued_at),
+            None => Timing::from_queue(queued_at).untimed(untimed),
         };
         self.step = Step::Waiting(Waiting {
             waiter,

@@ -203,12 +203,14 @@ impl LlmCore {
     }
 
     /// The one front door of every admission: asks the engine for `call` (queueing it if
-    /// `wait` allows), builds the admission, and announces an immediate outcome.
+    /// `wait` allows), builds the admission, and announces an immediate outcome. Refusals for
+    /// the reasons in `untimed` (a bit per `RejectReason`: observe mode's race bypasses) are
+    /// announced untimed, now or after a wait.
     #[inline]
-    pub(crate) fn admit(&self, call: Call, wait: Wait<'_>) -> Admitted {
+    pub(crate) fn admit(&self, call: Call, wait: Wait<'_>, untimed: u8) -> Admitted {
         // Decision timing starts here: after estimation, before the decision. Without a
         // listener for decisions it is `None` and no clock is read.
-        let timing = self.timing();
+        let timing = self.timing().map(|timing| timing.untimed(untimed));
         let decision = if call.ask.class.is_none() {
             self.engine.admit(call.ask, wait)
         } else {
@@ -232,8 +234,8 @@ impl LlmCore {
     /// timed decision, kept out of the in-place path's frame (inlined, it made the fast path's
     /// frame spill registers).
     #[inline(never)]
-    fn admit_out_of_line(&self, call: Call, wait: Wait<'_>) -> Admitted {
-        self.admit(call, wait)
+    fn admit_out_of_line(&self, call: Call, wait: Wait<'_>, untimed: u8) -> Admitted {
+        self.admit(call, wait, untimed)
     }
 
     /// [`admit`](LlmCore::admit) for the first poll of an acquire future: a call admitted at
@@ -245,12 +247,13 @@ impl LlmCore {
         &self,
         call: Call,
         wait: Wait<'_>,
+        untimed: u8,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, Admitted> {
         if call.ask.class.is_some()
             || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
         {
-            return match self.admit_out_of_line(call, wait) {
+            return match self.admit_out_of_line(call, wait, untimed) {
                 Admitted::Now(admission) => Ok(permit(admission)),
                 other => Err(other),
             };
@@ -373,7 +376,7 @@ impl LlmCore {
             return;
         }
         let (decision_duration, queue_wait) =
-            timing.durations(picked_at.unwrap_or_else(Instant::now));
+            timing.refusal_durations(rejection.reason(), picked_at.unwrap_or_else(Instant::now));
         let event = RejectEvent {
             reason: rejection.reason(),
             class,

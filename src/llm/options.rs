@@ -441,6 +441,11 @@ impl ShadowReasons {
     pub const fn contains(self, reason: RejectReason) -> bool {
         self.0 & (1 << reason as u8) != 0
     }
+
+    /// The set as bits, one per `RejectReason` (`1 << reason as u8`).
+    pub(crate) const fn bits(self) -> u8 {
+        self.0
+    }
 }
 
 impl Default for ShadowReasons {

@@ -309,7 +309,7 @@ impl LlmBulkhead {
         let core = &*self.core;
         let run = async move {
             let call = prepared.map_err(RunError::Invalid)?;
-            let acquire = Acquire::resolved(core, call, options.acquire);
+            let acquire = Acquire::resolved(core, call, options.acquire, untimed(options.observe));
             match enter(core, call, options.observe, acquire).await? {
                 Entered::Admitted(permit) => run_admitted(permit, deadline, usage, f).await,
                 Entered::Bypassed(bypass) => {
@@ -446,6 +446,12 @@ pub(crate) async fn enter<'p, E>(
         ),
         Err(error) => Err(error.into()),
     }
+}
+
+/// The refusals of an acquire announced untimed: in observe mode, those it would bypass as a
+/// race (counted and announced by the acquire, with no timing, as the original does).
+pub(crate) fn untimed(observe: Option<ShadowReasons>) -> u8 {
+    observe.map_or(0, ShadowReasons::bits)
 }
 
 /// Starts the bypass of `call`, refused for `reason`.

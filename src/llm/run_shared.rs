@@ -22,7 +22,7 @@ use super::dedup::{Dedup, Outcome, Role, Share, Waiter};
 use super::observe::BypassCall;
 use super::options::RunOptions;
 use super::request::LlmRequest;
-use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut};
+use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut, untimed};
 
 /// How the followers of a shared call get their copy of its value, and which usage the call
 /// settles with: for [`run_shared_with`](LlmBulkhead::run_shared_with).
@@ -464,7 +464,12 @@ where
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
     let call = call.map_err(RunError::Invalid)?;
-    let acquire = AcquireOwned::resolved(Arc::clone(&core), call, options.acquire);
+    let acquire = AcquireOwned::resolved(
+        Arc::clone(&core),
+        call,
+        options.acquire,
+        untimed(options.observe),
+    );
     match enter(&core, call, options.observe, acquire).await? {
         Entered::Admitted(permit) => {
             let borrowed = permit.resources().borrowed_concurrency;

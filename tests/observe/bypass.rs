@@ -372,3 +372,65 @@ fn shadow_reasons_refuse_reasons_that_can_never_be_bypassed() {
     assert_eq!(all, ShadowReasons::ALL);
     assert_eq!(ShadowReasons::default(), ShadowReasons::ALL);
 }
+
+/// Subscribes a listener recording every reject event's `(reason, decision_duration,
+/// queue_wait)`.
+fn reject_timings(
+    bulkhead: &LlmBulkhead,
+) -> (
+    Arc<Mutex<Vec<(RejectReason, Duration, Duration)>>>,
+    async_bulkhead_llm::Subscription,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let subscription = bulkhead.on_events([EventKind::Reject], move |event| {
+        if let Event::Reject(e) = event {
+            log.lock()
+                .unwrap()
+                .push((e.reason, e.decision_duration, e.queue_wait));
+        }
+    });
+    (seen, subscription)
+}
+
+/// In observe mode, a refusal by the admission itself for a reason the call would bypass (the
+/// race bypass) is counted and announced untimed, as a follower's wait and a bypass's hard
+/// refusal are: both durations zero. A refusal for a reason outside the call's shadow set is
+/// timed as any other.
+#[test]
+fn a_race_bypassed_refusal_is_announced_untimed_and_others_stay_timed() {
+    let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build().unwrap();
+    let (seen, _subscription) = reject_timings(&bulkhead);
+    let holder = bulkhead
+        .try_acquire(&LlmRequest::new(), AcquireOptions::new())
+        .unwrap();
+    let options = AcquireOptions::new().timeout(Duration::from_millis(20));
+    let bypass = observed(&bulkhead, options).unwrap().expect("bypassed");
+    assert!(bypass.raced);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(RejectReason::Timeout, Duration::ZERO, Duration::ZERO)]
+    );
+    seen.lock().unwrap().clear();
+
+    // The same wait with only the budget shadowed: refused `timeout`, timed, not bypassed.
+    let only_budget = ShadowReasons::new([RejectReason::BudgetLimit]).unwrap();
+    let err = block_on(
+        bulkhead.run(
+            &LlmRequest::new(),
+            AcquireOptions::new()
+                .timeout(Duration::from_millis(20))
+                .observe(only_budget),
+            async |_| Ok::<_, ()>(()),
+        ),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RunError::Rejected(r) if r.reason() == RejectReason::Timeout));
+    let timed = seen.lock().unwrap().clone();
+    assert_eq!(timed.len(), 1);
+    let (reason, decision, wait) = timed[0];
+    assert_eq!(reason, RejectReason::Timeout);
+    assert!(wait >= Duration::from_millis(20), "queue wait {wait:?}");
+    assert!(decision > Duration::ZERO);
+    drop(holder);
+}
