@@ -284,9 +284,10 @@ impl Dedup {
         &self.shards[usize::from(key.0[0]) % SHARDS]
     }
 
-    /// Joins the live flight of `key` for outcomes of type `O`, or registers a new one (whose
-    /// followers get `share(&outcome)`) with the caller as its leader, who then
-    /// [`install`](Waiter::install)s its call. Returns this caller's waiter and its role.
+    /// Joins the live flight of `key` for outcomes of type `O` as a follower, whose copy of the
+    /// outcome `share` makes (made by `share` only then); or registers a new one with the
+    /// caller as its leader, who then [`install`](Waiter::install)s its call and gets the
+    /// original. Returns this caller's waiter and its role.
     pub(crate) fn join_or_lead<O: Send + 'static>(
         this: &Arc<Self>,
         key: Key,
@@ -299,9 +300,11 @@ impl Dedup {
         let mut shard = lock(this.shard(&key));
         if let Some(found) = shard.get(&slot) {
             let flight = flight_of::<O>(found);
+            // Made before locking the flight (a box; no user code).
+            let share = share();
             let (index, followers) = {
                 let mut inner = lock(&flight.inner);
-                let index = inner.add_waiter();
+                let index = inner.add_waiter(Some(share));
                 inner.followers += 1;
                 (index, inner.followers)
             };
@@ -312,10 +315,10 @@ impl Dedup {
                 Role::Follower { followers },
             );
         }
-        let flight = Flight::new(share(), slot);
+        let flight = Flight::new(slot);
         let index = {
             let mut inner = lock(&flight.inner);
-            let index = inner.add_waiter();
+            let index = inner.add_waiter(None);
             inner.leader = Some(index);
             index
         };
@@ -379,7 +382,6 @@ pub(crate) type Share<O> = Box<dyn Fn(&O) -> O + Send + Sync>;
 /// One shared call in flight (see the module docs for the protocol).
 pub(crate) struct Flight<O> {
     inner: Mutex<Inner<O>>,
-    share: Share<O>,
     /// Its registry slot.
     slot: Slot,
 }
@@ -405,9 +407,12 @@ struct Inner<O> {
 
 struct WaiterSlot<O> {
     waker: Option<Waker>,
-    /// Boxed: a slot stays two words and a pointer, so the first ones fit beside the flight's
-    /// other fields (one cache line fewer for a join).
+    /// Boxed: a slot stays small, so the first ones fit beside the flight's other fields.
     outcome: Option<Box<Outcome<O>>>,
+    /// How a follower's copy of the outcome is made: its own `Sharing` (`None`: the leader,
+    /// which gets the original). Taken out, and called and dropped unlocked, when the call
+    /// finishes.
+    share: Option<Share<O>>,
 }
 
 /// Waiters stored inline in the flight before this many (a join touches no other allocation).
@@ -466,11 +471,12 @@ impl<O> Slots<O> {
 }
 
 impl<O> Inner<O> {
-    fn add_waiter(&mut self) -> usize {
+    fn add_waiter(&mut self, share: Option<Share<O>>) -> usize {
         self.live += 1;
         let slot = WaiterSlot {
             waker: None,
             outcome: None,
+            share,
         };
         self.waiters.insert(slot)
     }
@@ -528,9 +534,8 @@ const LEADER_PANICKED: &str =
     "the shared call's leader panicked before its call started (in the estimator or a listener)";
 
 impl<O: Send + 'static> Flight<O> {
-    /// A flight registered in `slot`, whose followers get `share(&outcome)`; its leader
-    /// installs the call.
-    fn new(share: Share<O>, slot: Slot) -> Arc<Flight<O>> {
+    /// A flight registered in `slot`; its leader installs the call.
+    fn new(slot: Slot) -> Arc<Flight<O>> {
         Arc::new(Flight {
             inner: Mutex::new(Inner {
                 call: None,
@@ -544,7 +549,6 @@ impl<O: Send + 'static> Flight<O> {
                 driver: None,
                 followers: 0,
             }),
-            share,
             slot,
         })
     }
@@ -706,8 +710,8 @@ impl<O: Send + 'static> Waiter<O> {
     }
 
     /// Finishes the flight with `outcome` (this waiter polled it to completion): no one joins
-    /// after this; every other waiter gets its share, the leader the original; returns this
-    /// waiter's own.
+    /// after this; every follower gets the copy its own share hook makes, the leader the
+    /// original; returns this waiter's own.
     fn finish(&self, outcome: O, own: usize) -> Outcome<O> {
         let dedup = &*self.dedup;
         dedup.unregister(&self.flight, &mut lock(dedup.shard_of(&self.flight)));
@@ -716,15 +720,19 @@ impl<O: Send + 'static> Waiter<O> {
             inner.finished = true;
             inner.polling = false;
             let leader = inner.leader;
-            let followers: Vec<usize> = (0..inner.waiters.len())
-                .filter(|&i| inner.waiters.is_used(i) && Some(i) != leader)
+            let followers: Vec<(usize, Share<O>)> = inner
+                .waiters
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, slot)| Some((i, slot.as_mut()?.share.take()?)))
                 .collect();
             (leader, followers)
         };
-        // Shares are made unlocked (user code), then stored all at once.
+        // Shares are made unlocked (user code), then stored all at once; the hooks are dropped
+        // here, unlocked too.
         let mut shares: Vec<(usize, Outcome<O>)> = followers
             .into_iter()
-            .map(|i| (i, self.share(&outcome)))
+            .map(|(i, share)| (i, copy(&share, &outcome)))
             .collect();
         let mut own_outcome = None;
         let original = Outcome::Value(outcome);
@@ -765,16 +773,6 @@ impl<O: Send + 'static> Waiter<O> {
             contain(|| waker.wake());
         }
         own_outcome.expect("set above")
-    }
-
-    /// A follower's copy of `outcome`, or the share hook's panic.
-    fn share(&self, outcome: &O) -> Outcome<O> {
-        match std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-            (self.flight.share)(outcome)
-        })) {
-            Ok(copy) => Outcome::Value(copy),
-            Err(payload) => Outcome::Panicked(payload),
-        }
     }
 
     /// Leaves the flight before its outcome (dropped, or a follower's own timeout). The last
@@ -833,6 +831,14 @@ impl<O: Send + 'static> Drop for Waiter<O> {
     fn drop(&mut self) {
         // An outcome that arrived meanwhile is dropped with it.
         drop(self.leave());
+    }
+}
+
+/// A follower's copy of `outcome` made by its `share` hook, or the hook's panic.
+fn copy<O>(share: &Share<O>, outcome: &O) -> Outcome<O> {
+    match std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| share(outcome))) {
+        Ok(copy) => Outcome::Value(copy),
+        Err(payload) => Outcome::Panicked(payload),
     }
 }
 

@@ -142,15 +142,19 @@ impl<E> From<AcquireError> for RunError<E> {
     }
 }
 
-/// Says which way the call ended; the bulkhead's own errors are then the [`source`]
-/// (`std::error::Error::source`), so an error chain shows each message once. A callback's error
-/// is shown here (`call failed: ...`): `E` need not be an `Error` itself.
+/// Says which way the call ended, with a refusal's reason code (`the bulkhead refused the
+/// call: budget_limit`, what a log line of `{err}` shows); the bulkhead's own errors are then
+/// the [`source`] (`std::error::Error::source`), with their details (a refusal's capacity
+/// figures), so an error chain shows each once. A callback's error is shown here (`call
+/// failed: ...`): `E` need not be an `Error` itself.
 ///
 /// [`source`]: std::error::Error::source
 impl<E: fmt::Display> fmt::Display for RunError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RunError::Rejected(_) => f.write_str("the bulkhead refused the call"),
+            RunError::Rejected(rejection) => {
+                write!(f, "the bulkhead refused the call: {}", rejection.reason())
+            }
             RunError::Invalid(_) => f.write_str("invalid request"),
             RunError::Failed(error) => write!(f, "call failed: {error}"),
             RunError::BorrowedConcurrencyDeadline(_) => {
@@ -175,7 +179,7 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
 ///     .run(&LlmRequest::new(), AcquireOptions::new(), async |_| Ok::<(), String>(()))
 ///     .await
 ///     .unwrap_err();
-/// assert_eq!(err.to_string(), "the bulkhead refused the call");
+/// assert_eq!(err.to_string(), "the bulkhead refused the call: concurrency_limit");
 /// let cause = err.source().expect("the rejection");
 /// assert!(cause.to_string().starts_with("bulkhead rejected: concurrency_limit"));
 /// let boxed: Box<dyn Error + Send + Sync> = err.into(); // e.g. tower's BoxError

@@ -60,9 +60,9 @@ impl<T: Clone + 'static> Sharing<T> {
 }
 
 impl<T> Sharing<T> {
-    /// Followers get what `share` makes of the leader's value (called once per follower,
-    /// outside the bulkhead's locks). A follower whose `share` panics gets the panic (it is
-    /// resumed in that follower's task); the others are unaffected.
+    /// A follower gets what its own `share` makes of the leader's value (called once, for that
+    /// follower, outside the bulkhead's locks). A follower whose `share` panics gets the panic
+    /// (it is resumed in that follower's task); the others are unaffected.
     ///
     /// # Examples
     ///
@@ -197,10 +197,16 @@ impl LlmBulkhead {
         self.run_shared_with(request, options, Sharing::cloned(), f)
     }
 
-    /// [`run_shared`](LlmBulkhead::run_shared) with the followers' copies made by `sharing`
-    /// (so `T` need not be `Clone`), and the call settled with the usage `sharing` extracts
-    /// from its value. A value that can be neither cloned nor shared cannot be deduplicated:
-    /// that is a compile error, not a run-time refusal.
+    /// [`run_shared`](LlmBulkhead::run_shared) with a follower's copy of the value made by
+    /// the follower's own `sharing` (so `T` need not be `Clone`), and the call settled with the
+    /// usage the leader's `sharing` extracts from its value. A value that can be neither
+    /// cloned nor shared cannot be deduplicated: that is a compile error, not a run-time
+    /// refusal.
+    ///
+    /// Each caller brings its own hooks: a follower's [`Sharing::with`] hook makes its copy
+    /// (so callers may share one call and still get different shapes of its value); its
+    /// [`Sharing::usage`] hook is not used, since the call it follows is the leader's and
+    /// settles once, with the leader's.
     ///
     /// # Errors
     ///

@@ -274,3 +274,48 @@ fn a_leader_that_panics_before_its_call_is_installed_strands_no_follower() {
     assert_eq!(again, Ok(2));
     assert_eq!(bulkhead.stats().deduplication.unwrap().active, 0);
 }
+
+/// Each follower's copy is made by its own share hook (its `Sharing`), not the leader's; the
+/// call settles once, with the usage the leader's `Sharing` extracts (it is the leader's call).
+#[test]
+fn each_follower_gets_its_copy_from_its_own_share_hook() {
+    let bulkhead = builder(2)
+        .token_budget(TokenBudget::new(10_000))
+        .build()
+        .unwrap();
+    let request = prompt("hooks");
+    let options = plain().reservation(Reservation::new(100, 900).unwrap());
+    let tagged = |tag: &'static str, output: u64| {
+        Sharing::with(move |v: &(u64, &'static str)| (v.0, tag))
+            .usage(move |v: &(u64, &'static str)| TokenUsage::new(v.0, output).ok())
+    };
+    let gate = Gate::new();
+    let runs = Runs::default();
+    let leader = bulkhead.run_shared_with(
+        &request,
+        options,
+        tagged("leader's", 1),
+        runs.call(&gate, (7, "original")),
+    );
+    let first = bulkhead.run_shared_with(
+        &request,
+        options,
+        tagged("first's", 2),
+        runs.call(&gate, (8, "x")),
+    );
+    let second = bulkhead.run_shared_with(
+        &request,
+        options,
+        tagged("second's", 3),
+        runs.call(&gate, (9, "y")),
+    );
+    gate.open();
+    let got = block_on(futures::future::join3(leader, first, second));
+    assert_eq!(
+        got,
+        (Ok((7, "original")), Ok((7, "first's")), Ok((7, "second's")))
+    );
+    let tokens = bulkhead.stats().token_budget.unwrap();
+    // Settled once, with the leader's usage hook: 7 input + 1 output.
+    assert_eq!((tokens.total_reserved, tokens.total_consumed), (1_000, 8));
+}

@@ -293,3 +293,33 @@ fn run_waits_in_the_queue_like_acquire() {
     drop((held, second));
     assert_eq!(figures(&bulkhead), (0, 0, 3));
 }
+
+/// A refused `run`'s message names the reason code (what a log line of `{err}` shows), and
+/// the rejection stays its source, with its own message (the capacity figures).
+#[test]
+fn a_refused_runs_message_names_its_reason_and_keeps_the_rejection_as_its_source() {
+    use std::error::Error;
+    let full = plain(1, 0);
+    let _held = full.try_acquire(&req(), opts()).unwrap();
+    let err = block_on(full.run(&req(), opts(), async |_| Ok::<(), io::Error>(()))).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the bulkhead refused the call: concurrency_limit"
+    );
+    let source = err.source().expect("the rejection").to_string();
+    assert!(
+        source.starts_with("bulkhead rejected: concurrency_limit ("),
+        "{source}"
+    );
+
+    let tight = budgeted(4, 0, 100);
+    let err =
+        block_on(tight.run(&req(), toks(120), async |_| Ok::<(), io::Error>(()))).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the bulkhead refused the call: budget_limit"
+    );
+    assert!(
+        matches!(err.source(), Some(s) if s.to_string().starts_with("bulkhead rejected: budget_limit"))
+    );
+}
