@@ -572,7 +572,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Priority::Normal
             })
         })
-        .wait_in_queue(true);
+        .wait_in_queue(true)
+        .expect("the bulkhead has a queue");
     let gateway = serve(
         Router::new()
             .route("/v1/chat/completions", post(forward))

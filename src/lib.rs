@@ -304,7 +304,7 @@ pub use integrations::metrics::{
 };
 #[cfg(feature = "tower")]
 pub use integrations::tower::{
-    BoxError, DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService, provider_usage,
+    BoxError, DEFAULT_MAX_REQUEST_BODY, LayerError, LlmBody, LlmLayer, LlmService, provider_usage,
 };
 #[cfg(feature = "tower")]
 pub use integrations::tower_bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};

@@ -51,6 +51,40 @@ type ToUsage = dyn Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync;
 /// default of [`LlmLayer::max_request_body`]).
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
 
+/// A layer's configuration that cannot work, refused when it is built.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{LayerError, LlmBulkhead, LlmLayer};
+///
+/// let no_queue = LlmBulkhead::builder("m", 1).build()?;
+/// let err = LlmLayer::new(no_queue).wait_in_queue(true).unwrap_err();
+/// assert_eq!(err, LayerError::NoQueue);
+/// assert!(err.to_string().contains("max_queue is 0"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LayerError {
+    /// [`LlmLayer::wait_in_queue`] on a bulkhead without a queue: every request that finds no
+    /// free slot would be refused at once anyway.
+    NoQueue,
+}
+
+impl fmt::Display for LayerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayerError::NoQueue => f.write_str(
+                "wait_in_queue(true) on a bulkhead without a queue (max_queue is 0): requests \
+                 could only be refused at once; give the bulkhead a queue first",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LayerError {}
+
 /// A non-streamed JSON response is read for its usage up to this size; a larger one settles
 /// with the usage reported so far.
 const MAX_JSON_RESPONSE: usize = 4 << 20;
@@ -113,6 +147,8 @@ type ToBulkhead = dyn Fn(&http::request::Parts) -> Result<LlmBulkhead, TenantsEr
 #[derive(Clone)]
 struct Config {
     bulkhead: Arc<ToBulkhead>,
+    /// The one bulkhead of a layer made by [`LlmLayer::new`] (`None` per tenant).
+    single: Option<LlmBulkhead>,
     request: Arc<ToRequest>,
     options: Arc<ToOptions>,
     /// The reader of [`LlmLayer::usage`]; `None`: [`provider_usage`], which lets a JSON
@@ -129,7 +165,8 @@ impl LlmLayer {
     /// Anthropic messages JSON, default options, fail fast, bodies up to 4 MiB, usage read from
     /// OpenAI and Anthropic responses.
     pub fn new(bulkhead: LlmBulkhead) -> LlmLayer {
-        LlmLayer::with_source(Arc::new(move |_| Ok(bulkhead.clone())))
+        let single = Some(bulkhead.clone());
+        LlmLayer::with_source(Arc::new(move |_| Ok(bulkhead.clone())), single)
     }
 
     /// A layer admitting each request through its tenant's bulkhead: `key` names the tenant
@@ -161,13 +198,14 @@ impl LlmLayer {
     where
         K: Eq + core::hash::Hash + Clone + Send + Sync + 'static,
     {
-        LlmLayer::with_source(Arc::new(move |head| tenants.get(&key(head))))
+        LlmLayer::with_source(Arc::new(move |head| tenants.get(&key(head))), None)
     }
 
-    fn with_source(bulkhead: Arc<ToBulkhead>) -> LlmLayer {
+    fn with_source(bulkhead: Arc<ToBulkhead>, single: Option<LlmBulkhead>) -> LlmLayer {
         LlmLayer {
             config: Arc::new(Config {
                 bulkhead,
+                single,
                 holds: None,
                 request: Arc::new(|_, body: &Bytes| {
                     serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
@@ -222,10 +260,42 @@ impl LlmLayer {
 
     /// Whether a request waits in the bulkhead's queue (`acquire`) rather than being refused
     /// at once when no slot is free (`try_acquire`, the default).
-    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
-    pub fn wait_in_queue(mut self, wait: bool) -> LlmLayer {
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError::NoQueue`] (the layer unchanged) when `wait` is asked of a layer whose
+    /// bulkhead has no queue (`max_queue` 0 now): its requests could only be refused at once,
+    /// as without waiting. Give the bulkhead a queue ([`max_queue`], or a profile with one)
+    /// first. A layer made by [`per_tenant`](LlmLayer::per_tenant) cannot see its tenants'
+    /// bulkheads before they exist: their template must give them a queue.
+    ///
+    /// [`max_queue`]: crate::LlmBulkheadBuilder::max_queue
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LayerError, LlmBulkhead, LlmLayer};
+    ///
+    /// let queued = LlmBulkhead::builder("gpt-4o", 4).max_queue(16).build()?;
+    /// let layer = LlmLayer::new(queued).wait_in_queue(true)?;
+    /// # let _ = layer;
+    /// let fail_fast = LlmBulkhead::builder("gpt-4o", 4).build()?; // no queue
+    /// let err = LlmLayer::new(fail_fast).wait_in_queue(true).unwrap_err();
+    /// assert_eq!(err, LayerError::NoQueue);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_in_queue(mut self, wait: bool) -> Result<LlmLayer, LayerError> {
+        if wait
+            && self
+                .config
+                .single
+                .as_ref()
+                .is_some_and(|b| b.limits().max_queue == 0)
+        {
+            return Err(LayerError::NoQueue);
+        }
         self.config().wait = wait;
-        self
+        Ok(self)
     }
 
     /// Adds a `Retry-After` header to capacity refusals (429): an *estimate* of when capacity

@@ -373,14 +373,11 @@ fn shadow_reasons_refuse_reasons_that_can_never_be_bypassed() {
     assert_eq!(ShadowReasons::default(), ShadowReasons::ALL);
 }
 
-/// Subscribes a listener recording every reject event's `(reason, decision_duration,
-/// queue_wait)`.
-fn reject_timings(
-    bulkhead: &LlmBulkhead,
-) -> (
-    Arc<Mutex<Vec<(RejectReason, Duration, Duration)>>>,
-    async_bulkhead_llm::Subscription,
-) {
+/// Every reject event's `(reason, decision_duration, queue_wait)`.
+type RejectTimings = Arc<Mutex<Vec<(RejectReason, Duration, Duration)>>>;
+
+/// Subscribes a listener recording every reject event's timings.
+fn reject_timings(bulkhead: &LlmBulkhead) -> (RejectTimings, async_bulkhead_llm::Subscription) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     let subscription = bulkhead.on_events([EventKind::Reject], move |event| {

@@ -379,3 +379,41 @@ async fn an_opted_in_retry_after_hint_comes_from_measured_hold_times() {
     assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
     drop(held);
 }
+
+/// `wait_in_queue(true)` on a bulkhead without a queue is refused when the layer is built
+/// (every request would be refused at once anyway); with a queue, a request that finds no free
+/// slot waits in it and is served once one frees up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_in_the_queue_needs_a_queue_and_then_waits() {
+    use async_bulkhead_llm::LayerError;
+    let no_queue = budgeted(1);
+    assert_eq!(
+        LlmLayer::new(no_queue.clone())
+            .wait_in_queue(true)
+            .unwrap_err(),
+        LayerError::NoQueue
+    );
+    // Not waiting is fine on any bulkhead.
+    assert!(LlmLayer::new(no_queue).wait_in_queue(false).is_ok());
+
+    let bulkhead = LlmBulkhead::builder("gpt-4o", 1)
+        .max_queue(4)
+        .queue_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let (addr, _tx) = serve(LlmLayer::new(bulkhead.clone()).wait_in_queue(true).unwrap()).await;
+    let held = bulkhead
+        .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+        .unwrap();
+    let waiting = tokio::spawn(client().request(post_to(addr, "/json", CHAT)));
+    eventually("the request waits in the queue", || {
+        bulkhead.stats().pending == 1
+    })
+    .await;
+    drop(held);
+    let response = waiting.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    response.into_body().collect().await.unwrap();
+    eventually("the call settles", || bulkhead.stats().in_flight == 0).await;
+    assert_eq!(bulkhead.stats().admitted, 2);
+}
