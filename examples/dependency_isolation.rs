@@ -113,7 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .queue_timeout(Duration::from_millis(1500))
         .on_reject(|error| {
             // The seed's `onBulkheadReject({ active, queued })`: a metric in a real service.
-            let BulkheadState { active, queued } = error.state();
+            let BulkheadState { active, queued, .. } = error.state();
             debug_assert!(active <= 5 && queued <= 20);
         })
         .build();

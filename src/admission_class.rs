@@ -228,10 +228,12 @@ impl ClassLimits {
 /// ```
 /// use async_bulkhead_llm::Resources;
 ///
-/// assert_eq!(Resources::NONE, Resources { borrowed_concurrency: false, borrowed_tokens: 0 });
+/// assert_eq!(Resources::NONE, Resources::new(false, 0));
+/// assert!(!Resources::NONE.borrowed_concurrency);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Resources {
     /// Whether the call's slot was borrowed (its class was at or above its floor).
     pub borrowed_concurrency: bool,
@@ -240,6 +242,22 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// What a call borrowed: its slot or not, and `borrowed_tokens` (to compare with an
+    /// admission's [`resources`](crate::Admission::resources)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let r = async_bulkhead_llm::Resources::new(true, 40);
+    /// assert_eq!((r.borrowed_concurrency, r.borrowed_tokens), (true, 40));
+    /// ```
+    pub const fn new(borrowed_concurrency: bool, borrowed_tokens: u64) -> Resources {
+        Resources {
+            borrowed_concurrency,
+            borrowed_tokens,
+        }
+    }
+
     /// Nothing borrowed.
     pub const NONE: Resources = Resources {
         borrowed_concurrency: false,

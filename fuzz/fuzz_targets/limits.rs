@@ -498,6 +498,7 @@ impl Harness {
                 assert_eq!(self.bulkhead.limits(), next, "applied snapshot");
             }
             Ok(ApplyOutcome::Stale { .. }) => self.unchanged(&before, "stale apply"),
+            Ok(other) => panic!("an outcome the fuzz model does not know: {other:?}"),
             Err(err) => {
                 let _ = err.to_string();
                 self.unchanged(&before, "refused apply");

@@ -51,7 +51,7 @@ fn observed(max_concurrent: u32, max_queue: u32) -> (Bulkhead, Heard) {
 }
 
 fn st(active: u64, queued: u64) -> BulkheadState {
-    BulkheadState { active, queued }
+    BulkheadState::new(active, queued)
 }
 
 /// An owned acquire polled once with a recording waker: it must have joined the queue.

@@ -513,7 +513,7 @@ impl std::task::Wake for ReconfiguresOnWake {
 
 /// Raised limits (or a release racing them) hand the slot to a waiter whose waker calls
 /// `apply_limits` at once. `apply_limits` hands off under its writer lock but wakes only after
-/// releasing it (issue #11): woken under the lock, the waker would lock it again, which loom
+/// releasing it: woken under the lock, the waker would lock it again, which loom
 /// reports as a deadlock. The waiter is served exactly once, and the waker's own change is
 /// the one in force at the end.
 #[test]

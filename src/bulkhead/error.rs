@@ -15,17 +15,33 @@ use std::time::Duration;
 ///
 /// let bulkhead = Bulkhead::new(2)?;
 /// let _held = bulkhead.try_acquire()?;
-/// assert_eq!(bulkhead.state(), BulkheadState { active: 1, queued: 0 });
+/// assert_eq!(bulkhead.state(), BulkheadState::new(1, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct BulkheadState {
     /// Calls holding a slot (including a slot just handed to a queued call that has not been
     /// polled yet).
     pub active: u64,
     /// Calls waiting in the queue.
     pub queued: u64,
+}
+
+impl BulkheadState {
+    /// A state of `active` calls holding a slot and `queued` waiting (to compare with
+    /// [`Bulkhead::state`](crate::Bulkhead::state), or to build one in a test double).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let state = async_bulkhead_llm::BulkheadState::new(2, 1);
+    /// assert_eq!((state.active, state.queued), (2, 1));
+    /// ```
+    pub const fn new(active: u64, queued: u64) -> BulkheadState {
+        BulkheadState { active, queued }
+    }
 }
 
 /// Why a [`Bulkhead`](crate::Bulkhead) refused a call.

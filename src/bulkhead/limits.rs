@@ -18,11 +18,12 @@ use super::error::BulkheadConfigError;
 /// use async_bulkhead_llm::{Bulkhead, BulkheadLimits};
 ///
 /// let bulkhead = Bulkhead::new(5)?;
-/// assert_eq!(bulkhead.limits(), BulkheadLimits { revision: 0, max_concurrent: 5, max_queue: 50 });
+/// assert_eq!(bulkhead.limits(), BulkheadLimits::new(0, 5).with_max_queue(50));
 /// # Ok::<(), async_bulkhead_llm::BulkheadConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct BulkheadLimits {
     /// Version of these limits; each applied set must be strictly greater (up to
     /// [`MAX_REVISION`](crate::MAX_REVISION)).
@@ -34,6 +35,42 @@ pub struct BulkheadLimits {
 }
 
 impl BulkheadLimits {
+    /// Limits of `revision` with `max_concurrent` slots and no queue (as
+    /// [`Limits::new`](crate::Limits::new)); add one with
+    /// [`with_max_queue`](BulkheadLimits::with_max_queue). Checked when applied.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Bulkhead, BulkheadLimits};
+    ///
+    /// let bulkhead = Bulkhead::new(5)?;
+    /// assert!(bulkhead.apply_limits(BulkheadLimits::new(1, 8).with_max_queue(20))?);
+    /// assert_eq!(bulkhead.limits().max_concurrent, 8);
+    /// # Ok::<(), async_bulkhead_llm::BulkheadConfigError>(())
+    /// ```
+    pub const fn new(revision: u64, max_concurrent: u32) -> BulkheadLimits {
+        BulkheadLimits {
+            revision,
+            max_concurrent,
+            max_queue: 0,
+        }
+    }
+
+    /// These limits with a queue of `max_queue` places (0: never wait).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limits = async_bulkhead_llm::BulkheadLimits::new(1, 4).with_max_queue(10);
+    /// assert_eq!(limits.max_queue, 10);
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub const fn with_max_queue(mut self, max_queue: u32) -> BulkheadLimits {
+        self.max_queue = max_queue;
+        self
+    }
+
     fn of(limits: &Limits) -> BulkheadLimits {
         BulkheadLimits {
             revision: limits.revision,

@@ -224,6 +224,7 @@ impl BudgetLimits {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ApplyOutcome {
     /// The snapshot is now in force.
     Applied {

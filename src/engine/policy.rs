@@ -413,6 +413,7 @@ pub(crate) fn global_detail(
 /// assert_eq!(Verdict::Reject(RejectReason::BudgetLimit).reject_reason(), Some(RejectReason::BudgetLimit));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// A slot and the tokens are free now.
     Admit,

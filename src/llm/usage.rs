@@ -178,7 +178,7 @@ impl LlmCore {
                 .count_all(admission.class(), &[(Counter::ReturnedUnreported, held)]);
         }
         // Capacity returns before any user code runs: nothing the estimator or a listener does
-        // can keep it (issue #11).
+        // can keep it.
         self.engine().release(admission.grant());
         // Tell the estimator that sized this admission what it really cost. It is user code:
         // a panic is caught and counted, never unwound into the release (which may be a drop

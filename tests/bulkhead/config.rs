@@ -35,11 +35,7 @@ fn max_concurrent_0_is_refused_by_apply_limits_and_set_max_concurrent_with_nothi
     let held = bulkhead.try_acquire().expect("free");
     let before = bulkhead.limits();
     assert_eq!(
-        bulkhead.apply_limits(BulkheadLimits {
-            revision: before.revision + 1,
-            max_concurrent: 0,
-            max_queue: 7,
-        }),
+        bulkhead.apply_limits(BulkheadLimits::new(before.revision + 1, 0).with_max_queue(7)),
         Err(BulkheadConfigError::ZeroMaxConcurrent)
     );
     assert_eq!(bulkhead.limits(), before, "not even max_queue changed");
@@ -72,11 +68,9 @@ fn max_concurrent_above_max_concurrent_is_refused_everywhere_with_nothing_change
     let bulkhead = Bulkhead::new(2).expect("valid");
     let before = bulkhead.limits();
     assert_eq!(
-        bulkhead.apply_limits(BulkheadLimits {
-            revision: before.revision + 1,
-            max_concurrent: MAX_CONCURRENT + 1,
-            max_queue: 7,
-        }),
+        bulkhead.apply_limits(
+            BulkheadLimits::new(before.revision + 1, MAX_CONCURRENT + 1).with_max_queue(7)
+        ),
         Err(too_large())
     );
     assert_eq!(

@@ -35,11 +35,7 @@ async fn raising_hands_slots_to_the_queue_in_order() {
         Err(BulkheadError::QueueFull { .. })
     ));
     // Raised again through `apply_limits`: the last two, in order.
-    let next = BulkheadLimits {
-        revision: raised.revision + 1,
-        max_concurrent: 7,
-        max_queue: 10,
-    };
+    let next = BulkheadLimits::new(raised.revision + 1, 7).with_max_queue(10);
     assert_eq!(bulkhead.apply_limits(next), Ok(true));
     assert_eq!(bulkhead.state(), st(7, 0));
     for waiter in &mut waiters[3..] {
@@ -99,19 +95,11 @@ on_three_runtimes!(
 fn limits_of_a_stale_revision_are_ignored() {
     let bulkhead = bulkhead(3, 10);
     let start = bulkhead.limits();
-    let current = BulkheadLimits {
-        revision: start.revision + 5,
-        max_concurrent: 4,
-        max_queue: 6,
-    };
+    let current = BulkheadLimits::new(start.revision + 5, 4).with_max_queue(6);
     assert_eq!(bulkhead.apply_limits(current), Ok(true));
     assert_eq!(bulkhead.limits(), current);
     for revision in [start.revision + 4, start.revision + 1] {
-        let stale = BulkheadLimits {
-            revision,
-            max_concurrent: 1,
-            max_queue: 0,
-        };
+        let stale = BulkheadLimits::new(revision, 1);
         assert_eq!(
             bulkhead.apply_limits(stale),
             Ok(false),
@@ -119,10 +107,7 @@ fn limits_of_a_stale_revision_are_ignored() {
         );
         assert_eq!(bulkhead.limits(), current, "unchanged");
     }
-    let same = BulkheadLimits {
-        max_concurrent: 9,
-        ..current
-    };
+    let same = BulkheadLimits::new(current.revision, 9).with_max_queue(current.max_queue);
     assert_eq!(bulkhead.apply_limits(same), Ok(false), "the same revision");
     assert_eq!(bulkhead.limits(), current);
     let held: Vec<_> = (0..4)
@@ -135,10 +120,6 @@ fn limits_of_a_stale_revision_are_ignored() {
     let next = bulkhead.set_max_queue(2).expect("valid");
     assert_eq!(
         next,
-        BulkheadLimits {
-            revision: current.revision + 1,
-            max_concurrent: 4,
-            max_queue: 2
-        }
+        BulkheadLimits::new(current.revision + 1, 4).with_max_queue(2)
     );
 }

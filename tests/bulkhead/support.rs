@@ -139,7 +139,7 @@ impl Gate {
 
 /// The state `{active, queued}`.
 pub(crate) fn st(active: u64, queued: u64) -> BulkheadState {
-    BulkheadState { active, queued }
+    BulkheadState::new(active, queued)
 }
 
 /// Polls `future` once with the current task's waker.

@@ -1,12 +1,13 @@
 //! The adaptive estimator.
 
 use async_bulkhead_llm::{
-    AdaptiveEstimator, AdaptiveEstimatorBuilder, ContentBlock, Correction, Estimator,
-    EstimatorError, LlmRequest, ModelAwareEstimator, OpaqueBlockTokens, RequestError,
-    TokenEstimate,
+    AdaptiveEstimator, AdaptiveEstimatorBuilder, ContentBlock, Estimator, EstimatorError,
+    LlmRequest, ModelAwareEstimator, OpaqueBlockTokens, RequestError, TokenEstimate,
 };
 
-use crate::support::{adaptive, input_of, models, plain, recording_hook, request, seen, usage, xs};
+use crate::support::{
+    adaptive, fields, input_of, models, plain, recording_hook, request, seen, tuples, usage, xs,
+};
 
 /// An adaptive estimator that adopts each observation at once (smoothing 1, one sample).
 fn learning_at_once(base: ModelAwareEstimator) -> AdaptiveEstimator {
@@ -35,15 +36,7 @@ fn adaptive_upstream_example_three_observations() {
     a.observe_request(&req, usage(150, 5)).unwrap();
     let corrected = a.estimate(&req).unwrap();
     assert_eq!((corrected.input, corrected.max_output), (150, 10));
-    assert_eq!(
-        a.corrections(),
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples: 3,
-            factor: 1.5,
-            applied: 1.5
-        }]
-    );
+    assert_eq!(tuples(&a), vec![fields("gpt-4o".to_owned(), 3, 1.5, 1.5)]);
 }
 
 #[test]
@@ -52,27 +45,11 @@ fn adaptive_upstream_clamp_examples() {
     let req = request("gpt-4o", 370); // base input 100
     a.observe_request(&req, usage(1000, 0)).unwrap();
     assert_eq!(a.estimate(&req).unwrap().input, 150);
-    assert_eq!(
-        a.corrections(),
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples: 1,
-            factor: 10.0,
-            applied: 1.5
-        }]
-    );
+    assert_eq!(tuples(&a), vec![fields("gpt-4o".to_owned(), 1, 10.0, 1.5)]);
     a.reset(None);
     a.observe_request(&req, usage(1, 0)).unwrap();
     assert_eq!(a.estimate(&req).unwrap().input, 80);
-    assert_eq!(
-        a.corrections(),
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples: 1,
-            factor: 0.01,
-            applied: 0.8
-        }]
-    );
+    assert_eq!(tuples(&a), vec![fields("gpt-4o".to_owned(), 1, 0.01, 0.8)]);
 }
 
 #[test]
@@ -99,13 +76,13 @@ fn adaptive_ewma_with_the_default_options() {
             factor.clamp(0.5, 2.0)
         };
         assert_eq!(
-            a.corrections(),
-            vec![Correction {
-                model: "claude-sonnet-4".into(),
+            tuples(&a),
+            vec![fields(
+                "claude-sonnet-4".to_owned(),
                 samples,
                 factor,
                 applied
-            }],
+            )],
             "after {samples} samples"
         );
         let expected = if applied == 1.0 {
@@ -220,15 +197,7 @@ fn adaptive_uses_the_default_model_and_else_the_empty_key() {
     let a = adaptive(1.0, 1, (0.5, 2.0), 8);
     let nameless = LlmRequest::new().user(xs(400)); // unknown "": 4.0
     a.observe_request(&nameless, usage(180, 0)).unwrap();
-    assert_eq!(
-        a.corrections(),
-        vec![Correction {
-            model: String::new(),
-            samples: 1,
-            factor: 1.8,
-            applied: 1.8
-        }]
-    );
+    assert_eq!(tuples(&a), vec![fields(String::new(), 1, 1.8, 1.8)]);
     assert_eq!(a.estimate(&nameless).unwrap().input, 180);
     assert_eq!(a.estimate(&request("", 400)).unwrap().input, 180);
 }
@@ -274,20 +243,10 @@ fn adaptive_evicts_the_oldest_inserted_model() {
     a.observe_request(&request("c", 400), usage(140, 0))
         .unwrap();
     assert_eq!(
-        a.corrections(),
+        tuples(&a),
         vec![
-            Correction {
-                model: "b".into(),
-                samples: 1,
-                factor: 1.2,
-                applied: 1.2
-            },
-            Correction {
-                model: "c".into(),
-                samples: 1,
-                factor: 1.4,
-                applied: 1.4
-            },
+            fields("b".to_owned(), 1, 1.2, 1.2),
+            fields("c".to_owned(), 1, 1.4, 1.4),
         ]
     );
     assert_eq!(

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdaptiveEstimator, ContentBlock, Correction, Estimator,
-    LlmBulkhead, LlmRequest, Memo, ModelAwareEstimator, NaiveEstimator, RequestError, RunError,
-    TokenBudget, TokenEstimate, TokenUsage, Verdict,
+    AcquireError, AcquireOptions, AdaptiveEstimator, ContentBlock, Estimator, LlmBulkhead,
+    LlmRequest, Memo, ModelAwareEstimator, NaiveEstimator, RequestError, RunError, TokenBudget,
+    TokenEstimate, TokenUsage, Verdict,
 };
 
 use crate::support::{
@@ -323,13 +323,8 @@ fn adaptive_wired_in_one_line_learns_from_releases_with_usage() {
         assert_eq!((c[0].model.as_str(), c[0].samples), ("gpt-4o", n));
     }
     assert_eq!(
-        adaptive.corrections(),
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples: 3,
-            factor: 1.5,
-            applied: 1.5
-        }]
+        crate::support::tuples(&adaptive),
+        vec![crate::support::fields("gpt-4o".to_owned(), 3, 1.5, 1.5)]
     );
     assert_eq!(bulkhead.estimate(&req).unwrap(), Some(res(150, 10)));
     let corrected = bulkhead.try_acquire(&req, AcquireOptions::new()).unwrap();
@@ -432,13 +427,8 @@ fn run_with_usage_feeds_adaptive_and_run_does_not() {
             .unwrap();
     });
     assert_eq!(
-        adaptive.corrections(),
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples: 3,
-            factor: 1.2,
-            applied: 1.2
-        }]
+        crate::support::tuples(&adaptive),
+        vec![crate::support::fields("gpt-4o".to_owned(), 3, 1.2, 1.2)]
     );
     assert_eq!(bulkhead.estimate(&req).unwrap(), Some(res(120, 50)));
 }
@@ -503,13 +493,8 @@ fn a_queued_acquire_feeds_adaptive_when_released_with_usage() {
         second.release(Some(usage(170, 3)));
     });
     assert_eq!(
-        adaptive.corrections(),
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples: 1,
-            factor: 1.7,
-            applied: 1.0
-        }]
+        crate::support::tuples(&adaptive),
+        vec![crate::support::fields("gpt-4o".to_owned(), 1, 1.7, 1.0)]
     );
     // The blocking variant too.
     for _ in 0..2 {

@@ -207,3 +207,19 @@ pub(crate) fn anthropic_body() -> Value {
         "stream": false
     })
 }
+
+/// A correction's fields, `(model, samples, factor, applied)`, to compare (a `Correction` is
+/// `#[non_exhaustive]`).
+pub(crate) type Fields = (String, u64, f64, f64);
+
+pub(crate) fn fields(model: String, samples: u64, factor: f64, applied: f64) -> Fields {
+    (model, samples, factor, applied)
+}
+
+/// Every correction of `a`, oldest first, as [`Fields`].
+pub(crate) fn tuples(a: &async_bulkhead_llm::AdaptiveEstimator) -> Vec<Fields> {
+    a.corrections()
+        .into_iter()
+        .map(|c| (c.model, c.samples, c.factor, c.applied))
+        .collect()
+}

@@ -1,5 +1,5 @@
 //! Listeners subscribed while a call waits hear its outcome (design §D4: every outcome of a
-//! call that waited reaches the listeners subscribed when it is announced). Issue #11.
+//! call that waited reaches the listeners subscribed when it is announced).
 
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};

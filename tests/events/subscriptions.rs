@@ -110,15 +110,34 @@ fn a_detached_listener_lives_as_long_as_the_bulkhead() {
     assert_eq!(Arc::strong_count(&count), 1);
 }
 
+/// A subscription may outlive every clone of its bulkhead: the listener goes with the last
+/// clone (the subscription does not keep it alive), and dropping the subscription then is
+/// harmless.
 #[test]
 fn a_subscription_dropped_after_its_bulkhead_is_harmless() {
     let bulkhead = plain(1);
-    let subscription = bulkhead.on(|_| {});
+    let heard = Arc::new(AtomicU64::new(0));
+    let subscription = {
+        let heard = heard.clone();
+        bulkhead.on(move |_| {
+            heard.fetch_add(1, Ordering::Relaxed);
+        })
+    };
+    let clone = bulkhead.clone();
     drop(bulkhead);
+    drop(clone.try_acquire(&req(), fixed()).unwrap());
+    assert_eq!(heard.load(Ordering::Relaxed), 2); // admit and release, through the clone
+    drop(clone);
+    assert_eq!(
+        Arc::strong_count(&heard),
+        1,
+        "the listener went with the bulkhead"
+    );
     drop(subscription);
+    assert_eq!(heard.load(Ordering::Relaxed), 2);
 }
 
-// ===== issue #11: what dropping a subscription guarantees =====
+// ===== what dropping a subscription guarantees =====
 
 #[test]
 fn a_dropped_subscription_hears_no_event_that_starts_after_the_drop() {

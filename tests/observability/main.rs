@@ -7,13 +7,25 @@
 mod metrics;
 mod tracing;
 
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
     AcquireOptions, LlmBulkhead, LlmRequest, Progressive, Reservation, TokenBudget, TokenUsage,
 };
+
+/// Serializes this binary's tests. `tracing` caches each callsite's interest process-wide and
+/// rebuilds it when a dispatcher comes or goes: a test that records spans through its own
+/// thread-local dispatcher, run beside another whose threads hit the same callsites without
+/// one, sometimes found its `queue_wait` span disabled (its events logged outside any span;
+/// about 1 run in 12 in parallel, 0 in 60 alone or serialized).
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Calls each worker makes.
 const CALLS: usize = 400;

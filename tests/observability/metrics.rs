@@ -82,6 +82,7 @@ struct Seen {
 
 #[test]
 fn counters_gauges_and_histograms_equal_the_stats_after_two_threads() {
+    let _serial = super::serial();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let bulkhead = bulkhead();
@@ -248,6 +249,7 @@ fn counters_gauges_and_histograms_equal_the_stats_after_two_threads() {
 
 #[test]
 fn a_sampled_histogram_hears_one_call_in_every_and_every_call_that_waited() {
+    let _serial = super::serial();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let bulkhead = LlmBulkhead::builder("m", 1)
@@ -305,6 +307,7 @@ fn a_sampled_histogram_hears_one_call_in_every_and_every_call_that_waited() {
 
 #[test]
 fn counters_are_absolute_and_never_go_down_between_publishes() {
+    let _serial = super::serial();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let bulkhead = bulkhead();
@@ -338,6 +341,7 @@ fn counters_are_absolute_and_never_go_down_between_publishes() {
 
 #[test]
 fn classes_get_their_own_series_and_labels_carry_the_builder_s() {
+    let _serial = super::serial();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let classes = AdmissionClasses::new("batch")
@@ -402,6 +406,7 @@ fn classes_get_their_own_series_and_labels_carry_the_builder_s() {
 
 #[test]
 fn a_periodic_publisher_publishes_until_dropped() {
+    let _serial = super::serial();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let bulkhead = bulkhead();

@@ -109,6 +109,7 @@ fn ids(logged: &[Logged], message: &str) -> BTreeSet<String> {
 
 #[test]
 fn debug_events_equal_the_stats_after_two_threads_and_follow_each_admission() {
+    let _serial = super::serial();
     let capture = Capture::default();
     let dispatch = capture.dispatch();
     let bulkhead = bulkhead();
@@ -176,6 +177,7 @@ fn debug_events_equal_the_stats_after_two_threads_and_follow_each_admission() {
 
 #[test]
 fn a_refusal_logs_its_reason_and_detail() {
+    let _serial = super::serial();
     let capture = Capture::default();
     let bulkhead = LlmBulkhead::builder("m", 1)
         .token_budget(TokenBudget::new(5000))
@@ -214,6 +216,7 @@ fn a_refusal_logs_its_reason_and_detail() {
 
 #[test]
 fn a_run_is_one_span_holding_its_admission_id_its_events_and_the_callback_s_logs() {
+    let _serial = super::serial();
     let capture = Capture::default();
     let bulkhead = LlmBulkhead::builder("gpt-4o", 1)
         .token_budget(TokenBudget::new(5000))
@@ -252,6 +255,7 @@ fn a_run_is_one_span_holding_its_admission_id_its_events_and_the_callback_s_logs
 
 #[test]
 fn without_trace_events_an_admission_logs_nothing() {
+    let _serial = super::serial();
     let capture = Capture::default();
     let bulkhead = bulkhead();
     tracing::dispatcher::with_default(&capture.dispatch(), || {

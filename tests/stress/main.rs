@@ -12,7 +12,7 @@
 //!   follower timeouts, cancellations and observe-mode bypasses on a small bulkhead, every
 //!   outcome traced to the callback that produced it;
 //! - `threads`: statistics shards and admission ids across thread lifetimes;
-//! - `phantom_probe`: the "phantom commit" probe of issue #11.
+//! - `phantom_probe`: the "phantom commit" probe.
 //!
 //! `STRESS_SCALE` (default 1) multiplies the work, e.g. `STRESS_SCALE=100 cargo test --release
 //! --test stress chaos::`; `CHAOS_SEED=<seed>` replays a failed chaos, classes or dedup run's

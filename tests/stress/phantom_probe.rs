@@ -1,4 +1,4 @@
-//! The "phantom commit" probe (issue #11, item 5): a control plane that changes the token
+//! The "phantom commit" probe: a control plane that changes the token
 //! budget about 1,000 times a second while more threads than cores hammer one bulkhead.
 //!
 //! A refusal's capacity detail is read from one consistent snapshot of the admission word. Every

@@ -118,13 +118,7 @@ async fn a_slow_route_at_its_cap_queues_one_sheds_the_next_and_a_fast_route_keep
     );
     let first_tx = calls.recv().await.unwrap();
     let second_tx = calls.recv().await.unwrap();
-    assert_eq!(
-        bulkhead.state(),
-        BulkheadState {
-            active: 2,
-            queued: 0
-        }
-    );
+    assert_eq!(bulkhead.state(), BulkheadState::new(2, 0));
 
     // The third waits in the queue (its handler is not called).
     let third = tokio::spawn(async move { get_from(addr, "/slow").await });
@@ -142,13 +136,7 @@ async fn a_slow_route_at_its_cap_queues_one_sheds_the_next_and_a_fast_route_keep
     let fast = get_from(addr, "/fast").await;
     assert_eq!(fast.status(), 200);
     assert_eq!(fast.into_body().collect().await.unwrap().to_bytes(), "fast");
-    assert_eq!(
-        bulkhead.state(),
-        BulkheadState {
-            active: 2,
-            queued: 1
-        }
-    );
+    assert_eq!(bulkhead.state(), BulkheadState::new(2, 1));
 
     // The first body ends: its slot goes to the queued third call.
     first_tx.send(Bytes::from("one")).await.unwrap();
@@ -158,24 +146,12 @@ async fn a_slow_route_at_its_cap_queues_one_sheds_the_next_and_a_fast_route_keep
     let third = third.await.unwrap();
     assert_eq!(third.status(), 200);
     let third_tx = calls.recv().await.unwrap();
-    assert_eq!(
-        bulkhead.state(),
-        BulkheadState {
-            active: 2,
-            queued: 0
-        }
-    );
+    assert_eq!(bulkhead.state(), BulkheadState::new(2, 0));
 
     drop((second_tx, third_tx));
     second.into_body().collect().await.unwrap();
     third.into_body().collect().await.unwrap();
-    assert_eq!(
-        bulkhead.state(),
-        BulkheadState {
-            active: 0,
-            queued: 0
-        }
-    );
+    assert_eq!(bulkhead.state(), BulkheadState::new(0, 0));
     let stats = bulkhead.stats();
     assert_eq!((stats.admitted, stats.released), (3, 3));
     assert_eq!(stats.rejected_queue_full, 1);
@@ -243,10 +219,7 @@ async fn a_queue_timeout_and_a_shutdown_are_503s_of_their_type_without_retry_aft
     let (retry_after, body) = refused(get_from(addr, "/slow").await).await;
     assert_eq!(retry_after, None);
     let shutdown = BulkheadError::Shutdown {
-        state: BulkheadState {
-            active: 1,
-            queued: 0,
-        },
+        state: BulkheadState::new(1, 0),
     };
     assert_eq!(body, expected_body(&shutdown));
     assert_eq!(
@@ -319,10 +292,7 @@ async fn an_opted_in_retry_after_is_the_measured_hold_time_and_never_sent_on_shu
         assert_eq!(hint, low);
     }
     let full = BulkheadError::QueueFull {
-        state: BulkheadState {
-            active: CALLS as u64,
-            queued: 0,
-        },
+        state: BulkheadState::new(CALLS as u64, 0),
     };
     assert_eq!(body, expected_body(&full));
 

@@ -30,13 +30,15 @@ fn releases_settled_with_reported_usage_feed_the_adaptive_estimator() {
         .unwrap();
     // 370 characters: a base estimate of 100 input tokens for gpt-4o.
     let request = LlmRequest::new().user("x".repeat(370)).max_tokens(10);
-    let correction = |samples: u64, factor: f64| {
-        vec![Correction {
-            model: "gpt-4o".into(),
-            samples,
-            factor,
-            applied: factor,
-        }]
+    // `(model, samples, factor, applied)` of each correction.
+    let correction =
+        |samples: u64, factor: f64| vec![("gpt-4o".to_owned(), samples, factor, factor)];
+    let corrections = |adaptive: &AdaptiveEstimator| -> Vec<(String, u64, f64, f64)> {
+        adaptive
+            .corrections()
+            .into_iter()
+            .map(|c: Correction| (c.model, c.samples, c.factor, c.applied))
+            .collect()
     };
     assert_eq!(bulkhead.estimate(&request).unwrap(), Some(res(100, 10)));
 
@@ -48,7 +50,7 @@ fn releases_settled_with_reported_usage_feed_the_adaptive_estimator() {
     permit.report_usage(usage(120, 1)).unwrap();
     permit.report_usage(usage(150, 5)).unwrap();
     permit.release(None);
-    assert_eq!(adaptive.corrections(), correction(1, 1.5));
+    assert_eq!(corrections(&adaptive), correction(1, 1.5));
     assert_eq!(bulkhead.estimate(&request).unwrap(), Some(res(150, 10)));
 
     // Dropped after a report: observed against the uncorrected base (100), not 150.
@@ -60,7 +62,7 @@ fn releases_settled_with_reported_usage_feed_the_adaptive_estimator() {
         .report_usage_progressive(usage(80, 3), progressive(7, 0))
         .unwrap();
     drop(permit);
-    assert_eq!(adaptive.corrections(), correction(2, 0.8));
+    assert_eq!(corrections(&adaptive), correction(2, 0.8));
 
     // Explicit usage at release wins over the reports.
     let mut permit = bulkhead
@@ -68,14 +70,14 @@ fn releases_settled_with_reported_usage_feed_the_adaptive_estimator() {
         .unwrap();
     permit.report_usage(usage(300, 3)).unwrap();
     permit.release(Some(usage(120, 3)));
-    assert_eq!(adaptive.corrections(), correction(3, 1.2));
+    assert_eq!(corrections(&adaptive), correction(3, 1.2));
 
     // Nothing known, nothing observed.
     bulkhead
         .try_acquire(&request, AcquireOptions::new())
         .unwrap()
         .release(None);
-    assert_eq!(adaptive.corrections(), correction(3, 1.2));
+    assert_eq!(corrections(&adaptive), correction(3, 1.2));
 
     // A run settled with what its callback reported.
     block_on(
@@ -84,7 +86,7 @@ fn releases_settled_with_reported_usage_feed_the_adaptive_estimator() {
         }),
     )
     .unwrap();
-    assert_eq!(adaptive.corrections(), correction(4, 0.9));
+    assert_eq!(corrections(&adaptive), correction(4, 0.9));
     assert_eq!(bulkhead.estimate(&request).unwrap(), Some(res(90, 10)));
     assert_eq!(tokens(&bulkhead).in_flight_tokens, 0);
 }

@@ -19,9 +19,9 @@
 //! so `r = 1100`, on a bulkhead whose limits start at revision `REV` (the fixtures of
 //! `common::usage_fixtures`, shared with the `events` tests).
 //!
-//! Tests marked issue #11 are regression tests for defects found by adversarial probing (user
-//! code that panics or blocks, re-entrant wakers and listeners) and by comparing the crate with
-//! the JavaScript original; each failed before its fix.
+//! Some tests are regression tests for defects found by adversarial probing (user code that
+//! panics or blocks, re-entrant wakers and listeners) and by comparing the crate with the
+//! JavaScript original; each failed before its fix.
 //!
 //! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
 

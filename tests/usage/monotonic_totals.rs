@@ -1,4 +1,4 @@
-//! Issue 17, item 0: every token total only grows, and the tokens in flight equal
+//! Every token total only grows, and the tokens in flight equal
 //! `reserved + overrun + reheld - refunded - consumed - returned_unreported` after every step,
 //! not only once every call has settled with usage. Each test failed before the fix: refunds
 //! were net of re-holds (so `total_refunded` went down when a hold rose back), a release whose

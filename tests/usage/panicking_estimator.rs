@@ -1,4 +1,4 @@
-//! A panicking `Estimator::observe` (issue #11): the release completes, the capacity comes
+//! A panicking `Estimator::observe`: the release completes, the capacity comes
 //! back, and the panic is counted; a permit dropped while its thread unwinds does not abort
 //! the process (run in a child process, `crate::common::child_process::isolated`).
 

@@ -120,7 +120,7 @@ fn a_release_wakes_a_waiter_awaited_on_another_thread() {
     assert_eq!(figures(&bulkhead), (0, 0, 2));
 }
 
-// ===== issue #11: the refusal detail of waiters refused by `close()` =====
+// ===== the refusal detail of waiters refused by `close()` =====
 
 #[test]
 fn close_refuses_every_waiter_with_the_state_after_the_close() {

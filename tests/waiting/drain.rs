@@ -2,11 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{DrainReport, Limits, RejectReason};
+use async_bulkhead_llm::{Limits, RejectReason};
 use futures::executor::block_on;
 
 use crate::support::{
-    PATIENCE, SHORT, assert_pending, budgeted, count, counting_waker, figures, opts, plain,
+    PATIENCE, SHORT, assert_pending, budgeted, count, counting_waker, figures, opts, parts, plain,
     poll_now, poll_with, queued, ready, reason_of, req, toks, within,
 };
 
@@ -16,35 +16,17 @@ fn drain_resolves_at_once_when_idle() {
     let mut drain = Box::pin(bulkhead.drain());
     assert!(poll_now(&mut drain).is_ready());
     let mut report = Box::pin(bulkhead.drain_timeout(Duration::ZERO));
+    assert_eq!(parts(ready(&mut report)), (true, 0, 0));
     assert_eq!(
-        ready(&mut report),
-        DrainReport {
-            drained: true,
-            in_flight: 0,
-            pending: 0
-        }
-    );
-    assert_eq!(
-        block_on(bulkhead.drain_timeout(PATIENCE)),
-        DrainReport {
-            drained: true,
-            in_flight: 0,
-            pending: 0
-        }
+        parts(block_on(bulkhead.drain_timeout(PATIENCE))),
+        (true, 0, 0)
     );
 
     // Busy: a zero timeout answers "not idle" at once.
     let held = bulkhead.try_acquire(&req(), opts()).expect("free slot");
     let _w = queued(&bulkhead, opts());
     let mut report = Box::pin(bulkhead.drain_timeout(Duration::ZERO));
-    assert_eq!(
-        ready(&mut report),
-        DrainReport {
-            drained: false,
-            in_flight: 1,
-            pending: 1
-        }
-    );
+    assert_eq!(parts(ready(&mut report)), (false, 1, 1));
     drop(held);
 }
 
@@ -182,14 +164,7 @@ fn drain_timeout_reports_what_is_left_and_cancels_nothing() {
     let started = Instant::now();
     let report = block_on(bulkhead.drain_timeout(SHORT));
     assert!(started.elapsed() >= SHORT);
-    assert_eq!(
-        report,
-        DrainReport {
-            drained: false,
-            in_flight: 1,
-            pending: 2
-        }
-    );
+    assert_eq!(parts(report), (false, 1, 2));
     // Nothing was cancelled or counted; the waiters still wait and are served normally.
     let stats = bulkhead.stats();
     assert_eq!(
@@ -205,25 +180,14 @@ fn drain_timeout_reports_what_is_left_and_cancels_nothing() {
     drop(held);
     let pa = ready(&mut a).expect("A served");
     assert_eq!(
-        block_on(bulkhead.drain_timeout(Duration::ZERO)),
-        DrainReport {
-            drained: false,
-            in_flight: 1,
-            pending: 1
-        }
+        parts(block_on(bulkhead.drain_timeout(Duration::ZERO))),
+        (false, 1, 1)
     );
     drop(pa);
     let pb = ready(&mut b).expect("B served");
     let mut bounded = Box::pin(bulkhead.drain_timeout(PATIENCE));
     assert_pending(&mut bounded);
     drop(pb);
-    assert_eq!(
-        ready(&mut bounded),
-        DrainReport {
-            drained: true,
-            in_flight: 0,
-            pending: 0
-        }
-    );
+    assert_eq!(parts(ready(&mut bounded)), (true, 0, 0));
     assert_eq!(figures(&bulkhead), (0, 0, 3));
 }

@@ -128,7 +128,7 @@ fn zero_max_concurrent_keeps_a_waiter_until_the_limit_is_raised() {
     assert_eq!(figures(&bulkhead), (0, 0, 2));
 }
 
-// ===== issue #11: waking under the limits writer lock =====
+// ===== waking under the limits writer lock =====
 
 /// A waker that polls its task inline, as some executors do.
 struct PollsInline {

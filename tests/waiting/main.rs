@@ -4,7 +4,7 @@
 //! blocking acquires, the `'static` owned future, the timer thread facing user wakers that
 //! panic, block or own a timed task, and (feature `tokio`) timeouts on tokio's paused clock.
 //!
-//! Semantics come from issue 3, design §U2, §U3.2, §U14, §U15 and design §D4 (Q5: drain
+//! Semantics come from design §U2, §U3.2, §U14, §U15 and design §D4 (Q5: drain
 //! completes whenever the bulkhead becomes idle; Q7: a queued request is admitted only when its
 //! slot and its tokens fit together, and the budget never queues).
 //!
@@ -12,9 +12,9 @@
 //! acquire takes its place at its first poll). A slot handed to a waiter is counted in
 //! `stats().in_flight` at once; the waiter counts as admitted when its future is polled again.
 //!
-//! Tests marked issue #11 are regression tests for defects found by adversarial probing (user
-//! code that panics or blocks, re-entrant wakers and listeners) and by comparing the crate with
-//! the JavaScript original; each failed before its fix.
+//! Some tests are regression tests for defects found by adversarial probing (user code that
+//! panics or blocks, re-entrant wakers and listeners) and by comparing the crate with the
+//! JavaScript original; each failed before its fix.
 //!
 //! Scenarios that hung or aborted before their fix run in a child process with a watchdog
 //! (`common::child_process::isolated`).

@@ -172,3 +172,9 @@ impl Drop for SetOnDrop<'_> {
         self.0.set(true);
     }
 }
+
+/// A drain report's `(drained, in_flight, pending)`, to compare (`DrainReport` is
+/// `#[non_exhaustive]`).
+pub(crate) fn parts(report: async_bulkhead_llm::DrainReport) -> (bool, u64, u64) {
+    (report.drained, report.in_flight, report.pending)
+}

@@ -1,7 +1,7 @@
 //! The timer thread and user wakers: a waker that panics, blocks, or owns a timed task does
 //! not stop the timer, hold back other timeouts, or get dropped under the timer's lock.
 //!
-//! Each scenario hung, aborted or broke the timer before its fix (issue #11), so each runs in a
+//! Each scenario hung, aborted or broke the timer before its fix, so each runs in a
 //! child process with a watchdog (`crate::common::child_process::isolated`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -37,10 +37,16 @@ use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, RwLock, lock};
 /// ```
 /// use async_bulkhead_llm::Correction;
 ///
-/// let c = Correction { model: "gpt-4o".into(), samples: 3, factor: 1.5, applied: 1.5 };
-/// assert!(c.applied > 1.0);
+/// use async_bulkhead_llm::{AdaptiveEstimator, Correction, LlmRequest, ModelAwareEstimator, TokenUsage};
+///
+/// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;
+/// adaptive.observe_request(&LlmRequest::new().model("gpt-4o").user("x".repeat(37)), TokenUsage::new(20, 0)?)?;
+/// let c: Vec<Correction> = adaptive.corrections();
+/// assert_eq!((c[0].model.as_str(), c[0].samples, c[0].factor), ("gpt-4o", 1, 2.0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Correction {
     /// The normalised (lowercased) model name; empty when requests named none.
     pub model: String,

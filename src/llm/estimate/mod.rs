@@ -97,6 +97,7 @@ impl<E: Estimator + ?Sized> Estimator for Arc<E> {
 /// # Ok::<(), async_bulkhead_llm::RequestError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct TokenEstimate {
     /// Estimated input tokens.
     pub input: u64,

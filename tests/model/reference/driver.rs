@@ -291,6 +291,7 @@ impl<'b> Driver<'b> {
                         ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
                             current: limits_of(&current),
                         },
+                        other => panic!("an outcome the model does not know: {other:?}"),
                     });
                 let model = self.model.apply_limits(&next);
                 self.agree("apply_limits", real, model);
@@ -528,6 +529,7 @@ impl<'b> Driver<'b> {
             Verdict::Admit => ModelVerdict::Admit,
             Verdict::Queue => ModelVerdict::Queue,
             Verdict::Reject(reason) => ModelVerdict::Reject(reason_of(reason)),
+            other => panic!("a verdict the model does not know: {other:?}"),
         };
         let model = ask.map(|ask| self.model.would_admit(ask));
         if with_detail {

@@ -352,11 +352,10 @@ impl Shared {
         assert!(admission.holds_slot());
         if c == self.solo {
             let mut book = self.solo_book.lock().unwrap();
-            let expected = Resources {
-                borrowed_concurrency: book.slots >= caps.floor(c),
-                borrowed_tokens: reserved
-                    .saturating_sub(caps.token_floor(c).saturating_sub(book.tokens)),
-            };
+            let expected = Resources::new(
+                book.slots >= caps.floor(c),
+                reserved.saturating_sub(caps.token_floor(c).saturating_sub(book.tokens)),
+            );
             assert_eq!(resources, expected, "solo holds {book:?}: {}", context());
             if let Some(max) = caps.ceiling(c) {
                 assert!(book.slots < max, "solo holds {book:?}: {}", context());
