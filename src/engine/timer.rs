@@ -20,10 +20,26 @@
 //!   its own wake-up. No waker is called or dropped while the timer's lock is held, so a waker
 //!   (or whatever dropping it releases: a task that owns another timed future) may use the
 //!   timer again.
-//! - A waker that blocks holds back only its own thread. When a due waker has waited
-//!   [`STALL`] without a free waker thread, the clock starts another (up to [`MAX_WAKERS`]), so
-//!   one slow waker delays unrelated timeouts by about [`STALL`], not by as long as it blocks.
-//!   Waker threads beyond the first end after [`IDLE_EXIT`] without work.
+//! - A waker that blocks holds back only its own thread. The waker threads free for due wakers
+//!   are the idle ones and the ones just started (each takes a due waker before it can block in
+//!   one); busy threads do not count, as any of them may be stuck. While due wakers remain
+//!   beyond the free threads, the clock looks again at most [`STALL`] after the oldest of them
+//!   fell due, and then starts a thread for every one that has waited [`STALL`], all at once
+//!   (up to [`MAX_WAKERS`] threads). So while fewer than [`MAX_WAKERS`] wakers block at once,
+//!   they delay an unrelated timeout by about [`STALL`], not by as long as they block.
+//!   Measured (`tests/waiting/timer_wakers.rs`, wakers due 10 ms before an unrelated 20 ms
+//!   timeout): behind 2 wakers blocking 300 ms, or 40 blocking 150 ms, it fired about 2.4 ms
+//!   late with the threads still to start, 0.2 to 0.4 ms late with them idle. Waker threads
+//!   beyond the first end after [`IDLE_EXIT`] without work.
+//! - Past the cap, when [`MAX_WAKERS`] or more wakers block at once, every waker thread is
+//!   stuck and due wakers wait, in deadline order, for one to come free (a thread that comes
+//!   free takes the next due waker itself; the clock could do nothing sooner, so it does not
+//!   look again for them). An unrelated timeout waits until a thread comes free for it: up to
+//!   the shortest remaining block when fewer than [`MAX_WAKERS`] wakers wait before it, and one
+//!   more block for every further [`MAX_WAKERS`] of them that block too. Measured (same test
+//!   file): behind 70 wakers blocking 300 ms, it fired 293 ms late (the shortest remaining
+//!   block); behind 200 wakers blocking 100 ms, also 293 ms late (the 136 past the cap took the
+//!   freed threads in two turns before its own, the third).
 //! - If the clock thread is ever gone (it runs no user code, so only an abort-class failure
 //!   could end it), the next registration starts a new one.
 //!
@@ -39,11 +55,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-/// How long a due waker may wait for a free waker thread before the clock starts another.
+/// How long a due waker may wait for a free waker thread before the clock starts one for it
+/// (the clock looks again at most this long after such a waker fell due).
 #[cfg(not(loom))]
 pub(crate) const STALL: Duration = Duration::from_millis(2);
 /// The most waker threads alive at once (each extra one exists only while others are stuck
-/// in wakers that block).
+/// in wakers that block, or were while due wakers waited a stall for them).
 #[cfg(not(loom))]
 pub(crate) const MAX_WAKERS: usize = 64;
 /// How long an extra waker thread waits for work before it ends.
@@ -60,9 +77,12 @@ struct Timers {
     next_id: u64,
     /// Wakers whose deadline passed, with that deadline, in deadline order.
     due: VecDeque<(Instant, Waker)>,
-    /// Waker threads alive, and how many of them wait for work.
+    /// Waker threads alive; how many of them wait for work; and how many the clock started
+    /// that have not yet taken the lock. An idle or a starting thread takes a due waker (from
+    /// the front) before it can block in one: those are the threads free for due wakers.
     wakers: usize,
     idle: usize,
+    starting: usize,
     /// Whether the clock thread is running.
     clock_alive: bool,
 }
@@ -102,8 +122,8 @@ impl Timer {
         crate::sync::unmodeled::lock(&self.timers)
     }
 
-    /// The clock thread: moves passed deadlines to the due list and makes sure a waker thread
-    /// takes them. It never calls or drops a waker.
+    /// The clock thread: moves passed deadlines to the due list and makes sure waker threads
+    /// take them. It never calls or drops a waker.
     fn run_clock(&'static self) {
         /// Marks the clock gone if this thread ever ends, so the next registration restarts it.
         struct Alive(&'static Timer);
@@ -123,24 +143,25 @@ impl Timer {
                 let ((deadline, _), waker) = entry.remove_entry();
                 timers.due.push_back((deadline, waker));
             }
-            let mut recheck = None;
-            if let Some(&(oldest, _)) = timers.due.front() {
-                if timers.idle > 0 {
-                    // Wake as many idle threads as there is work for.
-                    for _ in 0..timers.due.len().min(timers.idle) {
-                        self.work.notify_one();
-                    }
-                } else if timers.wakers < MAX_WAKERS
-                    && (timers.wakers == 0 || now.saturating_duration_since(oldest) >= STALL)
-                {
-                    // Every waker thread is busy (one may be stuck in a waker that blocks):
-                    // start another rather than let due wakers wait on it.
-                    timers.wakers += 1;
-                    if !self.spawn_waker(&mut timers) {
-                        recheck = Some(now + STALL);
-                    }
-                } else {
-                    recheck = Some(oldest + STALL);
+            let (start, mut recheck) = self.provide(&mut timers, now);
+            if start > 0 {
+                // Spawned outside the lock: starting dozens of threads takes milliseconds, which
+                // registrations, cancellations and waker threads coming back for work would
+                // spend waiting for it. The threads are already counted (in `wakers` and
+                // `starting`), so a waker thread that comes free meanwhile sees the true
+                // numbers and a new thread simply waits for the lock. A registration that
+                // notifies the clock meanwhile wakes nobody, but is not lost: the clock reads
+                // the entries again, under the lock, before it waits.
+                drop(timers);
+                let started = (0..start).take_while(|_| self.spawn_waker()).count();
+                timers = self.lock();
+                if started < start {
+                    // No thread left to start (the rest would fail too): take the count back,
+                    // and try again a stall later for the due wakers left without a thread.
+                    timers.wakers -= start - started;
+                    timers.starting -= start - started;
+                    let retry = Instant::now() + STALL;
+                    recheck = Some(recheck.map_or(retry, |at| at.min(retry)));
                 }
             }
             let next = timers.entries.first_key_value().map(|(&(at, _), _)| at);
@@ -161,23 +182,68 @@ impl Timer {
         }
     }
 
-    /// Starts a waker thread (already counted in `wakers`); whether it started. If the thread
-    /// cannot be spawned, the count is taken back (the clock tries again a stall later).
-    fn spawn_waker(&'static self, timers: &mut Timers) -> bool {
-        let spawned = std::thread::Builder::new()
+    /// Provides the due wakers with threads, as the clock sees them at `now`: wakes an idle
+    /// waker thread for each due waker it can, and counts (in `wakers` and `starting`) a new
+    /// thread for each further one that has waited [`STALL`], up to [`MAX_WAKERS`]. Returns
+    /// how many threads the clock must start, and when it must look again: when the oldest due
+    /// waker still left without a thread will have waited [`STALL`].
+    ///
+    /// Busy threads do not count: each may be stuck in a waker that blocks. Without the
+    /// recheck, due wakers beyond the threads provided would wait for the next deadline (or
+    /// forever, with none registered) while the threads provided block in the wakers ahead
+    /// of them; and starting one thread per look would let each slow waker in a row cost the
+    /// rest another look.
+    fn provide(&self, timers: &mut Timers, now: Instant) -> (usize, Option<Instant>) {
+        let due = timers.due.len();
+        // Wake as many idle threads as there is work for. One woken earlier that has not yet
+        // taken the lock still counts as idle and may be notified again: the extra
+        // notification wakes another idle thread for nothing, or nobody.
+        for _ in 0..due.min(timers.idle) {
+            self.work.notify_one();
+        }
+        let free = (timers.idle + timers.starting).min(due);
+        // A thread for each due waker past the free ones that has waited a stall (the list is
+        // in deadline order, so those come first); with no waker thread at all, the first
+        // starts at once.
+        let none_alive = timers.wakers == 0;
+        let start = timers
+            .due
+            .iter()
+            .skip(free)
+            .take(MAX_WAKERS - timers.wakers)
+            .enumerate()
+            .take_while(|&(i, &(deadline, _))| {
+                (i == 0 && none_alive) || now.saturating_duration_since(deadline) >= STALL
+            })
+            .count();
+        timers.wakers += start;
+        timers.starting += start;
+        let recheck = match timers.due.get(free + start) {
+            // At the cap no thread can be started, and no thread ends while wakers are due:
+            // the next busy one to come free takes this waker (or one before it) itself, and
+            // nothing the clock could do would be sooner.
+            Some(_) if timers.wakers == MAX_WAKERS => None,
+            // Not yet a stall old. Its deadline has passed, so this is at most a stall from
+            // now; the threads provided may take it first, and then the look finds no work.
+            Some(&(deadline, _)) => Some(deadline + STALL),
+            None => None,
+        };
+        (start, recheck)
+    }
+
+    /// Starts a waker thread (already counted in `wakers` and `starting`); whether it started.
+    fn spawn_waker(&'static self) -> bool {
+        std::thread::Builder::new()
             .name("abl-timer-waker".into())
             .spawn(move || self.run_waker())
-            .is_ok();
-        if !spawned {
-            timers.wakers -= 1;
-        }
-        spawned
+            .is_ok()
     }
 
     /// A waker thread: calls due wakers one at a time, each outside the lock and with its
     /// panic caught.
     fn run_waker(&'static self) {
         let mut timers = self.lock();
+        timers.starting -= 1;
         loop {
             let Some((_, waker)) = timers.due.pop_front() else {
                 timers.idle += 1;
@@ -361,6 +427,56 @@ mod tests {
             "only the live timer fired"
         );
         assert!(soon.poll_elapsed(&mut cx).is_ready());
+    }
+
+    /// A timer of its own (not the process-wide one) with `due` wakers that fell due `ago`.
+    fn with_due(due: usize, ago: Duration, now: Instant) -> Timer {
+        let timer = Timer::default();
+        timer.lock().due = (0..due)
+            .map(|_| (now - ago, Waker::noop().clone()))
+            .collect();
+        timer
+    }
+
+    #[test]
+    fn due_wakers_left_without_a_thread_get_one_each_at_once_after_a_stall() {
+        let now = Instant::now();
+        let stall_ago = STALL + Duration::from_millis(1);
+
+        // No waker thread at all: the first starts at once; the clock looks again when the
+        // next due waker will have waited a stall.
+        let timer = with_due(3, Duration::ZERO, now);
+        let mut timers = timer.lock();
+        assert_eq!(timer.provide(&mut timers, now), (1, Some(now + STALL)));
+        assert_eq!((timers.wakers, timers.starting), (1, 1));
+        // Looked at again before the stall: the started thread is free for one, nothing more.
+        assert_eq!(timer.provide(&mut timers, now), (0, Some(now + STALL)));
+        drop(timers);
+
+        // 40 due wakers that have waited a stall, the one thread busy: 40 threads at once.
+        let timer = with_due(40, stall_ago, now);
+        let mut timers = timer.lock();
+        timers.wakers = 1;
+        assert_eq!(timer.provide(&mut timers, now), (40, None));
+        assert_eq!((timers.wakers, timers.starting), (41, 40));
+        // Those 40 are free for them: none more.
+        assert_eq!(timer.provide(&mut timers, now), (0, None));
+        drop(timers);
+
+        // Idle and starting threads take the first due wakers; a thread for each of the rest.
+        let timer = with_due(5, stall_ago, now);
+        let mut timers = timer.lock();
+        (timers.wakers, timers.idle, timers.starting) = (4, 2, 1);
+        assert_eq!(timer.provide(&mut timers, now), (2, None));
+        assert_eq!((timers.wakers, timers.starting), (6, 3));
+        drop(timers);
+
+        // Up to the cap, and then no look again: a busy thread that comes free takes the rest.
+        let timer = with_due(10, stall_ago, now);
+        let mut timers = timer.lock();
+        timers.wakers = MAX_WAKERS - 3;
+        assert_eq!(timer.provide(&mut timers, now), (3, None));
+        assert_eq!(timers.wakers, MAX_WAKERS);
     }
 
     #[test]

@@ -3,6 +3,13 @@
 //!
 //! Each scenario hung, aborted or broke the timer before its fix, so each runs in a
 //! child process with a watchdog (`crate::common::child_process::isolated`).
+//!
+//! Many wakers that block at once: while fewer than the timer's 64 waker threads are stuck, an
+//! unrelated timeout is held back by about the timer's 2 ms stall; past the cap, until a waker
+//! thread comes free for it. Before the clock rechecked due wakers left without a thread (and
+//! started their threads all at once), 2 wakers blocking 300 ms held an unrelated 20 ms timeout
+//! back 290 ms, and 40 blocking 150 ms held it back 1.9 s. These run in child processes too:
+//! the timer is process-wide, so each scenario's blocked waker threads stay its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -107,6 +114,152 @@ fn a_blocking_waker_does_not_hold_back_other_timeouts() {
         "timer_wakers::a_blocking_waker_does_not_hold_back_other_timeouts",
         Duration::from_secs(30),
         blocking_waker_scenario,
+    );
+}
+
+// ===== many wakers that block at once =====
+
+/// Queued acquires whose wakers block, then (in field order, so no slot is handed to one of
+/// them) the slot that keeps them queued and their bulkhead.
+struct Blocked {
+    _acquires: Vec<AcquireOwned>,
+    _held: async_bulkhead_llm::OwnedPermit,
+    _bulkhead: async_bulkhead_llm::LlmBulkhead,
+}
+
+/// `count` queued acquires on a full bulkhead of their own, each timing out after 10 ms and
+/// polled once with a waker that blocks for `blocks` when the timer calls it; then how late
+/// an unrelated 20 ms queue timeout (another bulkhead, the futures executor) fires past its
+/// deadline. The queued acquires and the held slot are returned so that they outlive the
+/// measurement (a slot freed here would be handed to a queued acquire, calling its blocking
+/// waker on this thread).
+fn lateness_behind_blocking_wakers(count: u32, blocks: Duration) -> (Duration, Blocked) {
+    let (bulkhead, held) = full_with_queue(count);
+    let waker = Waker::from(Arc::new(BlocksOnWake(blocks)));
+    let stuck: Vec<AcquireOwned> = (0..count)
+        .map(|_| {
+            let mut acquire = bulkhead.acquire_owned(
+                &LlmRequest::new(),
+                AcquireOptions::new().timeout(Duration::from_millis(10)),
+            );
+            assert!(poll_once(&mut acquire, &waker).is_pending());
+            acquire
+        })
+        .collect();
+    let (other, _other_held) = full_with_queue(1);
+    let timeout = Duration::from_millis(20);
+    let started = Instant::now();
+    let result = futures::executor::block_on(
+        other.acquire(&LlmRequest::new(), AcquireOptions::new().timeout(timeout)),
+    );
+    let late = started.elapsed().saturating_sub(timeout);
+    match result {
+        Err(AcquireError::Rejected(r)) => assert_eq!(r.reason(), RejectReason::Timeout),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    eprintln!("{count} wakers blocking {blocks:?}: an unrelated 20 ms timeout fired {late:?} late");
+    let blocked = Blocked {
+        _acquires: stuck,
+        _held: held,
+        _bulkhead: bulkhead,
+    };
+    (late, blocked)
+}
+
+fn two_blocking_wakers_scenario() {
+    // Both blocking wakers are due at 10 ms and block 300 ms; the unrelated timeout is due at
+    // 20 ms, behind them. It used to wait for the first of them to return (about 290 ms late).
+    // The first round starts waker threads; the later ones find them idle.
+    for _ in 0..3 {
+        let (late, _blocked) = lateness_behind_blocking_wakers(2, Duration::from_millis(300));
+        assert!(
+            late < Duration::from_millis(100),
+            "an unrelated 20 ms timeout fired {late:?} late behind two wakers blocking 300 ms"
+        );
+        // Let this round's wakers return before the next.
+        std::thread::sleep(Duration::from_millis(400));
+    }
+}
+
+#[test]
+fn two_blocking_wakers_do_not_hold_back_an_unrelated_timeout() {
+    isolated(
+        "timer_wakers::two_blocking_wakers_do_not_hold_back_an_unrelated_timeout",
+        Duration::from_secs(30),
+        two_blocking_wakers_scenario,
+    );
+}
+
+fn many_blocking_wakers_scenario() {
+    // 40 wakers (fewer than the 64 waker threads the timer may run) due at 10 ms, each
+    // blocking 150 ms: the clock starts a thread for each of them at once, so the unrelated
+    // timeout still finds (or gets) a free thread about a stall after its deadline.
+    // The first round starts waker threads; the later ones find them idle (each round's
+    // wakers return before the next, so no round needs more than the cap).
+    for _ in 0..3 {
+        let (late, _blocked) = lateness_behind_blocking_wakers(40, Duration::from_millis(150));
+        assert!(
+            late < Duration::from_millis(60),
+            "an unrelated 20 ms timeout fired {late:?} late behind 40 wakers blocking 150 ms"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn many_blocking_wakers_below_the_thread_cap_do_not_hold_back_an_unrelated_timeout() {
+    isolated(
+        "timer_wakers::many_blocking_wakers_below_the_thread_cap_do_not_hold_back_an_unrelated_timeout",
+        Duration::from_secs(30),
+        many_blocking_wakers_scenario,
+    );
+}
+
+fn past_the_cap_scenario() {
+    // 70 wakers due at 10 ms, each blocking 300 ms: 64 waker threads take 64 of them and
+    // block; the 6 others and the unrelated timeout (due at 20 ms) wait for a thread to come
+    // free, at about 310 ms: the shortest remaining block at its deadline (about 290 ms).
+    let (late, _blocked) = lateness_behind_blocking_wakers(70, Duration::from_millis(300));
+    assert!(
+        late >= Duration::from_millis(200),
+        "past the cap the unrelated timeout waits for a waker thread, yet it fired {late:?} late"
+    );
+    assert!(
+        late < Duration::from_millis(500),
+        "an unrelated 20 ms timeout fired {late:?} late behind 70 wakers blocking 300 ms"
+    );
+}
+
+#[test]
+fn past_the_thread_cap_an_unrelated_timeout_waits_for_a_waker_thread_to_come_free() {
+    isolated(
+        "timer_wakers::past_the_thread_cap_an_unrelated_timeout_waits_for_a_waker_thread_to_come_free",
+        Duration::from_secs(30),
+        past_the_cap_scenario,
+    );
+}
+
+fn far_past_the_cap_scenario() {
+    // 200 wakers due at 10 ms, each blocking 100 ms: the 136 past the cap take the 64 threads
+    // in turns as they come free (at about 110, 210 and 310 ms), and the unrelated timeout,
+    // due at 20 ms, behind them all, gets a thread in the third turn (about 290 ms late).
+    let (late, _blocked) = lateness_behind_blocking_wakers(200, Duration::from_millis(100));
+    assert!(
+        late >= Duration::from_millis(150),
+        "the unrelated timeout waits for the wakers queued before it, yet it fired {late:?} late"
+    );
+    assert!(
+        late < Duration::from_millis(600),
+        "an unrelated 20 ms timeout fired {late:?} late behind 200 wakers blocking 100 ms"
+    );
+}
+
+#[test]
+fn far_past_the_thread_cap_an_unrelated_timeout_waits_for_the_wakers_due_before_it() {
+    isolated(
+        "timer_wakers::far_past_the_thread_cap_an_unrelated_timeout_waits_for_the_wakers_due_before_it",
+        Duration::from_secs(30),
+        far_past_the_cap_scenario,
     );
 }
 
