@@ -166,7 +166,7 @@ mod finding_1_float_extras {
 }
 
 /// Finding 2 (`operations`): at the exit of the 10-minute run, LeakSanitizer reported 193 bytes
-/// in 5 allocations, all made when the crate's timer thread was spawned (`src/timer.rs`: the
+/// in 5 allocations, all made when the crate's timer thread was spawned (`src/engine/timer.rs`: the
 /// spawn closure, the thread's handle and name, and glibc's thread-exit list entry).
 ///
 /// The timer threads are the crate's documented design: one process-wide clock thread and one
