@@ -2,9 +2,9 @@
 //! class), [`ClassLimits`] (a class's floors and ceilings), [`Resources`] (what an admission
 //! borrowed from the shared pool) and [`AbandonCause`].
 
+use crate::sync::unmodeled::{Mutex, OnceLock};
 use core::fmt;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
 /// One admission class, resolved once from its id with
 /// [`LlmBulkhead::class`](crate::LlmBulkhead::class) and passed to

@@ -11,9 +11,9 @@
 //! 2^28 shards have been created); the random bits make collisions across processes unlikely. The mixer only makes consecutive ids look unrelated (good for log
 //! sharding and for not leaking admission rates).
 
+use crate::sync::unmodeled::OnceLock;
 use core::fmt;
 use std::hash::{BuildHasher, Hasher, RandomState};
-use std::sync::OnceLock;
 
 use crate::sync::unmodeled::{AtomicU64, Ordering};
 

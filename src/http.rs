@@ -25,9 +25,11 @@
 //!   499 is nginx's "client closed request", outside the standard statuses, used because no
 //!   standard status says "the client left". Nobody usually receives it: there is no one left
 //!   to answer. It is there for logs and access-log metrics (e.g. a reject event's reason).
-//! - **No `Retry-After`.** A fail-fast bulkhead has no honest estimate of when capacity frees
-//!   up (that depends on how long the calls in flight run), so no header is invented; a
-//!   gateway that knows better can add its own.
+//! - **No `Retry-After` here.** A fail-fast bulkhead has no honest estimate of when capacity
+//!   frees up (that depends on how long the calls in flight run), so this mapping invents no
+//!   header. The tower layers can add one on request (`retry_after_hint`: an estimate from
+//!   their admitted calls' recent hold times, off by default), and a gateway that knows
+//!   better can add its own.
 //!
 //! `code` is the refusal's reason (`concurrency_limit`, ...) or the kind of invalid request
 //! (`reservation_overflow`, ...); `message` is the refusal's `Display`, except for a call that

@@ -2,14 +2,19 @@
 //!
 //! Every protocol the crate's correctness depends on (the packed admission word, the published
 //! limits, the close bit) is built from the items of this module, so that `--cfg loom` swaps them
-//! all for loom's model-checked versions at once. Nothing else in the crate may import
-//! `std::sync::atomic` directly.
+//! all for loom's model-checked versions at once. Nothing else in the crate imports
+//! `std::sync` or `core::sync::atomic` (`tests/house_rules.rs` checks it): what is modelled
+//! comes from here, and what is deliberately not, from [`unmodeled`].
 //!
-//! Two groups of items are deliberately *not* modelled, and live in [`unmodeled`]:
-//! statistics shards (single-writer counters whose values no decision ever reads) and the
-//! process-wide counter that numbers threads for admission ids. Keeping them out of the model
-//! keeps loom's state space on the admission protocol itself; their correctness does not depend
-//! on interleavings (each shard has one writer at a time, see `crate::engine` `local`).
+//! Not modelled ([`unmodeled`], always std's or portable-atomic's): statistics shards
+//! (single-writer counters whose values no decision ever reads) and the process-wide counter
+//! that numbers threads for admission ids; state that loom cannot run or that no model reaches
+//! (the timer's threads and their lock, which do not exist under loom; `tokio`'s clock
+//! probe; the interned class handles; the listener list, an `arc_swap` list loom cannot see
+//! into); a flag that only the task it belongs to reads (a `run` callback's abandonment); and
+//! the `Arc`s of user objects a public signature names (`Arc<dyn Estimator>`). Keeping them out
+//! of the model keeps loom's state space on the admission protocol itself; none of their
+//! correctness depends on an interleaving a model would explore.
 //!
 //! On targets without native 64-bit atomics (32-bit PowerPC, MIPS, RISC-V), and everywhere
 //! with the `portable-atomic` feature, every atomic integer here comes from `portable-atomic`
@@ -148,10 +153,10 @@ mod loom_u128 {
 /// Items that are not part of any modelled protocol (see the module docs).
 pub(crate) mod unmodeled {
     #[cfg(any(feature = "portable-atomic", not(target_has_atomic = "64")))]
-    pub(crate) use portable_atomic_crate::{AtomicU32, AtomicU64, Ordering, fence};
+    pub(crate) use portable_atomic_crate::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
     #[cfg(all(not(feature = "portable-atomic"), target_has_atomic = "64"))]
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
-    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+    pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
     /// Locks `mutex`, ignoring poisoning.
     ///

@@ -5,7 +5,7 @@
 //! exit, and a shard keeps its counts across owners, so the number of shards stays at the number
 //! of threads that used the crate at once.
 
-use std::sync::OnceLock;
+use crate::sync::unmodeled::OnceLock;
 
 use crossbeam_utils::CachePadded;
 

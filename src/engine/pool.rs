@@ -79,7 +79,7 @@ impl Drop for WaiterHandle {
             // let go (its `Release` decrement) before the waiter's reuse.
             && Arc::strong_count(&waiter) == 1
         {
-            core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+            crate::sync::unmodeled::fence(crate::sync::unmodeled::Ordering::Acquire);
             // Nothing else holds it: drop the task's waker it may still hold (after a timeout
             // or a cancellation) before it waits in the pool. Outside every lock.
             drop(waiter.forget_waker());

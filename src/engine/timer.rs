@@ -50,9 +50,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 #[cfg(not(loom))]
-use std::collections::{BTreeMap, VecDeque};
+use crate::sync::unmodeled::{Condvar, Mutex, MutexGuard, OnceLock};
 #[cfg(not(loom))]
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// How long a due waker may wait for a free waker thread before the clock starts one for it
@@ -387,13 +387,12 @@ impl Drop for Sleep {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::sync::unmodeled::{Arc, AtomicU64, Ordering};
     use std::task::Wake;
 
     use super::*;
 
-    struct Count(AtomicUsize);
+    struct Count(AtomicU64);
 
     impl Wake for Count {
         fn wake(self: Arc<Self>) {
@@ -403,7 +402,7 @@ mod tests {
 
     #[test]
     fn wakes_at_the_deadline_and_forgets_cancelled_timers() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let count = Arc::new(Count(AtomicU64::new(0)));
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
 

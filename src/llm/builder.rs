@@ -1,8 +1,8 @@
 //! Building a bulkhead: the validating builder, queueing profiles and the token-budget
 //! configuration.
 
+use crate::sync::unmodeled::Arc;
 use core::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::bulkhead::LlmBulkhead;

@@ -2,8 +2,9 @@
 //! observe-mode bypass) and how it reports usage; borrowed by `run`'s callback, owned (over a
 //! [`SharedCall`]) by `run_shared`'s.
 
+use crate::sync::unmodeled;
+use crate::sync::unmodeled::{AtomicBool, Ordering};
 use core::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
 use crate::admission_id::AdmissionId;
@@ -61,13 +62,13 @@ enum Inner<'a> {
         call: &'a mut BypassCall,
     },
     /// A call of `run_shared` (admitted or bypassed), owned.
-    Shared(std::sync::Arc<SharedCall>),
+    Shared(unmodeled::Arc<SharedCall>),
 }
 
 /// The state of a `run_shared` call, shared by its context and the future that settles it.
 pub(crate) struct SharedCall {
     core: crate::sync::Arc<LlmCore>,
-    state: std::sync::Mutex<CallState>,
+    state: unmodeled::Mutex<CallState>,
     abandoned: AtomicBool,
 }
 
@@ -90,10 +91,10 @@ impl SharedCall {
     pub(crate) fn new(
         core: crate::sync::Arc<LlmCore>,
         state: CallState,
-    ) -> std::sync::Arc<SharedCall> {
-        std::sync::Arc::new(SharedCall {
+    ) -> unmodeled::Arc<SharedCall> {
+        unmodeled::Arc::new(SharedCall {
             core,
-            state: std::sync::Mutex::new(state),
+            state: unmodeled::Mutex::new(state),
             abandoned: AtomicBool::new(false),
         })
     }
@@ -152,7 +153,7 @@ impl<'a> RunContext<'a> {
     }
 
     /// The context of a `run_shared` call.
-    pub(crate) fn shared(call: std::sync::Arc<SharedCall>) -> RunContext<'static> {
+    pub(crate) fn shared(call: unmodeled::Arc<SharedCall>) -> RunContext<'static> {
         RunContext {
             inner: Inner::Shared(call),
         }

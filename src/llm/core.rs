@@ -202,7 +202,8 @@ impl LlmCore {
         options.timeout.or(self.default_timeout)
     }
 
-    /// The one front door of every admission: asks the engine for `call` (queueing it if
+    /// The general door of an admission (see `try_admit` and `admit_in_place` for the two fast
+    /// ones): asks the engine for `call` (queueing it if
     /// `wait` allows), builds the admission, and announces an immediate outcome. Refusals for
     /// the reasons in `untimed` (a bit per `RejectReason`: observe mode's race bypasses) are
     /// announced untimed, now or after a wait.

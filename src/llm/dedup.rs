@@ -53,6 +53,7 @@ use sha2::{Digest, Sha256};
 
 use crate::admission_class::AdmissionClass;
 use crate::contain::contain;
+use crate::sync::unmodeled;
 use crate::sync::unmodeled::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex, lock};
 
@@ -87,7 +88,7 @@ type KeyFn = dyn Fn(&LlmRequest) -> String + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct Deduplication {
-    key: Option<std::sync::Arc<KeyFn>>,
+    key: Option<unmodeled::Arc<KeyFn>>,
 }
 
 impl Deduplication {
@@ -123,7 +124,7 @@ impl Deduplication {
     /// ```
     pub fn by_key(key: impl Fn(&LlmRequest) -> String + Send + Sync + 'static) -> Deduplication {
         Deduplication {
-            key: Some(std::sync::Arc::new(key)),
+            key: Some(unmodeled::Arc::new(key)),
         }
     }
 }
@@ -560,11 +561,11 @@ impl<O: Send + 'static> Flight<O> {
 struct FlightWaker<O>(Arc<Flight<O>>);
 
 impl<O: Send + 'static> Wake for FlightWaker<O> {
-    fn wake(self: std::sync::Arc<Self>) {
+    fn wake(self: unmodeled::Arc<Self>) {
         self.wake_by_ref();
     }
 
-    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+    fn wake_by_ref(self: &unmodeled::Arc<Self>) {
         let waker = {
             let mut inner = lock(&self.0.inner);
             if inner.polling {
@@ -704,7 +705,7 @@ impl<O: Send + 'static> Waiter<O> {
     fn flight_waker(&mut self) -> Waker {
         self.waker
             .get_or_insert_with(|| {
-                Waker::from(std::sync::Arc::new(FlightWaker(Arc::clone(&self.flight))))
+                Waker::from(unmodeled::Arc::new(FlightWaker(Arc::clone(&self.flight))))
             })
             .clone()
     }

@@ -4,7 +4,8 @@
 //!   provider JSON forms.
 //! - `estimate`: the [`Estimator`](crate::Estimator) trait and the built-in estimators.
 //! - `core`: [`LlmCore`](core::LlmCore), the engine paired with the model, the estimator and
-//!   the listeners; the one front door of every admission.
+//!   the listeners; every admission goes through its doors (`try_admit`, `admit_in_place`,
+//!   `admit`).
 //! - `admission`, `usage`: the record of one admitted call and its usage ledger (reports,
 //!   settlement, bookings).
 //! - `observe`, `bypass`: observe mode's records and counters, and its execution (a bypassed

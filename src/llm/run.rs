@@ -2,12 +2,12 @@
 //! borrowed-slot deadline that cuts a call holding a slot it borrowed from the shared pool, and
 //! observe mode's entry (`enter`: the advisory and race bypasses), which `run_shared` shares.
 
+use crate::sync::unmodeled::{AtomicBool, Ordering};
 use core::fmt;
 use core::future::Future;
 use core::ops::AsyncFnOnce;
 use core::pin::pin;
 use core::task::Poll;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::admission_class::{AbandonCause, AdmissionClass, Resources};

@@ -13,6 +13,7 @@ use crate::priority::Priority;
 use crate::rejection::RejectReason;
 use crate::reservation::TokenUsage;
 use crate::sync::Arc;
+use crate::sync::unmodeled;
 
 use super::acquire::AcquireOwned;
 use super::bulkhead::LlmBulkhead;
@@ -30,7 +31,7 @@ use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut, un
 /// # Examples
 ///
 /// ```
-/// use std::sync::Arc;
+/// use unmodeled::Arc;
 /// use async_bulkhead_llm::{Sharing, TokenUsage};
 ///
 /// struct Reply { text: Arc<str>, input: u64, output: u64 }
@@ -67,7 +68,7 @@ impl<T> Sharing<T> {
     /// # Examples
     ///
     /// ```
-    /// use std::sync::Arc;
+    /// use unmodeled::Arc;
     /// let sharing = async_bulkhead_llm::Sharing::with(|body: &Arc<[u8]>| Arc::clone(body));
     /// # let _ = sharing;
     /// ```
@@ -215,7 +216,7 @@ impl LlmBulkhead {
     /// # Examples
     ///
     /// ```
-    /// use std::sync::Arc;
+    /// use unmodeled::Arc;
     /// use async_bulkhead_llm::*;
     ///
     /// struct Completion { text: Arc<str>, usage: TokenUsage } // not Clone
@@ -483,10 +484,10 @@ where
                 Arc::clone(&core),
                 CallState::Admitted(permit.into_admission()),
             );
-            let mut settle = Settle(Some(std::sync::Arc::clone(&shared)));
+            let mut settle = Settle(Some(unmodeled::Arc::clone(&shared)));
             let deadline = options.borrowed_concurrency_deadline;
             let finished = until_cut(
-                f(RunContext::shared(std::sync::Arc::clone(&shared))),
+                f(RunContext::shared(unmodeled::Arc::clone(&shared))),
                 cut_timer(deadline, borrowed),
                 shared.abandoned(),
             )
@@ -527,7 +528,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let shared = SharedCall::new(core, CallState::Bypassed(bypass));
-    let mut settle = Settle(Some(std::sync::Arc::clone(&shared)));
+    let mut settle = Settle(Some(unmodeled::Arc::clone(&shared)));
     match f(RunContext::shared(shared)).await {
         Ok(value) => {
             settle.finish(usage.and_then(|usage| usage(&value)));
@@ -542,7 +543,7 @@ where
 
 /// Settles a `run_shared` call once: when it finishes, or when its future is dropped (with
 /// the last reported usage).
-struct Settle(Option<std::sync::Arc<SharedCall>>);
+struct Settle(Option<unmodeled::Arc<SharedCall>>);
 
 impl Settle {
     fn finish(&mut self, usage: Option<TokenUsage>) {

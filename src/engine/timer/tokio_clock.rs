@@ -26,11 +26,10 @@
 //! A tokio sleep polled after its runtime shut down panics too; that poll is caught the same
 //! way and the sleep falls back to the crate's timer for the rest of its wait.
 
+use crate::sync::unmodeled::{AtomicBool, Mutex, Ordering};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 mod adaptive;
 mod model_aware;
 
-use std::sync::Arc;
+use crate::sync::unmodeled::Arc;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use model_aware::{ModelAwareEstimator, ModelAwareEstimatorBuilder, OpaqueBlockTokens};
