@@ -154,9 +154,12 @@ mod loom_u128 {
 pub(crate) mod unmodeled {
     #[cfg(any(feature = "portable-atomic", not(target_has_atomic = "64")))]
     pub(crate) use portable_atomic_crate::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+    /// The timer's (no timer thread exists under loom).
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::Condvar;
     #[cfg(all(not(feature = "portable-atomic"), target_has_atomic = "64"))]
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
-    pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
     /// Locks `mutex`, ignoring poisoning.
     ///
