@@ -1,0 +1,267 @@
+//! One admission + release per iteration, in plain loops of our own (no criterion): the
+//! second opinion on every single-thread figure, and the program `benches/instructions.py`
+//! counts instructions in.
+//!
+//! Each case is a closure behind `&dyn Fn()` (as a gateway's handler calls the bulkhead: no
+//! inlining of the whole loop into one specialized body), run a fixed number of times with a
+//! real request (a prompt and `max_tokens`), beside its peers in the same binary.
+//!
+//! ```text
+//! cargo bench --bench cycles                  # every case: ns per iteration, median of 7
+//! cargo bench --bench cycles -- ns budget     # the cases whose name contains `budget`
+//! cargo bench --bench cycles -- count CASE N  # only CASE's loop, N times (for callgrind)
+//! ```
+//!
+//! In `count` mode the measured loop is the function `cycles::measured` (never inlined), so
+//! `valgrind --tool=callgrind --toggle-collect=*cycles::measured*` counts exactly the cases'
+//! iterations; `benches/instructions.py` runs it twice (N and 2N) and divides the difference.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use async_bulkhead_llm::{
+    AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, Reservation,
+    TokenBudget,
+};
+
+/// Tokens every budget case reserves (100 input + 1,000 output), as in `admission.rs`.
+const RESERVED: u32 = 1100;
+/// Iterations of one timed run, and timed runs per case (the median is reported).
+const ITERATIONS: u64 = 2_000_000;
+const RUNS: usize = 7;
+
+/// A real request: a system prompt, a user prompt, a cap on the output.
+fn request() -> LlmRequest {
+    LlmRequest::new()
+        .model("claude-sonnet-4")
+        .system("You are a concise assistant.")
+        .user("Summarise the attached incident report in three bullet points.")
+        .max_tokens(1000)
+}
+
+fn reservation() -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(100, 1000).expect("fits"))
+}
+
+fn plain() -> LlmBulkhead {
+    LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .build()
+        .expect("valid")
+}
+
+fn budgeted() -> LlmBulkhead {
+    LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .token_budget(TokenBudget::new(1 << 34))
+        .build()
+        .expect("valid")
+}
+
+/// Four classes with floors and a budget, as `benches/classes.rs`.
+fn classed() -> LlmBulkhead {
+    LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .token_budget(TokenBudget::new(1 << 34))
+        .admission_classes(
+            AdmissionClasses::new("standard")
+                .class(
+                    "premium",
+                    ClassLimits::new()
+                        .protected_concurrent(256)
+                        .protected_in_flight_tokens(1 << 30),
+                )
+                .class("standard", ClassLimits::new().protected_concurrent(128))
+                .class("batch", ClassLimits::new().max_concurrent(512))
+                .class(
+                    "internal",
+                    ClassLimits::new()
+                        .protected_concurrent(64)
+                        .max_in_flight_tokens(1 << 32),
+                ),
+        )
+        .build()
+        .expect("valid")
+}
+
+/// Polls `future` once, with a waker that does nothing: every awaited case here finds a
+/// free slot, so the first poll finishes it.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("a free slot was not taken at once"),
+    }
+}
+
+/// The host's raw cost of one compare-and-swap acquire and one release: what a ns figure is
+/// read against (hosts with cheap atomics make the non-atomic work weigh more).
+fn raw_cas(word: &AtomicU64) {
+    let mut current = word.load(Ordering::Acquire);
+    while let Err(actual) =
+        word.compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
+    {
+        current = actual;
+    }
+    word.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Every case: its name and the closure of one iteration.
+fn cases() -> Vec<(&'static str, Box<dyn Fn()>)> {
+    let request: &'static LlmRequest = Box::leak(Box::new(request()));
+    let no_budget = plain();
+    let budget = budgeted();
+    let with_classes = classed();
+    let premium = reservation().class(with_classes.class("premium").expect("configured"));
+    let full = LlmBulkhead::builder("claude-sonnet-4", 1)
+        .build()
+        .expect("valid");
+    std::mem::forget(full.try_acquire_owned(request, AcquireOptions::new()));
+    let closed = plain();
+    closed.close();
+    let tokio_one = tokio::sync::Semaphore::new(1024);
+    let tokio_slots = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
+    let tokio_tokens = std::sync::Arc::new(tokio::sync::Semaphore::new(1 << 30));
+    let async_lock = async_lock::Semaphore::new(1024);
+    let word = Box::leak(Box::new(AtomicU64::new(0)));
+    let (slots, tokens) = (tokio_slots.clone(), tokio_tokens.clone());
+    let tokio_empty = tokio::sync::Semaphore::new(0);
+    vec![
+        ("raw_cas", Box::new(|| raw_cas(word))),
+        (
+            "no_budget",
+            Box::new({
+                let b = no_budget.clone();
+                move || drop(black_box(b.try_acquire(request, AcquireOptions::new())))
+            }),
+        ),
+        (
+            "tokio_try_acquire",
+            Box::new(move || drop(black_box(tokio_one.try_acquire()))),
+        ),
+        (
+            "async_lock_try_acquire",
+            Box::new(move || drop(black_box(async_lock.try_acquire()))),
+        ),
+        (
+            "budget",
+            Box::new({
+                let b = budget.clone();
+                move || drop(black_box(b.try_acquire(request, black_box(reservation()))))
+            }),
+        ),
+        (
+            "tokio_two_semaphores",
+            Box::new(move || {
+                let slot = slots.try_acquire();
+                let held = tokens.try_acquire_many(black_box(RESERVED));
+                drop(black_box((slot, held)));
+            }),
+        ),
+        (
+            "classes",
+            Box::new(move || {
+                drop(black_box(
+                    with_classes.try_acquire(request, black_box(premium)),
+                ))
+            }),
+        ),
+        (
+            "await_budget",
+            Box::new({
+                let b = budget.clone();
+                move || drop(black_box(ready(b.acquire(request, black_box(reservation())))))
+            }),
+        ),
+        (
+            "await_no_budget",
+            Box::new({
+                let b = no_budget.clone();
+                move || drop(black_box(ready(b.acquire(request, AcquireOptions::new()))))
+            }),
+        ),
+        (
+            "tokio_acquire_await",
+            Box::new(move || drop(black_box(ready(tokio_slots.acquire())))),
+        ),
+        (
+            "rejection_full",
+            Box::new(move || drop(black_box(full.try_acquire(request, AcquireOptions::new())))),
+        ),
+        (
+            "rejection_closed",
+            Box::new(move || {
+                drop(black_box(closed.try_acquire(request, AcquireOptions::new())))
+            }),
+        ),
+        (
+            "tokio_rejection",
+            Box::new(move || drop(black_box(tokio_empty.try_acquire()))),
+        ),
+    ]
+}
+
+/// The measured loop: `op`, `iterations` times. Never inlined, so a profiler can count it
+/// alone (see the module docs).
+#[inline(never)]
+fn measured(op: &dyn Fn(), iterations: u64) {
+    for _ in 0..iterations {
+        op();
+    }
+}
+
+/// Nanoseconds per iteration of `op`: the median of [`RUNS`] timed runs of [`ITERATIONS`],
+/// after a warm-up run.
+fn time(op: &dyn Fn()) -> f64 {
+    measured(op, ITERATIONS / 10);
+    let mut runs: Vec<f64> = (0..RUNS)
+        .map(|_| {
+            let start = Instant::now();
+            measured(op, ITERATIONS);
+            start.elapsed().as_nanos() as f64 / ITERATIONS as f64
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[RUNS / 2]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; criterion-style filters come after it.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let cases = cases();
+    match args.first().map(String::as_str) {
+        Some("count") => {
+            let name = args.get(1).expect("count CASE N");
+            let iterations: u64 = args.get(2).and_then(|n| n.parse().ok()).expect("count CASE N");
+            let (_, op) = cases
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("no case {name}"));
+            // Warm: the first calls of a thread set up its counter shard and its id block.
+            measured(op.as_ref(), 1000);
+            measured(op.as_ref(), iterations);
+        }
+        Some("list") => {
+            for (name, _) in &cases {
+                println!("{name}");
+            }
+        }
+        mode => {
+            let filter = match mode {
+                Some("ns") => args.get(1).cloned(),
+                _ => None,
+            };
+            println!("case ns_per_iteration (median of {RUNS} runs of {ITERATIONS})");
+            for (name, op) in &cases {
+                if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+                    continue;
+                }
+                println!("{name} {:.2}", time(op.as_ref()));
+            }
+        }
+    }
+}
