@@ -39,10 +39,11 @@
 //!   several). A class lock is never held while taking another lock, and no user code runs
 //!   under one.
 //!
-//! Progress: the locked path is lock-free across classes but blocking within a class: a call
-//! waits (spinning, then yielding: see `take`) while another operation of the same class is
-//! between its lock and its store, a few dozen instructions unless that thread is descheduled,
-//! and then for as long as it stays descheduled (`benches/class_tail.rs` measures that tail).
+//! Progress: the locked path is lock-free across classes (but while a writer of every class,
+//! `lock_all`, holds them all) and blocking within a class: a call waits (spinning, then
+//! yielding: see `take`) while another operation of the same class is between its lock and its
+//! store, a few dozen instructions unless that thread is descheduled, and then for as long as
+//! it stays descheduled (`benches/class_tail.rs` measures that tail).
 //! A class without contention pays one CAS and one store more per operation than the path
 //! without classes, and its word operations are 128 bits wide: a CAS to admit, and to release
 //! (slot and hold together, the common case) one 128-bit `fetch_sub`, which, like the narrow
