@@ -39,6 +39,12 @@
 //! advances the epoch, so a decision made under old limits cannot commit after the change
 //! returns. Statistics live in per-thread shards, so no shared counter slows the fast path.
 //!
+//! That fast path (no admission class, or a class call within its class's floors: one
+//! compare-and-swap of the class's word) is lock-free. A class call beyond its floors takes its
+//! class's lock for a few instructions; waiting in the queue, changing limits, closing,
+//! deduplication and [`Tenants`] take short locks. `docs/design.md` in the repository lists
+//! every path ("Progress, path by path").
+//!
 //! # Examples
 //!
 //! ```

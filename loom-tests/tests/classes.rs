@@ -639,3 +639,37 @@ fn a_release_within_its_floor_races_a_call_of_its_class() {
         assert_classes_idle(&bulkhead);
     });
 }
+
+/// Two calls within their class's floor race on the class word, then so do their releases:
+/// the operation whose CAS fails (the other committed first) decides again on the class word
+/// and retries there, never taking the class lock. Both calls are admitted within the floor
+/// (nothing borrowed, nothing shared) in every interleaving, and everything returns exactly.
+#[test]
+fn two_calls_within_their_floor_race_on_the_class_word() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 3)
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", ClassLimits::new().protected_concurrent(2))
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let other = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || try_admit(&bulkhead, in_class(&bulkhead, "a")).unwrap())
+        };
+        let mine = try_admit(&bulkhead, in_class(&bulkhead, "a")).unwrap();
+        let other = other.join().unwrap();
+        for permit in [&mine, &other] {
+            assert!(!permit.resources().borrowed_concurrency, "within a's floor");
+        }
+        let classes = bulkhead.stats().admission_classes.unwrap();
+        assert_eq!(classes.classes[0].in_flight, 2);
+        assert_eq!(classes.shared.in_flight, 0, "nothing borrowed");
+        let releaser = thread::spawn(move || drop(other));
+        drop(mine);
+        releaser.join().unwrap();
+        assert_classes_idle(&bulkhead);
+    });
+}

@@ -1,9 +1,9 @@
 //! The general bulkhead: [`Bulkhead`] isolates one dependency (an API, a database, a pool of
 //! workers) so that it cannot take every slot of a service, in the manner of Polly's
 //! `BulkheadPolicy` and Resilience4j's `Bulkhead`. It is the crate's admission engine asked for
-//! one slot and no tokens: the same lock-free fast path, strictly FIFO queue with hand-off,
-//! versioned limits, close and drain as the LLM bulkhead, without requests, estimators or
-//! events.
+//! one slot and no tokens: the same lock-free fast path, strictly FIFO queue with hand-off (under
+//! a short lock), versioned limits, close and drain as the LLM bulkhead, without requests,
+//! estimators or events.
 //!
 //! It imports the engine and the plain vocabulary, never the LLM wing.
 //!
@@ -38,8 +38,10 @@ use self::permit::{BulkheadPermit, OwnedBulkheadPermit};
 /// in a FIFO queue of `max_queue` places for at most the queue timeout, and beyond that is
 /// refused at once. Refusals are [`BulkheadError`]s, never to be retried.
 ///
-/// Cheap to clone (an `Arc`): clones share the slots. Every decision is one lock-free
-/// compare-and-swap when a slot is free; a release hands its slot to the oldest queued call.
+/// Cheap to clone (an `Arc`): clones share the slots. A call that finds a slot free is admitted
+/// with one lock-free compare-and-swap, and a release with nobody queued is one wait-free
+/// `fetch_sub`; queueing, and a release handing its slot to the oldest queued call, take the
+/// queue's short lock.
 ///
 /// | | |
 /// |---|---|

@@ -39,15 +39,17 @@
 //!   several). A class lock is never held while taking another lock, and no user code runs
 //!   under one.
 //!
-//! Progress: the class path is lock-free across classes and obstruction-free within a class,
-//! with a bounded window (a call of a class waits only while another call of the same class is
-//! between its lock and its store, a few dozen instructions unless that thread is
-//! descheduled). A class without contention pays one CAS and one store more per operation
-//! than the path without classes, and its word operations are 128 bits wide: a CAS to admit,
-//! and to release (slot and hold together, the common case) one 128-bit `fetch_sub`, which,
-//! like the narrow word's, cannot borrow across fields because everything it subtracts is
-//! part of the counts it subtracts from (the class's borrowed figures are part of the shared
-//! ones while its lock is held).
+//! Progress: the locked path is lock-free across classes (but while a writer of every class,
+//! `lock_all`, holds them all) and blocking within a class: a call waits (spinning, then
+//! yielding: see `take`) while another operation of the same class is between its lock and its
+//! store, a few dozen instructions unless that thread is descheduled, and then for as long as
+//! it stays descheduled (`benches/class_tail.rs` measures that tail).
+//! A class without contention pays one CAS and one store more per operation than the path
+//! without classes, and its word operations are 128 bits wide: a CAS to admit, and to release
+//! (slot and hold together, the common case) one 128-bit `fetch_sub`, which, like the narrow
+//! word's, cannot borrow across fields because everything it subtracts is part of the counts
+//! it subtracts from (the class's borrowed figures are part of the shared ones while its lock
+//! is held).
 //!
 //! The alternatives lose: a pending-reservation protocol on 64-bit words still needs one extra
 //! read-modify-write per operation per word touched and makes every refusal wait for pending
@@ -135,9 +137,12 @@
 //! Readers of the figures (`stats`, a refusal's snapshot, `is_idle`) take the idle floors out
 //! (`in_flight_of`), reading the class words after the word: exact when nothing else runs.
 //!
-//! Progress: the fast path is one CAS on the class word, lock-free; it fails over to the
-//! locked path while the class is locked. Measured (criterion, one thread, 4 classes, budget
-//! and floors): about 1.1x the path without classes, against 1.9x for the locked path.
+//! Progress: the fast path is a CAS on the class word, retried while it fails because another
+//! operation within the class's floors committed first: lock-free while nobody holds the
+//! class's lock. It goes to the locked path while the class is locked (a call beyond its
+//! floors, a usage report, an abandonment, a writer of every class). Measured (criterion, one
+//! thread, 4 classes, budget and floors): about 1.1x the path without classes, against 1.9x
+//! for the locked path.
 
 use crossbeam_utils::{Backoff, CachePadded};
 
@@ -315,6 +320,15 @@ impl Classes {
 /// returns the word as it was. (A `fetch_or` would take it in one instruction without the
 /// load, but measured no faster, and its spinning waiter is not a model loom can explore: a
 /// CAS it is.)
+///
+/// The wait is crossbeam's `Backoff::snooze` (`crate::sync::spin_wait`): exponential
+/// spinning on plain loads (127 `spin_loop` hints, a few µs), then `yield_now` at every
+/// retry. Yielding sooner measured worse (`benches/class_tail.rs`, 8 threads on one class on
+/// 2 cores: yielding after 0 or 3 hints put the locked path's p99.9 at 22 to 60 µs, after 15
+/// at 2 to 150 µs, against 1 to 4 µs with this wait): a yield costs a system call and hands
+/// the core to another waiter, while a holder that is running leaves within a few hundred
+/// nanoseconds. A holder that was descheduled runs again only when its core's scheduler picks
+/// it, which spinning longer before yielding (up to about 1.6 ms) did not hasten either.
 #[inline]
 fn take(word: &AtomicU64) -> u64 {
     let backoff = Backoff::new();
@@ -464,28 +478,35 @@ impl Engine {
     }
 
     /// Admits a class call within its class's floors on its class's word alone, while the
-    /// floors are reserved (see "Floors reserved" in the module docs): one CAS. `None` when
-    /// the call must take the locked path (the floors are not reserved, the class is locked,
-    /// the call would go beyond a floor, or it may use less than the whole budget).
+    /// floors are reserved (see "Floors reserved" in the module docs): one CAS, retried while
+    /// it fails on another operation within the class's floors (see
+    /// [`commit_within_floors`](Engine::commit_within_floors)). `None` when the call must
+    /// take the locked path (the floors are not reserved, the class is locked, the call would
+    /// go beyond a floor, or it may use less than the whole budget).
     #[inline]
     fn admit_within_floors(&self, ask: crate::engine::Ask) -> Option<u64> {
         let class = ask.class?;
         let word = self.classes.as_ref()?.word(class);
-        let (current, epoch, caps) = self.reserved_word(word, class)?;
-        let counts = ClassCounts::unpack(current);
-        let tokens = counts.tokens.saturating_add(ask.reserved);
-        let within = counts.slots < caps.protected_slots
-            && tokens <= caps.protected_tokens
-            && caps.max_slots.is_none_or(|max| counts.slots < max)
-            && caps.max_tokens.is_none_or(|max| tokens <= max);
-        // A normal-priority call may use the budget less its high-priority reserve, which the
-        // reserved floors do not bound.
-        if !within || (ask.priority != Priority::High && self.published.reserve(epoch) > 0) {
-            return None;
+        let backoff = Backoff::new();
+        loop {
+            let (current, epoch, caps) = self.reserved_word(word, class)?;
+            let counts = ClassCounts::unpack(current);
+            let tokens = counts.tokens.saturating_add(ask.reserved);
+            let within = counts.slots < caps.protected_slots
+                && tokens <= caps.protected_tokens
+                && caps.max_slots.is_none_or(|max| counts.slots < max)
+                && caps.max_tokens.is_none_or(|max| tokens <= max);
+            // A normal-priority call may use the budget less its high-priority reserve, which
+            // the reserved floors do not bound.
+            if !within || (ask.priority != Priority::High && self.published.reserve(epoch) > 0) {
+                return None;
+            }
+            let revision = self.published.revision(epoch);
+            if self.commit_within_floors(word, current, current + ONE_SLOT + ask.reserved, epoch) {
+                return Some(revision);
+            }
+            backoff.spin();
         }
-        let revision = self.published.revision(epoch);
-        self.commit_within_floors(word, current, current + ONE_SLOT + ask.reserved, epoch)
-            .then_some(revision)
     }
 
     /// `class`'s word (`word`) as an operation within its floors may move it alone: its floors
@@ -512,10 +533,13 @@ impl Engine {
     }
 
     /// Commits an operation within its class's floors decided on `current` under `epoch`:
-    /// one CAS of the class word to `next`. One attempt: a failure means another operation
-    /// of the class moved the word (or locked it), and the caller takes the locked path,
-    /// which serializes with it. `AcqRel`: acquires as taking the lock would, and releases
-    /// the counts (and what the caller did before) to the class's next operation.
+    /// one CAS of the class word to `next`. A failure means another operation of the class
+    /// moved the word (it made progress) or locked it: the caller decides again from a fresh
+    /// read of the word, which sends it to the locked path (serialized with the holder) if
+    /// the word is locked or no longer reserved under the limits in force, and otherwise
+    /// retries here, as a new call would (a lock-free retry: no lock is taken while only
+    /// operations within the floors race). `AcqRel`: acquires as taking the lock would, and
+    /// releases the counts (and what the caller did before) to the class's next operation.
     ///
     /// After the commit: if the limits changed as many times as the word's epoch bits wrap
     /// since `epoch` was read (2^10, or 2 under loom), the commit may have used a floor no
@@ -652,22 +676,30 @@ impl Engine {
     }
 
     /// Releases a class admission within its class's floors on its class's word alone, while
-    /// the floors are reserved: one CAS. `false` (nothing done) when the release must take the
-    /// locked path.
+    /// the floors are reserved: one CAS, retried as
+    /// [`admit_within_floors`](Engine::admit_within_floors) retries. `false` (nothing done)
+    /// when the release must take the locked path.
     #[inline]
     fn release_within_floors(&self, class: AdmissionClass, held: u64) -> bool {
         let word = self.class_table().word(class);
-        let Some((current, epoch, caps)) = self.reserved_word(word, class) else {
-            return false;
-        };
-        let counts = ClassCounts::unpack(current);
-        debug_assert!(
-            counts.slots > 0 && counts.tokens >= held,
-            "class count underflow"
-        );
-        counts.slots <= caps.protected_slots
-            && counts.tokens <= caps.protected_tokens
-            && self.commit_within_floors(word, current, current - ONE_SLOT - held, epoch)
+        let backoff = Backoff::new();
+        loop {
+            let Some((current, epoch, caps)) = self.reserved_word(word, class) else {
+                return false;
+            };
+            let counts = ClassCounts::unpack(current);
+            debug_assert!(
+                counts.slots > 0 && counts.tokens >= held,
+                "class count underflow"
+            );
+            if counts.slots > caps.protected_slots || counts.tokens > caps.protected_tokens {
+                return false;
+            }
+            if self.commit_within_floors(word, current, current - ONE_SLOT - held, epoch) {
+                return true;
+            }
+            backoff.spin();
+        }
     }
 
     /// The locked path of [`release_class_all`](Engine::release_class_all).

@@ -1,7 +1,8 @@
 //! The admission engine: a hard cap on slots and tokens in flight, decided by one lock-free
-//! compare-and-swap per admission, with a strictly FIFO wait queue, versioned limits, close and
-//! drain. It knows nothing of requests, estimators or events: a call asks for a number of tokens
-//! at a priority ([`Ask`]) and gets a [`Grant`], a [`Rejection`] or a place in the queue.
+//! compare-and-swap per admission (a class call beyond its floors takes its class's lock, see
+//! `classes`), with a strictly FIFO wait queue, versioned limits, close and drain. It knows
+//! nothing of requests, estimators or events: a call asks for a number of tokens at a priority
+//! ([`Ask`]) and gets a [`Grant`], a [`Rejection`] or a place in the queue.
 //!
 //! Everything above it (the LLM wing in `crate::llm`, and whatever bulkhead is built next) goes
 //! through [`Engine`]'s methods; its fields are private to this folder.

@@ -24,7 +24,10 @@ use super::permit::{OwnedPermit, Permit};
 use super::request::LlmRequest;
 
 /// Admission control for calls to one LLM: a hard cap on calls in flight and, optionally, on
-/// tokens in flight, decided by one lock-free compare-and-swap per admission.
+/// tokens in flight, decided by one lock-free compare-and-swap per admission (of the admission
+/// word, or of its class's word for a call within its class's floors; a class call beyond its
+/// floors takes its class's lock for a few instructions, and a call that waits takes the
+/// queue's: see the crate docs).
 ///
 /// Cloning is cheap (a reference count) and every clone is the same bulkhead.
 ///

@@ -12,8 +12,9 @@
 //! - a progressive report holds `remaining_output + safety_margin + max(0, output - max_output)`:
 //!   input and output already generated stop being held.
 //!
-//! Every hold change is one lock-free update of the admission word, so a refund is available to
-//! the next admission at once, and an overrun blocks new admissions until it is released.
+//! Every hold change is one update of the admission word (lock-free; a class admission's takes
+//! its class's lock for it), so a refund is available to the next admission at once, and an
+//! overrun blocks new admissions until it is released.
 //!
 //! # Booking (our fix of the original's quirk Q4, `docs/design.md` §D4)
 //!
