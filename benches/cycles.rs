@@ -89,7 +89,10 @@ fn classed() -> LlmBulkhead {
 /// free slot, so the first poll finishes it.
 fn ready<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
-    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
         Poll::Ready(output) => output,
         Poll::Pending => panic!("a free slot was not taken at once"),
     }
@@ -171,7 +174,11 @@ fn cases() -> Vec<(&'static str, Box<dyn Fn()>)> {
             "await_budget",
             Box::new({
                 let b = budget.clone();
-                move || drop(black_box(ready(b.acquire(request, black_box(reservation())))))
+                move || {
+                    drop(black_box(ready(
+                        b.acquire(request, black_box(reservation())),
+                    )))
+                }
             }),
         ),
         (
@@ -192,7 +199,9 @@ fn cases() -> Vec<(&'static str, Box<dyn Fn()>)> {
         (
             "rejection_closed",
             Box::new(move || {
-                drop(black_box(closed.try_acquire(request, AcquireOptions::new())))
+                drop(black_box(
+                    closed.try_acquire(request, AcquireOptions::new()),
+                ))
             }),
         ),
         (
@@ -236,7 +245,10 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("count") => {
             let name = args.get(1).expect("count CASE N");
-            let iterations: u64 = args.get(2).and_then(|n| n.parse().ok()).expect("count CASE N");
+            let iterations: u64 = args
+                .get(2)
+                .and_then(|n| n.parse().ok())
+                .expect("count CASE N");
             let (_, op) = cases
                 .iter()
                 .find(|(n, _)| n == name)
