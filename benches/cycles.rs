@@ -110,8 +110,11 @@ fn raw_cas(word: &AtomicU64) {
     word.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// Every case: its name and the closure of one iteration.
-fn cases() -> Vec<(&'static str, Box<dyn Fn()>)> {
+/// A case: its name and the closure of one iteration.
+type Case = (&'static str, Box<dyn Fn()>);
+
+/// Every case.
+fn cases() -> Vec<Case> {
     let request: &'static LlmRequest = Box::leak(Box::new(request()));
     let no_budget = plain();
     let budget = budgeted();
