@@ -135,7 +135,7 @@ impl BulkheadBuilder {
     /// let bulkhead = Bulkhead::builder(1)?
     ///     .max_queue(0)
     ///     .on_reject(move |error| {
-    ///         let BulkheadState { active, queued } = error.state();
+    ///         let BulkheadState { active, queued, .. } = error.state();
     ///         assert_eq!((active, queued), (1, 0));
     ///         seen.fetch_add(1, Ordering::Relaxed);
     ///     })

@@ -60,7 +60,7 @@ impl BulkheadState {
 /// let bulkhead = Bulkhead::builder(1)?.max_queue(0).build();
 /// let _held = bulkhead.try_acquire()?;
 /// let err = bulkhead.try_acquire().unwrap_err();
-/// assert_eq!(err, BulkheadError::QueueFull { state: BulkheadState { active: 1, queued: 0 } });
+/// assert_eq!(err, BulkheadError::QueueFull { state: BulkheadState::new(1, 0) });
 /// assert!(!err.is_retryable());
 /// assert!(err.to_string().contains("do not retry"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -115,10 +115,10 @@ impl Bulkhead {
     /// use async_bulkhead_llm::{Bulkhead, BulkheadConfigError, BulkheadLimits};
     ///
     /// let bulkhead = Bulkhead::new(5)?;
-    /// let next = BulkheadLimits { revision: 1, max_concurrent: 10, max_queue: 20 };
+    /// let next = BulkheadLimits::new(1, 10).with_max_queue(20);
     /// assert!(bulkhead.apply_limits(next)?);
-    /// assert!(!bulkhead.apply_limits(BulkheadLimits { revision: 1, ..next })?); // stale
-    /// let zero = BulkheadLimits { revision: 2, max_concurrent: 0, max_queue: 20 };
+    /// assert!(!bulkhead.apply_limits(next)?); // stale
+    /// let zero = BulkheadLimits::new(2, 0).with_max_queue(20);
     /// assert_eq!(bulkhead.apply_limits(zero), Err(BulkheadConfigError::ZeroMaxConcurrent));
     /// assert_eq!(bulkhead.limits(), next);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

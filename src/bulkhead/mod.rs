@@ -189,7 +189,7 @@ impl Bulkhead {
     ///
     /// let bulkhead = Bulkhead::new(3)?;
     /// let _a = bulkhead.try_acquire()?;
-    /// assert_eq!(bulkhead.state(), BulkheadState { active: 1, queued: 0 });
+    /// assert_eq!(bulkhead.state(), BulkheadState::new(1, 0));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn state(&self) -> BulkheadState {

@@ -30,7 +30,7 @@ use crate::sync::atomic::Ordering;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{DrainReport, LlmBulkhead};
+/// use async_bulkhead_llm::LlmBulkhead;
 ///
 /// # futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;

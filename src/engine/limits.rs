@@ -745,6 +745,27 @@ impl PublishedLimits {
         }
     }
 
+    /// What the fast lane of an admission reads of the slot of `epoch` (trustworthy as
+    /// [`read`](PublishedLimits::read) is): `(revision, max_concurrent, the budget a call of
+    /// `priority` may fill)`, the budget `u64::MAX` without one (nothing is reserved then).
+    #[inline]
+    pub(crate) fn read_fast(&self, epoch: u64, priority: Priority) -> (u64, u32, u64) {
+        let slot = &self.slots[(epoch & 1) as usize];
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
+        let revision = slot.revision.load(Ordering::Acquire);
+        let max_concurrent = slot.concurrency.load(Ordering::Acquire) as u32;
+        let budget = if self.has_budget {
+            let budget = slot.budget.load(Ordering::Acquire);
+            match priority {
+                Priority::High => budget,
+                Priority::Normal => budget.saturating_sub(slot.reserve.load(Ordering::Acquire)),
+            }
+        } else {
+            u64::MAX
+        };
+        (revision, max_concurrent, budget)
+    }
+
     /// The revision of the slot of `epoch`.
     #[inline]
     pub(crate) fn revision(&self, epoch: u64) -> u64 {

@@ -111,6 +111,8 @@ pub(crate) struct Engine {
     has_budget: bool,
     /// The admission classes, when the engine has them (fixed at construction).
     classes: Option<Classes>,
+    /// Neither a token budget nor classes (fixed at construction): see `passes_slots`.
+    passes_slots: bool,
 }
 
 impl Engine {
@@ -124,6 +126,7 @@ impl Engine {
             Classes::new(&ids, default_class)
         });
         let class_count = classes.as_ref().map_or(0, |c| c.handles().len());
+        let has_budget = limits.token_budget.is_some();
         let engine = Engine {
             state: if classes.is_some() {
                 AtomicState::wide()
@@ -131,12 +134,13 @@ impl Engine {
                 AtomicState::narrow()
             },
             published: PublishedLimits::new(&limits),
-            has_budget: limits.token_budget.is_some(),
+            has_budget,
             writer: Mutex::new(limits),
             queue: WaitQueue::new(),
             drained: event_listener::Event::new(),
             idle_generation: AtomicU64::new(0),
             counters: Hub::new(class_count),
+            passes_slots: !has_budget && classes.is_none(),
             classes,
         };
         if engine.classes.is_some() {
@@ -150,6 +154,20 @@ impl Engine {
     #[inline]
     pub(crate) fn has_budget(&self) -> bool {
         self.has_budget
+    }
+
+    /// Whether a release may pass its slot straight to the queue head (`pass_slot`): an
+    /// engine without a token budget or classes, where a slot is all a waiter needs.
+    #[inline]
+    fn passes_slots(&self) -> bool {
+        self.passes_slots
+    }
+
+    /// Whether admissions may take the fast lane ([`try_admit_fast`](Engine::try_admit_fast)):
+    /// an engine without admission classes.
+    #[inline]
+    pub(crate) fn has_fast_lane(&self) -> bool {
+        self.classes.is_none()
     }
 
     // ----- admission -----
@@ -361,6 +379,69 @@ impl Engine {
             }
             id
         })
+    }
+
+    /// The fast lane of an admission without a class: the common case decided on the narrow
+    /// word and the three figures it needs (`max_concurrent`, the priority's budget, the
+    /// revision), committed with one CAS, counted, its id minted. `None`, with nothing changed or
+    /// everything undone, leaves the call to the general path ([`admit_now`](Engine::admit_now))
+    /// whenever anything is unusual: a flag set (closed, waiters, draining), a limit change
+    /// under way, no slot or tokens (the general path refuses, with the reason and the
+    /// snapshot), a CAS lost to another call.
+    ///
+    /// It admits only what [`policy::admit`] admits for a newcomer, with the same next word
+    /// (no flag, so neither closed nor behind waiters; a free slot; the tokens within the
+    /// priority's budget and `MAX_TOKENS`), and follows [`decide`](Engine::decide)'s protocol
+    /// with the limits: the epoch read before and after the word, the word carrying that
+    /// epoch's bits (so a limits slot overwritten while it is read fails the CAS), and the
+    /// epoch checked again after the CAS.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn try_admit_fast(&self, ask: Ask) -> Option<Grant> {
+        debug_assert!(ask.class.is_none(), "a class call goes through its class");
+        if !self.has_fast_lane() {
+            return None;
+        }
+        let revision = self.admit_fast(ask)?;
+        Some(self.grant(ask, revision, Resources::NONE))
+    }
+
+    /// The decision of [`try_admit_fast`](Engine::try_admit_fast): its revision.
+    #[cfg_attr(not(loom), inline(always))]
+    fn admit_fast(&self, ask: Ask) -> Option<u64> {
+        let word = self.state.narrow_word();
+        let epoch = self.published.epoch();
+        // Acquire: as `AtomicState::load`.
+        let current = State::narrow(word.load(Ordering::Acquire));
+        // The word carries the bits of the epoch read before it: the limits of that epoch are
+        // the ones in force for it. (A writer advances the word's epoch bits before it
+        // publishes the epoch, and overwrites this epoch's limits slot only for the epoch
+        // after next: by then the word's bits have moved and the CAS below fails. The one
+        // case the bits cannot tell, a full wrap of them, is checked after the CAS.) So,
+        // unlike `decide`, no second read of the epoch: a word one epoch ahead of it is left
+        // to the general path.
+        if current.has_flags() || !current.matches_epoch(epoch) {
+            return None;
+        }
+        let (revision, max_concurrent, budget) = self.published.read_fast(epoch, ask.priority);
+        if current.slots() >= max_concurrent || ask.reserved > state::MAX_TOKENS {
+            return None;
+        }
+        // Both at most `MAX_TOKENS` (2^35 - 1): no overflow.
+        let tokens = current.tokens() + ask.reserved;
+        if tokens > budget || tokens > state::MAX_TOKENS {
+            return None;
+        }
+        let next = current.with_admission(ask.reserved);
+        // AcqRel / Acquire: as `AtomicState::compare_exchange`.
+        word.compare_exchange_weak(current.lo(), next.lo(), Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        let after = self.published.epoch();
+        if (after as i64).wrapping_sub(epoch as i64) >= (1 << EPOCH_BITS) - 1 {
+            // As in `decide`: a commit the word's epoch bits cannot vouch for is undone.
+            self.undo_commit(current, next, false);
+            return None;
+        }
+        Some(revision)
     }
 
     /// Admits `ask` (without a class) now, as a newcomer, or says why not (with the word and
@@ -659,17 +740,23 @@ impl Engine {
                 }
                 self.release_capacity(held);
             }
-            Some(class) => {
-                local::with(&self.counters, |sink| {
-                    if held > 0 {
-                        sink.bump_returned_unreported(held);
-                        sink.bump_class(class.index(), ClassCounter::ReturnedUnreported, held);
-                    }
-                    sink.bump_class(class.index(), ClassCounter::Released, 1);
-                });
-                self.release_class_admission(class, grant);
-            }
+            Some(class) => self.release_class_unreported(class, grant),
         }
+    }
+
+    /// [`release_unreported`](Engine::release_unreported) of a class admission: out of line,
+    /// so that a release without a class stays small.
+    #[inline(never)]
+    fn release_class_unreported(&self, class: AdmissionClass, grant: &Grant) {
+        let held = grant.held();
+        local::with(&self.counters, |sink| {
+            if held > 0 {
+                sink.bump_returned_unreported(held);
+                sink.bump_class(class.index(), ClassCounter::ReturnedUnreported, held);
+            }
+            sink.bump_class(class.index(), ClassCounter::Released, 1);
+        });
+        self.release_class_admission(class, grant);
     }
 
     /// The capacity a class admission returns at its release (its counters already booked).
@@ -707,9 +794,8 @@ impl Engine {
     fn release_capacity(&self, held: u64) {
         // Calls wait (on an engine without a token budget or classes): the slot goes straight
         // to the queue head, without a write of the word, if it can (see `pass_slot`).
-        if !self.has_budget
-            && self.classes.is_none()
-            && self.state.load().has_waiters()
+        if self.passes_slots()
+            && State::narrow(self.state.narrow_word().load(Ordering::Acquire)).has_waiters()
             && self.pass_slot()
         {
             return;
@@ -721,6 +807,7 @@ impl Engine {
     }
 
     #[cold]
+    #[inline(never)]
     fn after_release(&self, before: State) {
         if before.has_waiters() {
             self.pump();

@@ -162,6 +162,25 @@ impl State {
     /// The state of a new bulkhead: nothing in flight, epoch 0, open.
     pub(crate) const INITIAL: State = State { lo: 0, hi: 0 };
 
+    /// A narrow word as read from its atomic (no high half).
+    #[inline]
+    pub(crate) const fn narrow(lo: u64) -> State {
+        State { lo, hi: 0 }
+    }
+
+    /// The narrow word of this state (its high half is 0 without classes).
+    #[inline]
+    pub(crate) const fn lo(self) -> u64 {
+        self.lo
+    }
+
+    /// Whether any flag is set (closed, waiters, draining): the fast lane leaves such a word
+    /// to the general path.
+    #[inline]
+    pub(crate) const fn has_flags(self) -> bool {
+        self.lo & (CLOSED_BIT | WAITERS_BIT | DRAINING_BIT) != 0
+    }
+
     #[inline]
     const fn with_lo(self, lo: u64) -> State {
         State { lo, hi: self.hi }
@@ -387,32 +406,56 @@ impl State {
 
 /// The atomic cell holding a [`State`], alone on its cache line: the narrow 64-bit word, or
 /// (with admission classes) the wide 128-bit one.
+///
+/// Both cells exist (the one not in use stays zero and costs a cache line), so that a path
+/// that knows which word it uses (the fast lane and the release of an admission without a
+/// class use the narrow one; only an engine without classes has such admissions) reaches it
+/// without checking; the general methods check `wide`, fixed at construction.
 #[derive(Debug)]
-pub(crate) enum AtomicState {
-    Narrow(CachePadded<AtomicU64>),
-    Wide(CachePadded<AtomicU128>),
+pub(crate) struct AtomicState {
+    narrow: CachePadded<AtomicU64>,
+    wide: CachePadded<AtomicU128>,
+    /// Whether the wide word is the one in use (admission classes).
+    is_wide: bool,
 }
 
 impl AtomicState {
     /// A narrow word (no admission classes).
     pub(crate) fn narrow() -> AtomicState {
-        AtomicState::Narrow(CachePadded::new(AtomicU64::new(State::INITIAL.lo)))
+        AtomicState {
+            narrow: CachePadded::new(AtomicU64::new(State::INITIAL.lo)),
+            wide: CachePadded::new(AtomicU128::new(0)),
+            is_wide: false,
+        }
     }
 
     /// A wide word (with admission classes).
     pub(crate) fn wide() -> AtomicState {
-        AtomicState::Wide(CachePadded::new(AtomicU128::new(State::INITIAL.wide())))
+        AtomicState {
+            narrow: CachePadded::new(AtomicU64::new(0)),
+            wide: CachePadded::new(AtomicU128::new(State::INITIAL.wide())),
+            is_wide: true,
+        }
+    }
+
+    /// The narrow word itself: the one in use on an engine without admission classes (the
+    /// caller knows it has none; on an engine with classes this cell is unused).
+    #[inline]
+    pub(crate) fn narrow_word(&self) -> &AtomicU64 {
+        debug_assert!(!self.is_wide, "the narrow word of an engine with classes");
+        &self.narrow
     }
 
     /// Loads the current state (`Acquire`).
     #[inline]
     pub(crate) fn load(&self) -> State {
-        match self {
-            AtomicState::Narrow(word) => State {
-                lo: word.load(Ordering::Acquire),
+        if self.is_wide {
+            State::from_wide(self.wide.load(Ordering::Acquire))
+        } else {
+            State {
+                lo: self.narrow.load(Ordering::Acquire),
                 hi: 0,
-            },
-            AtomicState::Wide(word) => State::from_wide(word.load(Ordering::Acquire)),
+            }
         }
     }
 
@@ -420,14 +463,8 @@ impl AtomicState {
     /// `AcqRel` / `Acquire` (see "Memory ordering" in the module docs).
     #[inline]
     pub(crate) fn compare_exchange(&self, current: State, next: State) -> Result<(), State> {
-        match self {
-            AtomicState::Narrow(word) => {
-                debug_assert!(next.hi == 0, "a narrow word has no high half");
-                word.compare_exchange_weak(current.lo, next.lo, Ordering::AcqRel, Ordering::Acquire)
-                    .map(|_| ())
-                    .map_err(|lo| State { lo, hi: 0 })
-            }
-            AtomicState::Wide(word) => word
+        if self.is_wide {
+            self.wide
                 .compare_exchange_weak(
                     current.wide(),
                     next.wide(),
@@ -435,11 +472,18 @@ impl AtomicState {
                     Ordering::Acquire,
                 )
                 .map(|_| ())
-                .map_err(State::from_wide),
+                .map_err(State::from_wide)
+        } else {
+            debug_assert!(next.hi == 0, "a narrow word has no high half");
+            self.narrow
+                .compare_exchange_weak(current.lo, next.lo, Ordering::AcqRel, Ordering::Acquire)
+                .map(|_| ())
+                .map_err(|lo| State { lo, hi: 0 })
         }
     }
 
-    /// Returns one slot and `tokens` tokens of the narrow word; returns the state before.
+    /// Returns one slot and `tokens` tokens of the narrow word (an admission without a class,
+    /// so an engine without classes); returns the state before.
     ///
     /// A release decides nothing, so it is one `fetch_sub` (wait-free) rather than a CAS loop.
     /// It cannot borrow across fields: the releasing permit's slot and its `tokens` are part of
@@ -449,22 +493,17 @@ impl AtomicState {
     /// [`release_wide`]: AtomicState::release_wide
     #[inline]
     pub(crate) fn release(&self, tokens: u64) -> State {
-        match self {
-            AtomicState::Narrow(word) => {
-                let before = State {
-                    lo: word.fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel),
-                    hi: 0,
-                };
-                debug_assert!(
-                    before.slots() > 0 && before.tokens() >= tokens,
-                    "slot or token count underflow"
-                );
-                before
-            }
-            AtomicState::Wide(_) => {
-                unreachable!("a class admission is released through its class (see `classes`)")
-            }
-        }
+        let before = State {
+            lo: self
+                .narrow_word()
+                .fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel),
+            hi: 0,
+        };
+        debug_assert!(
+            before.slots() > 0 && before.tokens() >= tokens,
+            "slot or token count underflow"
+        );
+        before
     }
 
     /// Returns `slots` slots (one, or none while the floors are reserved and the class stays
@@ -486,9 +525,11 @@ impl AtomicState {
         shared_slots: u32,
         shared_tokens: u64,
     ) -> (State, State) {
-        let AtomicState::Wide(word) = self else {
-            unreachable!("only a class admission moves the shared figures")
-        };
+        debug_assert!(
+            self.is_wide,
+            "only a class admission moves the shared figures"
+        );
+        let word = &self.wide;
         let delta = State {
             lo: (u64::from(slots) << SLOT_SHIFT) + tokens,
             hi: 0,

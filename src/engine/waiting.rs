@@ -180,6 +180,7 @@ impl Engine {
     /// queue lock held here. A release with a hold of tokens never comes here (no budget), so
     /// nothing but the slot moves.
     #[cold]
+    #[inline(never)]
     pub(super) fn pass_slot(&self) -> bool {
         let head = {
             let mut list = self.queue.lock();

@@ -61,6 +61,35 @@ pub(crate) struct Ledger {
     refunded: u64,
 }
 
+impl Ledger {
+    /// The ledger of an admission of `reservation` (none without a token budget) as sized by
+    /// the estimator (`memo`) or given by the caller (no memo), before anything is reported.
+    #[inline]
+    pub(crate) fn new(reservation: Option<Reservation>, memo: Option<Memo>) -> Ledger {
+        let mut flags = 0;
+        if reservation.is_some() {
+            flags |= HAS_RESERVATION;
+        }
+        if memo.is_some() {
+            flags |= HAS_MEMO;
+        }
+        Ledger {
+            reservation: reservation.unwrap_or(Reservation::ZERO),
+            memo: memo.unwrap_or(Memo::EMPTY),
+            reported: TokenUsage::ZERO,
+            sequence: 0,
+            flags,
+            refunded: 0,
+        }
+    }
+
+    /// The reservation admitted (none without a token budget).
+    #[inline]
+    pub(crate) fn reservation(&self) -> Option<Reservation> {
+        (self.flags & HAS_RESERVATION != 0).then_some(self.reservation)
+    }
+}
+
 /// The admission has a reservation (the bulkhead has a token budget).
 const HAS_RESERVATION: u8 = 1;
 /// The bulkhead's estimator sized the admission (its memo goes back at settlement).
@@ -73,32 +102,11 @@ const SETTLED: u8 = 1 << 3;
 const SAMPLED: u8 = 1 << 4;
 
 impl Admission {
-    /// The record of `grant`, admitted with `reservation` (none without a token budget) as
-    /// sized by the estimator (`memo`) or given by the caller (no memo).
+    /// The record of `grant`, admitted with `ledger` (its reservation and memo, nothing
+    /// reported yet: [`Ledger::new`]).
     #[inline]
-    pub(crate) fn new(
-        grant: Grant,
-        reservation: Option<Reservation>,
-        memo: Option<Memo>,
-    ) -> Admission {
-        let mut flags = 0;
-        if reservation.is_some() {
-            flags |= HAS_RESERVATION;
-        }
-        if memo.is_some() {
-            flags |= HAS_MEMO;
-        }
-        Admission {
-            grant,
-            ledger: Ledger {
-                reservation: reservation.unwrap_or(Reservation::ZERO),
-                memo: memo.unwrap_or(Memo::EMPTY),
-                reported: TokenUsage::ZERO,
-                sequence: 0,
-                flags,
-                refunded: 0,
-            },
-        }
+    pub(crate) fn new(grant: Grant, ledger: Ledger) -> Admission {
+        Admission { grant, ledger }
     }
 
     /// Marks the admission sampled: sampled listeners hear its later events.

@@ -108,8 +108,25 @@ impl LlmBulkhead {
     /// assert!(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    #[inline(never)]
     pub fn try_acquire(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Permit<'_>, AcquireError> {
+        match self.core.try_admit_fast(&options, |admission| {
+            Permit::borrowed(&self.core, admission)
+        }) {
+            Ok(permit) => Ok(permit),
+            Err(()) => self.try_acquire_general(request, options),
+        }
+    }
+
+    /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: estimation, classes,
+    /// timed decisions, refusals. Out of line, so that the fast lane stays small.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_general(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
@@ -650,13 +667,14 @@ impl LlmBulkhead {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use async_bulkhead_llm::{AcquireOptions, DrainReport, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
     ///
     /// # futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
     /// let stuck = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
     /// let report = bulkhead.drain_timeout(Duration::from_millis(10)).await;
-    /// assert_eq!(report, DrainReport { drained: false, in_flight: 1, pending: 0 });
+    /// assert!(!report.drained);
+    /// assert_eq!((report.in_flight, report.pending), (1, 0));
     /// drop(stuck); // the deadline cancelled nothing: the call still releases normally
     /// assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

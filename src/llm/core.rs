@@ -18,9 +18,9 @@ use crate::rejection::Rejection;
 use crate::reservation::Reservation;
 use crate::sync::{Arc, unmodeled};
 
-use super::admission::Admission;
+use super::admission::{Admission, Ledger};
 use super::dedup::{Dedup, Deduplication};
-use super::estimate::{Estimator, Memo};
+use super::estimate::Estimator;
 use super::observe::ObserveCounters;
 use super::options::AcquireOptions;
 use super::request::LlmRequest;
@@ -49,16 +49,23 @@ pub(crate) struct LlmCore {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Call {
     pub(crate) ask: Ask,
-    pub(crate) reservation: Option<Reservation>,
-    pub(crate) memo: Option<Memo>,
+    /// The ledger its admission starts with (the reservation and memo, nothing reported):
+    /// built when the call is resolved, so that admitting it is a plain copy.
+    ledger: Ledger,
 }
 
 impl Call {
+    /// The reservation behind the call's tokens (none without a token budget).
+    #[inline]
+    pub(crate) fn reservation(&self) -> Option<Reservation> {
+        self.ledger.reservation()
+    }
+
     /// The record of this call, admitted by `grant`, sampled if its `timing` says so (see
     /// `crate::events`: sampled listeners hear its later events too).
     #[inline]
     pub(crate) fn admission(&self, grant: Grant, timing: Option<Timing>) -> Admission {
-        let mut admission = Admission::new(grant, self.reservation, self.memo);
+        let mut admission = Admission::new(grant, self.ledger);
         if let Some(timing) = timing
             && timing.sampled
         {
@@ -175,8 +182,7 @@ impl LlmCore {
                     priority,
                     class,
                 },
-                reservation: None,
-                memo: None,
+                ledger: Ledger::new(None, None),
             });
         }
         let (reservation, memo) = match options.reservation {
@@ -192,8 +198,7 @@ impl LlmCore {
                 priority,
                 class,
             },
-            reservation: Some(reservation),
-            memo,
+            ledger: Ledger::new(Some(reservation), memo),
         })
     }
 
@@ -267,6 +272,40 @@ impl LlmCore {
                 Decision::Refused(rejection) => Admitted::Refused(rejection),
                 Decision::Queued(waiter) => Admitted::Queued(waiter, None),
             })
+    }
+
+    /// The fast lane of `try_acquire`: a call without a class, whose tokens are known without
+    /// the estimator (no token budget, or the options carry a reservation), while nobody times
+    /// decisions, admitted by the engine's fast lane. `None` (nothing changed) for anything
+    /// else, which the general path ([`resolve`](LlmCore::resolve), then
+    /// [`try_admit`](LlmCore::try_admit)) decides: it admits exactly what the general path
+    /// would, with the same record.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn try_admit_fast<P>(
+        &self,
+        options: &AcquireOptions,
+        permit: impl FnOnce(Admission) -> P,
+    ) -> Result<P, ()> {
+        if options.class.is_some()
+            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
+        {
+            return Err(());
+        }
+        let (reserved, ledger) = if self.engine.has_budget() {
+            let reservation = options.reservation.ok_or(())?;
+            (reservation.reserved(), Ledger::new(Some(reservation), None))
+        } else {
+            (0, Ledger::new(None, None))
+        };
+        let ask = Ask {
+            reserved,
+            priority: options.priority,
+            class: None,
+        };
+        match self.engine.try_admit_fast(ask) {
+            Some(grant) => Ok(permit(Admission::new(grant, ledger))),
+            None => Err(()),
+        }
     }
 
     /// Admits `call` now or refuses it now (never queues), announcing the outcome, and makes

@@ -471,7 +471,7 @@ pub(crate) fn bypass<'p, E>(
         reason,
         detail,
         raced,
-        reservation: call.reservation,
+        reservation: call.reservation(),
         limit_revision: detail.map_or_else(|| core.engine().revision(), |d| d.limit_revision),
         priority: call.ask.priority,
         class: call.ask.class,

@@ -31,7 +31,7 @@ use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut, un
 /// # Examples
 ///
 /// ```
-/// use unmodeled::Arc;
+/// use std::sync::Arc;
 /// use async_bulkhead_llm::{Sharing, TokenUsage};
 ///
 /// struct Reply { text: Arc<str>, input: u64, output: u64 }
@@ -68,7 +68,7 @@ impl<T> Sharing<T> {
     /// # Examples
     ///
     /// ```
-    /// use unmodeled::Arc;
+    /// use std::sync::Arc;
     /// let sharing = async_bulkhead_llm::Sharing::with(|body: &Arc<[u8]>| Arc::clone(body));
     /// # let _ = sharing;
     /// ```
@@ -216,7 +216,7 @@ impl LlmBulkhead {
     /// # Examples
     ///
     /// ```
-    /// use unmodeled::Arc;
+    /// use std::sync::Arc;
     /// use async_bulkhead_llm::*;
     ///
     /// struct Completion { text: Arc<str>, usage: TokenUsage } // not Clone

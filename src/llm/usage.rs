@@ -139,10 +139,18 @@ impl LlmCore {
                 .listeners()
                 .hears(EventKind::Release, admission.sampled())
         {
-            self.settle(admission, None);
+            self.settle_reported(admission);
         } else {
             self.engine().release_unreported(admission.grant());
         }
+    }
+
+    /// [`settle`](LlmCore::settle) for a dropped permit that reported usage or whose release
+    /// someone hears: out of line, so that a drop's common case stays small.
+    #[cold]
+    #[inline(never)]
+    fn settle_reported(&self, admission: &Admission) {
+        self.settle(admission, None);
     }
 
     /// Settles an admission with `usage`, else the last reported usage, else none: books the

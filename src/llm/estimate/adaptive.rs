@@ -35,8 +35,6 @@ use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, RwLock, lock};
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::Correction;
-///
 /// use async_bulkhead_llm::{AdaptiveEstimator, Correction, LlmRequest, ModelAwareEstimator, TokenUsage};
 ///
 /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;

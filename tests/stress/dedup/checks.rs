@@ -511,8 +511,10 @@ impl Shared {
 
 /// Splits the refusals counted in `c`'s hands into its own and its flight's. Only a follower
 /// has refusals of its own, each announced untimed (zero durations):
-/// - a `timeout` without timing is its own wait's (a queue timeout waited at least its
-///   timeout by the clock that decided it, so its `queue_wait` is not zero);
+/// - a `timeout` without timing and without tokens asked is its own wait's (a queue timeout
+///   waited at least its timeout by the clock that decided it, so its `queue_wait` is not
+///   zero, unless the flight's call bypasses it as a race in observe mode, which announces it
+///   untimed; the flight's call asks for its reservation, never 0 here);
 /// - the last `aborted` of the action that dropped its future is its cancellation (counted
 ///   after the drop of the shared call it was the last waiter of, whose queued admission
 ///   counts a refusal of its own), if it was polled: a follower dropped before its first
@@ -536,16 +538,21 @@ fn split(c: &CallerRecord, notes: &[(u32, What)]) -> Refusals {
     });
     let mut own_timeout_in = None;
     for (i, &(action, what)) in notes.iter().enumerate() {
-        let What::Reject { reason, untimed } = what else {
+        let What::Reject {
+            reason,
+            untimed,
+            undecided,
+        } = what
+        else {
             continue;
         };
         assert!(
-            follower || !(untimed && reason == RejectReason::Timeout),
-            "an untimed timeout in the hands of {c:?}"
+            follower || !(untimed && undecided && reason == RejectReason::Timeout),
+            "an undecided timeout in the hands of {c:?}"
         );
         let own = follower
             && match reason {
-                RejectReason::Timeout if untimed => {
+                RejectReason::Timeout if untimed && undecided => {
                     own_timeout_in = Some(action);
                     true
                 }

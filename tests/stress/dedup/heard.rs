@@ -54,11 +54,15 @@ pub(crate) fn take_joined() -> Option<u64> {
 /// What an event said (the kinds the checks use).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum What {
-    /// A refusal; `untimed`: both durations zero (a follower's own wait, or a bypass refused by
-    /// a hard check, which no decision timed).
+    /// A refusal; `untimed`: both durations zero (a follower's own wait, a bypass refused by
+    /// a hard check, which no decision timed, or in observe mode a refusal the call bypasses
+    /// as a race); `undecided`: its snapshot asks for no tokens, as a refusal no decision made
+    /// (a follower's own wait) does, while every call here reserves some (the estimator sizes
+    /// a prompt and an output cap).
     Reject {
         reason: RejectReason,
         untimed: bool,
+        undecided: bool,
     },
     Dedup {
         followers: u64,
@@ -102,6 +106,7 @@ impl Heard {
             Event::Reject(e) => What::Reject {
                 reason: e.reason,
                 untimed: e.decision_duration.is_zero() && e.queue_wait.is_zero(),
+                undecided: e.detail.token_budget.is_some_and(|t| t.requested == 0),
             },
             Event::Dedup(e) => What::Dedup {
                 followers: e.followers,

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Counts instructions and locked instructions per admission + release, ours and our peers'.
+
+Instruction counts do not move with the host's load or its atomics' speed (the same binary,
+inputs and environment give the same count), so they are what CI gates on; nanoseconds are
+judged by the full `targets.py` run only.
+
+How: `benches/cycles.rs` runs one case's iteration in a loop (`count CASE N`); valgrind's
+callgrind counts what the loop function executes (`--toggle-collect`), once with N iterations
+and once with 2N, and the difference divided by N is one iteration's cost (start-up and the
+warm-up cancel out). With `--dump-instr=yes` it gives the count of every instruction address;
+the locked ones (a `lock` prefix, or `xchg` with memory, which locks without one) are found
+in the binary's disassembly (`objdump -d`), so their executions are counted too.
+
+    python3 benches/instructions.py            # every case, a table
+    python3 benches/instructions.py budget ... # only these cases
+
+`targets.py` imports `measure()` for its TARGET lines.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Iterations of the shorter run; the longer one runs twice as many.
+ITERATIONS = 20_000
+
+# Every case of `benches/cycles.rs` the targets read, in the order the table shows them.
+CASES = [
+    "raw_cas",
+    "no_budget", "tokio_try_acquire", "async_lock_try_acquire",
+    "budget", "tokio_two_semaphores",
+    "classes",
+    "await_budget", "await_no_budget", "tokio_acquire_await",
+    "rejection_full", "rejection_closed", "tokio_rejection",
+]
+
+
+def build():
+    """Builds `benches/cycles.rs` (release, as `cargo bench` does); its executable's path."""
+    out = subprocess.run(
+        ["cargo", "bench", "--bench", "cycles", "--no-run", "--message-format=json"],
+        cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        message = json.loads(line)
+        if (message.get("reason") == "compiler-artifact"
+                and message["target"]["name"] == "cycles" and message.get("executable")):
+            return message["executable"]
+    raise SystemExit("benches/cycles.rs built no executable")
+
+
+def locked_addresses(exe):
+    """The addresses of the locked instructions in `exe`'s code."""
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", exe], check=True,
+                             capture_output=True, text=True).stdout
+    addresses = set()
+    for line in listing.splitlines():
+        match = re.match(r"\s*([0-9a-f]+):\s+(.*)", line)
+        if not match:
+            continue
+        code = match.group(2)
+        if re.match(r"lock\b", code) or (re.match(r"xchg", code) and "(" in code):
+            addresses.add(int(match.group(1), 16))
+    return addresses
+
+
+def callgrind(exe, case, iterations):
+    """`(instructions, locked instructions)` executed by the measured loop of `case`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             "--toggle-collect=*cycles::measured*", "--dump-instr=yes",
+             exe, "count", case, str(iterations)],
+            cwd=ROOT, check=True, capture_output=True)
+        return costs(out, exe)
+
+
+def costs(path, exe):
+    """Sums a callgrind output's self costs: all of them, and those at locked instructions of
+    `exe`. The format compresses names (`ob=(3) name`, then `ob=(3)`) and positions (an
+    address may be absolute, `+n`/`-n` from the previous, or `*` for the same); the line after
+    `calls=` is a call's inclusive cost, not the calling instruction's own, and is skipped."""
+    locked = LOCKED[exe]
+    objects = {}
+    in_exe = False
+    address = 0
+    total = 0
+    at_locked = 0
+    skip_next = False
+    with open(path) as f:
+        for line in f:
+            if not line or line[0] in "#\n":
+                continue
+            if line.startswith(("ob=", "cob=")):
+                # Both define names (one numbering); only `ob=` says where costs are.
+                match = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line.strip())
+                if match:
+                    number, name = match.groups()
+                    if name is not None:
+                        objects[number] = name
+                    if line.startswith("ob="):
+                        in_exe = objects.get(number) == exe
+                continue
+            if line.startswith("calls="):
+                skip_next = True
+                continue
+            if "=" in line.split(" ")[0]:
+                continue
+            first = line.split()
+            if not first or not (first[0][0] in "+-*" or first[0].startswith("0x")):
+                continue
+            position = first[0]
+            if position.startswith("0x"):
+                address = int(position, 16)
+            elif position[0] in "+-":
+                address += int(position)
+            if skip_next:
+                skip_next = False
+                continue
+            cost = int(first[2]) if len(first) > 2 else 0
+            total += cost
+            if in_exe and address in locked:
+                at_locked += cost
+    return total, at_locked
+
+
+LOCKED = {}
+
+
+def measure(cases=CASES, iterations=ITERATIONS):
+    """`{case: (instructions, locked instructions)}` per iteration."""
+    exe = build()
+    LOCKED[exe] = locked_addresses(exe)
+    results = {}
+    for case in cases:
+        short = callgrind(exe, case, iterations)
+        long = callgrind(exe, case, 2 * iterations)
+        results[case] = tuple((b - a) / iterations for a, b in zip(short, long))
+    return results
+
+
+def main():
+    cases = sys.argv[1:] or CASES
+    results = measure(cases)
+    print(f"{'case':28s} {'instructions':>12s} {'locked':>7s}   (per admission + release)")
+    for case, (instructions, locked) in results.items():
+        print(f"{case:28s} {instructions:12.1f} {locked:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
