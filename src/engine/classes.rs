@@ -461,6 +461,16 @@ impl Engine {
         self.state.update(|s| decide(s, bounds, view))
     }
 
+    /// The fast lane of a class call: admitted within its class's reserved floors on its
+    /// class's word alone ([`admit_within_floors`](Engine::admit_within_floors)), counted, its
+    /// id minted; `None` (nothing changed) leaves it to the general path. Out of line: the
+    /// path without classes does not carry it.
+    #[inline]
+    pub(crate) fn try_admit_class_fast(&self, ask: crate::engine::Ask) -> Option<Grant> {
+        let revision = self.admit_within_floors(ask)?;
+        Some(self.grant(ask, revision, Resources::NONE))
+    }
+
     /// Admits a class call as a newcomer, or says why not (with what it decided on): within
     /// its class's floors while they are reserved, on its class's word alone
     /// ([`admit_within_floors`](Engine::admit_within_floors)); otherwise under its class's

@@ -402,7 +402,16 @@ impl Engine {
             return None;
         }
         let revision = self.admit_fast(ask)?;
-        Some(self.grant(ask, revision, Resources::NONE))
+        // As `grant` for a call without a class, inlined here whatever `grant`'s other callers.
+        let id = local::with(&self.counters, |sink| sink.admit(ask.reserved));
+        Some(Grant::new(
+            id,
+            revision,
+            ask.priority,
+            ask.reserved,
+            None,
+            Resources::NONE,
+        ))
     }
 
     /// The decision of [`try_admit_fast`](Engine::try_admit_fast): its revision.

@@ -240,6 +240,25 @@ impl<'a> Future for Acquire<'a, '_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let core = self.machine.core;
         let permit = |admission| Permit::borrowed(core, admission);
+        // The fast lane first, on its own way out: a call `try_acquire` would admit on its
+        // fast lane is admitted the same way at the first poll (nothing to queue or time).
+        if let Step::Unresolved { options, .. } = &self.machine.step
+            && let Ok(permit) = core.try_admit_fast(options, permit)
+        {
+            self.machine.step = Step::Done;
+            return Poll::Ready(Ok(permit));
+        }
+        self.poll_general(cx)
+    }
+}
+
+impl<'a> Acquire<'a, '_> {
+    /// [`poll`](Future::poll) beyond the fast lane: the first decision on the general path,
+    /// or a wait. Out of line, so that the fast lane stays small.
+    #[inline(never)]
+    fn poll_general(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit<'a>, AcquireError>> {
+        let core = self.machine.core;
+        let permit = |admission| Permit::borrowed(core, admission);
         if self.machine.is_new() {
             return self
                 .machine
@@ -323,8 +342,8 @@ enum Step<'r> {
     },
     /// The input was invalid; reported at the first poll.
     Invalid(RequestError),
-    /// In the queue.
-    Waiting(Waiting),
+    /// In the queue: the wait's state, parked outside the future (see [`Parked`]).
+    Waiting(Parked),
     /// Finished (returned a permit or an error).
     Done,
 }
@@ -341,6 +360,88 @@ struct Waiting {
     /// The `llm_bulkhead.queue_wait` span, open while the call waits.
     #[cfg(feature = "tracing")]
     span: tracing::Span,
+}
+
+/// A wait's state, in a box of this thread's: outside the future, so that an acquire future
+/// stays small (it is moved into every caller's own future on the fast path, where no call
+/// waits), and without an allocation per wait once the thread is warm (a thread keeps up to
+/// [`SPARE_PARKS`] empty boxes; `tests/alloc.rs` checks it).
+struct Parked(Option<Box<Option<Waiting>>>);
+
+/// Empty boxes a thread keeps for waits to come.
+#[cfg(not(loom))]
+const SPARE_PARKS: usize = 32;
+
+/// The spare boxes themselves (boxed: each is an allocation kept for a wait to reuse, which
+/// a `Vec` of the states inline would not be).
+#[cfg(not(loom))]
+#[allow(clippy::vec_box)]
+type Spares = Vec<Box<Option<Waiting>>>;
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static SPARE: core::cell::RefCell<Spares> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+impl Parked {
+    #[cold]
+    fn new(waiting: Waiting) -> Parked {
+        #[cfg(not(loom))]
+        let spare = SPARE
+            .try_with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+            .ok()
+            .flatten();
+        #[cfg(loom)]
+        let spare: Option<Box<Option<Waiting>>> = None;
+        match spare {
+            Some(mut parked) => {
+                *parked = Some(waiting);
+                Parked(Some(parked))
+            }
+            None => Parked(Some(Box::new(Some(waiting)))),
+        }
+    }
+}
+
+impl core::ops::Deref for Parked {
+    type Target = Waiting;
+
+    fn deref(&self) -> &Waiting {
+        self.0
+            .as_deref()
+            .and_then(Option::as_ref)
+            .expect("a parked wait until it is dropped")
+    }
+}
+
+impl core::ops::DerefMut for Parked {
+    fn deref_mut(&mut self) -> &mut Waiting {
+        self.0
+            .as_deref_mut()
+            .and_then(Option::as_mut)
+            .expect("a parked wait until it is dropped")
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        let Some(mut parked) = self.0.take() else {
+            return;
+        };
+        // Its contents first (a waker, a timer registration: user code and locks), then the
+        // empty box to the spares, outside both.
+        drop(parked.take());
+        #[cfg(not(loom))]
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut()
+                && spare.len() < SPARE_PARKS
+            {
+                spare.push(parked);
+            }
+        });
+        #[cfg(loom)]
+        drop(parked);
+    }
 }
 
 /// The state machine shared by both futures and both blocking variants (`'r`: the request
@@ -508,14 +609,14 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
             Some(timing) => timing.queued(queued_at),
             None => Timing::from_queue(queued_at).untimed(untimed),
         };
-        self.step = Step::Waiting(Waiting {
+        self.step = Step::Waiting(Parked::new(Waiting {
             waiter,
             call,
             sleep,
             timing,
             #[cfg(feature = "tracing")]
             span: queue_wait_span(&self.core, &call),
-        });
+        }));
     }
 
     /// The waiter's fate, if decided; finishes the acquire if so.
@@ -562,7 +663,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
             Err(rejection) => {
                 self.core.announce_reject(
                     &rejection,
-                    waiting.call.ask.class,
+                    waiting.call.class(),
                     Some(waiting.timing),
                     picked_at,
                 );
@@ -617,7 +718,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         waiting.span.record("outcome", rejection.reason().as_str());
         self.core.announce_reject(
             &rejection,
-            waiting.call.ask.class,
+            waiting.call.class(),
             Some(waiting.timing),
             picked_at,
         );
@@ -676,9 +777,9 @@ fn queue_wait_span(core: &LlmCore, call: &Call) -> tracing::Span {
         target: "async_bulkhead_llm",
         "llm_bulkhead.queue_wait",
         model = core.model(),
-        class = call.ask.class.map(tracing::field::display),
-        priority = call.ask.priority.as_str(),
-        reserved_tokens = call.ask.reserved,
+        class = call.class().map(tracing::field::display),
+        priority = call.ask().priority.as_str(),
+        reserved_tokens = call.ask().reserved,
         outcome = tracing::field::Empty,
         admission_id = tracing::field::Empty,
     )

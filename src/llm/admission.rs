@@ -82,12 +82,6 @@ impl Ledger {
             refunded: 0,
         }
     }
-
-    /// The reservation admitted (none without a token budget).
-    #[inline]
-    pub(crate) fn reservation(&self) -> Option<Reservation> {
-        (self.flags & HAS_RESERVATION != 0).then_some(self.reservation)
-    }
 }
 
 /// The admission has a reservation (the bulkhead has a token budget).

@@ -118,19 +118,25 @@ impl LlmBulkhead {
             Permit::borrowed(&self.core, admission)
         }) {
             Ok(permit) => Ok(permit),
-            Err(()) => self.try_acquire_general(request, options),
+            Err(_) => self.try_acquire_general(request, options),
         }
     }
 
-    /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: estimation, classes,
-    /// timed decisions, refusals. Out of line, so that the fast lane stays small.
-    #[cold]
+    /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: a class call within
+    /// its class's floors on the class fast lane, everything else (estimation, classes beyond
+    /// their floors, timed decisions, refusals) on the general path. Out of line, so that the
+    /// fast lane stays small.
     #[inline(never)]
     fn try_acquire_general(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
+        if let Ok(permit) = self.core.try_admit_class_fast(&options, |admission| {
+            Permit::borrowed(&self.core, admission)
+        }) {
+            return Ok(permit);
+        }
         let call = self.core.resolve(request, options)?;
         self.core
             .try_admit(call, |admission| Permit::borrowed(&self.core, admission))
@@ -341,7 +347,7 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<(Verdict, CapacityDetail), RequestError> {
-        let ask: Ask = self.core.resolve(request, options)?.ask;
+        let ask: Ask = self.core.resolve(request, options)?.ask();
         Ok(self.core.engine().would_admit(ask))
     }
 

@@ -14,13 +14,14 @@ use crate::events::{
     AdmitEvent, BorrowedConcurrencyAbandonEvent, DECISION_KINDS, Event, EventKind, Listeners,
     ReconfigureEvent, RejectEvent, SAMPLED_CALL_KINDS, SAMPLED_DECISION_KINDS, Timing,
 };
+use crate::priority::Priority;
 use crate::rejection::Rejection;
 use crate::reservation::Reservation;
 use crate::sync::{Arc, unmodeled};
 
 use super::admission::{Admission, Ledger};
 use super::dedup::{Dedup, Deduplication};
-use super::estimate::Estimator;
+use super::estimate::{Estimator, Memo};
 use super::observe::ObserveCounters;
 use super::options::AcquireOptions;
 use super::request::LlmRequest;
@@ -44,28 +45,75 @@ pub(crate) struct LlmCore {
     observe: ObserveCounters,
 }
 
-/// What a call asks for, resolved once: its tokens and priority, the reservation behind them
-/// and the estimator's memo (when the bulkhead's estimator sized it).
+/// What a call asks for, resolved once: its tokens, priority and class, the reservation behind
+/// its tokens and the estimator's memo (when the bulkhead's estimator sized it). Compact (56
+/// bytes): it waits in every acquire future that was not polled yet.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Call {
-    pub(crate) ask: Ask,
-    /// The ledger its admission starts with (the reservation and memo, nothing reported):
-    /// built when the call is resolved, so that admitting it is a plain copy.
-    ledger: Ledger,
+    reserved: u64,
+    class: Option<AdmissionClass>,
+    /// The reservation (meaningful with a token budget; zero without).
+    reservation: Reservation,
+    /// The estimator's memo (meaningful when `sized` is set).
+    memo: Memo,
+    priority: Priority,
+    /// Whether the call has a reservation (a token budget), and whether the estimator sized it.
+    budgeted: bool,
+    sized: bool,
 }
 
 impl Call {
+    /// A call of `reservation` (none without a token budget), sized by the estimator (`memo`)
+    /// or given by the caller.
+    #[inline]
+    pub(crate) fn new(
+        priority: Priority,
+        class: Option<AdmissionClass>,
+        reservation: Option<Reservation>,
+        memo: Option<Memo>,
+    ) -> Call {
+        Call {
+            reserved: reservation.map_or(0, |r| r.reserved()),
+            class,
+            reservation: reservation.unwrap_or(Reservation::ZERO),
+            memo: memo.unwrap_or(Memo::EMPTY),
+            priority,
+            budgeted: reservation.is_some(),
+            sized: memo.is_some(),
+        }
+    }
+
+    /// What the call asks of the engine.
+    #[inline]
+    pub(crate) fn ask(&self) -> Ask {
+        Ask {
+            reserved: self.reserved,
+            priority: self.priority,
+            class: self.class,
+        }
+    }
+
+    /// Its admission class (with classes).
+    #[inline]
+    pub(crate) fn class(&self) -> Option<AdmissionClass> {
+        self.class
+    }
+
     /// The reservation behind the call's tokens (none without a token budget).
     #[inline]
     pub(crate) fn reservation(&self) -> Option<Reservation> {
-        self.ledger.reservation()
+        self.budgeted.then_some(self.reservation)
     }
 
     /// The record of this call, admitted by `grant`, sampled if its `timing` says so (see
     /// `crate::events`: sampled listeners hear its later events too).
     #[inline]
     pub(crate) fn admission(&self, grant: Grant, timing: Option<Timing>) -> Admission {
-        let mut admission = Admission::new(grant, self.ledger);
+        let ledger = Ledger::new(
+            self.budgeted.then_some(self.reservation),
+            self.sized.then_some(self.memo),
+        );
+        let mut admission = Admission::new(grant, ledger);
         if let Some(timing) = timing
             && timing.sampled
         {
@@ -73,6 +121,25 @@ impl Call {
         }
         admission
     }
+}
+
+/// What a fast-lane call asks (without its class) and the ledger its admission starts with:
+/// its options' reservation with a token budget (`Err` without one: the estimator is the
+/// general path's), nothing without a budget.
+#[inline(always)]
+fn fast_ask(has_budget: bool, options: &AcquireOptions) -> Result<(Ask, Ledger), ()> {
+    let (reserved, ledger) = if has_budget {
+        let reservation = options.reservation.ok_or(())?;
+        (reservation.reserved(), Ledger::new(Some(reservation), None))
+    } else {
+        (0, Ledger::new(None, None))
+    };
+    let ask = Ask {
+        reserved,
+        priority: options.priority,
+        class: None,
+    };
+    Ok((ask, ledger))
 }
 
 /// What [`LlmCore::admit`] decided.
@@ -176,14 +243,7 @@ impl LlmCore {
         let priority = options.priority;
         let class = self.class_of(&options)?;
         if !self.engine.has_budget() {
-            return Ok(Call {
-                ask: Ask {
-                    reserved: 0,
-                    priority,
-                    class,
-                },
-                ledger: Ledger::new(None, None),
-            });
+            return Ok(Call::new(priority, class, None, None));
         }
         let (reservation, memo) = match options.reservation {
             Some(r) => (r, None),
@@ -192,14 +252,7 @@ impl LlmCore {
                 (estimate.reservation()?, Some(estimate.memo()))
             }
         };
-        Ok(Call {
-            ask: Ask {
-                reserved: reservation.reserved(),
-                priority,
-                class,
-            },
-            ledger: Ledger::new(Some(reservation), memo),
-        })
+        Ok(Call::new(priority, class, Some(reservation), memo))
     }
 
     /// The queue timeout of a call: its own, else the bulkhead's default.
@@ -217,10 +270,10 @@ impl LlmCore {
         // Decision timing starts here: after estimation, before the decision. Without a
         // listener for decisions it is `None` and no clock is read.
         let timing = self.timing().map(|timing| timing.untimed(untimed));
-        let decision = if call.ask.class.is_none() {
-            self.engine.admit(call.ask, wait)
+        let decision = if call.class().is_none() {
+            self.engine.admit(call.ask(), wait)
         } else {
-            self.engine.admit_class(call.ask, wait)
+            self.engine.admit_class(call.ask(), wait)
         };
         match decision {
             Decision::Admitted(grant) => {
@@ -229,7 +282,7 @@ impl LlmCore {
                 Admitted::Now(admission)
             }
             Decision::Refused(rejection) => {
-                self.announce_reject(&rejection, call.ask.class, timing, None);
+                self.announce_reject(&rejection, call.class(), timing, None);
                 Admitted::Refused(rejection)
             }
             Decision::Queued(waiter) => Admitted::Queued(waiter, timing),
@@ -256,7 +309,7 @@ impl LlmCore {
         untimed: u8,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, Admitted> {
-        if call.ask.class.is_some()
+        if call.class().is_some()
             || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
         {
             return match self.admit_out_of_line(call, wait, untimed) {
@@ -266,7 +319,9 @@ impl LlmCore {
         }
         // Nobody times decisions: nothing to announce (see `announce_admit`).
         self.engine
-            .admit_in_place(call.ask, wait, |grant| permit(call.admission(grant, None)))
+            .admit_in_place(call.ask(), wait, |grant| {
+                permit(call.admission(grant, None))
+            })
             .map_err(|decision| match decision {
                 Decision::Admitted(grant) => Admitted::Now(call.admission(grant, None)),
                 Decision::Refused(rejection) => Admitted::Refused(rejection),
@@ -280,29 +335,47 @@ impl LlmCore {
     /// else, which the general path ([`resolve`](LlmCore::resolve), then
     /// [`try_admit`](LlmCore::try_admit)) decides: it admits exactly what the general path
     /// would, with the same record.
+    ///
+    /// `permit` makes the caller's result of the admission in place; it is handed back with
+    /// `Err`, for the general path.
     #[cfg_attr(not(loom), inline(always))]
-    pub(crate) fn try_admit_fast<P>(
+    pub(crate) fn try_admit_fast<P, F: FnOnce(Admission) -> P>(
+        &self,
+        options: &AcquireOptions,
+        permit: F,
+    ) -> Result<P, F> {
+        if options.class.is_some()
+            || !self.engine.has_fast_lane()
+            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
+        {
+            return Err(permit);
+        }
+        let Ok((ask, ledger)) = fast_ask(self.engine.has_budget(), options) else {
+            return Err(permit);
+        };
+        match self.engine.try_admit_fast(ask) {
+            Some(grant) => Ok(permit(Admission::new(grant, ledger))),
+            None => Err(permit),
+        }
+    }
+
+    /// [`try_admit_fast`](LlmCore::try_admit_fast) of a class call: within its class's
+    /// reserved floors, while nobody times decisions. `Err` (nothing changed) for anything
+    /// else, as `try_admit_fast`.
+    #[inline]
+    pub(crate) fn try_admit_class_fast<P>(
         &self,
         options: &AcquireOptions,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, ()> {
-        if options.class.is_some()
-            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
-        {
+        if self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0 {
             return Err(());
         }
-        let (reserved, ledger) = if self.engine.has_budget() {
-            let reservation = options.reservation.ok_or(())?;
-            (reservation.reserved(), Ledger::new(Some(reservation), None))
-        } else {
-            (0, Ledger::new(None, None))
-        };
-        let ask = Ask {
-            reserved,
-            priority: options.priority,
-            class: None,
-        };
-        match self.engine.try_admit_fast(ask) {
+        let classes = self.engine.classes().ok_or(())?;
+        let (mut ask, ledger) = fast_ask(self.engine.has_budget(), options)?;
+        // A class that is not this bulkhead's is reported by the general path.
+        ask.class = Some(classes.resolve(options.class).map_err(|_| ())?);
+        match self.engine.try_admit_class_fast(ask) {
             Some(grant) => Ok(permit(Admission::new(grant, ledger))),
             None => Err(()),
         }
@@ -328,7 +401,7 @@ impl LlmCore {
         match &result {
             Ok(permit) => self.announce_admit(permit, timing, None),
             Err(AcquireError::Rejected(rejection)) => {
-                self.announce_reject(rejection, call.ask.class, timing, None)
+                self.announce_reject(rejection, call.class(), timing, None)
             }
             Err(AcquireError::Invalid(_)) => {}
         }
@@ -344,12 +417,12 @@ impl LlmCore {
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, AcquireError> {
         let admitted = |grant| permit(call.admission(grant, timing));
-        if call.ask.class.is_none() {
+        if call.class().is_none() {
             self.engine
-                .try_admit(call.ask, admitted, AcquireError::Rejected)
+                .try_admit(call.ask(), admitted, AcquireError::Rejected)
         } else {
             self.engine
-                .try_admit_class(call.ask, admitted, AcquireError::Rejected)
+                .try_admit_class(call.ask(), admitted, AcquireError::Rejected)
         }
     }
 

@@ -435,7 +435,7 @@ pub(crate) async fn enter<'p, E>(
     };
     // The snapshot is built only for a refusal that is bypassed on the advice.
     let bypassed = |verdict| matches!(verdict, Verdict::Reject(r) if reasons.contains(r));
-    let (verdict, detail) = core.engine().advise(call.ask, bypassed);
+    let (verdict, detail) = core.engine().advise(call.ask(), bypassed);
     if let (Verdict::Reject(reason), Some(detail)) = (verdict, detail) {
         return bypass(core, &call, reason, Some(detail), false);
     }
@@ -473,8 +473,8 @@ pub(crate) fn bypass<'p, E>(
         raced,
         reservation: call.reservation(),
         limit_revision: detail.map_or_else(|| core.engine().revision(), |d| d.limit_revision),
-        priority: call.ask.priority,
-        class: call.ask.class,
+        priority: call.ask().priority,
+        class: call.class(),
     };
     core.begin_bypass(bypass)
         .map(Entered::Bypassed)

@@ -134,10 +134,13 @@ impl LlmCore {
     /// is not counted: `released` is derived, see `Engine::figures`).
     #[inline]
     pub(crate) fn settle_unused(&self, admission: &Admission) {
+        // Anyone listening to releases at all (sampled or not): the general settlement, which
+        // announces the release to those who hear this admission (one test of the mask here,
+        // not the audience of this admission).
         if admission.usage().is_some()
-            || self
-                .listeners()
-                .hears(EventKind::Release, admission.sampled())
+            || self.listeners().mask()
+                & (EventKind::Release.bit() | EventKind::Release.sampled_bit())
+                != 0
         {
             self.settle_reported(admission);
         } else {
