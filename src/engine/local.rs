@@ -154,6 +154,7 @@ pub(crate) fn with<R>(hub: &Hub, f: impl FnOnce(Sink<'_>) -> R) -> R {
 
 /// [`with`] for a thread without a slot yet, or whose slot's chunk does not exist yet.
 #[cold]
+#[inline(never)]
 fn with_slow<R>(hub: &Hub, slot: u32, f: impl FnOnce(Sink<'_>) -> R) -> R {
     let slot = if slot == UNASSIGNED { assign() } else { slot };
     match hub.shard_or_init(slot) {

@@ -337,7 +337,7 @@ impl Engine {
     #[inline]
     pub(crate) fn grant(&self, ask: Ask, revision: u64, borrowed: Resources) -> Grant {
         let id = match ask.class {
-            None => local::with(&self.counters, |sink| sink.admit(ask.reserved)),
+            None => local::with(&self.counters, move |sink| sink.admit(ask.reserved)),
             Some(class) => self.count_class_admission(class, ask.reserved, borrowed),
         };
         Grant::new(
@@ -361,7 +361,7 @@ impl Engine {
         borrowed: Resources,
     ) -> crate::admission_id::IdParts {
         let class = class.index();
-        local::with(&self.counters, |sink| {
+        local::with(&self.counters, move |sink| {
             let id = sink.admit(reserved);
             sink.bump_class(class, ClassCounter::Admitted, 1);
             if reserved > 0 {
@@ -403,7 +403,7 @@ impl Engine {
         }
         let revision = self.admit_fast(ask)?;
         // As `grant` for a call without a class, inlined here whatever `grant`'s other callers.
-        let id = local::with(&self.counters, |sink| sink.admit(ask.reserved));
+        let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
         Some(Grant::new(
             id,
             revision,
@@ -476,7 +476,7 @@ impl Engine {
         bounds: &Bounds,
         ask: Ask,
     ) -> Rejection {
-        local::with(&self.counters, |sink| sink.bump_rejected(reason));
+        local::with(&self.counters, move |sink| sink.bump_rejected(reason));
         Rejection::new(
             reason,
             policy::global_detail(state, bounds, self.pending(), ask),
@@ -532,7 +532,7 @@ impl Engine {
     /// Counts a refusal for `reason` of a call of `class` (globally and for its class).
     #[inline]
     pub(crate) fn count_refusal(&self, reason: RejectReason, class: Option<AdmissionClass>) {
-        local::with(&self.counters, |sink| {
+        local::with(&self.counters, move |sink| {
             sink.bump_rejected(reason);
             if let Some(class) = class {
                 sink.bump_class(class.index(), ClassCounter::Rejected(reason), 1);
@@ -727,7 +727,7 @@ impl Engine {
         match grant.class() {
             None => self.release_capacity(grant.held()),
             Some(class) => {
-                local::with(&self.counters, |sink| {
+                local::with(&self.counters, move |sink| {
                     sink.bump_class(class.index(), ClassCounter::Released, 1);
                 });
                 self.release_class_admission(class, grant);
@@ -758,7 +758,7 @@ impl Engine {
     #[inline(never)]
     fn release_class_unreported(&self, class: AdmissionClass, grant: &Grant) {
         let held = grant.held();
-        local::with(&self.counters, |sink| {
+        local::with(&self.counters, move |sink| {
             if held > 0 {
                 sink.bump_returned_unreported(held);
                 sink.bump_class(class.index(), ClassCounter::ReturnedUnreported, held);
@@ -791,7 +791,7 @@ impl Engine {
             return false;
         }
         grant.set_slot_returned();
-        local::with(&self.counters, |sink| {
+        local::with(&self.counters, move |sink| {
             sink.bump(Counter::Abandoned(cause), 1);
             sink.bump_class(class.index(), ClassCounter::Abandoned(cause), 1);
         });
@@ -830,7 +830,7 @@ impl Engine {
     /// Bumps a counter in this thread's shard.
     #[inline]
     pub(crate) fn count(&self, counter: Counter, by: u64) {
-        local::with(&self.counters, |sink| sink.bump(counter, by));
+        local::with(&self.counters, move |sink| sink.bump(counter, by));
     }
 
     /// Counts `held` tokens returned without usage by a release of an admission without a
@@ -838,14 +838,16 @@ impl Engine {
     /// back through memory).
     #[inline]
     pub(crate) fn count_returned_unreported(&self, held: u64) {
-        local::with(&self.counters, |sink| sink.bump_returned_unreported(held));
+        local::with(&self.counters, move |sink| {
+            sink.bump_returned_unreported(held)
+        });
     }
 
     /// Bumps several counters in this thread's shard (one slot lookup), and for an admission
     /// of `class` the class's twin of each (see [`Counter::class_twin`]).
     #[inline]
     pub(crate) fn count_all(&self, class: Option<AdmissionClass>, counts: &[(Counter, u64)]) {
-        local::with(&self.counters, |sink| {
+        local::with(&self.counters, move |sink| {
             for &(counter, by) in counts {
                 sink.bump(counter, by);
                 if let (Some(class), Some(twin)) = (class, counter.class_twin()) {

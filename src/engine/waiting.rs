@@ -197,7 +197,7 @@ impl Engine {
             if list.is_empty() {
                 self.set_waiters_flag(false);
             }
-            local::with(&self.counters, |sink| sink.bump_handed_out());
+            local::with(&self.counters, move |sink| sink.bump_handed_out());
             head.grant(bounds.revision, Resources::NONE);
             head
         };
@@ -274,7 +274,7 @@ impl Engine {
                     } => {
                         let head = list.pop_front().expect("the head");
                         // Counted in this thread's shard: no shared counter under the lock.
-                        local::with(&self.counters, |sink| sink.bump_handed_out());
+                        local::with(&self.counters, move |sink| sink.bump_handed_out());
                         head.grant(revision, borrowed);
                         if !more {
                             // The next head would find no slot: skip deciding it. Whatever
@@ -394,7 +394,7 @@ impl Engine {
             self.count(Counter::HandedBack, 1);
             return self.grant(ask, revision, borrowed);
         }
-        let id = local::with(&self.counters, |sink| {
+        let id = local::with(&self.counters, move |sink| {
             sink.bump_handed_back();
             sink.admit(ask.reserved)
         });
