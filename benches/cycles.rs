@@ -30,9 +30,17 @@ use async_bulkhead_llm::{
 
 /// Tokens every budget case reserves (100 input + 1,000 output), as in `admission.rs`.
 const RESERVED: u32 = 1100;
-/// Iterations of one timed run, and timed runs per case (the median is reported).
+/// Iterations of one timed run, and timed runs per case (the median is reported); the
+/// environment's `CYCLES_ITERATIONS` and `CYCLES_RUNS` override them (CI's quick mode).
 const ITERATIONS: u64 = 2_000_000;
 const RUNS: usize = 7;
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 /// A real request: a system prompt, a user prompt, a cap on the output.
 fn request() -> LlmRequest {
@@ -133,6 +141,7 @@ fn cases() -> Vec<Case> {
     let word = Box::leak(Box::new(AtomicU64::new(0)));
     let (slots, tokens) = (tokio_slots.clone(), tokio_tokens.clone());
     let tokio_empty = tokio::sync::Semaphore::new(0);
+    let tokio_slots2 = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
     vec![
         ("raw_cas", Box::new(|| raw_cas(word))),
         (
@@ -185,6 +194,48 @@ fn cases() -> Vec<Case> {
             }),
         ),
         (
+            "await_budget_in_place",
+            Box::new({
+                let b = budget.clone();
+                move || {
+                    let mut future = pin!(b.acquire(request, black_box(reservation())));
+                    let Poll::Ready(out) = future
+                        .as_mut()
+                        .poll(&mut Context::from_waker(Waker::noop()))
+                    else {
+                        panic!("pending")
+                    };
+                    drop(black_box(out))
+                }
+            }),
+        ),
+        (
+            "await_budget_no_black_box",
+            Box::new({
+                let b = budget.clone();
+                let opts = reservation();
+                move || drop(black_box(ready(b.acquire(request, opts))))
+            }),
+        ),
+        (
+            "await_block_on",
+            Box::new({
+                let b = budget.clone();
+                move || {
+                    drop(black_box(futures::executor::block_on(
+                        b.acquire(request, black_box(reservation())),
+                    )))
+                }
+            }),
+        ),
+        (
+            "tokio_block_on",
+            Box::new({
+                let s = tokio_slots2.clone();
+                move || drop(black_box(futures::executor::block_on(s.acquire())))
+            }),
+        ),
+        (
             "await_no_budget",
             Box::new({
                 let b = no_budget.clone();
@@ -223,19 +274,19 @@ fn measured(op: &dyn Fn(), iterations: u64) {
     }
 }
 
-/// Nanoseconds per iteration of `op`: the median of [`RUNS`] timed runs of [`ITERATIONS`],
-/// after a warm-up run.
-fn time(op: &dyn Fn()) -> f64 {
-    measured(op, ITERATIONS / 10);
-    let mut runs: Vec<f64> = (0..RUNS)
+/// Nanoseconds per iteration of `op`: the median of `runs` timed runs of `iterations`, after
+/// a warm-up run.
+fn time(op: &dyn Fn(), iterations: u64, runs: usize) -> f64 {
+    measured(op, iterations / 10);
+    let mut times: Vec<f64> = (0..runs)
         .map(|_| {
             let start = Instant::now();
-            measured(op, ITERATIONS);
-            start.elapsed().as_nanos() as f64 / ITERATIONS as f64
+            measured(op, iterations);
+            start.elapsed().as_nanos() as f64 / iterations as f64
         })
         .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[RUNS / 2]
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
 }
 
 fn main() {
@@ -270,12 +321,14 @@ fn main() {
                 Some("ns") => args.get(1).cloned(),
                 _ => None,
             };
-            println!("case ns_per_iteration (median of {RUNS} runs of {ITERATIONS})");
+            let iterations = setting("CYCLES_ITERATIONS", ITERATIONS);
+            let runs = setting("CYCLES_RUNS", RUNS as u64).max(1) as usize;
+            println!("case ns_per_iteration (median of {runs} runs of {iterations})");
             for (name, op) in &cases {
                 if filter.as_deref().is_some_and(|f| !name.contains(f)) {
                     continue;
                 }
-                println!("{name} {:.2}", time(op.as_ref()));
+                println!("{name} {:.2}", time(op.as_ref(), iterations, runs));
             }
         }
     }

@@ -12,10 +12,13 @@ warm-up cancel out). With `--dump-instr=yes` it gives the count of every instruc
 the locked ones (a `lock` prefix, or `xchg` with memory, which locks without one) are found
 in the binary's disassembly (`objdump -d`), so their executions are counted too.
 
-    python3 benches/instructions.py            # every case, a table
-    python3 benches/instructions.py budget ... # only these cases
+    python3 benches/instructions.py                   # every case, a table
+    python3 benches/instructions.py budget ...        # only these cases
+    python3 benches/instructions.py --write-ceilings  # record ours in instructions.json
 
-`targets.py` imports `measure()` for its TARGET lines.
+`targets.py` imports `measure()` for its TARGET lines, and gates CI on `instructions.json`:
+the counts of our cases as last recorded, which a change may lower but not raise (they are
+deterministic, so the gate is exact).
 """
 import json
 import os
@@ -143,12 +146,31 @@ def measure(cases=CASES, iterations=ITERATIONS):
     return results
 
 
+# Our cases (the others are peers): the ones CI holds to their recorded counts.
+OURS = [c for c in CASES if not c.startswith(("tokio", "async_lock", "raw_cas"))]
+CEILINGS = os.path.join(ROOT, "benches", "instructions.json")
+
+
+def ceilings():
+    """The recorded instruction counts of our cases (`--write-ceilings`)."""
+    with open(CEILINGS) as f:
+        return json.load(f)
+
+
 def main():
-    cases = sys.argv[1:] or CASES
+    args = sys.argv[1:]
+    write = "--write-ceilings" in args
+    cases = [a for a in args if not a.startswith("--")] or CASES
     results = measure(cases)
     print(f"{'case':28s} {'instructions':>12s} {'locked':>7s}   (per admission + release)")
     for case, (instructions, locked) in results.items():
         print(f"{case:28s} {instructions:12.1f} {locked:7.2f}")
+    if write:
+        recorded = {case: results[case][0] for case in OURS if case in results}
+        with open(CEILINGS, "w") as f:
+            json.dump(recorded, f, indent=2, sort_keys=True)
+            f.write("\n")
+        print(f"recorded {len(recorded)} ceilings in {os.path.relpath(CEILINGS, ROOT)}")
 
 
 if __name__ == "__main__":

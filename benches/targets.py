@@ -19,10 +19,12 @@ else target/criterion). Options:
 
     --no-run    only summarise the criterion results already under target/criterion
     --no-js     skip the JavaScript original (no Node.js or npm registry at hand)
-    --ci        CI's quick mode (`.ci/run`): shorter sampling, one process per multi-thread
-                group (three for the paired single-thread ratios), no JS; prints the same
-                table but exits 1 only for an allocation on a fast path or a ratio worse
-                than 3x its goal
+    --ci        CI's quick mode (`.ci/run`, a few minutes): no criterion and no JS; the
+                instruction counts (`instructions.py`), the plain loops (`cycles.rs`, short)
+                and the counting-allocator test. It exits 1 for an allocation on a fast path,
+                an instruction count above its recorded ceiling (`instructions.json`), or an
+                instruction goal met before and missed now; nanosecond ratios are printed
+                (with the host's raw CAS figure) but judged by the full run only
 
 The multi-thread groups (scaling, events_2_threads, classes_2_threads, the LLM bulkhead's
 waiting bench and the general Bulkhead's hand-off) run in 5 separate processes and are judged
@@ -33,6 +35,7 @@ Exits with status 1 if a target fails.
 """
 import argparse
 import glob
+import re
 import json
 import os
 import shutil
@@ -49,6 +52,54 @@ CRITERION = os.path.join(ROOT, os.environ.get("CRITERION_HOME") or os.path.join(
 JS_DIR = os.path.join(ROOT, "benches", "js")
 QUICK = ["--warm-up-time", "0.3", "--measurement-time", "1", "--sample-size", "20", "--noplot"]
 JS_PROCESSES = 5
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import instructions  # noqa: E402  (benches/instructions.py, beside this file)
+
+
+def plain_loops(quick):
+    """ns per iteration of every case of `benches/cycles.rs` (fixed iterations, median of
+    several runs, no criterion); fewer and shorter runs in CI's quick mode."""
+    env = dict(os.environ)
+    if quick:
+        env.update(CYCLES_RUNS="3", CYCLES_ITERATIONS="300000")
+    out = subprocess.run(["cargo", "bench", "--bench", "cycles", "--", "ns"], cwd=ROOT,
+                         check=True, capture_output=True, text=True, env=env).stdout
+    found = {}
+    for line in out.splitlines():
+        match = re.match(r"(\w+) ([0-9.]+)$", line.strip())
+        if match:
+            found[match.group(1)] = float(match.group(2))
+    return found
+
+
+# Goals in instructions per admission + release (docs/design.md §D5), each a ratio of two
+# cases of `benches/cycles.rs`: (name, ours, theirs, goal).
+INSTRUCTION_GOALS = [
+    ("instructions_no_budget_vs_tokio_try_acquire", "no_budget", "tokio_try_acquire", 1.2),
+    ("instructions_budget_vs_two_tokio_semaphores", "budget", "tokio_two_semaphores", 1.0),
+    ("instructions_classes_vs_no_classes", "classes", "budget", 1.5),
+    ("instructions_acquire_await_vs_try_acquire", "await_budget", "budget", 1.3),
+]
+# The same ratios in ns on the plain loops, and the other single-thread goals: judged by the
+# full run (ns move with the host: its raw CAS figure is printed beside them).
+PLAIN_GOALS = [
+    ("plain_no_budget_vs_tokio_try_acquire", "no_budget", "tokio_try_acquire", 1.0),
+    ("plain_budget_vs_two_tokio_semaphores", "budget", "tokio_two_semaphores", 0.8),
+    ("plain_classes_vs_no_classes", "classes", "budget", 1.5),
+    ("plain_acquire_await_vs_try_acquire", "await_budget", "budget", 1.3),
+    ("plain_acquire_await_vs_tokio_acquire_await", "await_budget", "tokio_acquire_await", 1.0),
+]
+# Criterion's figure and the plain loop's of the same case must agree within 15%.
+AGREEMENT = [
+    ("no_budget", "uncontended_no_budget/llm_bulkhead"),
+    ("tokio_try_acquire", "uncontended_no_budget/tokio_semaphore"),
+    ("budget", "uncontended_budget/llm_bulkhead"),
+    ("tokio_two_semaphores", "uncontended_budget/tokio_two_semaphores"),
+    ("classes", "classes_1_thread/four_classes"),
+    ("raw_cas", "uncontended_no_budget/raw_cas"),
+]
 
 
 def run(cmd, **kwargs):
@@ -265,11 +316,13 @@ def main():
         QUICK[:] = ["--warm-up-time", "0.1", "--measurement-time", "0.5", "--sample-size",
                     "10", "--noplot"]
 
-    if not args.no_run:
+    if not args.no_run and not args.ci:
         run_benches()
-    m = medians()
+    m = {} if args.ci else medians()
     js = None if args.no_js else run_js()
     allocation_free = None if args.no_run else allocations_test()
+    counted = instructions.measure()
+    plain = plain_loops(quick=args.ci)
 
     print("\nMedians (ns per iteration; multi-thread cases: per operation on every thread)")
     for bench in sorted(m):
@@ -278,6 +331,13 @@ def main():
         for case, (median, samples) in js.items():
             listed = ", ".join(f"{s:.0f}" for s in samples)
             print(f"  {'js/acquire_release_' + case:62s} {median:10.2f}  ({listed})")
+    print("\nInstructions and locked instructions per admission + release (callgrind)")
+    for case, (count, locked) in counted.items():
+        print(f"  {case:62s} {count:10.1f} {locked:6.2f}")
+    print(f"\nPlain loops (ns per iteration; raw CAS acquire + release on this host: "
+          f"{plain.get('raw_cas', float('nan')):.2f} ns)")
+    for case, ns in plain.items():
+        print(f"  {case:62s} {ns:10.2f}")
     print()
 
     failed = []
@@ -285,18 +345,18 @@ def main():
     def target(name, ratio, goal, at_most, note=""):
         ok = ratio <= goal if at_most else ratio >= goal
         sign = "<=" if at_most else ">="
-        # CI's bound: what noise on a shared machine cannot explain.
-        within_3x = ratio <= goal * 3 if at_most else ratio >= goal / 3
         hard = name == "zero_allocations_fast_path"
         verdict = "PASS" if ok else "FAIL"
-        if args.ci and not ok:
-            verdict += " (ci: fails the build)" if hard or not within_3x else " (ci: within 3x)"
+        if args.ci and not ok and not hard:
+            verdict += " (ci: reported; the full run judges ns)"
         print(f"TARGET {name} ratio={ratio:.2f} goal={sign}{goal} {verdict}"
               + (f"  ({note})" if note else ""))
-        if not ok and (not args.ci or hard or not within_3x):
+        if not ok and (not args.ci or hard):
             failed.append(name)
 
     def have(*names):
+        if args.ci:
+            return False  # no criterion in CI's quick mode
         missing = [n for n in names if n not in m]
         if missing:
             print(f"TARGET ? missing results: {', '.join(missing)}")
@@ -305,6 +365,48 @@ def main():
     def spread(values):
         return (f"median {statistics.median(values):.2f}, min {min(values):.2f}, "
                 f"max {max(values):.2f} over {len(values)} processes")
+
+    # Instruction counts: the same on every host (callgrind), so CI judges them exactly.
+    try:
+        recorded = instructions.ceilings()
+    except FileNotFoundError:
+        recorded = {}
+    for case, ceiling in sorted(recorded.items()):
+        count = counted[case][0]
+        ok = count <= ceiling
+        print(f"TARGET instructions_ceiling_{case} ratio={count / ceiling:.3f} goal=<=1.0 "
+              f"{'PASS' if ok else 'FAIL'}  ({count:.0f} instructions, recorded {ceiling:.0f}: "
+              f"a change may lower it, not raise it)")
+        if not ok:
+            failed.append(f"instructions_ceiling_{case}")
+    for name, ours, theirs, goal in INSTRUCTION_GOALS:
+        ratio = counted[ours][0] / counted[theirs][0]
+        ok = ratio <= goal
+        recorded_ratio = (recorded[ours] / counted[theirs][0]
+                          if ours in recorded else float("inf"))
+        verdict = "PASS" if ok else "FAIL"
+        note = (f"{counted[ours][0]:.0f} vs {counted[theirs][0]:.0f} instructions, "
+                f"{counted[ours][1]:.0f} vs {counted[theirs][1]:.0f} locked")
+        if not ok and args.ci and recorded_ratio > goal:
+            # Not met when recorded either: an open goal, held by its ceiling above.
+            verdict += " (ci: an open goal; its count is held by its ceiling)"
+        elif not ok:
+            failed.append(name)
+        print(f"TARGET {name} ratio={ratio:.2f} goal=<={goal} {verdict}  ({note})")
+    cas = plain.get("raw_cas")
+    for name, ours, theirs, goal in PLAIN_GOALS:
+        if ours in plain and theirs in plain:
+            target(name, plain[ours] / plain[theirs], goal, True,
+                   f"{plain[ours]:.1f} vs {plain[theirs]:.1f} ns; raw CAS {cas:.2f} ns")
+    if cas and "rejection_full" in plain:
+        worst = max(plain["rejection_full"], plain["rejection_closed"])
+        target("plain_rejection_vs_raw_cas_cycle", worst / cas, 1.0, True,
+               f"{worst:.1f} ns vs the raw CAS acquire + release {cas:.2f} ns")
+    for case, bench in AGREEMENT if m else []:
+        if case in plain and bench in m:
+            ratio = max(plain[case] / m[bench], m[bench] / plain[case])
+            target(f"plain_vs_criterion_{case}", ratio, 1.15, True,
+                   f"plain loop {plain[case]:.1f} ns, criterion {m[bench]:.1f} ns")
 
     a = "uncontended_no_budget/"
     b = "uncontended_budget/"
@@ -506,8 +608,8 @@ def main():
         print(f"\n{len(failed)} target(s) failed: {', '.join(failed)}")
         sys.exit(1)
     if args.ci:
-        print("\nci: no allocation on a fast path, every ratio within 3x of its goal "
-              "(the full run, without --ci, judges the goals)")
+        print("\nci: no allocation on a fast path, no instruction count above its ceiling, "
+              "no met instruction goal lost (the full run, without --ci, judges the ns goals)")
 
 
 if __name__ == "__main__":

@@ -243,10 +243,10 @@ impl<'a> Future for Acquire<'a, '_> {
         // The fast lane first, on its own way out: a call `try_acquire` would admit on its
         // fast lane is admitted the same way at the first poll (nothing to queue or time).
         if let Step::Unresolved { options, .. } = &self.machine.step
-            && let Ok(permit) = core.try_admit_fast(options, permit)
+            && let Some((grant, ledger)) = core.fast_admission(options)
         {
             self.machine.step = Step::Done;
-            return Poll::Ready(Ok(permit));
+            return Poll::Ready(Ok(permit(Admission::new(grant, ledger))));
         }
         self.poll_general(cx)
     }

@@ -359,6 +359,22 @@ impl LlmCore {
         }
     }
 
+    /// [`try_admit_fast`](LlmCore::try_admit_fast), returning the admission's parts for the
+    /// caller to build its result from where it returns it (a permit built here and moved
+    /// into a differently shaped result is copied, and the copy, read right after the
+    /// writes that made it, stalls the CPU's store forwarding).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn fast_admission(&self, options: &AcquireOptions) -> Option<(Grant, Ledger)> {
+        if options.class.is_some()
+            || !self.engine.has_fast_lane()
+            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
+        {
+            return None;
+        }
+        let (ask, ledger) = fast_ask(self.engine.has_budget(), options).ok()?;
+        Some((self.engine.try_admit_fast(ask)?, ledger))
+    }
+
     /// [`try_admit_fast`](LlmCore::try_admit_fast) of a class call: within its class's
     /// reserved floors, while nobody times decisions. `Err` (nothing changed) for anything
     /// else, as `try_admit_fast`.
