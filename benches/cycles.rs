@@ -106,16 +106,21 @@ fn ready<F: Future>(future: F) -> F::Output {
     }
 }
 
-/// The host's raw cost of one compare-and-swap acquire and one release: what a ns figure is
-/// read against (hosts with cheap atomics make the non-atomic work weigh more).
+/// The host's raw cost of one compare-and-swap acquire and one compare-and-swap release (as
+/// `admission.rs`'s `raw_cas`): what a ns figure is read against (hosts with cheap atomics
+/// make the non-atomic work weigh more).
 fn raw_cas(word: &AtomicU64) {
-    let mut current = word.load(Ordering::Acquire);
-    while let Err(actual) =
-        word.compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
-    {
-        current = actual;
+    for delta in [1u64, u64::MAX] {
+        let mut current = word.load(Ordering::Acquire);
+        while let Err(actual) = word.compare_exchange_weak(
+            current,
+            current.wrapping_add(black_box(delta)),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            current = actual;
+        }
     }
-    word.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// A case: its name and the closure of one iteration.

@@ -240,29 +240,45 @@ impl<'a> Future for Acquire<'a, '_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let core = self.machine.core;
         let permit = |admission| Permit::borrowed(core, admission);
-        // The fast lane first, on its own way out: a call `try_acquire` would admit on its
-        // fast lane is admitted the same way at the first poll (nothing to queue or time).
-        if let Step::Unresolved { options, .. } = &self.machine.step
-            && let Some((grant, ledger)) = core.fast_admission(options)
-        {
-            self.machine.step = Step::Done;
-            return Poll::Ready(Ok(permit(Admission::new(grant, ledger))));
+        if let Step::Unresolved { options, .. } = &self.machine.step {
+            // The first poll: the call's timing starts (and its sampling is decided) here.
+            let timing = core.timing();
+            // The fast lane first, on its own way out: a call `try_acquire` would admit on
+            // its fast lane is admitted the same way (nothing to queue, nobody timing it).
+            if timing.is_none()
+                && let Some((grant, ledger)) = core.fast_admission(options)
+            {
+                self.machine.step = Step::Done;
+                return Poll::Ready(Ok(permit(Admission::new(grant, ledger))));
+            }
+            return self.poll_general(cx, timing);
         }
-        self.poll_general(cx)
+        self.poll_general(cx, None)
     }
 }
 
 impl<'a> Acquire<'a, '_> {
     /// [`poll`](Future::poll) beyond the fast lane: the first decision on the general path,
     /// or a wait. Out of line, so that the fast lane stays small.
+    ///
+    /// `timing`: the call's, for a first poll that found an unresolved call (see
+    /// `LlmCore::timing`); any other first poll starts it here.
     #[inline(never)]
-    fn poll_general(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit<'a>, AcquireError>> {
+    fn poll_general(
+        &mut self,
+        cx: &mut Context<'_>,
+        timing: Option<Timing>,
+    ) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;
         let permit = |admission| Permit::borrowed(core, admission);
         if self.machine.is_new() {
+            let timing = match self.machine.step {
+                Step::Unresolved { .. } => timing,
+                _ => core.timing(),
+            };
             return self
                 .machine
-                .start_in_place(cx, permit, |_, admission| permit(admission));
+                .start_in_place(cx, timing, permit, |_, admission| permit(admission));
         }
         self.machine.poll_waiting(cx).map_ok(permit)
     }
@@ -303,8 +319,10 @@ impl Future for AcquireOwned {
         if self.machine.is_new() {
             // The permit's own reference (dropped again if the call waits: the slow path).
             let core = Arc::clone(&self.machine.core);
+            let timing = core.timing();
             return self.machine.start_in_place(
                 cx,
+                timing,
                 move |admission| Permit::owned(core, admission),
                 |core, admission| Permit::owned(Arc::clone(core), admission),
             );
@@ -497,6 +515,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
     fn start_in_place<P>(
         &mut self,
         cx: &mut Context<'_>,
+        timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
         later: impl FnOnce(&C, Admission) -> P,
     ) -> Poll<Result<P, AcquireError>> {
@@ -506,7 +525,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 match self.core.resolve(request, options) {
                     Ok(call) => {
                         let timeout = self.core.timeout(options);
-                        self.first_decision(cx, call, timeout, 0, permit, later)
+                        self.first_decision(cx, call, timeout, 0, timing, permit, later)
                     }
                     Err(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
                 }
@@ -517,7 +536,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 untimed,
             } => {
                 self.step = Step::Done;
-                self.first_decision(cx, call, timeout, untimed, permit, later)
+                self.first_decision(cx, call, timeout, untimed, timing, permit, later)
             }
             Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
                 Step::Invalid(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
@@ -535,12 +554,13 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         call: Call,
         timeout: Option<Duration>,
         untimed: u8,
+        timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
         later: impl FnOnce(&C, Admission) -> P,
     ) -> Poll<Result<P, AcquireError>> {
         match self
             .core
-            .admit_in_place(call, Wait::Async(cx.waker()), untimed, permit)
+            .admit_in_place(call, Wait::Async(cx.waker()), untimed, timing, permit)
         {
             Ok(permit) => Poll::Ready(Ok(permit)),
             // Admitted after all when decided again under the queue lock.
@@ -571,7 +591,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 untimed,
             } => {
                 self.step = Step::Done;
-                match self.core.admit(call, wait, untimed) {
+                match self.core.admit(call, wait, untimed, self.core.timing()) {
                     Admitted::Now(admission) => Some(Ok(admission)),
                     Admitted::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
                     Admitted::Queued(waiter, timing) => {

@@ -12,7 +12,7 @@ use crate::engine::drain::{Drain, DrainTimeout};
 use crate::engine::limits::{ApplyOutcome, Limits};
 use crate::engine::policy::Verdict;
 use crate::error::{AcquireError, ClassLookupError, LimitsError, RequestError};
-use crate::events::{ALL_KINDS, Event, EventKind, Subscription, kinds_mask};
+use crate::events::{ALL_KINDS, Event, EventKind, Subscription, Timing, kinds_mask};
 use crate::rejection::CapacityDetail;
 use crate::reservation::Reservation;
 use crate::stats::{DedupStats, Stats};
@@ -114,32 +114,39 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
-        match self.core.try_admit_fast(&options, |admission| {
-            Permit::borrowed(&self.core, admission)
-        }) {
-            Ok(permit) => Ok(permit),
-            Err(_) => self.try_acquire_general(request, options),
+        let timing = self.core.timing();
+        if timing.is_none()
+            && let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
+                Permit::borrowed(&self.core, admission)
+            })
+        {
+            return Ok(permit);
         }
+        self.try_acquire_general(request, options, timing)
     }
 
     /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: a class call within
     /// its class's floors on the class fast lane, everything else (estimation, classes beyond
     /// their floors, timed decisions, refusals) on the general path. Out of line, so that the
-    /// fast lane stays small.
+    /// fast lane stays small. `timing`: the call's (see `LlmCore::timing`).
     #[inline(never)]
     fn try_acquire_general(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
+        timing: Option<Timing>,
     ) -> Result<Permit<'_>, AcquireError> {
-        if let Ok(permit) = self.core.try_admit_class_fast(&options, |admission| {
-            Permit::borrowed(&self.core, admission)
-        }) {
+        if timing.is_none()
+            && let Ok(permit) = self.core.try_admit_class_fast(&options, |admission| {
+                Permit::borrowed(&self.core, admission)
+            })
+        {
             return Ok(permit);
         }
         let call = self.core.resolve(request, options)?;
-        self.core
-            .try_admit(call, |admission| Permit::borrowed(&self.core, admission))
+        self.core.try_admit(call, timing, |admission| {
+            Permit::borrowed(&self.core, admission)
+        })
     }
 
     /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
@@ -167,7 +174,7 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
         let call = self.core.resolve(request, options)?;
-        self.core.try_admit(call, |admission| {
+        self.core.try_admit(call, self.core.timing(), |admission| {
             Permit::owned(Arc::clone(&self.core), admission)
         })
     }

@@ -265,11 +265,18 @@ impl LlmCore {
     /// `wait` allows), builds the admission, and announces an immediate outcome. Refusals for
     /// the reasons in `untimed` (a bit per `RejectReason`: observe mode's race bypasses) are
     /// announced untimed, now or after a wait.
+    ///
+    /// `timing` is the call's, started by the caller ([`timing`](LlmCore::timing)) once per
+    /// call: after estimation, before the decision.
     #[inline]
-    pub(crate) fn admit(&self, call: Call, wait: Wait<'_>, untimed: u8) -> Admitted {
-        // Decision timing starts here: after estimation, before the decision. Without a
-        // listener for decisions it is `None` and no clock is read.
-        let timing = self.timing().map(|timing| timing.untimed(untimed));
+    pub(crate) fn admit(
+        &self,
+        call: Call,
+        wait: Wait<'_>,
+        untimed: u8,
+        timing: Option<Timing>,
+    ) -> Admitted {
+        let timing = timing.map(|timing| timing.untimed(untimed));
         let decision = if call.class().is_none() {
             self.engine.admit(call.ask(), wait)
         } else {
@@ -293,8 +300,14 @@ impl LlmCore {
     /// timed decision, kept out of the in-place path's frame (inlined, it made the fast path's
     /// frame spill registers).
     #[inline(never)]
-    fn admit_out_of_line(&self, call: Call, wait: Wait<'_>, untimed: u8) -> Admitted {
-        self.admit(call, wait, untimed)
+    fn admit_out_of_line(
+        &self,
+        call: Call,
+        wait: Wait<'_>,
+        untimed: u8,
+        timing: Option<Timing>,
+    ) -> Admitted {
+        self.admit(call, wait, untimed, timing)
     }
 
     /// [`admit`](LlmCore::admit) for the first poll of an acquire future: a call admitted at
@@ -307,12 +320,11 @@ impl LlmCore {
         call: Call,
         wait: Wait<'_>,
         untimed: u8,
+        timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, Admitted> {
-        if call.class().is_some()
-            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
-        {
-            return match self.admit_out_of_line(call, wait, untimed) {
+        if call.class().is_some() || timing.is_some() {
+            return match self.admit_out_of_line(call, wait, untimed, timing) {
                 Admitted::Now(admission) => Ok(permit(admission)),
                 other => Err(other),
             };
@@ -330,8 +342,9 @@ impl LlmCore {
     }
 
     /// The fast lane of `try_acquire`: a call without a class, whose tokens are known without
-    /// the estimator (no token budget, or the options carry a reservation), while nobody times
-    /// decisions, admitted by the engine's fast lane. `None` (nothing changed) for anything
+    /// the estimator (no token budget, or the options carry a reservation), admitted by the
+    /// engine's fast lane; for a call nobody times (the caller checked: its
+    /// [`timing`](LlmCore::timing) is `None`). `None` (nothing changed) for anything
     /// else, which the general path ([`resolve`](LlmCore::resolve), then
     /// [`try_admit`](LlmCore::try_admit)) decides: it admits exactly what the general path
     /// would, with the same record.
@@ -344,10 +357,7 @@ impl LlmCore {
         options: &AcquireOptions,
         permit: F,
     ) -> Result<P, F> {
-        if options.class.is_some()
-            || !self.engine.has_fast_lane()
-            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
-        {
+        if options.class.is_some() || !self.engine.has_fast_lane() {
             return Err(permit);
         }
         let Ok((ask, ledger)) = fast_ask(self.engine.has_budget(), options) else {
@@ -365,10 +375,7 @@ impl LlmCore {
     /// writes that made it, stalls the CPU's store forwarding).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn fast_admission(&self, options: &AcquireOptions) -> Option<(Grant, Ledger)> {
-        if options.class.is_some()
-            || !self.engine.has_fast_lane()
-            || self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0
-        {
+        if options.class.is_some() || !self.engine.has_fast_lane() {
             return None;
         }
         let (ask, ledger) = fast_ask(self.engine.has_budget(), options).ok()?;
@@ -376,17 +383,14 @@ impl LlmCore {
     }
 
     /// [`try_admit_fast`](LlmCore::try_admit_fast) of a class call: within its class's
-    /// reserved floors, while nobody times decisions. `Err` (nothing changed) for anything
-    /// else, as `try_admit_fast`.
+    /// reserved floors, for a call nobody times. `Err` (nothing changed) for anything else,
+    /// as `try_admit_fast`.
     #[inline]
     pub(crate) fn try_admit_class_fast<P>(
         &self,
         options: &AcquireOptions,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, ()> {
-        if self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) != 0 {
-            return Err(());
-        }
         let classes = self.engine.classes().ok_or(())?;
         let (mut ask, ledger) = fast_ask(self.engine.has_budget(), options)?;
         // A class that is not this bulkhead's is reported by the general path.
@@ -400,13 +404,15 @@ impl LlmCore {
     /// Admits `call` now or refuses it now (never queues), announcing the outcome, and makes
     /// the caller's permit of the admission with `permit`: `try_acquire`'s path, which builds
     /// its result in place (no intermediate [`Admitted`] to copy through).
+    ///
+    /// `timing` is the call's (see [`admit`](LlmCore::admit)).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit<P: Deref<Target = Admission>>(
         &self,
         call: Call,
+        timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
     ) -> Result<P, AcquireError> {
-        let timing = self.timing();
         // Without a listener the result is returned as the engine builds it, in place: a
         // temporary would be copied, and a copy read right after the writes that built it
         // stalls the CPU's store forwarding (measured: a refusal took twice as long).
@@ -443,7 +449,9 @@ impl LlmCore {
     }
 
     /// Starts timing a decision if anyone will hear of it: a listener of decisions on every
-    /// call, or a sampled listener when this call is sampled (see `crate::events`).
+    /// call, or a sampled listener when this call is sampled (see `crate::events`). Called
+    /// once per call, where it starts (it decides the call's sampling: a second call would
+    /// decide it again, for the next call); `None` lets the call take the fast lanes.
     #[inline]
     pub(crate) fn timing(&self) -> Option<Timing> {
         let mask = self.listeners.mask();

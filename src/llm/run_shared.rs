@@ -195,7 +195,12 @@ impl LlmBulkhead {
         F: FnOnce(RunContext<'static>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
-        self.run_shared_with(request, options, Sharing::cloned(), f)
+        let core = Arc::clone(&self.core);
+        // A clone of the whole outcome: a closure that captures nothing, so boxing it for a
+        // follower allocates nothing.
+        let share = || -> Share<Output<T, E>> { Box::new(Output::<T, E>::clone) };
+        let plan = plan(&core, request, options.into(), share, None, f);
+        drive(plan)
     }
 
     /// [`run_shared`](LlmBulkhead::run_shared) with a follower's copy of the value made by
@@ -257,21 +262,39 @@ impl LlmBulkhead {
         F: FnOnce(RunContext<'static>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
-        let options = options.into();
         let core = Arc::clone(&self.core);
-        let plan = plan(&core, request, options, sharing, f);
-        async move {
-            match plan {
-                Plan::Ready(output) => output,
-                Plan::Solo(call) => call.await,
-                Plan::Lead(mut waiter) => {
-                    match core::future::poll_fn(|cx| waiter.poll_outcome(cx)).await {
-                        Outcome::Value(output) => output,
-                        Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
-                    }
+        let Sharing { share, usage } = sharing;
+        // The follower's own hook over the outcome (a box: it captures the hook).
+        let share = move || -> Share<Output<T, E>> {
+            Box::new(move |output: &Output<T, E>| match output {
+                Ok(value) => Ok(share(value)),
+                Err(error) => Err(error.clone()),
+            })
+        };
+        let plan = plan(&core, request, options.into(), share, usage, f);
+        drive(plan)
+    }
+}
+
+/// The future of a `run_shared` call, once planned.
+fn drive<T, E, F, Fut>(plan: Plan<T, E, F>) -> impl Future<Output = Output<T, E>> + Send + 'static
+where
+    T: Send + 'static,
+    E: Clone + Send + 'static,
+    F: FnOnce(RunContext<'static>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+{
+    async move {
+        match plan {
+            Plan::Ready(output) => output,
+            Plan::Solo(call) => call.await,
+            Plan::Lead(mut waiter) => {
+                match core::future::poll_fn(|cx| waiter.poll_outcome(cx)).await {
+                    Outcome::Value(output) => output,
+                    Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
                 }
-                Plan::Follow(follower) => follower.wait().await,
             }
+            Plan::Follow(follower) => follower.wait().await,
         }
     }
 }
@@ -293,7 +316,8 @@ fn plan<T, E, F, Fut>(
     core: &Arc<LlmCore>,
     request: &LlmRequest,
     options: RunOptions,
-    sharing: Sharing<T>,
+    share: impl FnOnce() -> Share<Output<T, E>>,
+    usage: Option<UsageFn<T>>,
     f: F,
 ) -> Plan<T, E, F>
 where
@@ -312,7 +336,6 @@ where
         Ok(class) => class,
         Err(error) => return Plan::Ready(Err(RunError::Invalid(error))),
     };
-    let Sharing { share, usage } = sharing;
     let key = match core.dedup() {
         // No call joins after `close`.
         Some(dedup) if options.dedup && !core.engine().is_closed() => {
@@ -324,12 +347,7 @@ where
         let call = core.resolve(request, options.acquire);
         return Plan::Solo(Box::pin(lead(Arc::clone(core), call, options, usage, f)));
     };
-    let (waiter, role) = Dedup::join_or_lead(dedup, key, || -> Share<Output<T, E>> {
-        Box::new(move |output: &Output<T, E>| match output {
-            Ok(value) => Ok(share(value)),
-            Err(error) => Err(error.clone()),
-        })
-    });
+    let (waiter, role) = Dedup::join_or_lead(dedup, key, share);
     match role {
         Role::Leader => {
             // Resolved (estimated) after registering, unlocked: followers never wait on it.
