@@ -525,7 +525,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 match self.core.resolve(request, options) {
                     Ok(call) => {
                         let timeout = self.core.timeout(options);
-                        self.first_decision(cx, call, timeout, 0, timing, permit, later)
+                        self.first_decision(cx, call, (timeout, 0), timing, permit, later)
                     }
                     Err(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
                 }
@@ -536,7 +536,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 untimed,
             } => {
                 self.step = Step::Done;
-                self.first_decision(cx, call, timeout, untimed, timing, permit, later)
+                self.first_decision(cx, call, (timeout, untimed), timing, permit, later)
             }
             Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
                 Step::Invalid(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
@@ -552,8 +552,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         &mut self,
         cx: &mut Context<'_>,
         call: Call,
-        timeout: Option<Duration>,
-        untimed: u8,
+        (timeout, untimed): (Option<Duration>, u8),
         timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
         later: impl FnOnce(&C, Admission) -> P,

@@ -277,25 +277,21 @@ impl LlmBulkhead {
 }
 
 /// The future of a `run_shared` call, once planned.
-fn drive<T, E, F, Fut>(plan: Plan<T, E, F>) -> impl Future<Output = Output<T, E>> + Send + 'static
+async fn drive<T, E, F, Fut>(plan: Plan<T, E, F>) -> Output<T, E>
 where
     T: Send + 'static,
     E: Clone + Send + 'static,
     F: FnOnce(RunContext<'static>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
-    async move {
-        match plan {
-            Plan::Ready(output) => output,
-            Plan::Solo(call) => call.await,
-            Plan::Lead(mut waiter) => {
-                match core::future::poll_fn(|cx| waiter.poll_outcome(cx)).await {
-                    Outcome::Value(output) => output,
-                    Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
-                }
-            }
-            Plan::Follow(follower) => follower.wait().await,
-        }
+    match plan {
+        Plan::Ready(output) => output,
+        Plan::Solo(call) => call.await,
+        Plan::Lead(mut waiter) => match core::future::poll_fn(|cx| waiter.poll_outcome(cx)).await {
+            Outcome::Value(output) => output,
+            Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
+        },
+        Plan::Follow(follower) => follower.wait().await,
     }
 }
 
