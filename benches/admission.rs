@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, EventKind, LlmBulkhead, LlmRequest, Progressive, Reservation, TokenBudget,
-    TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, TokenUsage,
+    events::EventKind, usage::Progressive,
 };
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -86,7 +86,7 @@ impl RawPacked {
     }
 }
 
-fn bulkhead(budget: bool, max_concurrent: u32) -> LlmBulkhead {
+fn bulkhead(budget: bool, max_concurrent: usize) -> LlmBulkhead {
     let builder = LlmBulkhead::builder("claude-sonnet-4", max_concurrent);
     let builder = if budget {
         builder.token_budget(TokenBudget::new(1 << 34))

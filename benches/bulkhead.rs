@@ -106,18 +106,18 @@ fn waiting(c: &mut Criterion) {
         let cases = [
             (
                 "bulkhead_defaults",
-                Bulkhead::builder(SLOTS)
-                    .expect("valid")
-                    .max_queue(TASKS as u32)
-                    .build(),
+                Bulkhead::builder(SLOTS as usize)
+                    .max_queue(TASKS as usize)
+                    .build()
+                    .expect("valid"),
             ),
             (
                 "bulkhead_wait_indefinitely",
-                Bulkhead::builder(SLOTS)
-                    .expect("valid")
-                    .max_queue(TASKS as u32)
+                Bulkhead::builder(SLOTS as usize)
+                    .max_queue(TASKS as usize)
                     .wait_indefinitely()
-                    .build(),
+                    .build()
+                    .expect("valid"),
             ),
         ];
         for (case, bulkhead) in cases {

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, Reservation,
-    TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, classes::AdmissionClasses,
+    classes::ClassLimits,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -34,7 +34,7 @@ const SLOTS: u32 = 1024;
 const BUDGET: u64 = 1 << 34;
 
 fn with_classes() -> LlmBulkhead {
-    LlmBulkhead::builder("claude-sonnet-4", SLOTS)
+    LlmBulkhead::builder("claude-sonnet-4", SLOTS as usize)
         .token_budget(TokenBudget::new(BUDGET))
         .admission_classes(
             AdmissionClasses::new("standard")
@@ -58,7 +58,7 @@ fn with_classes() -> LlmBulkhead {
 }
 
 fn without_classes() -> LlmBulkhead {
-    LlmBulkhead::builder("claude-sonnet-4", SLOTS)
+    LlmBulkhead::builder("claude-sonnet-4", SLOTS as usize)
         .token_budget(TokenBudget::new(BUDGET))
         .build()
         .expect("valid configuration")

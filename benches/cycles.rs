@@ -24,8 +24,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, Reservation,
-    TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, classes::AdmissionClasses,
+    classes::ClassLimits,
 };
 
 /// Tokens every budget case reserves (100 input + 1,000 output), as in `admission.rs`.

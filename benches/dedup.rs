@@ -30,8 +30,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, Deduplication, LlmBulkhead, LlmRequest, Reservation, RunContext, RunError,
-    ShadowReasons, TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, RunContext, RunError, TokenBudget,
+    dedup::Deduplication, observe::ShadowReasons,
 };
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -40,8 +40,8 @@ const SLOTS: u32 = 16_384;
 const BUDGET: u64 = 1 << 34;
 
 fn bulkhead(dedup: bool) -> LlmBulkhead {
-    let builder =
-        LlmBulkhead::builder("claude-sonnet-4", SLOTS).token_budget(TokenBudget::new(BUDGET));
+    let builder = LlmBulkhead::builder("claude-sonnet-4", SLOTS as usize)
+        .token_budget(TokenBudget::new(BUDGET));
     let builder = if dedup {
         builder.deduplication(Deduplication::new())
     } else {

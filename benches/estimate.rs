@@ -6,7 +6,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AdaptiveEstimator, Estimator, LlmRequest, ModelAwareEstimator, NaiveEstimator, TokenUsage,
+    LlmRequest, TokenUsage, estimate::AdaptiveEstimator, estimate::Estimator,
+    estimate::ModelAwareEstimator, estimate::NaiveEstimator,
 };
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 

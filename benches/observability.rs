@@ -15,8 +15,8 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 
 use async_bulkhead_llm::{
-    AcquireOptions, BulkheadMetrics, LlmBulkhead, LlmRequest, Reservation, TokenBudget,
-    trace_events,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget,
+    observability::BulkheadMetrics, observability::trace_events,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 

@@ -21,7 +21,7 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use async_bulkhead_llm::{LlmBulkhead, LlmLayer, LlmRequest, TokenBudget};
+use async_bulkhead_llm::{LlmBulkhead, LlmRequest, TokenBudget, tower::LlmLayer};
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http_body_util::{BodyExt, Full};

@@ -51,8 +51,8 @@ fn waiting(c: &mut Criterion) {
     let mut group = c.benchmark_group("waiting_64_tasks_4_slots");
     group.throughput(Throughput::Elements(1));
 
-    let plain = LlmBulkhead::builder("m", SLOTS)
-        .max_queue(TASKS as u32)
+    let plain = LlmBulkhead::builder("m", SLOTS as usize)
+        .max_queue(TASKS as usize)
         .build()
         .expect("valid");
     group.bench_function(BenchmarkId::new("llm_bulkhead", "no_budget"), |b| {
@@ -71,8 +71,8 @@ fn waiting(c: &mut Criterion) {
         })
     });
 
-    let budgeted = LlmBulkhead::builder("m", SLOTS)
-        .max_queue(TASKS as u32)
+    let budgeted = LlmBulkhead::builder("m", SLOTS as usize)
+        .max_queue(TASKS as usize)
         .token_budget(TokenBudget::new(1 << 34))
         .build()
         .expect("valid");

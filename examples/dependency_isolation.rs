@@ -4,7 +4,7 @@
 //!
 //! - Without a bulkhead the slow calls take every worker: the fast calls wait behind them and
 //!   take as long as the slow ones.
-//! - With `Bulkhead::builder(5)?.max_queue(20)` in front of the slow API, the slow calls hold at
+//! - With `Bulkhead::builder(5).max_queue(20)` in front of the slow API, the slow calls hold at
 //!   most 5 workers, 20 more wait (and give up after the queue timeout), the rest are refused
 //!   at once with `QueueFull` (not retried); the fast calls are not affected.
 //!
@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{Bulkhead, BulkheadError, BulkheadState};
+use async_bulkhead_llm::{Bulkhead, BulkheadError, bulkhead::BulkheadState};
 use tokio::sync::Semaphore;
 
 /// The service's worker pool.
@@ -46,7 +46,7 @@ async fn run(slow_api: Option<Bulkhead>) -> Outcome {
         slow.push(tokio::spawn(async move {
             match slow_api {
                 Some(bulkhead) => bulkhead
-                    .call(call_dependency(&workers, SLOW_CALL))
+                    .run(call_dependency(&workers, SLOW_CALL))
                     .await
                     .err(),
                 None => {
@@ -108,7 +108,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut without = run(None).await;
     report("Without bulkhead:", &mut without);
 
-    let slow_api = Bulkhead::builder(5)?
+    let slow_api = Bulkhead::builder(5)
         .max_queue(20)
         .queue_timeout(Duration::from_millis(1500))
         .on_reject(|error| {
@@ -116,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let BulkheadState { active, queued, .. } = error.state();
             debug_assert!(active <= 5 && queued <= 20);
         })
-        .build();
+        .build()?;
     let mut with = run(Some(slow_api.clone())).await;
     report(
         "\nWith bulkhead (slow-api: max_concurrent 5, max_queue 20):",

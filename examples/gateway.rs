@@ -42,8 +42,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, BulkheadMetrics, Event, EventKind, LlmBulkhead, LlmLayer, Priority, Profile,
-    TokenBudget,
+    AcquireOptions, LlmBulkhead, Priority, Profile, TokenBudget, events::Event, events::EventKind,
+    observability::BulkheadMetrics, tower::LlmLayer,
 };
 use axum::Router;
 use axum::body::Body;
@@ -62,7 +62,7 @@ use tokio::task::JoinSet;
 
 const MODEL: &str = "gpt-4o";
 /// Calls the gateway lets run at once.
-const SLOTS: u32 = 16;
+const SLOTS: usize = 16;
 /// Tokens (input + maximum output) the calls in flight may hold at once.
 const BUDGET: u64 = 24_000;
 /// Of those, the tokens only `x-priority: high` calls may use.
@@ -870,7 +870,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         (
             "peaks within the limits",
-            peaks.in_flight.load(Ordering::Relaxed) <= u64::from(SLOTS)
+            peaks.in_flight.load(Ordering::Relaxed) <= SLOTS as u64
                 && peaks.tokens.load(Ordering::Relaxed) <= BUDGET
                 && peaks.pending.load(Ordering::Relaxed) <= u64::from(MAX_QUEUE),
         ),

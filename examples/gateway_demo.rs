@@ -32,9 +32,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint,
-    Deduplication, Event, Limits, LlmBulkhead, LlmRequest, Priority, Profile, Progressive,
-    RejectReason, ShadowReasons, Sharing, TokenBudget, TokenUsage,
+    AcquireError, AcquireOptions, Limits, LlmBulkhead, LlmRequest, Priority, Profile, RejectReason,
+    TokenBudget, TokenUsage, classes::AdmissionClasses, classes::ClassLimits,
+    classes::ClassLimitsTable, dedup::Deduplication, dedup::Sharing, events::Event,
+    observe::ShadowReasons, rejection::Constraint, usage::Progressive,
 };
 use tokio::task::JoinSet;
 

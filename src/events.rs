@@ -46,20 +46,22 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
-use crate::admission_id::{AdmissionId, ShadowId};
-use crate::engine::limits::Limits;
-use crate::priority::Priority;
-use crate::rejection::{CapacityDetail, RejectReason};
-use crate::reservation::{Progressive, Reservation, TokenUsage};
-use crate::sync::unmodeled::{Arc, AtomicU32, AtomicU64, Mutex, Ordering, Weak, fence, lock};
+use crate::support::sync::unmodeled::{
+    Arc, AtomicU32, AtomicU64, Mutex, Ordering, Weak, fence, lock,
+};
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, Resources};
+use crate::vocabulary::admission_id::{AdmissionId, ShadowId};
+use crate::vocabulary::limits::Limits;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::{CapacityDetail, RejectReason};
+use crate::vocabulary::reservation::{Progressive, Reservation, TokenUsage};
 
 /// The kinds of events, to subscribe to some of them.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::EventKind;
+/// use async_bulkhead_llm::events::EventKind;
 ///
 /// assert_eq!(EventKind::ALL.len(), 10);
 /// assert_eq!(EventKind::Admit.as_str(), "admit");
@@ -107,12 +109,12 @@ impl EventKind {
 
     /// The kind's wire name, in snake_case like every name the crate prints
     /// ([`RejectReason::as_str`](crate::RejectReason::as_str), the serialized fields of
-    /// [`Stats`](crate::Stats) and [`Limits`](crate::Limits)).
+    /// [`Stats`](crate::Stats) and [`Limits`]).
     ///
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::EventKind::Reconfigure.as_str(), "reconfigure");
+    /// assert_eq!(async_bulkhead_llm::events::EventKind::Reconfigure.as_str(), "reconfigure");
     /// ```
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -151,7 +153,7 @@ const SAMPLED_SHIFT: u32 = 32;
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
-/// use async_bulkhead_llm::{AcquireOptions, Event, LlmBulkhead, LlmRequest};
+/// use async_bulkhead_llm::{AcquireOptions, events::Event, LlmBulkhead, LlmRequest};
 ///
 /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
 /// let seen = Arc::new(Mutex::new(Vec::new()));
@@ -161,7 +163,7 @@ const SAMPLED_SHIFT: u32 = 32;
 /// let permit = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
 /// let _ = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()); // refused
 /// drop(permit);
-/// use async_bulkhead_llm::EventKind::*;
+/// use async_bulkhead_llm::events::EventKind::*;
 /// assert_eq!(*seen.lock().unwrap(), [Admit, Reject, Release]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -197,7 +199,7 @@ impl Event<'_> {
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
-    /// use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, events::EventKind, LlmBulkhead, LlmRequest};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
     /// let kinds = Arc::new(Mutex::new(Vec::new()));
@@ -326,11 +328,11 @@ pub struct ReleaseEvent {
     /// Part of the hold the usage did not consume (refunded at release).
     pub refunded_tokens: u64,
     /// Tokens the release returned to the budget: its whole hold, usage known or not (see
-    /// [`ReleaseReport::returned_tokens`](crate::ReleaseReport::returned_tokens)).
+    /// [`ReleaseReport::returned_tokens`](crate::usage::ReleaseReport::returned_tokens)).
     pub returned_tokens: u64,
     /// Tokens the admission gave back over its life: its reports' refunds plus
     /// `returned_tokens` (see
-    /// [`ReleaseReport::returned_total_tokens`](crate::ReleaseReport::returned_total_tokens)).
+    /// [`ReleaseReport::returned_total_tokens`](crate::usage::ReleaseReport::returned_total_tokens)).
     pub returned_total_tokens: u64,
     /// Number of effective usage reports before release.
     pub usage_sequence: u64,
@@ -450,7 +452,7 @@ pub struct BypassReleaseEvent {
 }
 
 /// A call joined an identical call in flight: it takes no capacity and will get that call's
-/// outcome (see [`Deduplication`](crate::Deduplication)).
+/// outcome (see [`Deduplication`](crate::dedup::Deduplication)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DedupEvent {
@@ -478,7 +480,7 @@ struct Entry {
 /// unsubscribing (rare) copy the list under `writer` and swap the copy in.
 #[derive(Default)]
 pub(crate) struct Listeners {
-    /// One bit per [`EventKind`] with at least one listener on every call, and one
+    /// One bit per [`EventKind`](crate::events::EventKind) with at least one listener on every call, and one
     /// (`EventKind::sampled_bit`) per kind with at least one sampled listener.
     active: AtomicU64,
     /// The sampling rate: one call in this many (the smallest `every` of the sampled
@@ -544,7 +546,7 @@ impl Listeners {
         let entries = self.entries.load();
         for entry in entries.iter().filter(|e| e.kinds & bits != 0) {
             // A listener's panic must not unwind into the bulkhead's bookkeeping.
-            if crate::contain::contain(|| (entry.listener)(event)) {
+            if crate::support::contain::contain(|| (entry.listener)(event)) {
                 self.panics.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -616,7 +618,7 @@ const fn audience(kind: EventKind, sampled: bool) -> u64 {
 
 // Calls left before this thread's next sampled call (see [`Listeners::sample`]); one per
 // modelled thread under loom, so a model's first call on a thread is sampled in every run.
-crate::sync::thread_local_cell!(SAMPLE_COUNTDOWN: core::cell::Cell<u32> = core::cell::Cell::new(0));
+crate::support::sync::thread_local_cell!(SAMPLE_COUNTDOWN: core::cell::Cell<u32> = core::cell::Cell::new(0));
 
 fn mask(entries: &[Arc<Entry>]) -> u64 {
     entries.iter().fold(0, |m, e| m | e.kinds)
@@ -650,7 +652,7 @@ impl fmt::Debug for Listeners {
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, LlmRequest};
+/// use async_bulkhead_llm::{AcquireOptions, events::EventKind, LlmBulkhead, LlmRequest};
 ///
 /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
 /// let admits = Arc::new(AtomicU64::new(0));
@@ -706,7 +708,7 @@ impl Subscription {
     /// ```
     /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).build()?;
     /// bulkhead.on(|_| {}).detach();
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     pub fn detach(mut self) {
         self.id = None;
@@ -786,7 +788,7 @@ impl Timing {
     /// [`durations`](Timing::durations)): both zero if the refusal is announced untimed.
     pub(crate) fn refusal_durations(
         self,
-        reason: crate::rejection::RejectReason,
+        reason: crate::vocabulary::rejection::RejectReason,
         picked_at: std::time::Instant,
     ) -> (Duration, Duration) {
         if self.untimed & (1 << reason as u8) != 0 {

@@ -1,8 +1,9 @@
-//! The HTTP mapping of refusals: which status, error type, code and message a gateway answers
-//! a [`Rejection`], a [`RequestError`] or an [`AcquireError`] with ([`HttpRefusal`]), and, with
-//! the `serde` feature, the JSON error body in the shape LLM providers use. It depends on no
-//! HTTP crate: statuses are plain `u16`s; the `axum` feature turns an [`HttpRefusal`] into a
-//! response (`src/integrations/axum.rs`).
+//! Refusals as HTTP answers, for both bulkheads: which status, error type, code and message a
+//! gateway answers a [`Rejection`], a [`RequestError`] or an [`AcquireError`] with
+//! ([`HttpRefusal`]), and, with the `serde` feature, the JSON error body in the shape LLM
+//! providers use; and the general bulkhead's [`BulkheadError`] (always 503, a small JSON body,
+//! [`BulkheadError::http_body`]). It depends on no HTTP crate: statuses are plain `u16`s; the
+//! `axum` feature turns these into responses and the tower layers answer with them.
 //!
 //! | refusal | status | `type` |
 //! |---|---|---|
@@ -14,7 +15,7 @@
 //! | an invalid request ([`RequestError`]) | 400 Bad Request | `invalid_request_error` |
 //!
 //! - **413.** A call whose reservation exceeds what the limits in force let it hold even with
-//!   nothing in flight ([`CapacityDetail::can_never_fit`]: more tokens than the budget its
+//!   nothing in flight ([`CapacityDetail::can_never_fit`](crate::rejection::CapacityDetail::can_never_fit): more tokens than the budget its
 //!   priority may use, or than its class's token ceiling) is refused `budget_limit` like any
 //!   call that does not fit now, but a retry cannot succeed: it is answered 413, and its
 //!   message says that it can never fit, so that a client does not retry it unchanged.
@@ -35,8 +36,9 @@
 //! (`reservation_overflow`, ...); `message` is the refusal's `Display`, except for a call that
 //! can never fit.
 
-use crate::error::{AcquireError, RequestError};
-use crate::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::bulkhead::BulkheadError;
+use crate::vocabulary::error::{AcquireError, RequestError};
+use crate::vocabulary::rejection::{CapacityDetail, RejectReason, Rejection};
 
 /// 499: nginx's "client closed request", for a call whose caller went away while it waited.
 const CLIENT_CLOSED_REQUEST: u16 = 499;
@@ -53,7 +55,7 @@ const CLIENT_CLOSED_REQUEST: u16 = 499;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, HttpRefusal, LlmBulkhead, LlmRequest};
+/// use async_bulkhead_llm::{AcquireOptions, http::HttpRefusal, LlmBulkhead, LlmRequest};
 ///
 /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
 /// let _held = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
@@ -88,12 +90,12 @@ impl HttpRefusal {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::HttpRefusal::CONTENT_TYPE, "application/json");
+    /// assert_eq!(async_bulkhead_llm::http::HttpRefusal::CONTENT_TYPE, "application/json");
     /// ```
     pub const CONTENT_TYPE: &'static str = "application/json";
 
     /// The answer to a refusal known by its reason and detail, e.g. from a
-    /// [`RejectEvent`](crate::RejectEvent) (the answer a call refused `aborted` would have had,
+    /// [`RejectEvent`](crate::events::RejectEvent) (the answer a call refused `aborted` would have had,
     /// for an access log). The same as `HttpRefusal::from` the rejection.
     ///
     /// # Examples
@@ -101,6 +103,7 @@ impl HttpRefusal {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use async_bulkhead_llm::*;
+    /// use async_bulkhead_llm::{events::Event, events::EventKind, http::HttpRefusal};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
     /// let seen = Arc::new(Mutex::new(None));
@@ -126,7 +129,7 @@ impl HttpRefusal {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, HttpRefusal, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, http::HttpRefusal, LlmBulkhead, LlmRequest};
     ///
     /// let bulkhead = LlmBulkhead::builder("gpt-4o", 0).build()?;
     /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
@@ -226,7 +229,7 @@ impl RejectReason {
 impl Rejection {
     /// The HTTP status to answer this refusal with: its reason's
     /// ([`RejectReason::http_status`]), except 413 for a `budget_limit` refusal of a call that
-    /// can never fit ([`CapacityDetail::can_never_fit`]).
+    /// can never fit ([`CapacityDetail::can_never_fit`](crate::rejection::CapacityDetail::can_never_fit)).
     ///
     /// # Examples
     ///
@@ -253,7 +256,7 @@ impl RequestError {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::RequestError;
+    /// use async_bulkhead_llm::request::RequestError;
     ///
     /// assert_eq!(RequestError::ZeroBorrowedConcurrencyDeadline.http_status(), 400);
     /// ```
@@ -269,7 +272,7 @@ impl AcquireError {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireError, RequestError};
+    /// use async_bulkhead_llm::{AcquireError, request::RequestError};
     ///
     /// let err = AcquireError::Invalid(RequestError::ReservationOverflow { input: 1, max_output: u64::MAX });
     /// assert_eq!(err.http_status(), 400);
@@ -279,6 +282,72 @@ impl AcquireError {
             AcquireError::Rejected(rejection) => rejection.http_status(),
             AcquireError::Invalid(error) => error.http_status(),
         }
+    }
+}
+
+impl BulkheadError {
+    /// The HTTP status of every refusal of the general bulkhead: 503 Service Unavailable (the
+    /// dependency behind the bulkhead is saturated or shut down; the client did nothing
+    /// wrong).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::bulkhead::Bulkhead;
+    ///
+    /// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
+    /// let _held = bulkhead.try_acquire()?;
+    /// assert_eq!(bulkhead.try_acquire().unwrap_err().http_status(), 503);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn http_status(&self) -> u16 {
+        503
+    }
+
+    /// The JSON body of the refusal, with the occupancy it saw:
+    /// `{"error":{"type":"<as_str>","message":"<Display>","active":N,"queued":M}}`
+    /// (`application/json`; what the axum response and the tower layer send).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::bulkhead::Bulkhead;
+    ///
+    /// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
+    /// let _held = bulkhead.try_acquire()?;
+    /// let body = bulkhead.try_acquire().unwrap_err().http_body();
+    /// assert!(body.starts_with(r#"{"error":{"type":"bulkhead_queue_full","#));
+    /// assert!(body.ends_with(r#""active":1,"queued":0}}"#));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "serde")]
+    pub fn http_body(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct Envelope<'a> {
+            error: Detail<'a>,
+        }
+
+        /// Fields in this order: `type`, `message`, `active`, `queued`.
+        #[derive(serde::Serialize)]
+        struct Detail<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            message: String,
+            active: u64,
+            queued: u64,
+        }
+
+        let state = self.state();
+        let envelope = Envelope {
+            error: Detail {
+                kind: self.as_str(),
+                message: self.to_string(),
+                active: state.active,
+                queued: state.queued,
+            },
+        };
+        // A struct of strings and integers always serializes.
+        serde_json::to_string(&envelope).unwrap_or_default()
     }
 }
 
@@ -359,5 +428,21 @@ impl serde::Serialize for HttpRefusal {
         let mut s = serializer.serialize_struct("HttpRefusal", 1)?;
         s.serialize_field("error", &Error(self))?;
         s.end()
+    }
+}
+
+#[cfg(all(test, feature = "serde", not(loom)))]
+mod tests {
+    use crate::bulkhead::{BulkheadError, BulkheadState};
+
+    #[test]
+    fn a_bulkhead_refusal_body_names_the_refusal_and_its_occupancy_in_order() {
+        let error = BulkheadError::QueueFull {
+            state: BulkheadState::new(2, 1),
+        };
+        assert_eq!(
+            error.http_body(),
+            r#"{"error":{"type":"bulkhead_queue_full","message":"bulkhead queue full (2 active, 1 queued); the call was shed: do not retry it","active":2,"queued":1}}"#
+        );
     }
 }

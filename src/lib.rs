@@ -13,21 +13,21 @@
 //!   (may wait in the queue), [`acquire_blocking`](LlmBulkhead::acquire_blocking), and
 //!   [`run`](LlmBulkhead::run) (acquire, call, settle).
 //! - [`Permit`] / [`OwnedPermit`]: RAII admissions; report streamed usage
-//!   ([`Permit::report_usage`], [`Progressive`]), release with usage or drop. Both (and a
-//!   `run` callback's [`RunContext`]) dereference to the call's [`Admission`].
+//!   ([`Permit::report_usage`], [`Progressive`](crate::usage::Progressive)), release with usage or drop. Both (and a
+//!   `run` callback's [`RunContext`]) dereference to the call's [`Admission`](crate::admission::Admission).
 //! - [`close`](LlmBulkhead::close), [`drain`](LlmBulkhead::drain),
 //!   [`drain_timeout`](LlmBulkhead::drain_timeout): graceful shutdown.
-//! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`]);
-//!   [`HttpRefusal`]: a refusal as an HTTP status and a provider-shaped JSON error body.
+//! - [`Rejection`]: a capacity refusal ([`RejectReason`], [`CapacityDetail`](crate::rejection::CapacityDetail));
+//!   [`HttpRefusal`](crate::http::HttpRefusal): a refusal as an HTTP status and a provider-shaped JSON error body.
 //! - [`Limits`]: the versioned limits snapshot for [`LlmBulkhead::apply_limits`].
 //! - [`Stats`]: counters and live figures.
-//! - [`Tenants`]: per-tenant limits, a bulkhead per key made from a template on first use,
+//! - [`Tenants`](crate::tenants::Tenants): per-tenant limits, a bulkhead per key made from a template on first use,
 //!   evicted once idle, at most `max_tenants` at a time.
-//! - [`Event`]: lifecycle events for [`LlmBulkhead::on`], with admission timing.
+//! - [`Event`](crate::events::Event): lifecycle events for [`LlmBulkhead::on`], with admission timing.
 //! - [`LlmRequest`], [`Reservation`], [`TokenUsage`]: what is asked, reserved and used; with the
 //!   `serde` feature an `LlmRequest` reads OpenAI and Anthropic request bodies as they come.
-//! - [`Estimator`]: sizes reservations; [`ModelAwareEstimator`] (the default, per-model-family
-//!   chars-per-token ratios), [`NaiveEstimator`], [`AdaptiveEstimator`] (learns a per-model
+//! - [`Estimator`](crate::estimate::Estimator): sizes reservations; [`ModelAwareEstimator`](crate::estimate::ModelAwareEstimator) (the default, per-model-family
+//!   chars-per-token ratios), [`NaiveEstimator`](crate::estimate::NaiveEstimator), [`AdaptiveEstimator`](crate::estimate::AdaptiveEstimator) (learns a per-model
 //!   correction from reported usage), or any closure.
 //!
 //! # How a decision is made
@@ -42,7 +42,7 @@
 //! That fast path (no admission class, or a class call within its class's floors: one
 //! compare-and-swap of the class's word) is lock-free. A class call beyond its floors takes its
 //! class's lock for a few instructions; waiting in the queue, changing limits, closing,
-//! deduplication and [`Tenants`] take short locks. `docs/design.md` in the repository lists
+//! deduplication and [`Tenants`](crate::tenants::Tenants) take short locks. `docs/design.md` in the repository lists
 //! every path ("Progress, path by path").
 //!
 //! # Examples
@@ -82,6 +82,7 @@
 //!
 //! ```
 //! use async_bulkhead_llm::*;
+//! use async_bulkhead_llm::{usage::Progressive};
 //!
 //! let bulkhead = LlmBulkhead::builder("gpt-4o", 4).token_budget(TokenBudget::new(5_000)).build()?;
 //! let request = LlmRequest::new().user("x".repeat(3_700)).max_tokens(1_000);
@@ -106,7 +107,7 @@
 //!
 //! # Events
 //!
-//! [`LlmBulkhead::on`] subscribes a listener to typed [`Event`]s (admit, reject, usage,
+//! [`LlmBulkhead::on`] subscribes a listener to typed [`Event`](crate::events::Event)s (admit, reject, usage,
 //! release, reconfigure), delivered synchronously where they happen, in registration order,
 //! never under a lock of the bulkhead. Admit and reject events carry the decision time and the
 //! queue wait. With no listener, an event costs one relaxed atomic load.
@@ -115,6 +116,7 @@
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use std::sync::Arc;
 //! use async_bulkhead_llm::*;
+//! use async_bulkhead_llm::{events::Event, events::EventKind};
 //!
 //! let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
 //! let admitted = Arc::new(AtomicU64::new(0));
@@ -227,16 +229,17 @@
 //! # Features
 //!
 //! - `serde` (default): `Serialize`/`Deserialize` for [`LlmRequest`] and its parts and for
-//!   [`Limits`]; `Serialize` for [`Stats`], for [`Rejection`] and its [`CapacityDetail`], for
-//!   ids, [`Priority`] and [`AdmissionClass`]; [`HttpRefusal::body`].
+//!   [`Limits`]; `Serialize` for [`Stats`], for [`Rejection`] and its [`CapacityDetail`](crate::rejection::CapacityDetail), for
+//!   ids, [`Priority`] and [`AdmissionClass`](crate::classes::AdmissionClass); [`HttpRefusal::body`](crate::http::HttpRefusal::body).
 //! - `axum` (enables `serde`): `axum::response::IntoResponse` for [`Rejection`],
-//!   [`AcquireError`], [`RequestError`] and [`HttpRefusal`] (axum 0.8): the status and the
-//!   JSON error body of [`HttpRefusal`], as `application/json`.
+//!   [`AcquireError`], [`RequestError`](crate::request::RequestError) and [`HttpRefusal`](crate::http::HttpRefusal) (axum 0.8): the status and the
+//!   JSON error body of [`HttpRefusal`](crate::http::HttpRefusal), as `application/json`.
 //! - `tokio`: queue timeouts and deadlines polled inside a tokio runtime whose time driver is
 //!   on wait on `tokio::time`, so they follow a paused clock (see [Waiting](#waiting)); the
 //!   crate's own timer everywhere else. Depends on tokio 1.49+ (`rt` and `time` only).
 //! - `loom` (unstable, outside semver): builds the crate against loom's model types when
 //!   compiled with `RUSTFLAGS="--cfg loom"`; used by the `loom-tests` workspace member.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 // A rejection carries its whole capacity snapshot by value (with admission classes, the class
 // and shared-pool figures too: about 340 bytes), so that refusing never allocates. Boxing it
@@ -245,30 +248,22 @@
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
 #![doc(test(attr(deny(warnings, rust_2018_idioms), allow(dead_code, unused_variables))))]
 
-// The plain vocabulary every layer shares (imports nothing above it).
-mod admission_class;
-mod admission_id;
-mod contain;
-mod error;
-mod http;
-mod priority;
-mod rejection;
-mod reservation;
-mod sync;
-
-// The admission engine (imports only the vocabulary).
+// The layers, from the ground up; each imports only the layers below it (ARCHITECTURE.md).
+// Where atomics, locks and `Arc` come from, and how user code's panics are caught.
+mod support;
+// Plain values every layer shares.
+mod vocabulary;
+// The admission engine: slots and tokens as numbers (imports only the two layers above).
 mod engine;
-
 // Events and statistics over the engine.
-mod events;
-mod stats;
-
-// The general bulkhead (imports the engine and the vocabulary).
-mod bulkhead;
-
-// The LLM wing (imports everything below it).
+pub mod events;
+pub mod stats;
+// The general bulkhead, a face on the engine.
+pub mod bulkhead;
+// Refusals of both faces as HTTP answers.
+pub mod http;
+// The LLM wing: the LLM bulkhead, a face on the engine with requests, estimators and tokens.
 mod llm;
-
 // Integrations with other crates, over the public API (behind their features).
 #[cfg(any(
     feature = "axum",
@@ -278,76 +273,156 @@ mod llm;
 ))]
 mod integrations;
 
-/// The named futures of the crate.
-pub mod futures {
-    pub use crate::bulkhead::acquire::{BulkheadAcquire, BulkheadAcquireOwned};
-    pub use crate::engine::drain::{Drain, DrainTimeout};
-    pub use crate::llm::acquire::{Acquire, AcquireOwned};
-}
-
-pub use admission_class::{AbandonCause, AdmissionClass, ClassLimits, Resources};
-pub use admission_id::{AdmissionId, ShadowId};
-pub use bulkhead::Bulkhead;
-pub use bulkhead::builder::{BulkheadBuilder, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT};
-pub use bulkhead::error::{BulkheadConfigError, BulkheadError, BulkheadState};
-pub use bulkhead::limits::BulkheadLimits;
-pub use bulkhead::permit::{BulkheadPermit, OwnedBulkheadPermit};
-pub use bulkhead::stats::BulkheadStats;
-pub use engine::drain::DrainReport;
-pub use engine::limits::{
-    ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
-};
-pub use engine::policy::Verdict;
-pub use error::{
-    AcquireError, ClassField, ClassLimitsError, ClassLookupError, ConfigError, EstimatorError,
-    LimitsError, RequestError, UsageError,
-};
-pub use events::{
-    AdmitEvent, BorrowedConcurrencyAbandonEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
-    DedupEvent, Event, EventKind, ReconfigureEvent, RejectEvent, ReleaseEvent, Subscription,
-    UsageEvent,
-};
-pub use http::HttpRefusal;
-#[cfg(feature = "metrics")]
-pub use integrations::metrics::{
-    BulkheadMetrics, BulkheadMetricsBuilder, DEFAULT_SAMPLE_EVERY, Publisher,
-};
-#[cfg(feature = "tower")]
-pub use integrations::tower::{
-    BoxError, DEFAULT_MAX_REQUEST_BODY, LayerError, LlmBody, LlmLayer, LlmService, provider_usage,
-};
-#[cfg(feature = "tower")]
-pub use integrations::tower_bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
-#[cfg(feature = "tracing")]
-pub use integrations::tracing::{trace_events, trace_events_sampled};
-pub use llm::admission::Admission;
-pub use llm::builder::{AdmissionClasses, LlmBulkheadBuilder, Profile, TokenBudget};
+// The types most users touch.
+pub use bulkhead::{Bulkhead, BulkheadError};
+pub use llm::builder::{LlmBulkheadBuilder, Profile, TokenBudget};
 pub use llm::bulkhead::LlmBulkhead;
 pub use llm::context::RunContext;
-pub use llm::dedup::Deduplication;
-pub use llm::estimate::{
-    AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo, ModelAwareEstimator,
-    ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens, TokenEstimate,
-};
-pub use llm::observe::Bypass;
-pub use llm::options::{AcquireOptions, DedupScope, NotShadowable, RunOptions, ShadowReasons};
+pub use llm::options::{AcquireOptions, RunOptions};
 pub use llm::permit::{OwnedPermit, Permit};
-pub use llm::request::{Content, ContentBlock, LlmRequest, Message};
-pub use llm::run::{BorrowedConcurrencyDeadlineError, RunError};
-pub use llm::run_shared::Sharing;
-pub use llm::tenants::{Tenants, TenantsBuilder, TenantsConfigError, TenantsError};
-pub use priority::Priority;
-pub use rejection::{
-    CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection,
-    SharedCapacity, SharedPool, TokenBudgetDetail,
-};
-pub use reservation::{
-    DEFAULT_OUTPUT_CAP, Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport,
-};
-pub use stats::{
-    AbandonCounts, ClassStats, ClassesStats, DedupStats, ObserveStats, RejectionCounts,
-    SharedStats, SharedTokenStats, Stats, TokenBudgetStats,
-};
+pub use llm::request::LlmRequest;
+pub use llm::run::RunError;
+pub use stats::Stats;
+pub use vocabulary::error::AcquireError;
+pub use vocabulary::limits::Limits;
+pub use vocabulary::priority::Priority;
+pub use vocabulary::rejection::{RejectReason, Rejection};
+pub use vocabulary::reservation::{Reservation, TokenUsage};
+
+/// Admitting one LLM call: its options, its permit, the admission it holds, and what an
+/// advisory check predicts.
+pub mod admission {
+    pub use crate::llm::admission::Admission;
+    pub use crate::llm::options::AcquireOptions;
+    pub use crate::llm::permit::{OwnedPermit, Permit};
+    pub use crate::vocabulary::admission_id::AdmissionId;
+    pub use crate::vocabulary::error::AcquireError;
+    pub use crate::vocabulary::priority::Priority;
+    pub use crate::vocabulary::verdict::Verdict;
+}
+
+/// Building an [`LlmBulkhead`]: its builder, queueing profiles, the token
+/// budget, and what a build refuses.
+pub mod builder {
+    pub use crate::llm::builder::{LlmBulkheadBuilder, Profile, TokenBudget};
+    pub use crate::vocabulary::error::ConfigError;
+}
+
+/// Tokens: what a call reserves, what it used, and the reports of a usage report and of a
+/// release.
+pub mod usage {
+    pub use crate::vocabulary::error::UsageError;
+    pub use crate::vocabulary::reservation::{
+        DEFAULT_OUTPUT_CAP, Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport,
+    };
+}
+
+/// The request model: what a call asks of the provider, read from OpenAI and Anthropic bodies
+/// with the `serde` feature.
+pub mod request {
+    pub use crate::llm::request::{Content, ContentBlock, LlmRequest, Message};
+    pub use crate::vocabulary::error::RequestError;
+}
+
+/// Estimators: how a request's reservation is sized.
+pub mod estimate {
+    pub use crate::llm::estimate::{
+        AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction, Estimator, Memo,
+        ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator, OpaqueBlockTokens,
+        TokenEstimate,
+    };
+    pub use crate::vocabulary::error::EstimatorError;
+}
+
+/// Versioned limits: the snapshot a control plane pushes, what applying it did, and the
+/// ceilings the admission word can count.
+pub mod limits {
+    pub use crate::vocabulary::error::LimitsError;
+    pub use crate::vocabulary::limits::{
+        ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+    };
+}
+
+/// Admission classes: per-class floors and ceilings over shared global limits.
+pub mod classes {
+    pub use crate::llm::builder::AdmissionClasses;
+    pub use crate::vocabulary::admission_class::{
+        AbandonCause, AdmissionClass, ClassLimits, Resources,
+    };
+    pub use crate::vocabulary::error::{ClassField, ClassLimitsError, ClassLookupError};
+    pub use crate::vocabulary::limits::ClassLimitsTable;
+}
+
+/// Capacity refusals: why a call may not run now, with the capacity snapshot of the moment.
+pub mod rejection {
+    pub use crate::vocabulary::rejection::{
+        CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection,
+        SharedCapacity, SharedPool, TokenBudgetDetail,
+    };
+}
+
+/// `run`: acquire, call and settle in one step, and what its callback gets.
+pub mod run {
+    pub use crate::llm::context::RunContext;
+    pub use crate::llm::options::RunOptions;
+    pub use crate::llm::run::{BorrowedConcurrencyDeadlineError, RunError};
+}
+
+/// In-flight deduplication: identical calls in flight share one provider call
+/// ([`LlmBulkhead::run_shared`](crate::LlmBulkhead::run_shared)).
+pub mod dedup {
+    pub use crate::llm::dedup::Deduplication;
+    pub use crate::llm::options::DedupScope;
+    pub use crate::llm::run_shared::Sharing;
+}
+
+/// Observe (shadow) mode: calls the bulkhead would refuse run anyway, recorded as bypasses.
+pub mod observe {
+    pub use crate::llm::observe::Bypass;
+    pub use crate::llm::options::{NotShadowable, ShadowReasons};
+    pub use crate::vocabulary::admission_id::ShadowId;
+}
+
+/// Per-tenant limits: a bulkhead per key, made from a template on first use, evicted once
+/// idle.
+pub mod tenants {
+    pub use crate::llm::tenants::{Tenants, TenantsBuilder, TenantsConfigError, TenantsError};
+}
+
+/// The named futures of the crate, and where a drain with a deadline ended.
+pub mod futures {
+    pub use crate::bulkhead::{BulkheadAcquire, BulkheadAcquireOwned};
+    pub use crate::engine::drain::{Drain, DrainTimeout};
+    pub use crate::llm::acquire::{Acquire, AcquireOwned};
+    pub use crate::vocabulary::drain_report::DrainReport;
+}
+
+/// Tower layers for HTTP gateways (axum, hyper): [`LlmLayer`](tower::LlmLayer) admits each
+/// request through an [`LlmBulkhead`], [`BulkheadLayer`](tower::BulkheadLayer)
+/// through a [`Bulkhead`]; the permit is held by the response body.
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower {
+    pub use crate::integrations::tower::{
+        BoxError, DEFAULT_MAX_REQUEST_BODY, LayerError, LlmBody, LlmLayer, LlmService,
+        provider_usage,
+    };
+    pub use crate::integrations::tower_bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
+}
+
+/// Metrics (feature `metrics`) and tracing (feature `tracing`) for a bulkhead.
+#[cfg(any(feature = "metrics", feature = "tracing"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "metrics", feature = "tracing"))))]
+pub mod observability {
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub use crate::integrations::metrics::{
+        BulkheadMetrics, BulkheadMetricsBuilder, DEFAULT_SAMPLE_EVERY, Publisher,
+    };
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub use crate::integrations::tracing::{trace_events, trace_events_sampled};
+}
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
@@ -360,21 +435,21 @@ fn _assert_send_sync() {
     fn both<T: Send + Sync>() {}
     both::<LlmBulkhead>();
     both::<Bulkhead>();
-    both::<BulkheadPermit<'static>>();
-    both::<OwnedBulkheadPermit>();
+    both::<bulkhead::BulkheadPermit<'static>>();
+    both::<bulkhead::OwnedBulkheadPermit>();
     both::<BulkheadError>();
-    both::<BulkheadStats>();
+    both::<bulkhead::BulkheadStats>();
     both::<futures::BulkheadAcquire<'static>>();
     both::<futures::BulkheadAcquireOwned>();
     both::<Permit<'static>>();
     both::<OwnedPermit>();
-    both::<Admission>();
+    both::<admission::Admission>();
     both::<Rejection>();
     both::<AcquireError>();
     both::<Stats>();
     both::<Limits>();
     both::<LlmBulkheadBuilder>();
-    both::<AdmissionId>();
+    both::<admission::AdmissionId>();
     both::<LlmRequest>();
     both::<futures::Acquire<'static, 'static>>();
     both::<futures::AcquireOwned>();
@@ -382,31 +457,31 @@ fn _assert_send_sync() {
     both::<futures::DrainTimeout<'static>>();
     both::<RunContext<'static>>();
     both::<RunError<std::io::Error>>();
-    both::<AdmissionClass>();
-    both::<AdmissionClasses>();
+    both::<classes::AdmissionClass>();
+    both::<classes::AdmissionClasses>();
     both::<RunOptions>();
-    both::<BorrowedConcurrencyDeadlineError>();
-    both::<Deduplication>();
-    both::<Sharing<String>>();
-    both::<Bypass>();
-    both::<ShadowId>();
-    both::<ShadowReasons>();
-    both::<DedupScope>();
-    both::<HttpRefusal>();
-    both::<Tenants<String>>();
-    both::<TenantsBuilder<String>>();
-    both::<TenantsError>();
-    both::<TenantsConfigError>();
+    both::<run::BorrowedConcurrencyDeadlineError>();
+    both::<dedup::Deduplication>();
+    both::<dedup::Sharing<String>>();
+    both::<observe::Bypass>();
+    both::<observe::ShadowId>();
+    both::<observe::ShadowReasons>();
+    both::<dedup::DedupScope>();
+    both::<http::HttpRefusal>();
+    both::<tenants::Tenants<String>>();
+    both::<tenants::TenantsBuilder<String>>();
+    both::<tenants::TenantsError>();
+    both::<tenants::TenantsConfigError>();
     #[cfg(feature = "metrics")]
     {
-        both::<BulkheadMetrics>();
-        both::<BulkheadMetricsBuilder>();
-        both::<Publisher>();
+        both::<observability::BulkheadMetrics>();
+        both::<observability::BulkheadMetricsBuilder>();
+        both::<observability::Publisher>();
     }
     #[cfg(feature = "tower")]
     {
-        both::<BulkheadLayer>();
-        both::<BulkheadService<()>>();
-        both::<BulkheadBody<http_body_util::Full<bytes::Bytes>>>();
+        both::<tower::BulkheadLayer>();
+        both::<tower::BulkheadService<()>>();
+        both::<tower::BulkheadBody<http_body_util::Full<bytes::Bytes>>>();
     }
 }

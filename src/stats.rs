@@ -2,10 +2,10 @@
 //! the engine's figures (`crate::engine::Figures`): live figures from the admission word,
 //! cumulative counters summed from the engine's per-thread shards.
 
-use crate::admission_class::{AbandonCause, AdmissionClass, ClassLimits};
-use crate::engine::limits::Limits;
 use crate::engine::{ClassCounter, ClassFigures, ClassesFigures, Figures};
-use crate::rejection::RejectReason;
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, ClassLimits};
+use crate::vocabulary::limits::Limits;
+use crate::vocabulary::rejection::RejectReason;
 
 /// Everything a [`LlmBulkhead`](crate::LlmBulkhead) can tell about itself, read at one moment.
 ///
@@ -72,7 +72,7 @@ pub struct Stats {
     pub token_budget: Option<TokenBudgetStats>,
     /// Panics of event listeners, caught and counted.
     pub listener_panics: u64,
-    /// Panics of the estimator's [`observe`](crate::Estimator::observe), caught and counted
+    /// Panics of the estimator's [`observe`](crate::estimate::Estimator::observe), caught and counted
     /// (the release that called it completed: its capacity was returned first).
     pub estimator_panics: u64,
     /// Admissions that gave their borrowed slot back before settling, so far.
@@ -96,12 +96,12 @@ pub struct Stats {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Deduplication, LlmBulkhead};
+/// use async_bulkhead_llm::{dedup::Deduplication, LlmBulkhead};
 ///
 /// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
 /// let dedup = bulkhead.stats().deduplication.unwrap();
 /// assert_eq!((dedup.active, dedup.hits), (0, 0));
-/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -121,7 +121,7 @@ pub struct DedupStats {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, ShadowReasons};
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, observe::ShadowReasons};
 ///
 /// # ::futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
@@ -260,15 +260,15 @@ pub struct ClassStats {
     /// Usage its admissions settled with (without a token budget too: then its admissions
     /// hold no tokens and the identity does not apply).
     pub total_consumed: u64,
-    /// Tokens removed from its holds (gross; see [`TokenBudgetStats::total_refunded`]).
+    /// Tokens removed from its holds (gross; see [`TokenBudgetStats::total_refunded`](crate::stats::TokenBudgetStats::total_refunded)).
     pub total_refunded: u64,
-    /// Tokens held above its reservations (see [`TokenBudgetStats::total_overrun`]).
+    /// Tokens held above its reservations (see [`TokenBudgetStats::total_overrun`](crate::stats::TokenBudgetStats::total_overrun)).
     pub total_overrun: u64,
     /// Tokens added back to its holds below their reservations (see
-    /// [`TokenBudgetStats::total_reheld`]).
+    /// [`TokenBudgetStats::total_reheld`](crate::stats::TokenBudgetStats::total_reheld)).
     pub total_reheld: u64,
     /// Tokens of its holds returned by releases that knew no usage (see
-    /// [`TokenBudgetStats::total_returned_unreported`]).
+    /// [`TokenBudgetStats::total_returned_unreported`](crate::stats::TokenBudgetStats::total_returned_unreported)).
     pub total_returned_unreported: u64,
     /// Admissions that borrowed their slot.
     pub total_borrowed_admissions: u64,
@@ -441,7 +441,7 @@ impl RejectionCounts {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{RejectReason, RejectionCounts};
+    /// use async_bulkhead_llm::{RejectReason, stats::RejectionCounts};
     ///
     /// assert_eq!(RejectionCounts::default().get(RejectReason::Timeout), 0);
     /// ```
@@ -461,7 +461,7 @@ impl RejectionCounts {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::RejectionCounts::default().total(), 0);
+    /// assert_eq!(async_bulkhead_llm::stats::RejectionCounts::default().total(), 0);
     /// ```
     pub fn total(&self) -> u64 {
         RejectReason::ALL
@@ -503,6 +503,7 @@ impl RejectionCounts {
 ///
 /// ```
 /// use async_bulkhead_llm::*;
+/// use async_bulkhead_llm::{usage::Progressive, stats::TokenBudgetStats};
 ///
 /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
 /// let balance = |t: TokenBudgetStats| {

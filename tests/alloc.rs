@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_bulkhead_llm::{
-    AcquireOptions, EventKind, LlmBulkhead, LlmRequest, Progressive, RejectReason, Reservation,
-    TokenBudget, TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget, TokenUsage,
+    events::EventKind, usage::Progressive,
 };
 
 /// The allocations `f` makes on this thread (reallocations count as allocations).
@@ -50,14 +50,14 @@ fn reservation(input: u64, max_output: u64) -> AcquireOptions {
     AcquireOptions::new().reservation(Reservation::new(input, max_output).unwrap())
 }
 
-fn budgeted(max_concurrent: u32, budget: u64) -> LlmBulkhead {
+fn budgeted(max_concurrent: usize, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .token_budget(TokenBudget::new(budget))
         .build()
         .unwrap()
 }
 
-fn unbudgeted(max_concurrent: u32) -> LlmBulkhead {
+fn unbudgeted(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent).build().unwrap()
 }
 
@@ -347,7 +347,9 @@ fn an_estimated_admission_allocates_nothing() {
 /// reports, abandonment and its settlement, every kind of class refusal) allocates nothing.
 #[test]
 fn class_paths_allocate_nothing() {
-    use async_bulkhead_llm::{AdmissionClasses, ClassLimits, Constraint};
+    use async_bulkhead_llm::{
+        classes::AdmissionClasses, classes::ClassLimits, rejection::Constraint,
+    };
 
     let bulkhead = LlmBulkhead::builder("m", 8)
         .token_budget(TokenBudget::new(10_000))
@@ -437,10 +439,10 @@ fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<
 #[test]
 fn the_general_bulkheads_waiting_path_allocates_nothing_once_warm() {
     let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
-        .unwrap()
         .max_queue(4)
         .wait_indefinitely()
-        .build();
+        .build()
+        .unwrap();
     assert_allocation_free("bulkhead: queue, hand-off, cancel", || {
         let held = bulkhead.try_acquire().unwrap();
         let mut waiting = bulkhead.acquire();
@@ -551,10 +553,10 @@ fn the_llm_bulkheads_timed_out_wait_allocates_nothing_once_warm() {
 #[test]
 fn the_general_bulkheads_timed_out_wait_allocates_nothing_once_warm() {
     let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
-        .unwrap()
         .max_queue(4)
         .queue_timeout(std::time::Duration::from_micros(200))
-        .build();
+        .build()
+        .unwrap();
     let held = bulkhead.try_acquire().unwrap();
     let queued = std::cell::Cell::new(0);
     assert_allocation_free("bulkhead: queue, time out", || {

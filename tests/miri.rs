@@ -23,8 +23,8 @@ use std::thread;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, Event, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget,
-    TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget, TokenUsage,
+    events::Event,
 };
 use std::future::Future;
 
@@ -34,7 +34,7 @@ fn tokens(input: u64, output: u64) -> AcquireOptions {
     AcquireOptions::new().reservation(Reservation::new(input, output).unwrap())
 }
 
-fn bulkhead(max_concurrent: u32, max_queue: u32, budget: u64) -> LlmBulkhead {
+fn bulkhead(max_concurrent: usize, max_queue: usize, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("gpt-4o", max_concurrent)
         .max_queue(max_queue)
         .token_budget(TokenBudget::new(budget))
@@ -201,7 +201,7 @@ fn listeners_come_and_go_while_another_thread_admits() {
 /// `unsafe`), and the class words through the class lock, from two threads at once.
 #[test]
 fn admission_classes_across_threads() {
-    use async_bulkhead_llm::{AdmissionClasses, ClassLimits};
+    use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
 
     let bulkhead = LlmBulkhead::builder("gpt-4o", 3)
         .token_budget(TokenBudget::new(1000))
@@ -248,7 +248,7 @@ fn shared_calls_across_threads() {
     // The digest (`sha2`, whose SIMD paths are `unsafe`) and a flight driven by whichever
     // thread polls it, woken from another.
     let bulkhead = LlmBulkhead::builder("gpt-4o", 2)
-        .deduplication(async_bulkhead_llm::Deduplication::new())
+        .deduplication(async_bulkhead_llm::dedup::Deduplication::new())
         .build()
         .unwrap();
     let request = LlmRequest::new().user("x".repeat(300));
@@ -283,10 +283,10 @@ fn shared_calls_across_threads() {
 #[test]
 fn the_general_bulkhead_hands_slots_across_threads() {
     let bulkhead = async_bulkhead_llm::Bulkhead::builder(1)
-        .unwrap()
         .max_queue(4)
         .wait_indefinitely()
-        .build();
+        .build()
+        .unwrap();
     for _ in 0..2 {
         let held = bulkhead.try_acquire_owned().unwrap();
         let releaser = thread::spawn(move || drop(held));

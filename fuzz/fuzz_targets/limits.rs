@@ -22,9 +22,11 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, ApplyOutcome, ConfigError, Event, EventKind, Limits, LimitsError,
-    LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, OwnedPermit, Priority,
-    Profile, RejectReason, RequestError, Reservation, Stats, TokenBudget, TokenUsage, Verdict,
+    AcquireError, AcquireOptions, Limits, LlmBulkhead, LlmRequest, OwnedPermit, Priority, Profile,
+    RejectReason, Reservation, Stats, TokenBudget, TokenUsage, admission::Verdict,
+    builder::ConfigError, events::Event, events::EventKind, limits::ApplyOutcome,
+    limits::LimitsError, limits::MAX_BUDGET, limits::MAX_CONCURRENT, limits::MAX_REVISION,
+    request::RequestError,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -196,7 +198,7 @@ fn run(input: Input) {
         Model::Raw(s) => s.clone(),
     };
     let max_concurrent = input.max_concurrent.get();
-    let mut builder = LlmBulkhead::builder(model.clone(), max_concurrent);
+    let mut builder = LlmBulkhead::builder(model.clone(), max_concurrent as usize);
     let profile = input.profile.map(|p| match p {
         ProfileChoice::Interactive => Profile::Interactive,
         ProfileChoice::Batch => Profile::Batch,
@@ -213,7 +215,7 @@ fn run(input: Input) {
     }
     let max_queue = input.max_queue.map(Count::get);
     if let Some(q) = max_queue {
-        builder = builder.max_queue(q);
+        builder = builder.max_queue(q as usize);
     }
     let queue_timeout = input
         .queue_timeout_ms
@@ -246,8 +248,8 @@ fn run(input: Input) {
         })
     } else if max_concurrent > MAX_CONCURRENT {
         Some(ConfigError::MaxConcurrentTooLarge {
-            value: max_concurrent,
-            max: MAX_CONCURRENT,
+            value: max_concurrent as usize,
+            max: MAX_CONCURRENT as usize,
         })
     } else if initial_revision > MAX_REVISION {
         Some(ConfigError::InitialRevisionTooLarge {
@@ -309,7 +311,7 @@ struct Harness {
     rejected: [u64; 6],
     events: Arc<Mutex<Vec<(Limits, Limits)>>>,
     expected_events: Vec<(Limits, Limits)>,
-    _subscription: async_bulkhead_llm::Subscription,
+    _subscription: async_bulkhead_llm::events::Subscription,
 }
 
 fn reason_index(reason: RejectReason) -> usize {
@@ -325,7 +327,9 @@ impl Harness {
         let seen = events.clone();
         let subscription = bulkhead.on_events([EventKind::Reconfigure], move |event| {
             if let Event::Reconfigure(e) = event {
-                seen.lock().unwrap().push((e.previous.clone(), e.current.clone()));
+                seen.lock()
+                    .unwrap()
+                    .push((e.previous.clone(), e.current.clone()));
             } else {
                 panic!("subscribed to reconfigure only, got {event:?}");
             }

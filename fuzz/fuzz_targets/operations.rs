@@ -24,7 +24,7 @@
 mod model;
 
 use arbitrary::Arbitrary;
-use async_bulkhead_llm::{MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
+use async_bulkhead_llm::{limits::MAX_BUDGET, limits::MAX_CONCURRENT, limits::MAX_REVISION};
 use libfuzzer_sys::fuzz_target;
 use model::{Call, ClassCaps, Config, Harness, MAX_CHARS, Op};
 

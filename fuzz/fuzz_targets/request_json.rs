@@ -19,9 +19,10 @@
 use std::sync::Arc;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdaptiveEstimator, Estimator, LlmBulkhead, LlmRequest,
-    ModelAwareEstimator, NaiveEstimator, OpaqueBlockTokens, Priority, RejectReason, RequestError,
-    Reservation, TokenBudget, TokenEstimate, TokenUsage, Verdict,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, Priority, RejectReason, Reservation,
+    TokenBudget, TokenUsage, admission::Verdict, estimate::AdaptiveEstimator, estimate::Estimator,
+    estimate::ModelAwareEstimator, estimate::NaiveEstimator, estimate::OpaqueBlockTokens,
+    estimate::TokenEstimate, request::RequestError,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -300,7 +301,7 @@ fn bulkheads(request: &LlmRequest) {
         ("claude-sonnet-4", 200_000, 40_000, 4_096),
         ("gpt-4o", 1_000, 1_000, 0),
         ("my-model", 0, 0, 2_048),
-        ("o3", async_bulkhead_llm::MAX_BUDGET, 1, u64::MAX),
+        ("o3", async_bulkhead_llm::limits::MAX_BUDGET, 1, u64::MAX),
     ] {
         let bulkhead = LlmBulkhead::builder(model, 3)
             .token_budget(

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use async_bulkhead_llm::futures::BulkheadAcquireOwned;
 use async_bulkhead_llm::{
-    Bulkhead, BulkheadBuilder, BulkheadError, BulkheadState, OwnedBulkheadPermit,
+    Bulkhead, BulkheadError, bulkhead::BulkheadBuilder, bulkhead::BulkheadState,
+    bulkhead::OwnedBulkheadPermit,
 };
 use common::{Flag, flag, poll};
 use loom::thread;
@@ -39,14 +40,14 @@ impl Heard {
 
 /// A bulkhead of `max_concurrent` slots, `max_queue` places, no queue timeout (loom models no
 /// timer), recording its refusals.
-fn observed(max_concurrent: u32, max_queue: u32) -> (Bulkhead, Heard) {
+fn observed(max_concurrent: usize, max_queue: usize) -> (Bulkhead, Heard) {
     let heard = Heard::default();
     let bulkhead = heard
         .on(Bulkhead::builder(max_concurrent)
-            .unwrap()
             .max_queue(max_queue)
             .wait_indefinitely())
-        .build();
+        .build()
+        .unwrap();
     (bulkhead, heard)
 }
 
@@ -262,10 +263,10 @@ fn a_time_out_racing_a_hand_off_is_admitted_or_refused_once() {
         let heard = Heard::default();
         let bulkhead = heard
             .on(Bulkhead::builder(1)
-                .unwrap()
                 .max_queue(1)
                 .queue_timeout(Duration::ZERO))
-            .build();
+            .build()
+            .unwrap();
         let held = bulkhead.try_acquire_owned().unwrap();
         let mut future = bulkhead.acquire_owned();
 

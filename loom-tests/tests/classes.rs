@@ -20,8 +20,9 @@
 mod common;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint, LlmBulkhead,
-    LlmRequest, OwnedPermit, RejectReason, Rejection, TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, RejectReason, Rejection, TokenBudget,
+    classes::AdmissionClasses, classes::ClassLimits, classes::ClassLimitsTable,
+    rejection::Constraint,
 };
 use common::{assert_idle, drain_to_completion, first_poll, settle, tokens};
 use loom::thread;

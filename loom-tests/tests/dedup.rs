@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool as StdAtomicBool, Ordering::Relaxed};
 use std::task::{Context, Poll, Waker};
 
 use async_bulkhead_llm::{
-    AcquireOptions, DedupScope, Deduplication, LlmBulkhead, LlmRequest, RunError,
+    AcquireOptions, LlmBulkhead, LlmRequest, RunError, dedup::DedupScope, dedup::Deduplication,
 };
 use common::{Flag, assert_idle, flag, poll};
 use loom::future::{AtomicWaker, block_on};
@@ -44,7 +44,7 @@ use loom::thread;
 type Reply<T> = Result<T, RunError<String>>;
 
 /// A bulkhead of `max_concurrent` slots that deduplicates by the whole request.
-fn dedup(max_concurrent: u32) -> LlmBulkhead {
+fn dedup(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .deduplication(Deduplication::new())
         .build()
@@ -388,7 +388,7 @@ fn a_follower_polled_before_the_leader_installs_its_call_drives_it_when_it_comes
         let bulkhead = LlmBulkhead::builder("m", 1)
             .deduplication(Deduplication::new())
             .token_budget(async_bulkhead_llm::TokenBudget::new(1_000))
-            .estimator(|_: &LlmRequest| async_bulkhead_llm::TokenEstimate::new(10, 10))
+            .estimator(|_: &LlmRequest| async_bulkhead_llm::estimate::TokenEstimate::new(10, 10))
             .build()
             .unwrap();
         let registering = {
@@ -449,9 +449,11 @@ fn a_leader_that_panics_before_installing_its_call_fails_its_followers() {
         let bulkhead = LlmBulkhead::builder("m", 1)
             .deduplication(Deduplication::new())
             .token_budget(async_bulkhead_llm::TokenBudget::new(1_000))
-            .estimator(|_: &LlmRequest| -> async_bulkhead_llm::TokenEstimate {
-                panic!("the estimator fails")
-            })
+            .estimator(
+                |_: &LlmRequest| -> async_bulkhead_llm::estimate::TokenEstimate {
+                    panic!("the estimator fails")
+                },
+            )
             .build()
             .unwrap();
         let call = |bulkhead: LlmBulkhead| {

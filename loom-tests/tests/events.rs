@@ -20,7 +20,9 @@ mod common;
 
 use std::task::Poll;
 
-use async_bulkhead_llm::{AcquireOptions, Event, EventKind, LlmBulkhead, LlmRequest, Subscription};
+use async_bulkhead_llm::{
+    AcquireOptions, LlmBulkhead, LlmRequest, events::Event, events::EventKind, events::Subscription,
+};
 use common::{assert_idle, poll, queued, settle, waker};
 use loom::sync::Arc;
 use loom::sync::atomic::AtomicU64;

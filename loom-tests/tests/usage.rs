@@ -11,8 +11,8 @@
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Progressive, RejectReason,
-    Rejection, Reservation, TokenBudget, TokenBudgetStats, TokenUsage,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, RejectReason, Rejection,
+    Reservation, TokenBudget, TokenUsage, stats::TokenBudgetStats, usage::Progressive,
 };
 use loom::sync::Arc;
 use loom::sync::atomic::AtomicBool;
@@ -28,7 +28,7 @@ fn usage(input: u64, output: u64) -> TokenUsage {
     TokenUsage::new(input, output).unwrap()
 }
 
-fn budgeted(max_concurrent: u32, budget: u64) -> LlmBulkhead {
+fn budgeted(max_concurrent: usize, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .token_budget(TokenBudget::new(budget))
         .build()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use async_bulkhead_llm::MAX_BUDGET;
+use async_bulkhead_llm::limits::MAX_BUDGET;
 
 use crate::error::ConfigError;
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use async_bulkhead_llm::{AcquireError, RejectReason, TokenBudgetStats};
+use async_bulkhead_llm::{AcquireError, RejectReason, stats::TokenBudgetStats};
 
 /// Why a call to Redis failed.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ impl std::error::Error for StoreError {}
 pub enum ConfigError {
     /// The global budget is zero.
     ZeroBudget,
-    /// The global budget exceeds [`MAX_BUDGET`](async_bulkhead_llm::MAX_BUDGET).
+    /// The global budget exceeds [`MAX_BUDGET`](async_bulkhead_llm::limits::MAX_BUDGET).
     BudgetTooLarge {
         /// The refused value.
         value: u64,
@@ -89,7 +89,7 @@ pub enum LedgerError {
     /// Redis could not be reached.
     Store(StoreError),
     /// The local bulkhead refused a budget change.
-    Limits(async_bulkhead_llm::LimitsError),
+    Limits(async_bulkhead_llm::limits::LimitsError),
 }
 
 impl fmt::Display for LedgerError {

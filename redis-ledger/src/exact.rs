@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, ReleaseReport, TokenUsage, UsageError,
-    UsageReport,
+    AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, TokenUsage, usage::ReleaseReport,
+    usage::UsageError, usage::UsageReport,
 };
 
 use crate::config::{FailurePolicy, LedgerConfig};

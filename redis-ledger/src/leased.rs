@@ -286,7 +286,7 @@ impl Inner {
 
     /// After a failed rebalance: once the lease is over, the local budget becomes the failure
     /// policy's (the floor, or zero when failing closed).
-    fn expire_if_due(&self) -> Result<(), async_bulkhead_llm::LimitsError> {
+    fn expire_if_due(&self) -> Result<(), async_bulkhead_llm::limits::LimitsError> {
         let mut state = self.state.lock().expect("not poisoned");
         let due = state
             .lease_until

@@ -21,7 +21,7 @@
 //! replica is named from the namespace inside the script (the same hash tag, so the same slot).
 //!
 //! Numbers are Lua doubles: exact below 2^53, far above what a budget can hold
-//! (`async_bulkhead_llm::MAX_BUDGET` is 2^35 - 1).
+//! (`async_bulkhead_llm::limits::MAX_BUDGET` is 2^35 - 1).
 
 /// Shared by every script: the keys, Redis's clock, and the purge of lapsed replicas.
 pub const PRELUDE: &str = r#"

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use async_bulkhead_llm::{LlmBulkhead, MAX_BUDGET, TokenBudget};
+use async_bulkhead_llm::{LlmBulkhead, TokenBudget, limits::MAX_BUDGET};
 use async_bulkhead_llm_redis::{ConfigError, ExactLedger, LeasedLedger, LedgerConfig, LedgerError};
 
 /// Nothing listens on port 1: a configuration error must come before any connection.

@@ -20,15 +20,16 @@ use std::time::{Duration, Instant};
 
 use event_listener::Listener;
 
-use crate::engine::timer::Sleep;
+use crate::engine::timer::{Bound, Sleep};
 use crate::engine::{Decision, Grant, Wait, WaiterHandle};
-use crate::rejection::Rejection;
-use crate::sync::Arc;
+use crate::support::sync::Arc;
+use crate::vocabulary::rejection::Rejection;
 
-use super::Bulkhead;
-use super::core::{ASK, BulkheadCore};
 use super::error::BulkheadError;
+use super::face::Bulkhead;
+use super::options::WaitOptions;
 use super::permit::{BulkheadPermit, OwnedBulkheadPermit};
+use super::shared::{ASK, BulkheadCore};
 
 impl Bulkhead {
     /// Takes a slot, waiting in the queue for one if none is free and the queue has room.
@@ -40,6 +41,7 @@ impl Bulkhead {
     /// ([`QueueTimeout`](BulkheadError::QueueTimeout)), and ends with
     /// [`Shutdown`](BulkheadError::Shutdown) if the bulkhead closes meanwhile. Nothing happens
     /// until the future is first polled; that poll takes the place in the queue.
+    /// [`acquire_with`](Bulkhead::acquire_with) bounds the wait differently.
     ///
     /// # Errors
     ///
@@ -69,15 +71,15 @@ impl Bulkhead {
     /// # }).unwrap();
     /// ```
     pub fn acquire(&self) -> BulkheadAcquire<'_> {
-        BulkheadAcquire {
-            machine: Machine::new(&*self.core, None),
-        }
+        self.acquire_with(WaitOptions::new())
     }
 
-    /// Like [`acquire`](Bulkhead::acquire), giving up waiting at `deadline` too: the call's
-    /// deadline budget bounds its queue wait (whichever of it and the queue timeout comes
-    /// first). Running out of it is a [`QueueTimeout`](BulkheadError::QueueTimeout). A free
-    /// slot is taken whatever the deadline: it bounds waiting only.
+    /// Like [`acquire`](Bulkhead::acquire), the queue wait bounded by `options`: its
+    /// [`timeout`](WaitOptions::timeout) instead of the bulkhead's queue timeout, and its
+    /// [`deadline`](WaitOptions::deadline), whichever comes first. Running out of either is a
+    /// [`QueueTimeout`](BulkheadError::QueueTimeout). A free slot is taken whatever the
+    /// options say: they bound waiting only. (The LLM bulkhead's
+    /// [`AcquireOptions`](crate::AcquireOptions) bound its waits the same way.)
     ///
     /// # Errors
     ///
@@ -91,24 +93,24 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
+    /// use async_bulkhead_llm::bulkhead::{Bulkhead, BulkheadError, WaitOptions};
     ///
     /// # futures::executor::block_on(async {
-    /// let bulkhead = Bulkhead::builder(1)?.queue_timeout(Duration::from_secs(30)).build();
+    /// let bulkhead = Bulkhead::builder(1).queue_timeout(Duration::from_secs(30)).build()?;
     /// let _held = bulkhead.acquire().await?;
     /// let deadline = Instant::now() + Duration::from_millis(20);
-    /// let err = bulkhead.acquire_by(deadline).await.unwrap_err();
+    /// let err = bulkhead.acquire_with(WaitOptions::new().deadline(deadline)).await.unwrap_err();
     /// assert!(matches!(err, BulkheadError::QueueTimeout { .. }));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn acquire_by(&self, deadline: Instant) -> BulkheadAcquire<'_> {
+    pub fn acquire_with(&self, options: WaitOptions) -> BulkheadAcquire<'_> {
         BulkheadAcquire {
-            machine: Machine::new(&*self.core, Some(deadline)),
+            machine: Machine::new(&*self.core, options),
         }
     }
 
-    /// Like [`acquire`](Bulkhead::acquire), resolving to an [`OwnedBulkheadPermit`]; the
+    /// Like [`acquire`](Bulkhead::acquire), resolving to an [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit); the
     /// future itself is `'static` and can be spawned.
     ///
     /// # Errors
@@ -130,12 +132,11 @@ impl Bulkhead {
     /// # }).unwrap();
     /// ```
     pub fn acquire_owned(&self) -> BulkheadAcquireOwned {
-        BulkheadAcquireOwned {
-            machine: Machine::new(Arc::clone(&self.core), None),
-        }
+        self.acquire_owned_with(WaitOptions::new())
     }
 
-    /// Like [`acquire_by`](Bulkhead::acquire_by), resolving to an [`OwnedBulkheadPermit`].
+    /// Like [`acquire_with`](Bulkhead::acquire_with), resolving to an
+    /// [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit).
     ///
     /// # Errors
     ///
@@ -149,17 +150,19 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
+    /// use async_bulkhead_llm::bulkhead::{Bulkhead, WaitOptions};
     ///
     /// # futures::executor::block_on(async {
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// let permit = bulkhead.acquire_owned_by(Instant::now() + Duration::from_secs(1)).await?;
+    /// let bulkhead = Bulkhead::new(1)?;
+    /// let options = WaitOptions::new().deadline(Instant::now() + Duration::from_secs(1));
+    /// let permit = bulkhead.acquire_owned_with(options).await?;
     /// # drop(permit);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub fn acquire_owned_by(&self, deadline: Instant) -> BulkheadAcquireOwned {
+    pub fn acquire_owned_with(&self, options: WaitOptions) -> BulkheadAcquireOwned {
         BulkheadAcquireOwned {
-            machine: Machine::new(Arc::clone(&self.core), Some(deadline)),
+            machine: Machine::new(Arc::clone(&self.core), options),
         }
     }
 
@@ -183,22 +186,18 @@ impl Bulkhead {
     /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
     ///
     /// # futures::executor::block_on(async {
-    /// let slow_api = Bulkhead::builder(5)?.max_queue(20).build();
-    /// let body: Result<String, BulkheadError> = slow_api.call(async { "report".to_owned() }).await;
+    /// let slow_api = Bulkhead::builder(5).max_queue(20).build()?;
+    /// let body: Result<String, BulkheadError> = slow_api.run(async { "report".to_owned() }).await;
     /// assert_eq!(body?, "report");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub async fn call<F: IntoFuture>(&self, call: F) -> Result<F::Output, BulkheadError> {
-        let permit = self.acquire().await?;
-        let output = call.await;
-        drop(permit);
-        Ok(output)
+    pub async fn run<F: IntoFuture>(&self, call: F) -> Result<F::Output, BulkheadError> {
+        self.run_with(WaitOptions::new(), call).await
     }
 
-    /// Like [`call`](Bulkhead::call), the queue wait bounded by `deadline` too (see
-    /// [`acquire_by`](Bulkhead::acquire_by)). The deadline does not cut `call` itself once it
-    /// runs.
+    /// Like [`run`](Bulkhead::run), the queue wait bounded by `options` (see
+    /// [`acquire_with`](Bulkhead::acquire_with)). They do not cut `call` itself once it runs.
     ///
     /// # Errors
     ///
@@ -206,26 +205,27 @@ impl Bulkhead {
     ///
     /// # Cancel safety
     ///
-    /// As for [`call`](Bulkhead::call).
+    /// As for [`run`](Bulkhead::run).
     ///
     /// # Examples
     ///
     /// ```
-    /// use std::time::{Duration, Instant};
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::bulkhead::{Bulkhead, WaitOptions};
     ///
     /// # futures::executor::block_on(async {
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// let deadline = Instant::now() + Duration::from_secs(2);
-    /// assert_eq!(bulkhead.call_by(deadline, async { 7 }).await?, 7);
+    /// let bulkhead = Bulkhead::new(1)?;
+    /// let options = WaitOptions::new().timeout(Duration::from_secs(2));
+    /// assert_eq!(bulkhead.run_with(options, async { 7 }).await?, 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub async fn call_by<F: IntoFuture>(
+    pub async fn run_with<F: IntoFuture>(
         &self,
-        deadline: Instant,
+        options: WaitOptions,
         call: F,
     ) -> Result<F::Output, BulkheadError> {
-        let permit = self.acquire_by(deadline).await?;
+        let permit = self.acquire_with(options).await?;
         let output = call.await;
         drop(permit);
         Ok(output)
@@ -248,7 +248,7 @@ impl Bulkhead {
     /// use std::time::Duration;
     /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
     ///
-    /// let bulkhead = Bulkhead::builder(1)?.queue_timeout(Duration::from_millis(10)).build();
+    /// let bulkhead = Bulkhead::builder(1).queue_timeout(Duration::from_millis(10)).build()?;
     /// let held = bulkhead.acquire_blocking()?;
     /// let err = bulkhead.acquire_blocking().unwrap_err();
     /// assert!(matches!(err, BulkheadError::QueueTimeout { .. }));
@@ -256,14 +256,11 @@ impl Bulkhead {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_blocking(&self) -> Result<BulkheadPermit<'_>, BulkheadError> {
-        let core = &*self.core;
-        Machine::new(core, None)
-            .block()
-            .map(|grant| BulkheadPermit::new(core, grant))
+        self.acquire_blocking_with(WaitOptions::new())
     }
 
-    /// Like [`acquire_blocking`](Bulkhead::acquire_blocking), giving up at `deadline` too
-    /// (see [`acquire_by`](Bulkhead::acquire_by)).
+    /// Like [`acquire_blocking`](Bulkhead::acquire_blocking), the wait bounded by `options`
+    /// (see [`acquire_with`](Bulkhead::acquire_with)).
     ///
     /// # Errors
     ///
@@ -277,25 +274,26 @@ impl Bulkhead {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
+    /// use async_bulkhead_llm::bulkhead::{Bulkhead, WaitOptions};
     ///
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
+    /// let bulkhead = Bulkhead::new(1)?;
     /// let _held = bulkhead.acquire_blocking()?;
     /// let deadline = Instant::now() + Duration::from_millis(10);
-    /// assert!(bulkhead.acquire_blocking_by(deadline).is_err());
+    /// assert!(bulkhead.acquire_blocking_with(WaitOptions::new().deadline(deadline)).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn acquire_blocking_by(
+    pub fn acquire_blocking_with(
         &self,
-        deadline: Instant,
+        options: WaitOptions,
     ) -> Result<BulkheadPermit<'_>, BulkheadError> {
         let core = &*self.core;
-        Machine::new(core, Some(deadline))
+        Machine::new(core, options)
             .block()
             .map(|grant| BulkheadPermit::new(core, grant))
     }
 
     /// Like [`acquire_blocking`](Bulkhead::acquire_blocking), returning an
-    /// [`OwnedBulkheadPermit`].
+    /// [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit).
     ///
     /// # Errors
     ///
@@ -314,14 +312,44 @@ impl Bulkhead {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_blocking_owned(&self) -> Result<OwnedBulkheadPermit, BulkheadError> {
+        self.acquire_blocking_owned_with(WaitOptions::new())
+    }
+
+    /// Like [`acquire_blocking_with`](Bulkhead::acquire_blocking_with), returning an
+    /// [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit).
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Bulkhead::acquire).
+    ///
+    /// # Blocking
+    ///
+    /// As for [`acquire_blocking`](Bulkhead::acquire_blocking).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::bulkhead::{Bulkhead, WaitOptions};
+    ///
+    /// let bulkhead = Bulkhead::new(1)?;
+    /// let options = WaitOptions::new().timeout(Duration::from_millis(50));
+    /// let permit = bulkhead.acquire_blocking_owned_with(options)?;
+    /// std::thread::spawn(move || drop(permit)).join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acquire_blocking_owned_with(
+        &self,
+        options: WaitOptions,
+    ) -> Result<OwnedBulkheadPermit, BulkheadError> {
         let core = Arc::clone(&self.core);
-        Machine::new(Arc::clone(&core), None)
+        Machine::new(Arc::clone(&core), options)
             .block()
             .map(|grant| OwnedBulkheadPermit::new(core, grant))
     }
 }
 
-/// Future returned by [`Bulkhead::acquire`] and [`Bulkhead::acquire_by`].
+/// Future returned by [`Bulkhead::acquire`] and [`Bulkhead::acquire_with`].
 #[must_use = "futures do nothing unless polled"]
 pub struct BulkheadAcquire<'a> {
     machine: Machine<&'a BulkheadCore>,
@@ -345,7 +373,7 @@ impl fmt::Debug for BulkheadAcquire<'_> {
     }
 }
 
-/// Future returned by [`Bulkhead::acquire_owned`] and [`Bulkhead::acquire_owned_by`].
+/// Future returned by [`Bulkhead::acquire_owned`] and [`Bulkhead::acquire_owned_with`].
 #[must_use = "futures do nothing unless polled"]
 pub struct BulkheadAcquireOwned {
     machine: Machine<Arc<BulkheadCore>>,
@@ -375,7 +403,7 @@ impl fmt::Debug for BulkheadAcquireOwned {
 /// Where an acquire is.
 enum Step {
     /// Not polled yet.
-    Start { deadline: Option<Instant> },
+    Start { options: WaitOptions },
     /// In the queue.
     Waiting(Waiting),
     /// Finished (returned a permit or an error).
@@ -398,17 +426,17 @@ struct Machine<C: Deref<Target = BulkheadCore>> {
 
 impl<C: Deref<Target = BulkheadCore>> Machine<C> {
     #[inline]
-    fn new(core: C, deadline: Option<Instant>) -> Machine<C> {
+    fn new(core: C, options: WaitOptions) -> Machine<C> {
         Machine {
             core,
-            step: Step::Start { deadline },
+            step: Step::Start { options },
         }
     }
 
     /// Leaves `Start`: finished, or now `Waiting` (as a parked thread if `blocking`).
     #[inline]
     fn start(&mut self, wait: Wait<'_>) -> Option<Result<Grant, BulkheadError>> {
-        let Step::Start { deadline } = self.step else {
+        let Step::Start { options } = self.step else {
             return None;
         };
         self.step = Step::Done;
@@ -418,17 +446,22 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
                 Some(Err(self.core.refused(&rejection, Duration::ZERO)))
             }
             Decision::Queued(waiter) => {
-                self.wait(waiter, deadline);
+                self.wait(waiter, options);
                 None
             }
         }
     }
 
-    /// Enters `Waiting` for a call that just joined the queue: its wait ends at the queue
-    /// timeout or the deadline, whichever comes first (a past deadline ends it at once).
+    /// Enters `Waiting` for a call that just joined the queue: its wait ends at its timeout
+    /// (the options', else the bulkhead's queue timeout) or its deadline, whichever comes
+    /// first (a past deadline ends it at once).
     #[cold]
-    fn wait(&mut self, waiter: WaiterHandle, deadline: Option<Instant>) {
-        if self.core.queue_timeout().is_none() && deadline.is_none() {
+    fn wait(&mut self, waiter: WaiterHandle, options: WaitOptions) {
+        let bound = Bound {
+            timeout: options.timeout.or(self.core.queue_timeout()),
+            deadline: options.deadline,
+        };
+        if !bound.is_bounded() {
             // No end to the wait: no clock to read (a clock read costs as much as the rest of
             // joining the queue on some virtual machines).
             self.step = Step::Waiting(Waiting {
@@ -439,16 +472,9 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
             return;
         }
         let queued_at = Instant::now();
-        let budget = deadline.map(|d| d.saturating_duration_since(queued_at));
-        let timeout = match (self.core.queue_timeout(), budget) {
-            (Some(t), Some(b)) => Some(t.min(b)),
-            (t, b) => t.or(b),
-        };
-        // A timeout too large for the clock means no timeout.
-        let sleep = timeout.and_then(|t| Sleep::after(queued_at, t));
         self.step = Step::Waiting(Waiting {
             waiter,
-            sleep,
+            sleep: bound.sleep(queued_at),
             queued_at: Some(queued_at),
         });
     }

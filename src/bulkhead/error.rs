@@ -1,5 +1,5 @@
 //! The general bulkhead's errors: why a call was refused ([`BulkheadError`], with the live
-//! [`BulkheadState`] it saw) and why a configuration was ([`BulkheadConfigError`]).
+//! [`BulkheadState`](crate::bulkhead::BulkheadState) it saw) and why a configuration was ([`BulkheadConfigError`](crate::bulkhead::BulkheadConfigError)).
 
 use core::fmt;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use std::time::Duration;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Bulkhead, BulkheadState};
+/// use async_bulkhead_llm::{Bulkhead, bulkhead::BulkheadState};
 ///
 /// let bulkhead = Bulkhead::new(2)?;
 /// let _held = bulkhead.try_acquire()?;
@@ -36,7 +36,7 @@ impl BulkheadState {
     /// # Examples
     ///
     /// ```
-    /// let state = async_bulkhead_llm::BulkheadState::new(2, 1);
+    /// let state = async_bulkhead_llm::bulkhead::BulkheadState::new(2, 1);
     /// assert_eq!((state.active, state.queued), (2, 1));
     /// ```
     pub const fn new(active: u64, queued: u64) -> BulkheadState {
@@ -55,9 +55,9 @@ impl BulkheadState {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Bulkhead, BulkheadError, BulkheadState};
+/// use async_bulkhead_llm::{Bulkhead, BulkheadError, bulkhead::BulkheadState};
 ///
-/// let bulkhead = Bulkhead::builder(1)?.max_queue(0).build();
+/// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
 /// let _held = bulkhead.try_acquire()?;
 /// let err = bulkhead.try_acquire().unwrap_err();
 /// assert_eq!(err, BulkheadError::QueueFull { state: BulkheadState::new(1, 0) });
@@ -101,7 +101,7 @@ impl BulkheadError {
     /// ```
     /// use async_bulkhead_llm::Bulkhead;
     ///
-    /// let bulkhead = Bulkhead::builder(1)?.max_queue(0).build();
+    /// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
     /// let _held = bulkhead.try_acquire()?;
     /// assert_eq!(bulkhead.try_acquire().unwrap_err().state().active, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -179,7 +179,7 @@ impl std::error::Error for BulkheadError {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Bulkhead, BulkheadConfigError};
+/// use async_bulkhead_llm::{Bulkhead, bulkhead::BulkheadConfigError};
 ///
 /// // `max_concurrent` 0 would deadlock every call: refused where it is set.
 /// assert_eq!(Bulkhead::new(0).unwrap_err(), BulkheadConfigError::ZeroMaxConcurrent);
@@ -191,14 +191,21 @@ pub enum BulkheadConfigError {
     /// every request). It must be at least 1.
     ZeroMaxConcurrent,
     /// `max_concurrent` exceeds what the admission word counts
-    /// ([`MAX_CONCURRENT`](crate::MAX_CONCURRENT)).
+    /// ([`MAX_CONCURRENT`](crate::limits::MAX_CONCURRENT)).
     MaxConcurrentTooLarge {
         /// The refused value.
-        value: u32,
+        value: usize,
         /// The largest accepted value.
-        max: u32,
+        max: usize,
     },
-    /// A limits revision exceeds the largest revision ([`MAX_REVISION`](crate::MAX_REVISION)),
+    /// `max_queue` exceeds what the limits hold (`u32::MAX`).
+    MaxQueueTooLarge {
+        /// The refused value.
+        value: usize,
+        /// The largest accepted value.
+        max: usize,
+    },
+    /// A limits revision exceeds the largest revision ([`MAX_REVISION`](crate::limits::MAX_REVISION)),
     /// or `set_max_concurrent` / `set_max_queue` cannot advance it further.
     RevisionTooLarge {
         /// The refused value.
@@ -216,6 +223,9 @@ impl fmt::Display for BulkheadConfigError {
             ),
             BulkheadConfigError::MaxConcurrentTooLarge { value, max } => {
                 write!(f, "bulkhead max_concurrent ({value}) must be <= {max}")
+            }
+            BulkheadConfigError::MaxQueueTooLarge { value, max } => {
+                write!(f, "bulkhead max_queue ({value}) must be <= {max}")
             }
             BulkheadConfigError::RevisionTooLarge { value, max } => {
                 write!(f, "bulkhead limits revision ({value}) must be <= {max}")

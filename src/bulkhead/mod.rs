@@ -5,299 +5,36 @@
 //! a short lock), versioned limits, close and drain as the LLM bulkhead, without requests,
 //! estimators or events.
 //!
-//! It imports the engine and the plain vocabulary, never the LLM wing.
-//!
-//! - `builder`: [`BulkheadBuilder`] and its defaults (queue of 50, queue timeout of 10 s).
-//! - `core`: the engine with the queue timeout and the reject hook; refusals become
-//!   [`BulkheadError`]s there.
-//! - `acquire`: the waiting futures, the blocking acquires, `call`.
-//! - `permit`: [`BulkheadPermit`] and [`OwnedBulkheadPermit`].
-//! - `limits` and `stats`: limits at run time; the statistics snapshot.
-//! - `error`: [`BulkheadError`], [`BulkheadState`], [`BulkheadConfigError`].
+//! - [`Bulkhead`]: the handle (cheap to clone); [`Bulkhead::builder`] and [`BulkheadBuilder`]
+//!   configure it, with the defaults [`DEFAULT_MAX_QUEUE`] and [`DEFAULT_QUEUE_TIMEOUT`].
+//! - [`BulkheadPermit`], [`OwnedBulkheadPermit`]: a slot, returned when dropped.
+//! - [`WaitOptions`]: one call's own timeout and deadline.
+//! - [`BulkheadError`] (with the [`BulkheadState`] it saw), [`BulkheadConfigError`].
+//! - [`BulkheadLimits`], [`BulkheadStats`]: limits at run time; the statistics snapshot.
+//! - [`BulkheadAcquire`], [`BulkheadAcquireOwned`]: the waiting futures.
 
-pub(crate) mod acquire;
-pub(crate) mod builder;
-mod core;
-pub(crate) mod error;
-pub(crate) mod limits;
-pub(crate) mod permit;
-pub(crate) mod stats;
+// Layout (the general bulkhead imports the engine and the vocabulary, never the LLM wing):
+// `face` is `Bulkhead` itself (fail-fast acquires, state, close, drain); `builder` its
+// configuration and constructors; `shared` what every clone and permit shares (the engine,
+// the queue timeout, the reject hook: refusals become `BulkheadError`s there); `acquire` the
+// waiting futures, blocking acquires and `run`; `options`, `permit`, `limits`, `stats`,
+// `error` as named.
 
-use ::core::fmt;
-use std::time::Duration;
+mod acquire;
+mod builder;
+mod error;
+mod face;
+mod limits;
+mod options;
+mod permit;
+mod shared;
+mod stats;
 
-use crate::engine::drain::{Drain, DrainTimeout};
-use crate::sync::Arc;
-
-use self::builder::BulkheadBuilder;
-use self::core::{ASK, BulkheadCore};
-use self::error::{BulkheadConfigError, BulkheadError, BulkheadState};
-use self::permit::{BulkheadPermit, OwnedBulkheadPermit};
-
-/// A bulkhead for any dependency: at most `max_concurrent` calls run at once; the excess waits
-/// in a FIFO queue of `max_queue` places for at most the queue timeout, and beyond that is
-/// refused at once. Refusals are [`BulkheadError`]s, never to be retried.
-///
-/// Cheap to clone (an `Arc`): clones share the slots. A call that finds a slot free is admitted
-/// with one lock-free compare-and-swap, and a release with nobody queued is one wait-free
-/// `fetch_sub`; queueing, and a release handing its slot to the oldest queued call, take the
-/// queue's short lock.
-///
-/// | | |
-/// |---|---|
-/// | fail fast | [`try_acquire`](Bulkhead::try_acquire), [`try_acquire_owned`](Bulkhead::try_acquire_owned) |
-/// | wait in the queue | [`acquire`](Bulkhead::acquire), [`acquire_by`](Bulkhead::acquire_by) (a deadline), the `_owned` variants |
-/// | run a future under a slot | [`call`](Bulkhead::call), [`call_by`](Bulkhead::call_by) |
-/// | threads | [`acquire_blocking`](Bulkhead::acquire_blocking), [`acquire_blocking_by`](Bulkhead::acquire_blocking_by), [`acquire_blocking_owned`](Bulkhead::acquire_blocking_owned) |
-/// | observe | [`state`](Bulkhead::state), [`stats`](Bulkhead::stats), [`on_reject`](BulkheadBuilder::on_reject) |
-/// | operate | [`apply_limits`](Bulkhead::apply_limits), [`set_max_concurrent`](Bulkhead::set_max_concurrent), [`close`](Bulkhead::close), [`drain`](Bulkhead::drain) |
-///
-/// # Examples
-///
-/// A slow dependency capped at 5 calls cannot starve a fast one:
-///
-/// ```
-/// use async_bulkhead_llm::Bulkhead;
-///
-/// # futures::executor::block_on(async {
-/// let slow_api = Bulkhead::builder(5)?.max_queue(20).build();
-/// let fast_api = Bulkhead::builder(50)?.max_queue(200).build();
-///
-/// let stuck: Vec<_> = (0..5).map(|_| slow_api.try_acquire()).collect::<Result<_, _>>()?;
-/// assert!(slow_api.try_acquire().is_err()); // the slow API is at its cap...
-/// let answer = fast_api.call(async { "fast" }).await?; // ...the fast one is unaffected
-/// assert_eq!(answer, "fast");
-/// # drop(stuck);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// # }).unwrap();
-/// ```
-#[derive(Clone)]
-pub struct Bulkhead {
-    core: Arc<BulkheadCore>,
-}
-
-impl Bulkhead {
-    /// A bulkhead of `max_concurrent` slots with the defaults: a queue of 50 places, a queue
-    /// timeout of 10 seconds, no hook.
-    ///
-    /// # Errors
-    ///
-    /// [`BulkheadConfigError::ZeroMaxConcurrent`] for 0 (it would deadlock every call), and
-    /// `MaxConcurrentTooLarge` above [`MAX_CONCURRENT`](crate::MAX_CONCURRENT).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadConfigError};
-    ///
-    /// let bulkhead = Bulkhead::new(20)?;
-    /// assert_eq!(bulkhead.limits().max_queue, 50);
-    /// assert_eq!(bulkhead.queue_timeout(), Some(Duration::from_secs(10)));
-    /// assert_eq!(Bulkhead::new(0).unwrap_err(), BulkheadConfigError::ZeroMaxConcurrent);
-    /// # Ok::<(), BulkheadConfigError>(())
-    /// ```
-    pub fn new(max_concurrent: u32) -> Result<Bulkhead, BulkheadConfigError> {
-        Ok(BulkheadBuilder::new(max_concurrent)?.build())
-    }
-
-    /// A builder for a bulkhead of `max_concurrent` slots (see [`BulkheadBuilder`] for the
-    /// other settings and their defaults).
-    ///
-    /// # Errors
-    ///
-    /// As for [`new`](Bulkhead::new): `max_concurrent` is checked here, where it is set.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadConfigError};
-    ///
-    /// let bulkhead = Bulkhead::builder(20)?.max_queue(100).build();
-    /// assert!(matches!(Bulkhead::builder(0), Err(BulkheadConfigError::ZeroMaxConcurrent)));
-    /// # Ok::<(), BulkheadConfigError>(())
-    /// ```
-    pub fn builder(max_concurrent: u32) -> Result<BulkheadBuilder, BulkheadConfigError> {
-        BulkheadBuilder::new(max_concurrent)
-    }
-
-    fn from_core(core: Arc<BulkheadCore>) -> Bulkhead {
-        Bulkhead { core }
-    }
-
-    /// Takes a free slot now, or refuses now: never waits. A call that finds every slot taken,
-    /// or calls already queued (it may not pass them), is refused with
-    /// [`QueueFull`](BulkheadError::QueueFull): to a call that may not wait, the queue is
-    /// always full.
-    ///
-    /// # Errors
-    ///
-    /// [`BulkheadError::QueueFull`] or [`BulkheadError::Shutdown`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
-    ///
-    /// let bulkhead = Bulkhead::new(1)?;
-    /// let permit = bulkhead.try_acquire()?;
-    /// assert!(matches!(bulkhead.try_acquire(), Err(BulkheadError::QueueFull { .. })));
-    /// drop(permit);
-    /// assert!(bulkhead.try_acquire().is_ok());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[inline]
-    pub fn try_acquire(&self) -> Result<BulkheadPermit<'_>, BulkheadError> {
-        let core = &*self.core;
-        core.engine().try_admit(
-            ASK,
-            |grant| BulkheadPermit::new(core, grant),
-            |rejection| core.refused(&rejection, Duration::ZERO),
-        )
-    }
-
-    /// Like [`try_acquire`](Bulkhead::try_acquire), returning an [`OwnedBulkheadPermit`].
-    ///
-    /// # Errors
-    ///
-    /// As for [`try_acquire`](Bulkhead::try_acquire).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// let permit = bulkhead.try_acquire_owned()?;
-    /// std::thread::spawn(move || drop(permit)).join().unwrap();
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[inline]
-    pub fn try_acquire_owned(&self) -> Result<OwnedBulkheadPermit, BulkheadError> {
-        let core = &self.core;
-        core.engine().try_admit(
-            ASK,
-            |grant| OwnedBulkheadPermit::new(Arc::clone(core), grant),
-            |rejection| core.refused(&rejection, Duration::ZERO),
-        )
-    }
-
-    /// The live occupancy: calls holding a slot and calls queued (two loads, no lock).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadState};
-    ///
-    /// let bulkhead = Bulkhead::new(3)?;
-    /// let _a = bulkhead.try_acquire()?;
-    /// assert_eq!(bulkhead.state(), BulkheadState::new(1, 0));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn state(&self) -> BulkheadState {
-        self.core.state()
-    }
-
-    /// The queue timeout (`None` if built with
-    /// [`wait_indefinitely`](BulkheadBuilder::wait_indefinitely)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// assert_eq!(bulkhead.queue_timeout(), Some(std::time::Duration::from_secs(10)));
-    /// # Ok::<(), async_bulkhead_llm::BulkheadConfigError>(())
-    /// ```
-    pub fn queue_timeout(&self) -> Option<Duration> {
-        self.core.queue_timeout()
-    }
-
-    /// Closes the bulkhead: every later call is refused with
-    /// [`Shutdown`](BulkheadError::Shutdown), and so is every queued call (at once). Calls in
-    /// flight keep their slots until they release. Returns whether this call closed it.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadError};
-    ///
-    /// let bulkhead = Bulkhead::new(1)?;
-    /// let held = bulkhead.try_acquire()?;
-    /// assert!(bulkhead.close());
-    /// assert!(!bulkhead.close());
-    /// assert!(matches!(bulkhead.try_acquire(), Err(BulkheadError::Shutdown { .. })));
-    /// drop(held);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn close(&self) -> bool {
-        self.core.engine().close()
-    }
-
-    /// Whether [`close`](Bulkhead::close) has been called.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// bulkhead.close();
-    /// assert!(bulkhead.is_closed());
-    /// # Ok::<(), async_bulkhead_llm::BulkheadConfigError>(())
-    /// ```
-    pub fn is_closed(&self) -> bool {
-        self.core.engine().is_closed()
-    }
-
-    /// Resolves once nothing is in flight and nobody is queued (at once if so now). With
-    /// [`close`](Bulkhead::close) first, a graceful shutdown.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future only stops waiting.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// let permit = bulkhead.try_acquire_owned()?;
-    /// bulkhead.close();
-    /// std::thread::spawn(move || drop(permit));
-    /// bulkhead.drain().await;
-    /// assert_eq!(bulkhead.state().active, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn drain(&self) -> Drain<'_> {
-        self.core.engine().drain()
-    }
-
-    /// Like [`drain`](Bulkhead::drain), giving up at `timeout` and reporting what was still
-    /// in flight and queued.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropping the future only stops waiting.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    ///
-    /// # futures::executor::block_on(async {
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(1)?;
-    /// let _held = bulkhead.try_acquire()?;
-    /// let report = bulkhead.drain_timeout(Duration::from_millis(5)).await;
-    /// assert!(!report.drained);
-    /// assert_eq!(report.in_flight, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
-        self.core.engine().drain_timeout(timeout)
-    }
-}
-
-impl fmt::Debug for Bulkhead {
-    /// Never blocks: reads the admission word and the published limits only.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.core, f)
-    }
-}
+pub use self::acquire::{BulkheadAcquire, BulkheadAcquireOwned};
+pub use self::builder::{BulkheadBuilder, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT};
+pub use self::error::{BulkheadConfigError, BulkheadError, BulkheadState};
+pub use self::face::Bulkhead;
+pub use self::limits::BulkheadLimits;
+pub use self::options::WaitOptions;
+pub use self::permit::{BulkheadPermit, OwnedBulkheadPermit};
+pub use self::stats::BulkheadStats;

@@ -3,15 +3,16 @@
 
 use core::fmt;
 
-use crate::admission_id::AdmissionId;
 use crate::engine::Grant;
-use crate::sync::Arc;
+use crate::engine::permit::PermitCore;
+use crate::support::sync::Arc;
+use crate::vocabulary::admission_id::AdmissionId;
 
-use super::Bulkhead;
-use super::core::BulkheadCore;
+use super::face::Bulkhead;
+use super::shared::BulkheadCore;
 
 /// One slot of a [`Bulkhead`], borrowed from it, held until the permit is dropped or
-/// [`release`](BulkheadPermit::release)d. [`OwnedBulkheadPermit`] is the `'static` kind.
+/// [`release`](BulkheadPermit::release)d. [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit) is the `'static` kind.
 ///
 /// # Examples
 ///
@@ -27,14 +28,15 @@ use super::core::BulkheadCore;
 /// ```
 #[must_use = "the slot is released as soon as the permit is dropped"]
 pub struct BulkheadPermit<'a> {
-    core: &'a BulkheadCore,
-    grant: Grant,
+    core: PermitCore<&'a BulkheadCore>,
 }
 
 impl<'a> BulkheadPermit<'a> {
     #[inline]
     pub(super) fn new(core: &'a BulkheadCore, grant: Grant) -> BulkheadPermit<'a> {
-        BulkheadPermit { core, grant }
+        BulkheadPermit {
+            core: PermitCore::new(core, grant),
+        }
     }
 
     /// Returns the slot now (the same as dropping the permit).
@@ -60,7 +62,7 @@ impl<'a> BulkheadPermit<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn id(&self) -> AdmissionId {
-        self.grant.id()
+        self.core.held().id()
     }
 
     /// Revision of the limits that admitted the call.
@@ -73,22 +75,15 @@ impl<'a> BulkheadPermit<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn limit_revision(&self) -> u64 {
-        self.grant.revision()
-    }
-}
-
-impl Drop for BulkheadPermit<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        self.core.release(&self.grant);
+        self.core.held().revision()
     }
 }
 
 impl fmt::Debug for BulkheadPermit<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadPermit")
-            .field("id", &self.grant.id())
-            .field("limit_revision", &self.grant.revision())
+            .field("id", &self.core.held().id())
+            .field("limit_revision", &self.core.held().revision())
             .finish()
     }
 }
@@ -109,14 +104,15 @@ impl fmt::Debug for BulkheadPermit<'_> {
 /// ```
 #[must_use = "the slot is released as soon as the permit is dropped"]
 pub struct OwnedBulkheadPermit {
-    core: Arc<BulkheadCore>,
-    grant: Grant,
+    core: PermitCore<Arc<BulkheadCore>>,
 }
 
 impl OwnedBulkheadPermit {
     #[inline]
     pub(super) fn new(core: Arc<BulkheadCore>, grant: Grant) -> OwnedBulkheadPermit {
-        OwnedBulkheadPermit { core, grant }
+        OwnedBulkheadPermit {
+            core: PermitCore::new(core, grant),
+        }
     }
 
     /// Returns the slot now (the same as dropping the permit).
@@ -131,7 +127,7 @@ impl OwnedBulkheadPermit {
     /// ```
     pub fn release(self) {}
 
-    /// The admission's id (see [`BulkheadPermit::id`]).
+    /// The admission's id (see [`BulkheadPermit::id`](crate::bulkhead::BulkheadPermit::id)).
     ///
     /// # Examples
     ///
@@ -142,7 +138,7 @@ impl OwnedBulkheadPermit {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn id(&self) -> AdmissionId {
-        self.grant.id()
+        self.core.held().id()
     }
 
     /// Revision of the limits that admitted the call.
@@ -155,7 +151,7 @@ impl OwnedBulkheadPermit {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn limit_revision(&self) -> u64 {
-        self.grant.revision()
+        self.core.held().revision()
     }
 
     /// The bulkhead the permit belongs to.
@@ -169,22 +165,15 @@ impl OwnedBulkheadPermit {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn bulkhead(&self) -> Bulkhead {
-        Bulkhead::from_core(Arc::clone(&self.core))
-    }
-}
-
-impl Drop for OwnedBulkheadPermit {
-    #[inline]
-    fn drop(&mut self) {
-        self.core.release(&self.grant);
+        Bulkhead::from_core(Arc::clone(self.core.core()))
     }
 }
 
 impl fmt::Debug for OwnedBulkheadPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OwnedBulkheadPermit")
-            .field("id", &self.grant.id())
-            .field("limit_revision", &self.grant.revision())
+            .field("id", &self.core.held().id())
+            .field("limit_revision", &self.core.held().revision())
             .finish()
     }
 }

@@ -1,9 +1,9 @@
 //! [`BulkheadStats`]: a [`Bulkhead`]'s live figures and cumulative counters, read at one
 //! moment.
 
-use crate::rejection::RejectReason;
+use crate::vocabulary::rejection::RejectReason;
 
-use super::Bulkhead;
+use super::face::Bulkhead;
 use super::limits::BulkheadLimits;
 
 /// A snapshot of a [`Bulkhead`]: its limits, its occupancy and what it has done so far.
@@ -19,7 +19,7 @@ use super::limits::BulkheadLimits;
 /// ```
 /// use async_bulkhead_llm::Bulkhead;
 ///
-/// let bulkhead = Bulkhead::builder(1)?.max_queue(0).build();
+/// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
 /// let held = bulkhead.try_acquire()?;
 /// assert!(bulkhead.try_acquire().is_err());
 /// drop(held);

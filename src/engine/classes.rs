@@ -150,10 +150,10 @@ use super::limits::Bounds;
 use super::policy::{ClassView, Refusal};
 use super::state::{EPOCH_MASK, MAX_ABANDONED, MAX_SLOTS, MAX_TOKENS, State};
 use super::{Engine, Grant};
-use crate::admission_class::{AdmissionClass, Resources};
-use crate::error::{RequestError, UsageError};
-use crate::priority::Priority;
-use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use crate::support::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use crate::vocabulary::admission_class::{AdmissionClass, Resources};
+use crate::vocabulary::error::{RequestError, UsageError};
+use crate::vocabulary::priority::Priority;
 
 /// Bits of a class word that count tokens.
 const TOKEN_BITS: u32 = 35;
@@ -321,7 +321,7 @@ impl Classes {
 /// load, but measured no faster, and its spinning waiter is not a model loom can explore: a
 /// CAS it is.)
 ///
-/// The wait is crossbeam's `Backoff::snooze` (`crate::sync::spin_wait`): exponential
+/// The wait is crossbeam's `Backoff::snooze` (`crate::support::sync::spin_wait`): exponential
 /// spinning on plain loads (127 `spin_loop` hints, a few µs), then `yield_now` at every
 /// retry. Yielding sooner measured worse (`benches/class_tail.rs`, 8 threads on one class on
 /// 2 cores: yielding after 0 or 3 hints put the locked path's p99.9 at 22 to 60 µs, after 15
@@ -348,7 +348,7 @@ fn take(word: &AtomicU64) -> u64 {
                 Err(actual) => current = actual,
             }
         } else {
-            crate::sync::spin_wait(&backoff);
+            crate::support::sync::spin_wait(&backoff);
             current = word.load(Ordering::Relaxed);
         }
     }

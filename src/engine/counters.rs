@@ -5,14 +5,14 @@
 //! exit, and a shard keeps its counts across owners, so the number of shards stays at the number
 //! of threads that used the crate at once.
 
-use crate::sync::unmodeled::OnceLock;
+use crate::support::sync::unmodeled::OnceLock;
 
 use crossbeam_utils::CachePadded;
 
-use crate::admission_class::AbandonCause;
-use crate::admission_id::{self, IdParts};
-use crate::rejection::RejectReason;
-use crate::sync::unmodeled::{self, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::support::sync::unmodeled::{self, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::vocabulary::admission_class::AbandonCause;
+use crate::vocabulary::admission_id::{self, IdParts};
+use crate::vocabulary::rejection::RejectReason;
 
 /// One cumulative counter of a shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ impl Counter {
 }
 
 /// One slot's counters for one bulkhead. Its admission count is also the sequence of the
-/// admission ids it mints (see `crate::admission_id`).
+/// admission ids it mints (see `crate::vocabulary::admission_id`).
 #[derive(Debug)]
 pub(crate) struct Shard(CachePadded<ShardCells>);
 

@@ -2,13 +2,13 @@
 //! at one moment (live figures from the word and the class words, cumulative ones summed from
 //! the per-thread shards).
 
-use crate::admission_class::{AbandonCause, AdmissionClass, ClassLimits};
-use crate::rejection::RejectReason;
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, ClassLimits};
+use crate::vocabulary::rejection::RejectReason;
 
 use super::Engine;
 use super::classes::ClassCounts;
 use super::counters::{ClassCounter, Counter, Totals};
-use super::limits::{ClassLimitsTable, Limits};
+use crate::vocabulary::limits::{ClassLimitsTable, Limits};
 
 /// Figures read for a statistics snapshot (see `crate::stats`).
 #[derive(Clone, Debug)]

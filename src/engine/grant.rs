@@ -3,9 +3,9 @@
 //! and whether it still holds its slot). Whatever a bulkhead adds to an admission (the LLM
 //! wing's reservation and usage) lives beside it, in that bulkhead's own record.
 
-use crate::admission_class::{AdmissionClass, Resources};
-use crate::admission_id::{AdmissionId, IdParts};
-use crate::priority::Priority;
+use crate::vocabulary::admission_class::{AdmissionClass, Resources};
+use crate::vocabulary::admission_id::{AdmissionId, IdParts};
+use crate::vocabulary::priority::Priority;
 
 /// One admission, as the engine knows it. Kept small and `Copy` (48 bytes): it is moved into
 /// every permit on the fast path, and a permit must stay within the 128 bytes the compiler

@@ -11,17 +11,17 @@
 use core::cell::Cell;
 
 use super::counters::{Counter, Hub, SLOTS, Shard};
-use crate::admission_id::IdParts;
-use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, lock};
+use crate::support::sync::unmodeled::{AtomicU64, Mutex, Ordering, lock};
+use crate::vocabulary::admission_id::IdParts;
 
 /// No slot taken yet.
 const UNASSIGNED: u32 = u32::MAX;
 /// The thread gave its slot back (it is exiting): count through the fallback shard.
 const RELEASED: u32 = u32::MAX - 1;
 
-crate::sync::thread_local_cell!(SLOT: Cell<u32> = Cell::new(UNASSIGNED));
+crate::support::sync::thread_local_cell!(SLOT: Cell<u32> = Cell::new(UNASSIGNED));
 // Separate from `SLOT` so that the hot path reads a thread-local without a destructor.
-crate::sync::thread_local_cell!(OWNER: SlotOwner = SlotOwner(Cell::new(UNASSIGNED)));
+crate::support::sync::thread_local_cell!(OWNER: SlotOwner = SlotOwner(Cell::new(UNASSIGNED)));
 
 /// Gives the thread's slot back when the thread exits.
 struct SlotOwner(Cell<u32>);
@@ -98,7 +98,7 @@ impl Sink<'_> {
 
     /// Counts one refusal for `reason`.
     #[cfg_attr(not(loom), inline(always))]
-    pub(crate) fn bump_rejected(&self, reason: crate::rejection::RejectReason) {
+    pub(crate) fn bump_rejected(&self, reason: crate::vocabulary::rejection::RejectReason) {
         match self {
             Sink::Own(shard) => shard.bump_rejected(reason),
             Sink::Fallback(hub) => hub.fallback().bump_rejected(reason),

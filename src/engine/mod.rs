@@ -37,6 +37,7 @@ mod figures;
 mod grant;
 pub(crate) mod limits;
 mod local;
+pub(crate) mod permit;
 pub(crate) mod policy;
 mod pool;
 mod queue;
@@ -49,20 +50,22 @@ use core::fmt;
 
 use crossbeam_utils::Backoff;
 
-use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
-use crate::error::UsageError;
-use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};
-use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::{Mutex, lock};
+use crate::support::sync::atomic::{AtomicU64, Ordering};
+use crate::support::sync::{Mutex, lock};
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, Resources};
+use crate::vocabulary::error::UsageError;
+use crate::vocabulary::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};
 
+use crate::vocabulary::limits::Limits;
+use crate::vocabulary::verdict::Verdict;
 use classes::{Classes, Returned};
 use counters::Hub;
 pub(crate) use counters::{ClassCounter, Counter};
 pub(crate) use figures::{ClassFigures, ClassesFigures, Figures};
 pub(crate) use grant::Grant;
-use limits::{Bounds, Limits, PublishedLimits};
+use limits::{Bounds, PublishedLimits};
 pub(crate) use policy::Ask;
-use policy::{ClassView, Refusal, Turn, Verdict};
+use policy::{ClassView, Refusal, Turn};
 pub(crate) use pool::WaiterHandle;
 use queue::{Arrival, WaitQueue};
 use reconfigure::normalized;
@@ -359,7 +362,7 @@ impl Engine {
         class: AdmissionClass,
         reserved: u64,
         borrowed: Resources,
-    ) -> crate::admission_id::IdParts {
+    ) -> crate::vocabulary::admission_id::IdParts {
         let class = class.index();
         local::with(&self.counters, move |sink| {
             let id = sink.admit(reserved);
@@ -514,7 +517,7 @@ impl Engine {
     pub(crate) fn refuse_undecided(
         &self,
         reason: RejectReason,
-        priority: crate::priority::Priority,
+        priority: crate::vocabulary::priority::Priority,
         class: Option<AdmissionClass>,
     ) -> Rejection {
         let (state, bounds) = self.snapshot();
@@ -696,8 +699,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`UsageError::HoldOverflow`] when the tokens in flight would pass what the word counts
-    /// ([`MAX_BUDGET`](crate::MAX_BUDGET)); nothing changes.
+    /// [`UsageError::HoldOverflow`](crate::usage::UsageError::HoldOverflow) when the tokens in flight would pass what the word counts
+    /// ([`MAX_BUDGET`](crate::limits::MAX_BUDGET)); nothing changes.
     pub(crate) fn move_hold(&self, grant: &mut Grant, to: u64) -> Result<u64, UsageError> {
         if grant.class().is_some() {
             return self.move_class_hold(grant, to);

@@ -8,11 +8,12 @@
 
 use super::limits::{Bounds, ClassCaps};
 use super::state::{MAX_TOKENS, State};
-use crate::admission_class::{AdmissionClass, Resources};
-use crate::priority::Priority;
-use crate::rejection::{
+use crate::vocabulary::admission_class::{AdmissionClass, Resources};
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::{
     CapacityDetail, ClassFacts, Constraint, NO_SLOT_CEILING, RejectReason, TokenBudgetDetail,
 };
+use crate::vocabulary::verdict::Verdict;
 
 /// What a call asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,7 +343,7 @@ pub(crate) fn detail(
 }
 
 /// The class's and the shared pools' figures at a decision for `class`'s call (every derived
-/// figure of [`ClassDetail`](crate::ClassDetail) and [`SharedCapacity`](crate::SharedCapacity)
+/// figure of [`ClassDetail`](crate::rejection::ClassDetail) and [`SharedCapacity`](crate::rejection::SharedCapacity)
 /// is computed from these when read).
 fn class_facts(state: State, limits: &Bounds, class: &ClassView, ask: Ask) -> ClassFacts {
     let caps = class.caps;
@@ -401,57 +402,6 @@ pub(crate) fn global_detail(
     )
 }
 
-/// The answer of an advisory check ([`LlmBulkhead::would_admit`](crate::LlmBulkhead::would_admit)).
-///
-/// # Examples
-///
-/// ```
-/// use async_bulkhead_llm::{RejectReason, Verdict};
-///
-/// assert!(Verdict::Admit.is_admit());
-/// assert!(Verdict::Queue.is_admit());
-/// assert_eq!(Verdict::Reject(RejectReason::BudgetLimit).reject_reason(), Some(RejectReason::BudgetLimit));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Verdict {
-    /// A slot and the tokens are free now.
-    Admit,
-    /// The call would wait in the queue (a later timeout is not predicted).
-    Queue,
-    /// The call would be refused for this reason.
-    Reject(RejectReason),
-}
-
-impl Verdict {
-    /// Whether the call would get in, now or after queueing.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use async_bulkhead_llm::{RejectReason, Verdict};
-    ///
-    /// assert!(!Verdict::Reject(RejectReason::Shutdown).is_admit());
-    /// ```
-    pub fn is_admit(&self) -> bool {
-        !matches!(self, Verdict::Reject(_))
-    }
-
-    /// The refusal reason, if the call would be refused.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(async_bulkhead_llm::Verdict::Admit.reject_reason(), None);
-    /// ```
-    pub fn reject_reason(&self) -> Option<RejectReason> {
-        match *self {
-            Verdict::Reject(reason) => Some(reason),
-            _ => None,
-        }
-    }
-}
-
 /// The advisory verdict for `ask` (of `class`, with classes) on `state`, `pending` callers
 /// waiting, and the constraint behind a refusal.
 pub(crate) fn verdict(
@@ -480,7 +430,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::engine::limits::Limits;
+    use crate::vocabulary::limits::Limits;
 
     fn state(slots: u32, tokens: u64) -> State {
         State::for_tests(slots, tokens)

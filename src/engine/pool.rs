@@ -18,7 +18,7 @@ use core::ops::Deref;
 use super::Wait;
 use super::policy::Ask;
 use super::queue::Waiter;
-use crate::sync::Arc;
+use crate::support::sync::Arc;
 
 /// The most waiters one thread keeps for reuse.
 #[cfg(not(loom))]
@@ -79,7 +79,9 @@ impl Drop for WaiterHandle {
             // let go (its `Release` decrement) before the waiter's reuse.
             && Arc::strong_count(&waiter) == 1
         {
-            crate::sync::unmodeled::fence(crate::sync::unmodeled::Ordering::Acquire);
+            crate::support::sync::unmodeled::fence(
+                crate::support::sync::unmodeled::Ordering::Acquire,
+            );
             // Nothing else holds it: drop the task's waker it may still hold (after a timeout
             // or a cancellation) before it waits in the pool. Outside every lock.
             drop(waiter.forget_waker());

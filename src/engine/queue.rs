@@ -38,10 +38,10 @@ use super::Wait;
 use super::fifo::{Fifo, Key};
 use super::policy::Ask;
 use super::state::State;
-use crate::admission_class::Resources;
-use crate::rejection::Rejection;
-use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use crate::sync::{Arc, AtomicWaker, Mutex, MutexGuard, lock};
+use crate::support::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use crate::support::sync::{Arc, AtomicWaker, Mutex, MutexGuard, lock};
+use crate::vocabulary::admission_class::Resources;
+use crate::vocabulary::rejection::Rejection;
 
 /// The queue: waiters in arrival order, under one lock.
 #[derive(Debug)]
@@ -309,7 +309,7 @@ impl Waiter {
         if self.blocking {
             self.event.notify(1);
         } else {
-            crate::contain::contain(|| self.waker.wake());
+            crate::support::contain::contain(|| self.waker.wake());
         }
     }
 }

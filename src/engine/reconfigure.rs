@@ -2,15 +2,16 @@
 //! step they share (publish the new limits, recompute the classes' shared figures, serve the
 //! queue), all under the limits writer's lock.
 
-use crate::error::LimitsError;
-use crate::sync::lock;
+use crate::support::sync::lock;
+use crate::vocabulary::error::LimitsError;
 
 use super::Engine;
-use super::limits::{
-    self, ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_REVISION,
-};
+use super::limits;
 use super::queue::HandedOff;
 use super::state::State;
+use crate::vocabulary::limits::{
+    ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+};
 
 impl Engine {
     // ----- limits and close -----
@@ -178,7 +179,7 @@ pub(super) fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> 
                 .normalized();
             // A ceiling of `MAX_CONCURRENT` calls can never bind: no ceiling (so a refusal's
             // packed class figures can use that value for "none", see `ClassFacts`).
-            class.max_concurrent = class.max_concurrent.filter(|&n| n < limits::MAX_CONCURRENT);
+            class.max_concurrent = class.max_concurrent.filter(|&n| n < MAX_CONCURRENT);
             ordered.insert(id, class);
         }
         limits.admission_classes = Some(ordered);

@@ -62,7 +62,7 @@
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::sync::atomic::{AtomicU64, AtomicU128, Ordering};
+use crate::support::sync::atomic::{AtomicU64, AtomicU128, Ordering};
 
 /// Bits that count tokens in flight.
 pub(crate) const TOKEN_BITS: u32 = 35;

@@ -50,7 +50,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 #[cfg(not(loom))]
-use crate::sync::unmodeled::{Condvar, Mutex, MutexGuard, OnceLock};
+use crate::support::sync::unmodeled::{Condvar, Mutex, MutexGuard, OnceLock};
 #[cfg(not(loom))]
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -119,7 +119,7 @@ impl Timer {
     }
 
     fn lock(&self) -> MutexGuard<'_, Timers> {
-        crate::sync::unmodeled::lock(&self.timers)
+        crate::support::sync::unmodeled::lock(&self.timers)
     }
 
     /// The clock thread: moves passed deadlines to the due list and makes sure waker threads
@@ -260,7 +260,7 @@ impl Timer {
                 continue;
             };
             drop(timers);
-            crate::contain::contain(|| waker.wake());
+            crate::support::contain::contain(|| waker.wake());
             timers = self.lock();
         }
     }
@@ -268,6 +268,35 @@ impl Timer {
 
 #[cfg(all(feature = "tokio", not(loom)))]
 mod tokio_clock;
+
+/// How long a queued call may wait: a timeout counted from joining the queue and a deadline,
+/// whichever comes first (neither: as long as it takes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Bound {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl Bound {
+    /// Whether the wait has an end (if not, nobody reads the clock for it).
+    #[inline]
+    pub(crate) fn is_bounded(&self) -> bool {
+        self.timeout.is_some() || self.deadline.is_some()
+    }
+
+    /// The sleep of a call that joined the queue at `queued_at` (`None`: no end, or one too
+    /// far to represent). A deadline already past ends the wait at once.
+    pub(crate) fn sleep(self, queued_at: Instant) -> Option<Sleep> {
+        let budget = self
+            .deadline
+            .map(|deadline| deadline.saturating_duration_since(queued_at));
+        let timeout = match (self.timeout, budget) {
+            (Some(timeout), Some(budget)) => Some(timeout.min(budget)),
+            (timeout, budget) => timeout.or(budget),
+        };
+        timeout.and_then(|timeout| Sleep::after(queued_at, timeout))
+    }
+}
 
 /// A deadline a future can wait for.
 #[derive(Debug)]
@@ -387,7 +416,7 @@ impl Drop for Sleep {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use crate::sync::unmodeled::{Arc, AtomicU64, Ordering};
+    use crate::support::sync::unmodeled::{Arc, AtomicU64, Ordering};
     use std::task::Wake;
 
     use super::*;

@@ -15,9 +15,9 @@ use super::pool;
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
 use super::{Engine, Grant, Seen, Wait};
-use crate::admission_class::Resources;
-use crate::rejection::{Constraint, RejectReason, Rejection};
-use crate::sync::Arc;
+use crate::support::sync::Arc;
+use crate::vocabulary::admission_class::Resources;
+use crate::vocabulary::rejection::{Constraint, RejectReason, Rejection};
 
 /// What withdrawing a waiter found.
 #[derive(Debug)]

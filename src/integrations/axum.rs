@@ -1,8 +1,8 @@
 //! axum 0.8: refusals as responses. A handler that returns `Result<_, AcquireError>` (or a
-//! [`Rejection`], a [`RequestError`], an [`HttpRefusal`]) answers a refusal with the status of
-//! [`HttpRefusal`] (429, 413, 503, 499 or 400), `content-type: application/json`, and the
-//! provider-shaped JSON error body of [`HttpRefusal::body`]. No `Retry-After` (see
-//! [`HttpRefusal`] for why).
+//! [`Rejection`], a [`RequestError`](crate::request::RequestError), an [`HttpRefusal`](crate::http::HttpRefusal)) answers a refusal with the status of
+//! [`HttpRefusal`](crate::http::HttpRefusal) (429, 413, 503, 499 or 400), `content-type: application/json`, and the
+//! provider-shaped JSON error body of [`HttpRefusal::body`](crate::http::HttpRefusal::body). No `Retry-After` (see
+//! [`HttpRefusal`](crate::http::HttpRefusal) for why).
 //!
 //! ```
 //! use async_bulkhead_llm::{AcquireError, AcquireOptions, LlmBulkhead, LlmRequest};
@@ -22,7 +22,7 @@
 //!
 //! The general bulkhead's [`BulkheadError`] answers 503 Service Unavailable with the JSON body
 //! `{"error":{"type":"<as_str>","message":"<Display>","active":N,"queued":M}}` (the same
-//! answer as the tower [`BulkheadLayer`](crate::BulkheadLayer)'s, without its opt-in
+//! answer as the tower [`BulkheadLayer`](crate::tower::BulkheadLayer)'s, without its opt-in
 //! `Retry-After`):
 //!
 //! ```
@@ -45,12 +45,11 @@
 use ::axum::http::{HeaderValue, StatusCode, header};
 use ::axum::response::{IntoResponse, Response};
 
-use crate::bulkhead::error::BulkheadError;
-use crate::error::{AcquireError, RequestError};
+use crate::AcquireError;
+use crate::Rejection;
+use crate::bulkhead::BulkheadError;
 use crate::http::HttpRefusal;
-use crate::rejection::Rejection;
-
-use super::bulkhead_http;
+use crate::request::RequestError;
 
 impl IntoResponse for HttpRefusal {
     fn into_response(self) -> Response {
@@ -84,9 +83,9 @@ impl IntoResponse for BulkheadError {
     /// refusal (`type`, `message`) and the occupancy it saw (`active`, `queued`).
     fn into_response(self) -> Response {
         let status =
-            StatusCode::from_u16(bulkhead_http::STATUS).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        let content_type = HeaderValue::from_static(bulkhead_http::CONTENT_TYPE);
-        let body = bulkhead_http::body(&self);
+            StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let content_type = HeaderValue::from_static(HttpRefusal::CONTENT_TYPE);
+        let body = self.http_body();
         (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
     }
 }

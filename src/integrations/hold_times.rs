@@ -3,7 +3,7 @@
 //! bulkhead's). A hint, never a promise: it says how long calls held their slot lately, not
 //! when one will be free.
 
-use crate::sync::unmodeled::{AtomicU64, Ordering};
+use crate::support::sync::unmodeled::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The recent hold time of the calls a layer released: an exponentially weighted average

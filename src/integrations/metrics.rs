@@ -1,4 +1,4 @@
-//! Metrics through the [`metrics`] facade (feature `metrics`): [`BulkheadMetrics`] registers,
+//! Metrics through the [`metrics`] facade (feature `metrics`): [`BulkheadMetrics`](crate::observability::BulkheadMetrics) registers,
 //! for one bulkhead under a `bulkhead` and a `model` label, counters and gauges read from its
 //! [`stats`](crate::LlmBulkhead::stats) when published, and histograms fed by a sampled event
 //! listener ([`on_events_sampled`](crate::LlmBulkhead::on_events_sampled)).
@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Label, Unit};
 
-use crate::admission_class::AbandonCause;
-use crate::admission_id::AdmissionId;
+use crate::LlmBulkhead;
+use crate::RejectReason;
+use crate::Stats;
+use crate::admission::AdmissionId;
+use crate::classes::AbandonCause;
 use crate::events::{Event, EventKind, Subscription};
-use crate::llm::bulkhead::LlmBulkhead;
-use crate::rejection::RejectReason;
-use crate::stats::Stats;
 
 /// The default sampling rate of the histograms: one call in 64 on each thread (and every call
 /// that waited in the queue).
@@ -84,7 +84,7 @@ pub const DEFAULT_SAMPLE_EVERY: NonZeroU32 = NonZeroU32::new(64).unwrap();
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, BulkheadMetrics, LlmBulkhead, LlmRequest};
+/// use async_bulkhead_llm::{AcquireOptions, observability::BulkheadMetrics, LlmBulkhead, LlmRequest};
 /// use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 ///
 /// let recorder = DebuggingRecorder::new();
@@ -107,13 +107,13 @@ pub struct BulkheadMetrics {
     _sampled: Subscription,
 }
 
-/// The builder of [`BulkheadMetrics`]: labels and the histograms' sampling rate.
+/// The builder of [`BulkheadMetrics`](crate::observability::BulkheadMetrics): labels and the histograms' sampling rate.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::num::NonZeroU32;
-/// use async_bulkhead_llm::{BulkheadMetrics, LlmBulkhead};
+/// use async_bulkhead_llm::{observability::BulkheadMetrics, LlmBulkhead};
 ///
 /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
 /// let _metrics = BulkheadMetrics::builder(&bulkhead, "primary")
@@ -121,7 +121,7 @@ pub struct BulkheadMetrics {
 ///     .provider("openai")
 ///     .label("region", "eu-west-1")
 ///     .install();
-/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
 /// ```
 #[must_use = "a builder does nothing until `install`"]
 pub struct BulkheadMetricsBuilder {
@@ -135,7 +135,7 @@ pub struct BulkheadMetricsBuilder {
 
 impl BulkheadMetricsBuilder {
     /// The histograms hear one call in `every` on each thread, and every call that waited in
-    /// the queue ([`DEFAULT_SAMPLE_EVERY`] unless set). 1 makes them exact (every call pays a
+    /// the queue ([`DEFAULT_SAMPLE_EVERY`](crate::observability::DEFAULT_SAMPLE_EVERY) unless set). 1 makes them exact (every call pays a
     /// delivery and two clock reads).
     pub fn sample_every(mut self, every: NonZeroU32) -> BulkheadMetricsBuilder {
         self.sample_every = every;
@@ -226,7 +226,7 @@ impl BulkheadMetrics {
     }
 
     /// Publishes now and then every `period` on a thread of its own, until the returned
-    /// [`Publisher`] is dropped.
+    /// [`Publisher`](crate::observability::Publisher) is dropped.
     ///
     /// # Panics
     ///
@@ -272,7 +272,7 @@ impl fmt::Debug for BulkheadMetricsBuilder {
 }
 
 /// A thread publishing a bulkhead's metrics periodically (see
-/// [`BulkheadMetrics::publish_every`]); dropping it stops the thread and waits for it.
+/// [`BulkheadMetrics::publish_every`](crate::observability::BulkheadMetrics::publish_every)); dropping it stops the thread and waits for it.
 #[derive(Debug)]
 pub struct Publisher {
     stop: Option<mpsc::Sender<()>>,

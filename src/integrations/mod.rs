@@ -1,7 +1,7 @@
 //! Integrations with other crates, each behind its own feature and built only over the
 //! crate's public API (nothing here reaches into `llm/` or `engine/` internals).
 //!
-//! - `axum.rs` (feature `axum`): `IntoResponse` for refusals, from [`HttpRefusal`], and for
+//! - `axum.rs` (feature `axum`): `IntoResponse` for refusals, from [`HttpRefusal`](crate::http::HttpRefusal), and for
 //!   the general bulkhead's [`BulkheadError`] (from `bulkhead_http.rs`).
 //! - `tower.rs` (feature `tower`): the LLM layer, its service and its response body.
 //! - `tower_bulkhead.rs` (feature `tower`): the general bulkhead's layer, its service and its
@@ -16,13 +16,11 @@
 //! - `tracing.rs` (feature `tracing`): `trace_events`, a bulkhead's events as `tracing` debug
 //!   events (the spans around queued waits and `run` are in `llm/`, where those are).
 //!
-//! [`HttpRefusal`]: crate::HttpRefusal
+//! [`HttpRefusal`]: crate::http::HttpRefusal
 //! [`BulkheadError`]: crate::BulkheadError
 
 #[cfg(feature = "axum")]
 mod axum;
-#[cfg(any(feature = "axum", feature = "tower"))]
-mod bulkhead_http;
 #[cfg(feature = "tower")]
 mod hold_times;
 #[cfg(feature = "metrics")]

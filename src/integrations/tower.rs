@@ -1,9 +1,9 @@
-//! The tower layer for HTTP gateways (feature `tower`): [`LlmLayer`] admits each request
+//! The tower layer for HTTP gateways (feature `tower`): [`LlmLayer`](crate::tower::LlmLayer) admits each request
 //! through an [`LlmBulkhead`] before the inner service sees it, answers a refusal itself (429,
-//! 413, 503 or 400 with the provider-shaped JSON body of [`HttpRefusal`]; 500 if a tenant's
-//! bulkhead cannot be built; `Retry-After` only with [`LlmLayer::retry_after_hint`]), and
+//! 413, 503 or 400 with the provider-shaped JSON body of [`HttpRefusal`](crate::http::HttpRefusal); 500 if a tenant's
+//! bulkhead cannot be built; `Retry-After` only with [`LlmLayer::retry_after_hint`](crate::tower::LlmLayer::retry_after_hint)), and
 //! wraps the
-//! response body in an [`LlmBody`] that holds the call's [`OwnedPermit`] until the body ends,
+//! response body in an [`LlmBody`](crate::tower::LlmBody) that holds the call's [`OwnedPermit`] until the body ends,
 //! fails or is dropped (a client that disconnects mid-stream releases at once). As chunks pass
 //! it reads the provider's usage from them and reports it, so the token budget follows the
 //! stream; the chunks themselves are passed on as they come, neither copied nor delayed.
@@ -25,14 +25,14 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 
-use crate::error::AcquireError;
+use crate::AcquireError;
+use crate::AcquireOptions;
+use crate::LlmBulkhead;
+use crate::LlmRequest;
+use crate::OwnedPermit;
+use crate::TokenUsage;
 use crate::http::HttpRefusal;
-use crate::llm::bulkhead::LlmBulkhead;
-use crate::llm::options::AcquireOptions;
-use crate::llm::permit::OwnedPermit;
-use crate::llm::request::LlmRequest;
-use crate::llm::tenants::{Tenants, TenantsError};
-use crate::reservation::TokenUsage;
+use crate::tenants::{Tenants, TenantsError};
 
 use super::hold_times::HoldTimes;
 
@@ -48,7 +48,7 @@ type ToOptions = dyn Fn(&http::request::Parts) -> AcquireOptions + Send + Sync;
 type ToUsage = dyn Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync;
 
 /// Request bodies larger than this are refused with 413 before anything is admitted (the
-/// default of [`LlmLayer::max_request_body`]).
+/// default of [`LlmLayer::max_request_body`](crate::tower::LlmLayer::max_request_body)).
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
 
 /// A layer's configuration that cannot work, refused when it is built.
@@ -56,7 +56,7 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{LayerError, LlmBulkhead, LlmLayer};
+/// use async_bulkhead_llm::{tower::LayerError, LlmBulkhead, tower::LlmLayer};
 ///
 /// let no_queue = LlmBulkhead::builder("m", 1).build()?;
 /// let err = LlmLayer::new(no_queue).wait_in_queue(true).unwrap_err();
@@ -67,7 +67,9 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LayerError {
-    /// [`LlmLayer::wait_in_queue`] on a bulkhead without a queue: every request that finds no
+    /// [`LlmLayer::wait_in_queue`](crate::tower::LlmLayer::wait_in_queue) or
+    /// [`BulkheadLayer::wait_in_queue`](crate::tower::BulkheadLayer::wait_in_queue) on a
+    /// bulkhead without a queue: every request that finds no
     /// free slot would be refused at once anyway.
     NoQueue,
 }
@@ -93,14 +95,14 @@ const MAX_JSON_RESPONSE: usize = 4 << 20;
 /// service sees it. The request's body is read whole and parsed as an OpenAI chat-completions
 /// or Anthropic messages body (or by [`request`](LlmLayer::request)) to size its reservation;
 /// a refusal is answered by the layer itself (429, 413, 503 or 400, the JSON body of
-/// [`HttpRefusal`], no `Retry-After`); an admitted call's response body becomes an [`LlmBody`]
+/// [`HttpRefusal`](crate::http::HttpRefusal), no `Retry-After`); an admitted call's response body becomes an [`LlmBody`](crate::tower::LlmBody)
 /// that holds the permit until the body ends, fails or is dropped, and reports the usage the
 /// provider states as the chunks pass.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmLayer, Priority};
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, tower::LlmLayer, Priority};
 /// use bytes::Bytes;
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{Layer, ServiceExt};
@@ -147,11 +149,11 @@ type ToBulkhead = dyn Fn(&http::request::Parts) -> Result<LlmBulkhead, TenantsEr
 #[derive(Clone)]
 struct Config {
     bulkhead: Arc<ToBulkhead>,
-    /// The one bulkhead of a layer made by [`LlmLayer::new`] (`None` per tenant).
+    /// The one bulkhead of a layer made by [`LlmLayer::new`](crate::tower::LlmLayer::new) (`None` per tenant).
     single: Option<LlmBulkhead>,
     request: Arc<ToRequest>,
     options: Arc<ToOptions>,
-    /// The reader of [`LlmLayer::usage`]; `None`: [`provider_usage`], which lets a JSON
+    /// The reader of [`LlmLayer::usage`](crate::tower::LlmLayer::usage); `None`: [`provider_usage`](crate::tower::provider_usage), which lets a JSON
     /// response be read for its usage members alone (see [`json_response_usage`]).
     usage: Option<Arc<ToUsage>>,
     wait: bool,
@@ -162,15 +164,21 @@ struct Config {
 
 impl LlmLayer {
     /// A layer admitting through `bulkhead`: requests parsed as OpenAI chat-completions or
-    /// Anthropic messages JSON, default options, fail fast, bodies up to 4 MiB, usage read from
-    /// OpenAI and Anthropic responses.
+    /// Anthropic messages JSON, default options, waiting in the bulkhead's queue if it has one
+    /// (`max_queue` above 0 now; else refused at once, see
+    /// [`wait_in_queue`](LlmLayer::wait_in_queue)), bodies up to 4 MiB, usage read from
+    /// OpenAI and Anthropic responses (as [`BulkheadLayer::new`](crate::tower::BulkheadLayer::new)).
     pub fn new(bulkhead: LlmBulkhead) -> LlmLayer {
         let single = Some(bulkhead.clone());
-        LlmLayer::with_source(Arc::new(move |_| Ok(bulkhead.clone())), single)
+        let mut layer = LlmLayer::with_source(Arc::new(move |_| Ok(bulkhead.clone())), None);
+        let config = layer.config();
+        config.wait = single.as_ref().is_some_and(|b| b.limits().max_queue > 0);
+        config.single = single;
+        layer
     }
 
     /// A layer admitting each request through its tenant's bulkhead: `key` names the tenant
-    /// from the request's head (an API key header, a path segment), [`Tenants::get`] makes the
+    /// from the request's head (an API key header, a path segment), [`Tenants::get`](crate::tenants::Tenants::get) makes the
     /// bulkhead on first use from its template. A request whose tenant cannot be made (the
     /// family is full of busy tenants) is answered 429 `too_many_tenants`; one whose template
     /// is refused, 500.
@@ -178,7 +186,7 @@ impl LlmLayer {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, LlmLayer, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tower::LlmLayer, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_tenant: &String| LlmBulkhead::builder("gpt-4o", 4)).build()?;
     /// let layer = LlmLayer::per_tenant(tenants, |head| {
@@ -259,11 +267,13 @@ impl LlmLayer {
     }
 
     /// Whether a request waits in the bulkhead's queue (`acquire`) rather than being refused
-    /// at once when no slot is free (`try_acquire`, the default).
+    /// at once when no slot is free (`try_acquire`). The default: wait when the layer's
+    /// bulkhead has a queue; a [`per_tenant`](LlmLayer::per_tenant) layer fails fast until
+    /// told to wait.
     ///
     /// # Errors
     ///
-    /// [`LayerError::NoQueue`] (the layer unchanged) when `wait` is asked of a layer whose
+    /// [`LayerError::NoQueue`](crate::tower::LayerError::NoQueue) (the layer unchanged) when `wait` is asked of a layer whose
     /// bulkhead has no queue (`max_queue` 0 now): its requests could only be refused at once,
     /// as without waiting. Give the bulkhead a queue ([`max_queue`], or a profile with one)
     /// first. A layer made by [`per_tenant`](LlmLayer::per_tenant) cannot see its tenants'
@@ -274,7 +284,7 @@ impl LlmLayer {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LayerError, LlmBulkhead, LlmLayer};
+    /// use async_bulkhead_llm::{tower::LayerError, LlmBulkhead, tower::LlmLayer};
     ///
     /// let queued = LlmBulkhead::builder("gpt-4o", 4).max_queue(16).build()?;
     /// let layer = LlmLayer::new(queued).wait_in_queue(true)?;
@@ -338,14 +348,14 @@ impl<S> tower_layer::Layer<S> for LlmLayer {
     }
 }
 
-/// The service [`LlmLayer`] makes. Its inner service receives the request with its body read
+/// The service [`LlmLayer`](crate::tower::LlmLayer) makes. Its inner service receives the request with its body read
 /// whole (a [`Full`] body: it had to be parsed to be sized).
 ///
 /// `poll_ready` is the inner service's: the bulkhead decides per request (its decision needs
 /// the request), in `call`, and never makes `poll_ready` wait; the ready service is the one
 /// called (a clone takes its place). So an inner service that reserves capacity when it is
 /// ready (tower's `ConcurrencyLimit`, `Buffer`) keeps that reservation while the request's
-/// body is read and, with [`LlmLayer::wait_in_queue`], while it waits in the bulkhead's queue:
+/// body is read and, with [`LlmLayer::wait_in_queue`](crate::tower::LlmLayer::wait_in_queue), while it waits in the bulkhead's queue:
 /// put such layers inside this one only knowingly.
 #[derive(Clone)]
 pub struct LlmService<S> {
@@ -463,7 +473,7 @@ where
     }
 }
 
-/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`], with the hold-time hint
+/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`](crate::http::HttpRefusal), with the hold-time hint
 /// as `Retry-After` on a 429 when it is on and known.
 fn refusal<R>(error: &AcquireError, holds: Option<&HoldTimes>) -> Response<LlmBody<R>> {
     let answer = HttpRefusal::from(error);
@@ -479,7 +489,7 @@ fn refusal<R>(error: &AcquireError, holds: Option<&HoldTimes>) -> Response<LlmBo
     response
 }
 
-/// An answer of the layer's own (not a bulkhead's refusal), in [`HttpRefusal`]'s shape.
+/// An answer of the layer's own (not a bulkhead's refusal), in [`HttpRefusal`](crate::http::HttpRefusal)'s shape.
 fn plain_error<R>(
     status: StatusCode,
     error_type: &'static str,
@@ -507,7 +517,7 @@ fn respond<R>(status: StatusCode, body: Bytes) -> Response<LlmBody<R>> {
     response
 }
 
-/// The response body of [`LlmService`]: the inner service's body with the call's permit
+/// The response body of [`LlmService`](crate::tower::LlmService): the inner service's body with the call's permit
 /// (released when the body ends, fails or is dropped), or the layer's own answer to a request
 /// it refused.
 pub struct LlmBody<B> {
@@ -560,7 +570,7 @@ impl<B> LlmBody<B> {
     }
 
     /// Whether this body still holds its admission (false for the layer's own answer to a
-    /// refused request, and once the body ended or failed). See [`LlmLayer`] for an example.
+    /// refused request, and once the body ended or failed). See [`LlmLayer`](crate::tower::LlmLayer) for an example.
     pub fn holds_permit(&self) -> bool {
         matches!(&self.state, State::Streaming(s) if s.permit.is_some())
     }
@@ -806,7 +816,7 @@ pub fn provider_usage(json: &serde_json::Value) -> Option<TokenUsage> {
     usage_of(json.get("usage"), json.get("message"))
 }
 
-/// The top-level members of a JSON response that [`provider_usage`] reads; every other
+/// The top-level members of a JSON response that [`provider_usage`](crate::tower::provider_usage) reads; every other
 /// member is skipped without being built (a whole response as a `serde_json::Value` is a tree
 /// of maps: about a fifth of the layer's time per request, measured with `perf`).
 #[derive(serde::Deserialize)]
@@ -815,7 +825,7 @@ struct UsageDocument {
     message: Option<serde_json::Value>,
 }
 
-/// [`provider_usage`] of a whole JSON response body, reading only its `usage` and `message`
+/// [`provider_usage`](crate::tower::provider_usage) of a whole JSON response body, reading only its `usage` and `message`
 /// members. A body that is not a JSON object, or that names either member twice, states no
 /// usage.
 fn json_response_usage(body: &[u8]) -> Option<TokenUsage> {
@@ -824,7 +834,7 @@ fn json_response_usage(body: &[u8]) -> Option<TokenUsage> {
 }
 
 /// The usage a document states from its top-level `usage` and `message` members: `usage` if
-/// it is an object, else `message.usage` (see [`provider_usage`]).
+/// it is an object, else `message.usage` (see [`provider_usage`](crate::tower::provider_usage)).
 fn usage_of(
     usage: Option<&serde_json::Value>,
     message: Option<&serde_json::Value>,
@@ -835,7 +845,7 @@ fn usage_of(
     usage_block(usage)
 }
 
-/// The usage a provider's `usage` block states (see [`provider_usage`]).
+/// The usage a provider's `usage` block states (see [`provider_usage`](crate::tower::provider_usage)).
 fn usage_block(usage: &serde_json::Value) -> Option<TokenUsage> {
     let n = |key: &str| usage.get(key).and_then(serde_json::Value::as_u64);
     if let (Some(input), Some(output)) = (n("prompt_tokens"), n("completion_tokens")) {

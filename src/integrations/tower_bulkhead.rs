@@ -1,8 +1,8 @@
-//! The tower layer of the general bulkhead (feature `tower`): [`BulkheadLayer`] admits each
+//! The tower layer of the general bulkhead (feature `tower`): [`BulkheadLayer`](crate::tower::BulkheadLayer) admits each
 //! HTTP request through a [`Bulkhead`] before the inner service sees it, answers a refusal
 //! itself (503 Service Unavailable with a small JSON body; `Retry-After` only with
-//! [`BulkheadLayer::retry_after_hint`]), and wraps the response body in a [`BulkheadBody`]
-//! that holds the call's [`OwnedBulkheadPermit`] until the body ends, fails or is dropped (a
+//! [`BulkheadLayer::retry_after_hint`](crate::tower::BulkheadLayer::retry_after_hint)), and wraps the response body in a [`BulkheadBody`](crate::tower::BulkheadBody)
+//! that holds the call's [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit) until the body ends, fails or is dropped (a
 //! client that disconnects mid-body releases at once).
 //!
 //! Unlike the LLM layer it knows nothing of the request: the request, its body included, is
@@ -22,12 +22,11 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
-use crate::bulkhead::Bulkhead;
-use crate::bulkhead::error::BulkheadError;
-use crate::bulkhead::permit::OwnedBulkheadPermit;
+use crate::bulkhead::{Bulkhead, BulkheadError, OwnedBulkheadPermit};
+use crate::http::HttpRefusal;
 
-use super::bulkhead_http;
 use super::hold_times::HoldTimes;
+use super::tower::LayerError;
 
 /// A tower layer that admits each HTTP request through a [`Bulkhead`] before the inner service
 /// sees it. By default a request waits in the bulkhead's queue (under its queue timeout) when
@@ -35,7 +34,7 @@ use super::hold_times::HoldTimes;
 /// Service Unavailable, `content-type: application/json`, and the body
 /// `{"error":{"type":"<as_str>","message":"<Display>","active":N,"queued":M}}`, without
 /// `Retry-After` unless [`retry_after_hint`](BulkheadLayer::retry_after_hint) is on. An
-/// admitted request's response body becomes a [`BulkheadBody`] that holds the slot until the
+/// admitted request's response body becomes a [`BulkheadBody`](crate::tower::BulkheadBody) that holds the slot until the
 /// body ends, fails or is dropped; an error of the inner service releases it at once.
 ///
 /// Cheap to clone; clones share the bulkhead (and the hold-time history of the hint).
@@ -43,13 +42,13 @@ use super::hold_times::HoldTimes;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Bulkhead, BulkheadLayer};
+/// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer};
 /// use bytes::Bytes;
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{Layer, ServiceExt};
 ///
 /// # ::futures::executor::block_on(async {
-/// let bulkhead = Bulkhead::builder(1)?.max_queue(0).build();
+/// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
 /// // The slow dependency (here a stub; in a service an axum router or a proxy client).
 /// let slow_api = tower::service_fn(|_request: http::Request<String>| async {
 ///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("done"))))
@@ -86,44 +85,56 @@ struct Config {
 }
 
 impl BulkheadLayer {
-    /// A layer admitting through `bulkhead`: requests wait in its queue, no `Retry-After`.
+    /// A layer admitting through `bulkhead`: requests wait in its queue if it has one
+    /// (`max_queue` above 0 now; else they are refused at once, see
+    /// [`wait_in_queue`](BulkheadLayer::wait_in_queue)), no `Retry-After` (as
+    /// [`LlmLayer::new`](crate::tower::LlmLayer::new)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadLayer};
+    /// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer};
     ///
-    /// let layer = BulkheadLayer::new(Bulkhead::builder(5)?.max_queue(20).build());
+    /// let layer = BulkheadLayer::new(Bulkhead::builder(5).max_queue(20).build()?);
     /// # let _ = layer;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(bulkhead: Bulkhead) -> BulkheadLayer {
+        let wait = bulkhead.limits().max_queue > 0;
         BulkheadLayer {
             config: Config {
                 bulkhead,
-                wait: true,
+                wait,
                 holds: None,
             },
         }
     }
 
-    /// Whether a request waits in the bulkhead's queue when every slot is taken (the default:
-    /// up to the bulkhead's queue timeout, refused with `bulkhead_queue_full` when the queue
-    /// is full and `bulkhead_queue_timeout` when the wait runs out), or is refused at once with
-    /// `bulkhead_queue_full` (`false`: [`Bulkhead::try_acquire`]).
+    /// Whether a request waits in the bulkhead's queue when every slot is taken (the default
+    /// when the bulkhead has a queue: up to the bulkhead's queue timeout, refused with
+    /// `bulkhead_queue_full` when the queue is full and `bulkhead_queue_timeout` when the wait
+    /// runs out), or is refused at once with `bulkhead_queue_full` (`false`:
+    /// [`Bulkhead::try_acquire`]).
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError::NoQueue`](crate::tower::LayerError::NoQueue) (the layer unchanged) when
+    /// `wait` is asked of a layer whose bulkhead has no queue (`max_queue` 0 now): its
+    /// requests could only be refused at once, as without waiting (as
+    /// [`LlmLayer::wait_in_queue`](crate::tower::LlmLayer::wait_in_queue)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadLayer};
+    /// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer};
     /// use bytes::Bytes;
     /// use http_body_util::Full;
     /// use tower::{Layer, ServiceExt};
     ///
     /// # ::futures::executor::block_on(async {
     /// // A queue of 10 places, which this layer does not use.
-    /// let bulkhead = Bulkhead::builder(1)?.max_queue(10).build();
-    /// let service = BulkheadLayer::new(bulkhead.clone()).wait_in_queue(false).layer(
+    /// let bulkhead = Bulkhead::builder(1).max_queue(10).build()?;
+    /// let service = BulkheadLayer::new(bulkhead.clone()).wait_in_queue(false)?.layer(
     ///     tower::service_fn(|_request: http::Request<()>| async {
     ///         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
     ///     }),
@@ -135,10 +146,12 @@ impl BulkheadLayer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
-    pub fn wait_in_queue(mut self, wait: bool) -> BulkheadLayer {
+    pub fn wait_in_queue(mut self, wait: bool) -> Result<BulkheadLayer, LayerError> {
+        if wait && self.config.bulkhead.limits().max_queue == 0 {
+            return Err(LayerError::NoQueue);
+        }
         self.config.wait = wait;
-        self
+        Ok(self)
     }
 
     /// Adds a `Retry-After` header to capacity refusals (`bulkhead_queue_full`,
@@ -153,13 +166,13 @@ impl BulkheadLayer {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadLayer};
+    /// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer};
     /// use bytes::Bytes;
     /// use http_body_util::{BodyExt, Full};
     /// use tower::{Layer, ServiceExt};
     ///
     /// # ::futures::executor::block_on(async {
-    /// let bulkhead = Bulkhead::builder(1)?.max_queue(0).build();
+    /// let bulkhead = Bulkhead::builder(1).max_queue(0).build()?;
     /// let service = BulkheadLayer::new(bulkhead.clone()).retry_after_hint(true).layer(
     ///     tower::service_fn(|_request: http::Request<()>| async {
     ///         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
@@ -203,7 +216,7 @@ impl<S> tower_layer::Layer<S> for BulkheadLayer {
     }
 }
 
-/// The service [`BulkheadLayer`] makes: admits each request through the bulkhead, then passes
+/// The service [`BulkheadLayer`](crate::tower::BulkheadLayer) makes: admits each request through the bulkhead, then passes
 /// it, untouched, to the inner service.
 ///
 /// `poll_ready` is the inner service's: the bulkhead decides per request, in `call`, and never
@@ -215,7 +228,7 @@ impl<S> tower_layer::Layer<S> for BulkheadLayer {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Bulkhead, BulkheadLayer, BulkheadService};
+/// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer, tower::BulkheadService};
 /// use tower::Layer;
 ///
 /// let inner = tower::service_fn(|_request: http::Request<()>| async {
@@ -288,15 +301,15 @@ where
 /// A refusal as 503 and its JSON body, with the hold-time hint as `Retry-After` when it is on,
 /// known, and the refusal is one of capacity (not a shutdown).
 fn refusal<R>(error: &BulkheadError, holds: Option<&HoldTimes>) -> Response<BulkheadBody<R>> {
-    let body = Bytes::from(bulkhead_http::body(error));
+    let body = Bytes::from(error.http_body());
     let mut response = Response::new(BulkheadBody {
         state: State::Refused(Some(body)),
     });
     *response.status_mut() =
-        StatusCode::from_u16(bulkhead_http::STATUS).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     response.headers_mut().insert(
         CONTENT_TYPE,
-        HeaderValue::from_static(bulkhead_http::CONTENT_TYPE),
+        HeaderValue::from_static(HttpRefusal::CONTENT_TYPE),
     );
     if !matches!(error, BulkheadError::Shutdown { .. })
         && let Some(seconds) = holds.and_then(HoldTimes::hint_seconds)
@@ -323,7 +336,7 @@ impl Drop for Hold {
     }
 }
 
-/// The response body of [`BulkheadService`]: the inner service's body holding the call's
+/// The response body of [`BulkheadService`](crate::tower::BulkheadService): the inner service's body holding the call's
 /// slot, or the layer's own answer to a request it refused.
 ///
 /// The slot is released when the inner body ends (`Ready(None)`, or a frame after which it
@@ -335,7 +348,7 @@ impl Drop for Hold {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Bulkhead, BulkheadLayer};
+/// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer};
 /// use bytes::Bytes;
 /// use http_body_util::Full;
 /// use tower::{Layer, ServiceExt};
@@ -384,7 +397,7 @@ impl<B> BulkheadBody<B> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Bulkhead, BulkheadLayer};
+    /// use async_bulkhead_llm::{Bulkhead, tower::BulkheadLayer};
     /// use bytes::Bytes;
     /// use http_body_util::{BodyExt, Full};
     /// use tower::{Layer, ServiceExt};

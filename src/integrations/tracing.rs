@@ -1,4 +1,4 @@
-//! [`tracing`] events for a bulkhead's lifecycle (feature `tracing`): [`trace_events`]
+//! [`tracing`] events for a bulkhead's lifecycle (feature `tracing`): [`trace_events`](crate::observability::trace_events)
 //! subscribes a listener that turns admit, reject, usage, abandonment, bypass and release
 //! events into `DEBUG` events of the target `async_bulkhead_llm`, each carrying the
 //! admission id (or the bypass's shadow id), so one request can be followed through the logs.
@@ -10,13 +10,13 @@
 
 use std::num::NonZeroU32;
 
+use crate::LlmBulkhead;
 use crate::events::{Event, EventKind, Subscription};
-use crate::llm::bulkhead::LlmBulkhead;
 
 /// The target of every event.
 const TARGET: &str = "async_bulkhead_llm";
 
-/// The kinds [`trace_events`] listens to.
+/// The kinds [`trace_events`](crate::observability::trace_events) listens to.
 const TRACED: [EventKind; 6] = [
     EventKind::Admit,
     EventKind::Reject,
@@ -39,13 +39,13 @@ const TRACED: [EventKind; 6] = [
 /// | `bypassed` | `model`, `shadow_id`, `reason`, `raced` |
 ///
 /// Token fields are absent where the bulkhead has no budget or the call no usage. Every call
-/// pays the delivery (and the decision's two clock reads); [`trace_events_sampled`] traces a
+/// pays the delivery (and the decision's two clock reads); [`trace_events_sampled`](crate::observability::trace_events_sampled) traces a
 /// sample instead.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, trace_events};
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, observability::trace_events};
 ///
 /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
 /// let _tracing = trace_events(&bulkhead);
@@ -58,18 +58,18 @@ pub fn trace_events(bulkhead: &LlmBulkhead) -> Subscription {
     bulkhead.on_events(TRACED, move |event| trace(&model, event))
 }
 
-/// Like [`trace_events`], for one call in `every` on each thread and every call that waited
+/// Like [`trace_events`](crate::observability::trace_events), for one call in `every` on each thread and every call that waited
 /// in the queue (see [`LlmBulkhead::on_events_sampled`]).
 ///
 /// # Examples
 ///
 /// ```
 /// use std::num::NonZeroU32;
-/// use async_bulkhead_llm::{LlmBulkhead, trace_events_sampled};
+/// use async_bulkhead_llm::{LlmBulkhead, observability::trace_events_sampled};
 ///
 /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
 /// let _tracing = trace_events_sampled(&bulkhead, NonZeroU32::new(100).unwrap());
-/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
 /// ```
 pub fn trace_events_sampled(bulkhead: &LlmBulkhead, every: NonZeroU32) -> Subscription {
     let model: Box<str> = bulkhead.model().into();

@@ -18,19 +18,19 @@ use std::time::{Duration, Instant};
 
 use event_listener::Listener;
 
-use crate::engine::timer::Sleep;
+use crate::engine::timer::{Bound, Sleep};
 use crate::engine::{Grant, Wait, WaiterHandle};
-use crate::error::{AcquireError, RequestError};
 use crate::events::Timing;
-use crate::rejection::Rejection;
-use crate::sync::Arc;
+use crate::support::sync::Arc;
+use crate::vocabulary::error::{AcquireError, RequestError};
+use crate::vocabulary::rejection::Rejection;
 
 use super::admission::Admission;
 use super::bulkhead::LlmBulkhead;
-use super::core::{Admitted, Call, LlmCore};
 use super::options::AcquireOptions;
 use super::permit::{OwnedPermit, Permit};
 use super::request::LlmRequest;
+use super::shared::{Admitted, Call, LlmCore};
 
 impl LlmBulkhead {
     /// Admits the call, waiting in the queue for a slot if none is free and the queue has room.
@@ -161,7 +161,7 @@ impl LlmBulkhead {
         let core = &*self.core;
         Machine::new(core, request, options)
             .block()
-            .map(|admission| Permit::borrowed(core, admission))
+            .map(|admission| Permit::new(core, admission))
     }
 
     /// Like [`acquire_blocking`](LlmBulkhead::acquire_blocking), returning an [`OwnedPermit`].
@@ -192,7 +192,7 @@ impl LlmBulkhead {
         let core = Arc::clone(&self.core);
         Machine::new(Arc::clone(&core), request, options)
             .block()
-            .map(|admission| Permit::owned(core, admission))
+            .map(|admission| OwnedPermit::new(core, admission))
     }
 
     /// The bulkhead's default queue timeout (from its profile or
@@ -203,10 +203,10 @@ impl LlmBulkhead {
     /// ```
     /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).build()?;
     /// assert_eq!(bulkhead.queue_timeout(), None);
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     pub fn queue_timeout(&self) -> Option<Duration> {
-        self.core.timeout(AcquireOptions::new())
+        self.core.bound(AcquireOptions::new()).timeout
     }
 }
 
@@ -239,7 +239,7 @@ impl<'a> Future for Acquire<'a, '_> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let core = self.machine.core;
-        let permit = |admission| Permit::borrowed(core, admission);
+        let permit = |admission| Permit::new(core, admission);
         if let Step::Unresolved { options, .. } = &self.machine.step {
             // The first poll: the call's timing starts (and its sampling is decided) here.
             let timing = core.timing();
@@ -270,7 +270,7 @@ impl<'a> Acquire<'a, '_> {
         timing: Option<Timing>,
     ) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;
-        let permit = |admission| Permit::borrowed(core, admission);
+        let permit = |admission| Permit::new(core, admission);
         if self.machine.is_new() {
             let timing = match self.machine.step {
                 Step::Unresolved { .. } => timing,
@@ -323,12 +323,12 @@ impl Future for AcquireOwned {
             return self.machine.start_in_place(
                 cx,
                 timing,
-                move |admission| Permit::owned(core, admission),
-                |core, admission| Permit::owned(Arc::clone(core), admission),
+                move |admission| OwnedPermit::new(core, admission),
+                |core, admission| OwnedPermit::new(Arc::clone(core), admission),
             );
         }
         let done = self.machine.poll_waiting(cx);
-        done.map_ok(|admission| Permit::owned(Arc::clone(&self.machine.core), admission))
+        done.map_ok(|admission| OwnedPermit::new(Arc::clone(&self.machine.core), admission))
     }
 }
 
@@ -354,7 +354,7 @@ enum Step<'r> {
     /// blocking acquires, and `run`, which needed the reservation first).
     Start {
         call: Call,
-        timeout: Option<Duration>,
+        bound: Bound,
         /// Refusals announced untimed (a bit per `RejectReason`; see `LlmCore::admit`).
         untimed: u8,
     },
@@ -475,7 +475,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         let step = match core.resolve(request, options) {
             Ok(call) => Step::Start {
                 call,
-                timeout: core.timeout(options),
+                bound: core.bound(options),
                 untimed: 0,
             },
             Err(error) => Step::Invalid(error),
@@ -486,12 +486,12 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
     /// The acquire of `call`, resolved already, whose refusals for the reasons in `untimed` (a
     /// bit per `RejectReason`) are announced untimed.
     fn resolved(core: C, call: Call, options: AcquireOptions, untimed: u8) -> Machine<'r, C> {
-        let timeout = core.timeout(options);
+        let bound = core.bound(options);
         Machine {
             core,
             step: Step::Start {
                 call,
-                timeout,
+                bound,
                 untimed,
             },
         }
@@ -524,19 +524,19 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 self.step = Step::Done;
                 match self.core.resolve(request, options) {
                     Ok(call) => {
-                        let timeout = self.core.timeout(options);
-                        self.first_decision(cx, call, (timeout, 0), timing, permit, later)
+                        let bound = self.core.bound(options);
+                        self.first_decision(cx, call, (bound, 0), timing, permit, later)
                     }
                     Err(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
                 }
             }
             &Step::Start {
                 call,
-                timeout,
+                bound,
                 untimed,
             } => {
                 self.step = Step::Done;
-                self.first_decision(cx, call, (timeout, untimed), timing, permit, later)
+                self.first_decision(cx, call, (bound, untimed), timing, permit, later)
             }
             Step::Invalid(_) => match core::mem::replace(&mut self.step, Step::Done) {
                 Step::Invalid(error) => Poll::Ready(Err(AcquireError::Invalid(error))),
@@ -552,7 +552,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         &mut self,
         cx: &mut Context<'_>,
         call: Call,
-        (timeout, untimed): (Option<Duration>, u8),
+        (bound, untimed): (Bound, u8),
         timing: Option<Timing>,
         permit: impl FnOnce(Admission) -> P,
         later: impl FnOnce(&C, Admission) -> P,
@@ -568,7 +568,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 Poll::Ready(Err(AcquireError::Rejected(rejection)))
             }
             Err(Admitted::Queued(waiter, timing)) => {
-                self.wait(waiter, call, timeout, timing, untimed);
+                self.wait(waiter, call, bound, timing, untimed);
                 // Just queued, this task's waker registered before the waiter was (a
                 // hand-off can still win against an immediate time-out).
                 let done = self.poll_sleep(cx);
@@ -586,7 +586,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         match &self.step {
             &Step::Start {
                 call,
-                timeout,
+                bound,
                 untimed,
             } => {
                 self.step = Step::Done;
@@ -594,7 +594,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                     Admitted::Now(admission) => Some(Ok(admission)),
                     Admitted::Refused(rejection) => Some(Err(AcquireError::Rejected(rejection))),
                     Admitted::Queued(waiter, timing) => {
-                        self.wait(waiter, call, timeout, timing, untimed);
+                        self.wait(waiter, call, bound, timing, untimed);
                         None
                     }
                 }
@@ -614,7 +614,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         &mut self,
         waiter: WaiterHandle,
         call: Call,
-        timeout: Option<Duration>,
+        bound: Bound,
         timing: Option<Timing>,
         untimed: u8,
     ) {
@@ -623,7 +623,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         // the queue already took a lock and an allocation.
         let queued_at = Instant::now();
         // A timeout too large for the clock means no timeout.
-        let sleep = timeout.and_then(|t| Sleep::after(queued_at, t));
+        let sleep = bound.sleep(queued_at);
         let timing = match timing {
             Some(timing) => timing.queued(queued_at),
             None => Timing::from_queue(queued_at).untimed(untimed),

@@ -5,11 +5,11 @@
 
 use core::fmt;
 
-use crate::admission_class::{AdmissionClass, Resources};
-use crate::admission_id::AdmissionId;
 use crate::engine::Grant;
-use crate::priority::Priority;
-use crate::reservation::{Reservation, TokenUsage};
+use crate::vocabulary::admission_class::{AdmissionClass, Resources};
+use crate::vocabulary::admission_id::AdmissionId;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::reservation::{Reservation, TokenUsage};
 
 use super::estimate::Memo;
 
@@ -246,6 +246,7 @@ impl Admission {
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
     /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .admission_classes(
     ///         AdmissionClasses::new("standard")
@@ -267,12 +268,13 @@ impl Admission {
 
     /// What the call borrowed from the shared pool when it was admitted: whether its slot
     /// was beyond its class's protected floor, and how many of its reserved tokens were beyond
-    /// the class's token floor. Always [`Resources::NONE`] without admission classes.
+    /// the class's token floor. Always [`Resources::NONE`](crate::classes::Resources::NONE) without admission classes.
     ///
     /// # Examples
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
     /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .admission_classes(
     ///         AdmissionClasses::new("standard")
@@ -299,6 +301,7 @@ impl Admission {
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
     /// let bulkhead = LlmBulkhead::builder("m", 2)
     ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
     ///     .build()?;

@@ -1,20 +1,21 @@
 //! Building a bulkhead: the validating builder, queueing profiles and the token-budget
 //! configuration.
 
-use crate::sync::unmodeled::Arc;
+use crate::support::sync::unmodeled::Arc;
 use core::fmt;
 use std::time::Duration;
 
 use super::bulkhead::LlmBulkhead;
-use super::core::LlmCore;
 use super::dedup::Deduplication;
 use super::estimate::{Estimator, ModelAwareEstimator};
-use crate::admission_class::ClassLimits;
-use crate::engine::limits::{
-    self, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+use super::shared::LlmCore;
+use crate::engine::limits;
+use crate::vocabulary::admission_class::ClassLimits;
+use crate::vocabulary::error::{ClassLimitsError, ConfigError};
+use crate::vocabulary::limits::{
+    ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
 };
-use crate::error::{ClassLimitsError, ConfigError};
-use crate::reservation::DEFAULT_OUTPUT_CAP;
+use crate::vocabulary::reservation::DEFAULT_OUTPUT_CAP;
 
 /// Token-budget configuration: the budget, the output cap the estimator assumes when a request
 /// names no `max_tokens`, and the reserve kept for high-priority calls.
@@ -161,9 +162,9 @@ impl LlmBulkhead {
     /// ```
     /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("gpt-4o", 16).build()?;
     /// assert_eq!(bulkhead.limits().max_concurrent, 16);
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
-    pub fn builder(model: impl Into<String>, max_concurrent: u32) -> LlmBulkheadBuilder {
+    pub fn builder(model: impl Into<String>, max_concurrent: usize) -> LlmBulkheadBuilder {
         LlmBulkheadBuilder::new(model.into(), max_concurrent)
     }
 }
@@ -180,15 +181,15 @@ impl LlmBulkhead {
 ///     .token_budget(TokenBudget::new(200_000))
 ///     .build()?;
 /// assert_eq!(bulkhead.limits().revision, 41);
-/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
 /// ```
 #[derive(Clone)]
 #[must_use = "a builder does nothing until `build()` is called"]
 pub struct LlmBulkheadBuilder {
     model: String,
-    max_concurrent: u32,
+    max_concurrent: usize,
     profile: Profile,
-    max_queue: Option<u32>,
+    max_queue: Option<usize>,
     queue_timeout: Option<Duration>,
     initial_revision: u64,
     token_budget: Option<TokenBudget>,
@@ -205,7 +206,7 @@ pub struct LlmBulkheadBuilder {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead, TokenBudget};
+/// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits, LlmBulkhead, TokenBudget};
 ///
 /// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 8)
 ///     .token_budget(TokenBudget::new(20_000))
@@ -298,7 +299,7 @@ impl AdmissionClasses {
 }
 
 impl LlmBulkheadBuilder {
-    pub(crate) fn new(model: String, max_concurrent: u32) -> LlmBulkheadBuilder {
+    pub(crate) fn new(model: String, max_concurrent: usize) -> LlmBulkheadBuilder {
         LlmBulkheadBuilder {
             model,
             max_concurrent,
@@ -314,14 +315,14 @@ impl LlmBulkheadBuilder {
     }
 
     /// Deduplicates identical calls in flight: a [`run_shared`](crate::LlmBulkhead::run_shared)
-    /// whose key (by default the whole request, see [`Deduplication`]) matches a call in
+    /// whose key (by default the whole request, see [`Deduplication`](crate::dedup::Deduplication)) matches a call in
     /// flight of the same scope and class joins it: it takes no capacity and gets that call's
     /// outcome. `run`, `acquire` and the other methods never deduplicate.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, Deduplication, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, dedup::Deduplication, LlmBulkhead, LlmRequest};
     ///
     /// # futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
@@ -351,7 +352,7 @@ impl LlmBulkheadBuilder {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, AdmissionClasses, ClassLimits, Constraint, LlmBulkhead, LlmRequest, RejectReason};
+    /// use async_bulkhead_llm::{AcquireOptions, classes::AdmissionClasses, classes::ClassLimits, rejection::Constraint, LlmBulkhead, LlmRequest, RejectReason};
     ///
     /// // 4 slots: 2 protected for premium, 1 for standard, 1 shared.
     /// let bulkhead = LlmBulkhead::builder("m", 4)
@@ -386,7 +387,7 @@ impl LlmBulkheadBuilder {
     /// ```
     /// let b = async_bulkhead_llm::LlmBulkhead::builder("m", 1).initial_revision(9).build()?;
     /// assert_eq!(b.limits().revision, 9);
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn initial_revision(mut self, revision: u64) -> LlmBulkheadBuilder {
@@ -407,10 +408,10 @@ impl LlmBulkheadBuilder {
     /// // Explicit options win over the profile, in any order.
     /// let b = LlmBulkhead::builder("m", 1).max_queue(3).profile(Profile::Batch).build()?;
     /// assert_eq!(b.limits().max_queue, 3);
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
-    pub fn max_queue(mut self, max_queue: u32) -> LlmBulkheadBuilder {
+    pub fn max_queue(mut self, max_queue: usize) -> LlmBulkheadBuilder {
         self.max_queue = Some(max_queue);
         self
     }
@@ -426,7 +427,7 @@ impl LlmBulkheadBuilder {
     /// let b = LlmBulkhead::builder("m", 4).profile(Profile::Batch).build()?;
     /// assert_eq!(b.limits().max_queue, 20);
     /// assert_eq!(b.queue_timeout(), Some(Duration::from_secs(30)));
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn profile(mut self, profile: Profile) -> LlmBulkheadBuilder {
@@ -448,7 +449,7 @@ impl LlmBulkheadBuilder {
     ///     .profile(Profile::Batch)
     ///     .build()?;
     /// assert_eq!(b.queue_timeout(), Some(Duration::from_millis(250)));
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn queue_timeout(mut self, timeout: Duration) -> LlmBulkheadBuilder {
@@ -465,7 +466,7 @@ impl LlmBulkheadBuilder {
     ///
     /// let b = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(500)).build()?;
     /// assert_eq!(b.limits().token_budget.unwrap().budget, 500);
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn token_budget(mut self, token_budget: TokenBudget) -> LlmBulkheadBuilder {
@@ -473,15 +474,15 @@ impl LlmBulkheadBuilder {
         self
     }
 
-    /// Sizes calls with `estimator` instead of the default, a [`ModelAwareEstimator`] seeded
+    /// Sizes calls with `estimator` instead of the default, a [`ModelAwareEstimator`](crate::estimate::ModelAwareEstimator) seeded
     /// with the bulkhead's model and the token budget's output cap. Only a bulkhead with a token
     /// budget estimates. When an admission the estimator sized settles with usage, the
-    /// estimator observes it (see [`Estimator::observe`]).
+    /// estimator observes it (see [`Estimator::observe`](crate::estimate::Estimator::observe)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, LlmRequest, NaiveEstimator, Reservation, TokenBudget};
+    /// use async_bulkhead_llm::{LlmBulkhead, LlmRequest, estimate::NaiveEstimator, Reservation, TokenBudget};
     ///
     /// let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 4)
     ///     .token_budget(TokenBudget::new(10_000))
@@ -501,19 +502,20 @@ impl LlmBulkheadBuilder {
     ///
     /// # Errors
     ///
-    /// In this order: [`ConfigError::EmptyModel`], [`ConfigError::MaxConcurrentTooLarge`],
-    /// [`ConfigError::InitialRevisionTooLarge`], [`ConfigError::BudgetTooLarge`],
-    /// [`ConfigError::ReserveExceedsBudget`], then the admission classes':
-    /// [`ConfigError::DefaultClassEmpty`], [`ConfigError::NoClasses`], each class in order
-    /// ([`ConfigError::Class`]: an empty or repeated id, a field too large, a floor above its
-    /// ceiling, a token field without a budget), [`ConfigError::UnknownDefaultClass`],
-    /// [`ConfigError::ProtectedConcurrentSumTooLarge`],
-    /// [`ConfigError::ProtectedTokensSumTooLarge`].
+    /// In this order: [`ConfigError::EmptyModel`](crate::builder::ConfigError::EmptyModel), [`ConfigError::MaxConcurrentTooLarge`](crate::builder::ConfigError::MaxConcurrentTooLarge),
+    /// [`ConfigError::InitialRevisionTooLarge`](crate::builder::ConfigError::InitialRevisionTooLarge), [`ConfigError::MaxQueueTooLarge`](crate::builder::ConfigError::MaxQueueTooLarge),
+    /// [`ConfigError::BudgetTooLarge`](crate::builder::ConfigError::BudgetTooLarge),
+    /// [`ConfigError::ReserveExceedsBudget`](crate::builder::ConfigError::ReserveExceedsBudget), then the admission classes':
+    /// [`ConfigError::DefaultClassEmpty`](crate::builder::ConfigError::DefaultClassEmpty), [`ConfigError::NoClasses`](crate::builder::ConfigError::NoClasses), each class in order
+    /// ([`ConfigError::Class`](crate::builder::ConfigError::Class): an empty or repeated id, a field too large, a floor above its
+    /// ceiling, a token field without a budget), [`ConfigError::UnknownDefaultClass`](crate::builder::ConfigError::UnknownDefaultClass),
+    /// [`ConfigError::ProtectedConcurrentSumTooLarge`](crate::builder::ConfigError::ProtectedConcurrentSumTooLarge),
+    /// [`ConfigError::ProtectedTokensSumTooLarge`](crate::builder::ConfigError::ProtectedTokensSumTooLarge).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{ConfigError, LlmBulkhead};
+    /// use async_bulkhead_llm::{builder::ConfigError, LlmBulkhead};
     ///
     /// assert!(LlmBulkhead::builder("m", 0).build().is_ok()); // fail-closed start
     /// assert_eq!(
@@ -525,22 +527,33 @@ impl LlmBulkheadBuilder {
         if self.model.trim().is_empty() {
             return Err(ConfigError::EmptyModel { model: self.model });
         }
-        if self.max_concurrent > MAX_CONCURRENT {
-            return Err(ConfigError::MaxConcurrentTooLarge {
-                value: self.max_concurrent,
-                max: MAX_CONCURRENT,
-            });
-        }
+        let max_concurrent = match u32::try_from(self.max_concurrent) {
+            Ok(value) if value <= MAX_CONCURRENT => value,
+            _ => {
+                return Err(ConfigError::MaxConcurrentTooLarge {
+                    value: self.max_concurrent,
+                    max: MAX_CONCURRENT as usize,
+                });
+            }
+        };
         if self.initial_revision > MAX_REVISION {
             return Err(ConfigError::InitialRevisionTooLarge {
                 value: self.initial_revision,
                 max: MAX_REVISION,
             });
         }
-        let max_queue = self.max_queue.unwrap_or(self.profile.max_queue());
+        let max_queue = match self.max_queue {
+            None => self.profile.max_queue(),
+            Some(max_queue) => {
+                u32::try_from(max_queue).map_err(|_| ConfigError::MaxQueueTooLarge {
+                    value: max_queue,
+                    max: u32::MAX as usize,
+                })?
+            }
+        };
         let queue_timeout = self.queue_timeout.or(self.profile.timeout());
         let mut limits =
-            Limits::new(self.initial_revision, self.max_concurrent).with_max_queue(max_queue);
+            Limits::new(self.initial_revision, max_concurrent).with_max_queue(max_queue);
         let mut output_cap = DEFAULT_OUTPUT_CAP;
         let model = self.model;
         if let Some(budget) = self.token_budget {
@@ -562,7 +575,7 @@ impl LlmBulkheadBuilder {
         let mut default_class = 0;
         if let Some(classes) = self.admission_classes {
             let budget = self.token_budget.map(|b| b.budget);
-            let (table, default) = classes.validate(self.max_concurrent, budget)?;
+            let (table, default) = classes.validate(max_concurrent, budget)?;
             limits = limits.with_admission_classes(table);
             default_class = default;
         }
@@ -577,7 +590,7 @@ impl LlmBulkheadBuilder {
             ),
         };
         Ok(LlmBulkhead {
-            core: crate::sync::Arc::new(LlmCore::new(
+            core: crate::support::sync::Arc::new(LlmCore::new(
                 model,
                 limits,
                 default_class,

@@ -6,22 +6,22 @@ use core::fmt;
 use core::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::admission_class::AdmissionClass;
 use crate::engine::Ask;
 use crate::engine::drain::{Drain, DrainTimeout};
-use crate::engine::limits::{ApplyOutcome, Limits};
-use crate::engine::policy::Verdict;
-use crate::error::{AcquireError, ClassLookupError, LimitsError, RequestError};
 use crate::events::{ALL_KINDS, Event, EventKind, Subscription, Timing, kinds_mask};
-use crate::rejection::CapacityDetail;
-use crate::reservation::Reservation;
 use crate::stats::{DedupStats, Stats};
-use crate::sync::Arc;
+use crate::support::sync::Arc;
+use crate::vocabulary::admission_class::AdmissionClass;
+use crate::vocabulary::error::{AcquireError, ClassLookupError, LimitsError, RequestError};
+use crate::vocabulary::limits::{ApplyOutcome, Limits};
+use crate::vocabulary::rejection::CapacityDetail;
+use crate::vocabulary::reservation::Reservation;
+use crate::vocabulary::verdict::Verdict;
 
-use super::core::LlmCore;
 use super::options::AcquireOptions;
 use super::permit::{OwnedPermit, Permit};
 use super::request::LlmRequest;
+use super::shared::LlmCore;
 
 /// Admission control for calls to one LLM: a hard cap on calls in flight and, optionally, on
 /// tokens in flight, decided by one lock-free compare-and-swap per admission (of the admission
@@ -76,7 +76,7 @@ impl LlmBulkhead {
     /// ```
     /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("gpt-4o", 1).build()?;
     /// assert_eq!(bulkhead.model(), "gpt-4o");
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     pub fn model(&self) -> &str {
         self.core.model()
@@ -116,9 +116,9 @@ impl LlmBulkhead {
     ) -> Result<Permit<'_>, AcquireError> {
         let timing = self.core.timing();
         if timing.is_none()
-            && let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
-                Permit::borrowed(&self.core, admission)
-            })
+            && let Ok(permit) = self
+                .core
+                .try_admit_fast(&options, |admission| Permit::new(&self.core, admission))
         {
             return Ok(permit);
         }
@@ -137,16 +137,15 @@ impl LlmBulkhead {
         timing: Option<Timing>,
     ) -> Result<Permit<'_>, AcquireError> {
         if timing.is_none()
-            && let Ok(permit) = self.core.try_admit_class_fast(&options, |admission| {
-                Permit::borrowed(&self.core, admission)
-            })
+            && let Ok(permit) = self
+                .core
+                .try_admit_class_fast(&options, |admission| Permit::new(&self.core, admission))
         {
             return Ok(permit);
         }
         let call = self.core.resolve(request, options)?;
-        self.core.try_admit(call, timing, |admission| {
-            Permit::borrowed(&self.core, admission)
-        })
+        self.core
+            .try_admit(call, timing, |admission| Permit::new(&self.core, admission))
     }
 
     /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
@@ -175,7 +174,7 @@ impl LlmBulkhead {
     ) -> Result<OwnedPermit, AcquireError> {
         let call = self.core.resolve(request, options)?;
         self.core.try_admit(call, self.core.timing(), |admission| {
-            Permit::owned(Arc::clone(&self.core), admission)
+            OwnedPermit::new(Arc::clone(&self.core), admission)
         })
     }
 
@@ -185,7 +184,7 @@ impl LlmBulkhead {
     ///
     /// # Errors
     ///
-    /// [`RequestError`] when the estimate cannot be represented.
+    /// [`RequestError`](crate::request::RequestError) when the estimate cannot be represented.
     ///
     /// # Examples
     ///
@@ -219,13 +218,13 @@ impl LlmBulkhead {
     ///
     /// # Errors
     ///
-    /// [`ClassLookupError::NotConfigured`] on a bulkhead without admission classes,
-    /// [`ClassLookupError::Unknown`] for an id that is not one of its classes. Nothing changes.
+    /// [`ClassLookupError::NotConfigured`](crate::classes::ClassLookupError::NotConfigured) on a bulkhead without admission classes,
+    /// [`ClassLookupError::Unknown`](crate::classes::ClassLookupError::Unknown) for an id that is not one of its classes. Nothing changes.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, ClassLookupError, LlmBulkhead};
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits, classes::ClassLookupError, LlmBulkhead};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 8)
     ///     .admission_classes(
@@ -260,7 +259,7 @@ impl LlmBulkhead {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead};
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits, LlmBulkhead};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 8)
     ///     .admission_classes(
@@ -301,12 +300,12 @@ impl LlmBulkhead {
     ///
     /// # Errors
     ///
-    /// [`RequestError`] when the estimate cannot be represented (checked before anything else).
+    /// [`RequestError`](crate::request::RequestError) when the estimate cannot be represented (checked before anything else).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Verdict};
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, admission::Verdict};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build()?;
     /// let request = LlmRequest::new();
@@ -340,7 +339,7 @@ impl LlmBulkhead {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, Verdict};
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, admission::Verdict};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 2).token_budget(TokenBudget::new(1000)).build()?;
     /// let opts = AcquireOptions::new().reservation(Reservation::new(300, 400)?);
@@ -369,7 +368,7 @@ impl LlmBulkhead {
     ///     .token_budget(TokenBudget::new(900).high_priority_reserve(100))
     ///     .build()?;
     /// assert_eq!(bulkhead.limits(), Limits::new(0, 3).with_token_budget(900, 100));
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     pub fn limits(&self) -> Limits {
         self.core.engine().limits()
@@ -377,7 +376,7 @@ impl LlmBulkhead {
 
     /// Installs a new limits snapshot atomically, if its revision is newer.
     ///
-    /// - A revision not greater than the current one returns [`ApplyOutcome::Stale`] without
+    /// - A revision not greater than the current one returns [`ApplyOutcome::Stale`](crate::limits::ApplyOutcome::Stale) without
     ///   examining the rest of the snapshot; nothing changes.
     /// - Otherwise the whole snapshot is validated before anything changes. Whether a token
     ///   budget exists is fixed at construction. A high-priority reserve above the budget is
@@ -391,15 +390,15 @@ impl LlmBulkhead {
     ///
     /// # Errors
     ///
-    /// [`LimitsError`] when the revision exceeds 2^53 - 1 (checked first), `max_concurrent`
-    /// exceeds [`MAX_CONCURRENT`](crate::MAX_CONCURRENT), the budget exceeds
-    /// [`MAX_BUDGET`](crate::MAX_BUDGET), or the token budget's presence does not match the
+    /// [`LimitsError`](crate::limits::LimitsError) when the revision exceeds 2^53 - 1 (checked first), `max_concurrent`
+    /// exceeds [`MAX_CONCURRENT`](crate::limits::MAX_CONCURRENT), the budget exceeds
+    /// [`MAX_BUDGET`](crate::limits::MAX_BUDGET), or the token budget's presence does not match the
     /// construction.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, ApplyOutcome, Limits, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, limits::ApplyOutcome, Limits, LlmBulkhead, LlmRequest};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 2).build()?;
     /// let a = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
@@ -429,9 +428,9 @@ impl LlmBulkhead {
     ///
     /// # Errors
     ///
-    /// [`LimitsError::TokenBudgetNotConfigured`] without a token budget,
-    /// [`LimitsError::RevisionExhausted`] when the revision is already 2^53 - 1, and
-    /// [`LimitsError::BudgetTooLarge`] above [`MAX_BUDGET`](crate::MAX_BUDGET).
+    /// [`LimitsError::TokenBudgetNotConfigured`](crate::limits::LimitsError::TokenBudgetNotConfigured) without a token budget,
+    /// [`LimitsError::RevisionExhausted`](crate::limits::LimitsError::RevisionExhausted) when the revision is already 2^53 - 1, and
+    /// [`LimitsError::BudgetTooLarge`](crate::limits::LimitsError::BudgetTooLarge) above [`MAX_BUDGET`](crate::limits::MAX_BUDGET).
     ///
     /// # Examples
     ///
@@ -485,13 +484,13 @@ impl LlmBulkhead {
     /// assert!(!bulkhead.is_closed());
     /// bulkhead.close();
     /// assert!(bulkhead.is_closed());
-    /// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
     /// ```
     pub fn is_closed(&self) -> bool {
         self.core.engine().is_closed()
     }
 
-    /// Calls `listener` with every lifecycle event until the returned [`Subscription`] is
+    /// Calls `listener` with every lifecycle event until the returned [`Subscription`](crate::events::Subscription) is
     /// dropped.
     ///
     /// Listeners are called synchronously, on the thread where the event happens, in
@@ -501,13 +500,13 @@ impl LlmBulkhead {
     /// The outcome of a call that waited in the queue is delivered where its acquire is polled
     /// (or dropped), to the listeners subscribed then, including those that subscribed while it
     /// waited. With no listener an event costs one relaxed atomic load: no allocation, no
-    /// clock read. What unsubscribing guarantees is on [`Subscription`].
+    /// clock read. What unsubscribing guarantees is on [`Subscription`](crate::events::Subscription).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
-    /// use async_bulkhead_llm::{Event, LlmBulkhead, Limits};
+    /// use async_bulkhead_llm::{events::Event, LlmBulkhead, Limits};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
     /// let revisions = Arc::new(Mutex::new(Vec::new()));
@@ -533,7 +532,7 @@ impl LlmBulkhead {
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
-    /// use async_bulkhead_llm::{AcquireOptions, Event, EventKind, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, events::Event, events::EventKind, LlmBulkhead, LlmRequest};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
     /// let refused = Arc::new(AtomicU64::new(0));
@@ -571,7 +570,7 @@ impl LlmBulkhead {
     /// use std::num::NonZeroU32;
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
-    /// use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, events::EventKind, LlmBulkhead, LlmRequest};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 4).build()?;
     /// let heard = Arc::new(AtomicU64::new(0));
@@ -710,9 +709,8 @@ impl fmt::Debug for LlmBulkhead {
 
 impl OwnedPermit {
     /// The bulkhead this permit was admitted by (a handle sharing its state), for code that
-    /// got the permit alone, e.g. a response body that reports usage and wants `stats()`.
-    /// `Some` for every permit of the `_owned` methods; `None` only for a permit borrowed from
-    /// a bulkhead that lives for `'static` (a leaked one), which has no handle to give.
+    /// got the permit alone, e.g. a response body that reports usage and wants `stats()`
+    /// (as [`OwnedBulkheadPermit::bulkhead`](crate::bulkhead::OwnedBulkheadPermit::bulkhead)).
     ///
     /// There is no `forget`: a permit that never returned its slot and tokens would shrink
     /// the bulkhead for good behind the control plane's back. To lower capacity, apply new
@@ -727,12 +725,12 @@ impl OwnedPermit {
     ///     .build()?
     ///     .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())?;
     /// // The builder's bulkhead is gone; the permit still knows it.
-    /// assert_eq!(permit.bulkhead().unwrap().stats().in_flight, 1);
+    /// assert_eq!(permit.bulkhead().stats().in_flight, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn bulkhead(&self) -> Option<LlmBulkhead> {
-        self.owned_core().map(|core| LlmBulkhead {
-            core: Arc::clone(core),
-        })
+    pub fn bulkhead(&self) -> LlmBulkhead {
+        LlmBulkhead {
+            core: Arc::clone(self.shared_core()),
+        }
     }
 }

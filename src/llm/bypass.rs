@@ -4,16 +4,16 @@
 
 use core::time::Duration;
 
-use crate::admission_class::AdmissionClass;
-use crate::error::UsageError;
 use crate::events::{
     BypassEvent, BypassReleaseEvent, BypassUsageEvent, Event, EventKind, RejectEvent,
 };
-use crate::rejection::{RejectReason, Rejection};
-use crate::reservation::{Progressive, TokenUsage, UsageReport};
+use crate::vocabulary::admission_class::AdmissionClass;
+use crate::vocabulary::error::UsageError;
+use crate::vocabulary::rejection::{RejectReason, Rejection};
+use crate::vocabulary::reservation::{Progressive, TokenUsage, UsageReport};
 
-use super::core::LlmCore;
 use super::observe::{Bypass, BypassCall};
+use super::shared::LlmCore;
 use super::usage::{cumulative, report_figures};
 
 impl LlmCore {

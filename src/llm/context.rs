@@ -2,23 +2,23 @@
 //! observe-mode bypass) and how it reports usage; borrowed by `run`'s callback, owned (over a
 //! [`SharedCall`]) by `run_shared`'s.
 
-use crate::sync::unmodeled;
-use crate::sync::unmodeled::{AtomicBool, Ordering};
+use crate::support::sync::unmodeled;
+use crate::support::sync::unmodeled::{AtomicBool, Ordering};
 use core::fmt;
 
-use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
-use crate::admission_id::AdmissionId;
-use crate::error::UsageError;
-use crate::priority::Priority;
-use crate::reservation::{Progressive, Reservation, TokenUsage, UsageReport};
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, Resources};
+use crate::vocabulary::admission_id::AdmissionId;
+use crate::vocabulary::error::UsageError;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::reservation::{Progressive, Reservation, TokenUsage, UsageReport};
 
 use super::admission::Admission;
-use super::core::LlmCore;
 use super::observe::{Bypass, BypassCall};
+use super::shared::LlmCore;
 
 /// What a [`run`](crate::LlmBulkhead::run) callback knows about its call, and how it reports usage:
 /// its admission (id, limit revision, priority, class, reservation, hold, usage so far) or,
-/// for an observe-mode call the bulkhead refused, its [`Bypass`]. It cannot release: `run`
+/// for an observe-mode call the bulkhead refused, its [`Bypass`](crate::observe::Bypass). It cannot release: `run`
 /// settles when the callback finishes.
 ///
 /// A [`run_shared`](crate::LlmBulkhead::run_shared) callback gets a `RunContext<'static>`, which it
@@ -67,7 +67,7 @@ enum Inner<'a> {
 
 /// The state of a `run_shared` call, shared by its context and the future that settles it.
 pub(crate) struct SharedCall {
-    core: crate::sync::Arc<LlmCore>,
+    core: crate::support::sync::Arc<LlmCore>,
     state: unmodeled::Mutex<CallState>,
     abandoned: AtomicBool,
 }
@@ -89,7 +89,7 @@ enum View<'x> {
 
 impl SharedCall {
     pub(crate) fn new(
-        core: crate::sync::Arc<LlmCore>,
+        core: crate::support::sync::Arc<LlmCore>,
         state: CallState,
     ) -> unmodeled::Arc<SharedCall> {
         unmodeled::Arc::new(SharedCall {
@@ -108,7 +108,7 @@ impl SharedCall {
     /// changes nothing).
     pub(crate) fn take(&self) -> CallState {
         core::mem::replace(
-            &mut *crate::sync::unmodeled::lock(&self.state),
+            &mut *crate::support::sync::unmodeled::lock(&self.state),
             CallState::Settled,
         )
     }
@@ -118,7 +118,7 @@ impl SharedCall {
         &self,
         f: impl FnOnce(&LlmCore, &mut Admission) -> R,
     ) -> Option<R> {
-        match &mut *crate::sync::unmodeled::lock(&self.state) {
+        match &mut *crate::support::sync::unmodeled::lock(&self.state) {
             CallState::Admitted(admission) => Some(f(&self.core, admission)),
             _ => None,
         }
@@ -169,7 +169,7 @@ impl<'a> RunContext<'a> {
             } => f(core, View::Admitted(admission, abandoned)),
             Inner::Bypassed { core, call } => f(core, View::Bypassed(call)),
             Inner::Shared(shared) => {
-                let mut state = crate::sync::unmodeled::lock(&shared.state);
+                let mut state = crate::support::sync::unmodeled::lock(&shared.state);
                 let view = match &mut *state {
                     CallState::Admitted(admission) => View::Admitted(admission, &shared.abandoned),
                     CallState::Bypassed(call) => View::Bypassed(call),
@@ -190,7 +190,7 @@ impl<'a> RunContext<'a> {
         match &self.inner {
             Inner::Admitted { admission, .. } => admitted(admission),
             Inner::Bypassed { call, .. } => bypassed(call),
-            Inner::Shared(shared) => match &*crate::sync::unmodeled::lock(&shared.state) {
+            Inner::Shared(shared) => match &*crate::support::sync::unmodeled::lock(&shared.state) {
                 CallState::Admitted(admission) => admitted(admission),
                 CallState::Bypassed(call) => bypassed(call),
                 CallState::Settled => settled,
@@ -200,17 +200,18 @@ impl<'a> RunContext<'a> {
 
     /// Reports the call's cumulative usage so far; see [`Permit::report_usage`](crate::Permit::report_usage).
     /// A bypassed call's report is validated and clamped the same way, holds nothing, and is
-    /// announced with a [`BypassUsageEvent`](crate::BypassUsageEvent).
+    /// announced with a [`BypassUsageEvent`](crate::events::BypassUsageEvent).
     ///
     /// # Errors
     ///
     /// As for [`Permit::report_usage`](crate::Permit::report_usage); nothing changes.
-    /// [`UsageError::Settled`] from a `run_shared` context kept after its call was settled.
+    /// [`UsageError::Settled`](crate::usage::UsageError::Settled) from a `run_shared` context kept after its call was settled.
     ///
     /// # Examples
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{usage::UsageError};
     /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
     /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
@@ -241,6 +242,7 @@ impl<'a> RunContext<'a> {
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{usage::Progressive, usage::UsageError};
     /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
     /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
@@ -281,6 +283,7 @@ impl<'a> RunContext<'a> {
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
     /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 1)
     ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
@@ -316,6 +319,7 @@ impl<'a> RunContext<'a> {
     ///
     /// ```
     /// use async_bulkhead_llm::*;
+    /// use async_bulkhead_llm::{observe::ShadowReasons};
     ///
     /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 0).build()?;
@@ -388,8 +392,8 @@ impl<'a> RunContext<'a> {
         self.read(|a| a.usage_sequence(), |c| c.sequence, 0)
     }
 
-    /// What the call borrowed from the shared pool (see [`Admission::resources`]);
-    /// [`Resources::NONE`] for a bypassed call.
+    /// What the call borrowed from the shared pool (see [`Admission::resources`](crate::admission::Admission::resources));
+    /// [`Resources::NONE`](crate::classes::Resources::NONE) for a bypassed call.
     pub fn resources(&self) -> Resources {
         self.read(|a| a.resources(), |_| Resources::NONE, Resources::NONE)
     }

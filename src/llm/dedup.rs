@@ -3,7 +3,7 @@
 //!
 //! # Keys
 //!
-//! A call's key is a SHA-256 digest of its partition (the call's [`DedupScope`], its admission
+//! A call's key is a SHA-256 digest of its partition (the call's [`DedupScope`](crate::dedup::DedupScope), its admission
 //! class) and of its raw key: by default the canonical form of the whole request's JSON
 //! (`canonical.rs`: object keys sorted at every level, null members dropped so that an absent
 //! optional field equals a null one, arrays in order); or what the bulkhead's key function
@@ -51,11 +51,11 @@ use std::task::Wake;
 
 use sha2::{Digest, Sha256};
 
-use crate::admission_class::AdmissionClass;
-use crate::contain::contain;
-use crate::sync::unmodeled;
-use crate::sync::unmodeled::{AtomicU64, Ordering};
-use crate::sync::{Arc, Mutex, lock};
+use crate::support::contain::contain;
+use crate::support::sync::unmodeled;
+use crate::support::sync::unmodeled::{AtomicU64, Ordering};
+use crate::support::sync::{Arc, Mutex, lock};
+use crate::vocabulary::admission_class::AdmissionClass;
 
 use super::canonical;
 use super::options::DedupScope;
@@ -64,7 +64,7 @@ use super::request::LlmRequest;
 /// Registry shards (a power of two): joins of different keys rarely share a lock.
 const SHARDS: usize = 16;
 
-/// The raw key function of a [`Deduplication`].
+/// The raw key function of a [`Deduplication`](crate::dedup::Deduplication).
 type KeyFn = dyn Fn(&LlmRequest) -> String + Send + Sync;
 
 /// In-flight deduplication for [`LlmBulkheadBuilder::deduplication`](crate::LlmBulkheadBuilder::deduplication):
@@ -74,7 +74,7 @@ type KeyFn = dyn Fn(&LlmRequest) -> String + Send + Sync;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Deduplication, LlmBulkhead};
+/// use async_bulkhead_llm::{dedup::Deduplication, LlmBulkhead};
 ///
 /// // By the whole request (its canonical JSON):
 /// let bulkhead = LlmBulkhead::builder("m", 4).deduplication(Deduplication::new()).build()?;
@@ -84,7 +84,7 @@ type KeyFn = dyn Fn(&LlmRequest) -> String + Send + Sync;
 ///         request.messages.last().map(|m| format!("{:?}", m.content)).unwrap_or_default()
 ///     }))
 ///     .build()?;
-/// # Ok::<(), async_bulkhead_llm::ConfigError>(())
+/// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct Deduplication {
@@ -101,7 +101,7 @@ impl Deduplication {
     /// # Examples
     ///
     /// ```
-    /// let dedup = async_bulkhead_llm::Deduplication::new();
+    /// let dedup = async_bulkhead_llm::dedup::Deduplication::new();
     /// # let _ = dedup;
     /// ```
     pub fn new() -> Deduplication {
@@ -115,7 +115,7 @@ impl Deduplication {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::Deduplication;
+    /// use async_bulkhead_llm::dedup::Deduplication;
     ///
     /// let by_prompt = Deduplication::by_key(|request| {
     ///     request.messages.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join("/")

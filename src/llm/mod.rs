@@ -2,8 +2,8 @@
 //!
 //! - `request`, `request_json`: the request model ([`LlmRequest`](crate::LlmRequest)) and its
 //!   provider JSON forms.
-//! - `estimate`: the [`Estimator`](crate::Estimator) trait and the built-in estimators.
-//! - `core`: [`LlmCore`](core::LlmCore), the engine paired with the model, the estimator and
+//! - `estimate`: the [`Estimator`](crate::estimate::Estimator) trait and the built-in estimators.
+//! - `shared`: [`LlmCore`](shared::LlmCore), the engine paired with the model, the estimator and
 //!   the listeners; every admission goes through its doors (`try_admit`, `admit_in_place`,
 //!   `admit`).
 //! - `admission`, `usage`: the record of one admitted call and its usage ledger (reports,
@@ -14,7 +14,7 @@
 //!   canonical form of a request its default key digests.
 //! - `bulkhead`, `builder`, `options`, `permit`, `acquire`, `run`, `context`, `run_shared`:
 //!   the public face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
-//! - `tenants`: [`Tenants`](crate::Tenants), a keyed family of bulkheads (one per tenant),
+//! - `tenants`: [`Tenants`](crate::tenants::Tenants), a keyed family of bulkheads (one per tenant),
 //!   over the public face.
 //!
 //! The wing imports the engine and the plain vocabulary below it, never the other way round.
@@ -26,7 +26,6 @@ pub(crate) mod bulkhead;
 mod bypass;
 mod canonical;
 pub(crate) mod context;
-pub(crate) mod core;
 pub(crate) mod dedup;
 pub(crate) mod estimate;
 pub(crate) mod observe;
@@ -37,5 +36,6 @@ pub(crate) mod request;
 mod request_json;
 pub(crate) mod run;
 pub(crate) mod run_shared;
+pub(crate) mod shared;
 pub(crate) mod tenants;
 mod usage;

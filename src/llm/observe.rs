@@ -1,4 +1,4 @@
-//! Observe (shadow) mode's records: [`Bypass`], what a bypassed call's callback knows about the
+//! Observe (shadow) mode's records: [`Bypass`](crate::observe::Bypass), what a bypassed call's callback knows about the
 //! refusal it runs past; the running record of one bypass ([`BypassCall`]: its usage so far);
 //! and the observe counters behind [`Stats::observe`](crate::Stats::observe).
 //!
@@ -6,13 +6,13 @@
 //! validated and clamped as an admitted call's are (`LlmCore::report_bypass` in `usage.rs`),
 //! and only counted here.
 
-use crate::admission_class::AdmissionClass;
-use crate::admission_id::ShadowId;
-use crate::priority::Priority;
-use crate::rejection::{CapacityDetail, RejectReason};
-use crate::reservation::{Reservation, TokenUsage};
 use crate::stats::{ObserveStats, RejectionCounts};
-use crate::sync::unmodeled::{AtomicU64, Ordering};
+use crate::support::sync::unmodeled::{AtomicU64, Ordering};
+use crate::vocabulary::admission_class::AdmissionClass;
+use crate::vocabulary::admission_id::ShadowId;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::{CapacityDetail, RejectReason};
+use crate::vocabulary::reservation::{Reservation, TokenUsage};
 
 /// An observe-mode call that the bulkhead refused and that runs anyway, holding no capacity:
 /// what [`RunContext::bypass`](crate::RunContext::bypass) returns.
@@ -21,6 +21,7 @@ use crate::sync::unmodeled::{AtomicU64, Ordering};
 ///
 /// ```
 /// use async_bulkhead_llm::*;
+/// use async_bulkhead_llm::{observe::ShadowReasons};
 ///
 /// # ::futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 4).token_budget(TokenBudget::new(1000)).build()?;

@@ -1,17 +1,17 @@
 //! Per-call options of the LLM bulkhead: priority, reservation override, queue timeout and
 //! admission class ([`AcquireOptions`]), and what `run` adds to them ([`RunOptions`]): a
-//! borrowed-slot deadline, observe mode ([`ShadowReasons`]) and the deduplication scope
-//! ([`DedupScope`]).
+//! borrowed-slot deadline, observe mode ([`ShadowReasons`](crate::observe::ShadowReasons)) and the deduplication scope
+//! ([`DedupScope`](crate::dedup::DedupScope)).
 
 use core::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::admission_class::AdmissionClass;
-use crate::priority::Priority;
-use crate::rejection::RejectReason;
-use crate::reservation::Reservation;
+use crate::vocabulary::admission_class::AdmissionClass;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::RejectReason;
+use crate::vocabulary::reservation::Reservation;
 
 /// Options of one acquire or advisory check.
 ///
@@ -28,7 +28,7 @@ use crate::reservation::Reservation;
 ///     .reservation(Reservation::new(120, 512)?);
 /// assert_eq!(options.priority, Priority::High);
 /// assert_eq!(options.reservation.map(|r| r.reserved()), Some(632));
-/// # Ok::<(), async_bulkhead_llm::RequestError>(())
+/// # Ok::<(), async_bulkhead_llm::request::RequestError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -39,6 +39,8 @@ pub struct AcquireOptions {
     pub reservation: Option<Reservation>,
     /// The queue timeout of this call (default: none, the bulkhead's).
     pub timeout: Option<Duration>,
+    /// When this call gives up waiting in the queue at the latest (default: none).
+    pub deadline: Option<Instant>,
     /// The call's admission class (default: none, the bulkhead's default class). Only a
     /// bulkhead with admission classes accepts one, and only its own.
     pub class: Option<AdmissionClass>,
@@ -58,6 +60,7 @@ impl AcquireOptions {
             priority: Priority::Normal,
             reservation: None,
             timeout: None,
+            deadline: None,
             class: None,
         }
     }
@@ -68,7 +71,7 @@ impl AcquireOptions {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, classes::AdmissionClasses, classes::ClassLimits, LlmBulkhead, LlmRequest};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 2)
     ///     .admission_classes(AdmissionClasses::new("a").class("a", ClassLimits::new()).class("b", ClassLimits::new()))
@@ -109,7 +112,7 @@ impl AcquireOptions {
     ///
     /// let r = Reservation::new(1, 2)?;
     /// assert_eq!(AcquireOptions::new().reservation(r).reservation, Some(r));
-    /// # Ok::<(), async_bulkhead_llm::RequestError>(())
+    /// # Ok::<(), async_bulkhead_llm::request::RequestError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn reservation(mut self, reservation: Reservation) -> AcquireOptions {
@@ -119,7 +122,9 @@ impl AcquireOptions {
 
     /// Bounds how long the call may wait in the queue (overriding the bulkhead's default); it
     /// never limits the call itself. A zero timeout still queues, and gives up at the first
-    /// check unless a slot was handed over by then.
+    /// check unless a slot was handed over by then. With a [`deadline`](AcquireOptions::deadline)
+    /// too, the wait ends at whichever comes first (as for the general bulkhead's
+    /// [`WaitOptions`](crate::bulkhead::WaitOptions)).
     ///
     /// # Examples
     ///
@@ -133,6 +138,34 @@ impl AcquireOptions {
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn timeout(mut self, timeout: Duration) -> AcquireOptions {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Gives up waiting in the queue at `deadline` if the timeout has not ended the wait
+    /// first; a deadline already past ends the wait at once (a call that finds room now is
+    /// admitted whatever its deadline). It never limits the call itself.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use async_bulkhead_llm::{AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, Profile, RejectReason};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("m", 1).profile(Profile::Batch).build()?;
+    /// let request = LlmRequest::new();
+    /// let _held = bulkhead.acquire(&request, AcquireOptions::new()).await?;
+    /// let options = AcquireOptions::new().deadline(Instant::now() + Duration::from_millis(20));
+    /// match bulkhead.acquire(&request, options).await {
+    ///     Err(AcquireError::Rejected(refused)) => assert_eq!(refused.reason(), RejectReason::Timeout),
+    ///     other => panic!("expected a timeout, got {other:?}"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub const fn deadline(mut self, deadline: Instant) -> AcquireOptions {
+        self.deadline = Some(deadline);
         self
     }
 
@@ -159,7 +192,7 @@ impl AcquireOptions {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, ShadowReasons};
+    /// use async_bulkhead_llm::{AcquireOptions, observe::ShadowReasons};
     ///
     /// let options = AcquireOptions::new().observe(ShadowReasons::ALL);
     /// assert_eq!(options.observe, Some(ShadowReasons::ALL));
@@ -175,7 +208,7 @@ impl AcquireOptions {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, DedupScope};
+    /// use async_bulkhead_llm::{AcquireOptions, dedup::DedupScope};
     ///
     /// let options = AcquireOptions::new().dedup_scope(DedupScope::new("tenant-42"));
     /// assert_eq!(options.dedup_scope, Some(DedupScope::new("tenant-42")));
@@ -258,7 +291,7 @@ impl RunOptions {
     /// Observe (shadow) mode: when the bulkhead refuses the call for one of `reasons`, the
     /// call runs anyway, holding no slot and no tokens, and the refusal is counted in
     /// [`Stats::observe`](crate::Stats::observe) and announced with a
-    /// [`BypassEvent`](crate::BypassEvent): roll limits out on real traffic before they bite.
+    /// [`BypassEvent`](crate::events::BypassEvent): roll limits out on real traffic before they bite.
     ///
     /// - A refusal the advisory check ([`would_admit`](crate::LlmBulkhead::would_admit))
     ///   predicts is bypassed at once, neither counted as a rejection nor announced as one.
@@ -271,13 +304,13 @@ impl RunOptions {
     /// The callback of a bypassed call sees [`RunContext::bypass`](crate::RunContext::bypass)
     /// (its `shadow-` id, the refusal, the would-be reservation); it may report usage, which
     /// is validated and clamped as for an admitted call and announced with
-    /// [`BypassUsageEvent`](crate::BypassUsageEvent)s; its end is announced with a
-    /// [`BypassReleaseEvent`](crate::BypassReleaseEvent).
+    /// [`BypassUsageEvent`](crate::events::BypassUsageEvent)s; its end is announced with a
+    /// [`BypassReleaseEvent`](crate::events::BypassReleaseEvent).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, RejectReason, RunOptions, ShadowReasons};
+    /// use async_bulkhead_llm::{AcquireOptions, RejectReason, RunOptions, observe::ShadowReasons};
     ///
     /// let options = RunOptions::new(AcquireOptions::new()).observe(ShadowReasons::ALL);
     /// assert!(options.observe.unwrap().contains(RejectReason::BudgetLimit));
@@ -294,7 +327,7 @@ impl RunOptions {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, DedupScope, RunOptions};
+    /// use async_bulkhead_llm::{AcquireOptions, dedup::DedupScope, RunOptions};
     ///
     /// let options = RunOptions::new(AcquireOptions::new()).dedup_scope(DedupScope::new("acme"));
     /// assert_eq!(options.dedup_scope, Some(DedupScope::new("acme")));
@@ -324,7 +357,7 @@ impl RunOptions {
 
     /// Bounds how long the call may keep a slot it borrowed from the shared pool (its class's
     /// floor was full when it was admitted; see
-    /// [`Admission::resources`](crate::Admission::resources)). If the callback has not
+    /// [`Admission::resources`](crate::admission::Admission::resources)). If the callback has not
     /// finished when the deadline passes, `run` gives the slot back at once, drops the
     /// callback's future, settles its tokens with the last usage it reported, and returns
     /// [`RunError::BorrowedConcurrencyDeadline`](crate::RunError::BorrowedConcurrencyDeadline).
@@ -332,7 +365,7 @@ impl RunOptions {
     /// deadline needs no runtime timer (the crate's own timer thread wakes the task).
     ///
     /// A zero deadline is refused when `run` starts, with
-    /// [`RequestError::ZeroBorrowedConcurrencyDeadline`](crate::RequestError::ZeroBorrowedConcurrencyDeadline),
+    /// [`RequestError::ZeroBorrowedConcurrencyDeadline`](crate::request::RequestError::ZeroBorrowedConcurrencyDeadline),
     /// even when it would not apply.
     ///
     /// # Examples
@@ -371,7 +404,7 @@ impl From<Priority> for AcquireOptions {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+/// use async_bulkhead_llm::{RejectReason, observe::ShadowReasons};
 ///
 /// let only_budget = ShadowReasons::new([RejectReason::BudgetLimit])?;
 /// assert!(only_budget.contains(RejectReason::BudgetLimit));
@@ -380,7 +413,7 @@ impl From<Priority> for AcquireOptions {
 ///
 /// let err = ShadowReasons::new([RejectReason::Shutdown]).unwrap_err();
 /// assert_eq!(err.reason, RejectReason::Shutdown);
-/// # Ok::<(), async_bulkhead_llm::NotShadowable>(())
+/// # Ok::<(), async_bulkhead_llm::observe::NotShadowable>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShadowReasons(u8);
@@ -401,18 +434,18 @@ impl ShadowReasons {
     ///
     /// # Errors
     ///
-    /// [`NotShadowable`] naming the first reason that can never be bypassed (shutdown,
+    /// [`NotShadowable`](crate::observe::NotShadowable) naming the first reason that can never be bypassed (shutdown,
     /// aborted).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+    /// use async_bulkhead_llm::{RejectReason, observe::ShadowReasons};
     ///
     /// let set = ShadowReasons::new([RejectReason::Timeout, RejectReason::QueueLimit])?;
     /// assert!(set.contains(RejectReason::Timeout));
     /// assert!(ShadowReasons::new([RejectReason::Aborted]).is_err());
-    /// # Ok::<(), async_bulkhead_llm::NotShadowable>(())
+    /// # Ok::<(), async_bulkhead_llm::observe::NotShadowable>(())
     /// ```
     pub fn new(
         reasons: impl IntoIterator<Item = RejectReason>,
@@ -433,7 +466,7 @@ impl ShadowReasons {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+    /// use async_bulkhead_llm::{RejectReason, observe::ShadowReasons};
     ///
     /// assert!(!ShadowReasons::NONE.contains(RejectReason::BudgetLimit));
     /// assert!(!ShadowReasons::ALL.contains(RejectReason::Shutdown));
@@ -449,18 +482,18 @@ impl ShadowReasons {
 }
 
 impl Default for ShadowReasons {
-    /// [`ShadowReasons::ALL`].
+    /// [`ShadowReasons::ALL`](crate::observe::ShadowReasons::ALL).
     fn default() -> ShadowReasons {
         ShadowReasons::ALL
     }
 }
 
-/// A reason that can never be bypassed was given to [`ShadowReasons::new`].
+/// A reason that can never be bypassed was given to [`ShadowReasons::new`](crate::observe::ShadowReasons::new).
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{RejectReason, ShadowReasons};
+/// use async_bulkhead_llm::{RejectReason, observe::ShadowReasons};
 ///
 /// let err = ShadowReasons::new([RejectReason::Aborted]).unwrap_err();
 /// assert_eq!(
@@ -493,7 +526,7 @@ impl std::error::Error for NotShadowable {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::DedupScope;
+/// use async_bulkhead_llm::dedup::DedupScope;
 ///
 /// assert_eq!(DedupScope::new("tenant-1"), DedupScope::new("tenant-1"));
 /// assert_ne!(DedupScope::new("tenant-1"), DedupScope::new("tenant-2"));
@@ -507,8 +540,8 @@ impl DedupScope {
     /// # Examples
     ///
     /// ```
-    /// let scope = async_bulkhead_llm::DedupScope::new(b"\x00binary ok");
-    /// assert_eq!(scope, async_bulkhead_llm::DedupScope::new(b"\x00binary ok"));
+    /// let scope = async_bulkhead_llm::dedup::DedupScope::new(b"\x00binary ok");
+    /// assert_eq!(scope, async_bulkhead_llm::dedup::DedupScope::new(b"\x00binary ok"));
     /// ```
     pub fn new(name: impl AsRef<[u8]>) -> DedupScope {
         DedupScope(Sha256::digest(name.as_ref()).into())

@@ -15,7 +15,7 @@
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Content, LlmRequest};
+/// use async_bulkhead_llm::{request::Content, LlmRequest};
 ///
 /// let request = LlmRequest::new()
 ///     .model("claude-sonnet-4")
@@ -222,7 +222,7 @@ impl LlmRequest {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{ContentBlock, LlmRequest};
+    /// use async_bulkhead_llm::{request::ContentBlock, LlmRequest};
     ///
     /// let request = LlmRequest::new()
     ///     .user(vec![ContentBlock::text("look"), ContentBlock::opaque("image")])
@@ -254,7 +254,7 @@ impl LlmRequest {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::Message;
+/// use async_bulkhead_llm::request::Message;
 ///
 /// let message = Message::new("user", "hi");
 /// assert_eq!(message.role, "user");
@@ -281,7 +281,7 @@ impl Message {
     /// # Examples
     ///
     /// ```
-    /// let message = async_bulkhead_llm::Message::new("assistant", "Sure.");
+    /// let message = async_bulkhead_llm::request::Message::new("assistant", "Sure.");
     /// assert_eq!(message.role, "assistant");
     /// ```
     pub fn new(role: impl Into<String>, content: impl Into<Content>) -> Message {
@@ -299,7 +299,7 @@ impl Message {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Content, ContentBlock};
+/// use async_bulkhead_llm::{request::Content, request::ContentBlock};
 ///
 /// let content = Content::Blocks(vec![
 ///     ContentBlock::text("Describe this image"),
@@ -321,7 +321,7 @@ impl Content {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::Content;
+    /// use async_bulkhead_llm::request::Content;
     ///
     /// assert_eq!(Content::from("héllo").text_len(), 5);
     /// assert_eq!(Content::Blocks(vec![]).text_len(), 0);
@@ -367,7 +367,7 @@ impl From<Vec<ContentBlock>> for Content {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::ContentBlock;
+/// use async_bulkhead_llm::request::ContentBlock;
 ///
 /// assert!(matches!(ContentBlock::text("hi"), ContentBlock::Text { text, .. } if text == "hi"));
 /// assert!(matches!(ContentBlock::opaque("image"), ContentBlock::Opaque { kind, .. } if kind == "image"));
@@ -401,7 +401,7 @@ impl ContentBlock {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Content, ContentBlock};
+    /// use async_bulkhead_llm::{request::Content, request::ContentBlock};
     ///
     /// assert_eq!(Content::Blocks(vec![ContentBlock::text("abc")]).text_len(), 3);
     /// ```
@@ -418,7 +418,7 @@ impl ContentBlock {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Content, ContentBlock};
+    /// use async_bulkhead_llm::{request::Content, request::ContentBlock};
     ///
     /// assert_eq!(Content::Blocks(vec![ContentBlock::opaque("document")]).text_len(), 0);
     /// ```

@@ -2,7 +2,7 @@
 //! borrowed-slot deadline that cuts a call holding a slot it borrowed from the shared pool, and
 //! observe mode's entry (`enter`: the advisory and race bypasses), which `run_shared` shares.
 
-use crate::sync::unmodeled::{AtomicBool, Ordering};
+use crate::support::sync::unmodeled::{AtomicBool, Ordering};
 use core::fmt;
 use core::future::Future;
 use core::ops::AsyncFnOnce;
@@ -10,23 +10,23 @@ use core::pin::pin;
 use core::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::admission_class::{AbandonCause, AdmissionClass, Resources};
-use crate::admission_id::{AdmissionId, ShadowId};
-use crate::engine::policy::Verdict;
 use crate::engine::timer::Sleep;
-use crate::error::{AcquireError, RequestError};
-use crate::rejection::{CapacityDetail, RejectReason, Rejection};
-use crate::reservation::TokenUsage;
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, Resources};
+use crate::vocabulary::admission_id::{AdmissionId, ShadowId};
+use crate::vocabulary::error::{AcquireError, RequestError};
+use crate::vocabulary::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::vocabulary::reservation::TokenUsage;
+use crate::vocabulary::verdict::Verdict;
 
 use super::acquire::Acquire;
 use super::admission::Admission;
 use super::bulkhead::LlmBulkhead;
 use super::context::RunContext;
-use super::core::{Call, LlmCore};
 use super::observe::{Bypass, BypassCall};
 use super::options::{RunOptions, ShadowReasons};
 use super::permit::Permit;
 use super::request::LlmRequest;
+use super::shared::{Call, LlmCore};
 
 /// Why a [`run`](LlmBulkhead::run) did not return the callback's value.
 ///
@@ -67,6 +67,7 @@ pub enum RunError<E> {
 /// ```
 /// use std::time::Duration;
 /// use async_bulkhead_llm::*;
+/// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
 ///
 /// # ::futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 2)
@@ -415,8 +416,9 @@ pub(crate) fn cut(
 }
 
 /// How a `run` call got in: admitted, or (observe mode) bypassed.
-pub(crate) enum Entered<'p> {
-    Admitted(Permit<'p>),
+pub(crate) enum Entered<P> {
+    /// Admitted: its permit (borrowed for `run`, owned for `run_shared`).
+    Admitted(P),
     Bypassed(BypassCall),
 }
 
@@ -424,12 +426,12 @@ pub(crate) enum Entered<'p> {
 /// bypass: an advisory check first (a predicted refusal is bypassed without being counted),
 /// then the admission itself (a refusal for one of `observe` is counted, then bypassed as a
 /// race). A bypass passes its hard check (`shutdown`) before it starts.
-pub(crate) async fn enter<'p, E>(
+pub(crate) async fn enter<P, E>(
     core: &LlmCore,
     call: Call,
     observe: Option<ShadowReasons>,
-    acquire: impl Future<Output = Result<Permit<'p>, AcquireError>>,
-) -> Result<Entered<'p>, RunError<E>> {
+    acquire: impl Future<Output = Result<P, AcquireError>>,
+) -> Result<Entered<P>, RunError<E>> {
     let Some(reasons) = observe else {
         return Ok(Entered::Admitted(acquire.await?));
     };
@@ -459,13 +461,13 @@ pub(crate) fn untimed(observe: Option<ShadowReasons>) -> u8 {
 }
 
 /// Starts the bypass of `call`, refused for `reason`.
-pub(crate) fn bypass<'p, E>(
+pub(crate) fn bypass<P, E>(
     core: &LlmCore,
     call: &Call,
     reason: RejectReason,
     detail: Option<CapacityDetail>,
     raced: bool,
-) -> Result<Entered<'p>, RunError<E>> {
+) -> Result<Entered<P>, RunError<E>> {
     let bypass = Bypass {
         shadow_id: ShadowId::next(),
         reason,

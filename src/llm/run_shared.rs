@@ -6,24 +6,25 @@ use core::future::Future;
 use core::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::engine::timer::Sleep;
-use crate::error::RequestError;
+use crate::engine::timer::{Bound, Sleep};
 use crate::events::{DedupEvent, Event, EventKind};
-use crate::priority::Priority;
-use crate::rejection::RejectReason;
-use crate::reservation::TokenUsage;
-use crate::sync::Arc;
-use crate::sync::unmodeled;
+use crate::support::sync::Arc;
+use crate::support::sync::unmodeled;
+use crate::vocabulary::error::RequestError;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::RejectReason;
+use crate::vocabulary::reservation::TokenUsage;
 
 use super::acquire::AcquireOwned;
 use super::bulkhead::LlmBulkhead;
 use super::context::{CallState, RunContext, SharedCall};
-use super::core::{Call, LlmCore};
 use super::dedup::{Dedup, Outcome, Role, Share, Waiter};
 use super::observe::BypassCall;
 use super::options::RunOptions;
+use super::permit::OwnedPermit;
 use super::request::LlmRequest;
 use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut, untimed};
+use super::shared::{Call, LlmCore};
 
 /// How the followers of a shared call get their copy of its value, and which usage the call
 /// settles with: for [`run_shared_with`](LlmBulkhead::run_shared_with).
@@ -32,7 +33,7 @@ use super::run::{Entered, RunError, bypass, cut, cut_timer, enter, until_cut, un
 ///
 /// ```
 /// use std::sync::Arc;
-/// use async_bulkhead_llm::{Sharing, TokenUsage};
+/// use async_bulkhead_llm::{dedup::Sharing, TokenUsage};
 ///
 /// struct Reply { text: Arc<str>, input: u64, output: u64 }
 ///
@@ -52,7 +53,7 @@ impl<T: Clone + 'static> Sharing<T> {
     /// # Examples
     ///
     /// ```
-    /// let sharing = async_bulkhead_llm::Sharing::<String>::cloned();
+    /// let sharing = async_bulkhead_llm::dedup::Sharing::<String>::cloned();
     /// # let _ = sharing;
     /// ```
     pub fn cloned() -> Sharing<T> {
@@ -69,7 +70,7 @@ impl<T> Sharing<T> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// let sharing = async_bulkhead_llm::Sharing::with(|body: &Arc<[u8]>| Arc::clone(body));
+    /// let sharing = async_bulkhead_llm::dedup::Sharing::with(|body: &Arc<[u8]>| Arc::clone(body));
     /// # let _ = sharing;
     /// ```
     pub fn with(share: impl Fn(&T) -> T + Send + Sync + 'static) -> Sharing<T> {
@@ -86,7 +87,7 @@ impl<T> Sharing<T> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Sharing, TokenUsage};
+    /// use async_bulkhead_llm::{dedup::Sharing, TokenUsage};
     /// let sharing = Sharing::<(String, u64)>::cloned().usage(|(_, n)| TokenUsage::new(0, *n).ok());
     /// # let _ = sharing;
     /// ```
@@ -136,7 +137,8 @@ impl LlmBulkhead {
     /// admission settles.
     ///
     /// A follower's wait ends early only by its own explicit
-    /// [`timeout`](crate::AcquireOptions::timeout) (the bulkhead's default queue timeout does
+    /// [`timeout`](crate::AcquireOptions::timeout) or
+    /// [`deadline`](crate::AcquireOptions::deadline) (the bulkhead's default queue timeout does
     /// not apply to it) or by dropping its future: both are counted as rejections (`timeout`,
     /// `aborted`) and announced without timing, and the shared call goes on. A follower in
     /// observe mode whose own timeout passes runs its own callback as a bypass. No call joins
@@ -165,7 +167,7 @@ impl LlmBulkhead {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, Deduplication, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::{AcquireOptions, dedup::Deduplication, LlmBulkhead, LlmRequest};
     ///
     /// # ::futures::executor::block_on(async {
     /// let bulkhead = LlmBulkhead::builder("m", 8).deduplication(Deduplication::new()).build()?;
@@ -209,9 +211,9 @@ impl LlmBulkhead {
     /// cloned nor shared cannot be deduplicated: that is a compile error, not a run-time
     /// refusal.
     ///
-    /// Each caller brings its own hooks: a follower's [`Sharing::with`] hook makes its copy
+    /// Each caller brings its own hooks: a follower's [`Sharing::with`](crate::dedup::Sharing::with) hook makes its copy
     /// (so callers may share one call and still get different shapes of its value); its
-    /// [`Sharing::usage`] hook is not used, since the call it follows is the leader's and
+    /// [`Sharing::usage`](crate::dedup::Sharing::usage) hook is not used, since the call it follows is the leader's and
     /// settles once, with the leader's.
     ///
     /// # Errors
@@ -223,6 +225,7 @@ impl LlmBulkhead {
     /// ```
     /// use std::sync::Arc;
     /// use async_bulkhead_llm::*;
+    /// use async_bulkhead_llm::{dedup::Deduplication, dedup::Sharing};
     ///
     /// struct Completion { text: Arc<str>, usage: TokenUsage } // not Clone
     ///
@@ -356,12 +359,16 @@ where
                 core.listeners()
                     .emit(&Event::Dedup(&DedupEvent { class, followers }), true);
             }
-            let timeout = options.acquire.timeout;
+            // Its own bound only: the bulkhead's default queue timeout does not apply.
+            let bound = Bound {
+                timeout: options.acquire.timeout,
+                deadline: options.acquire.deadline,
+            };
             // A follower may run its own callback only as an observe-mode bypass after its own
             // timeout: only then is it resolved (estimated), now, while the request is here.
             let own = options
                 .observe
-                .filter(|reasons| timeout.is_some() && reasons.contains(RejectReason::Timeout))
+                .filter(|reasons| bound.is_bounded() && reasons.contains(RejectReason::Timeout))
                 .map(|_| (core.resolve(request, options.acquire), f, usage));
             Plan::Follow(Follower {
                 joined: Joined {
@@ -370,7 +377,7 @@ where
                     priority: options.acquire.priority,
                     class,
                 },
-                sleep: timeout.and_then(|t| Sleep::after(Instant::now(), t)),
+                sleep: bound.sleep(Instant::now()),
                 own,
             })
         }
@@ -393,7 +400,7 @@ struct Joined<O: Send + 'static> {
     core: Arc<LlmCore>,
     waiter: Option<Waiter<O>>,
     priority: Priority,
-    class: Option<crate::admission_class::AdmissionClass>,
+    class: Option<crate::vocabulary::admission_class::AdmissionClass>,
 }
 
 impl<O: Send + 'static> Drop for Joined<O> {
@@ -462,7 +469,7 @@ where
             return Err(RunError::Rejected(rejection));
         };
         let call = call.map_err(RunError::Invalid)?;
-        match bypass::<E>(&core, &call, RejectReason::Timeout, None, false)? {
+        match bypass::<OwnedPermit, E>(&core, &call, RejectReason::Timeout, None, false)? {
             Entered::Bypassed(bypass) => run_bypassed(core, bypass, usage, f).await,
             Entered::Admitted(_) => unreachable!("a bypass admits nothing"),
         }

@@ -52,10 +52,10 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::engine::limits::{ApplyOutcome, Limits};
-use crate::error::{ConfigError, LimitsError};
 use crate::stats::Stats;
-use crate::sync::{Arc, Mutex, lock};
+use crate::support::sync::{Arc, Mutex, lock};
+use crate::vocabulary::error::{ConfigError, LimitsError};
+use crate::vocabulary::limits::{ApplyOutcome, Limits};
 
 use super::builder::LlmBulkheadBuilder;
 use super::bulkhead::LlmBulkhead;
@@ -99,7 +99,7 @@ type Template<K> = dyn Fn(&K) -> LlmBulkheadBuilder + Send + Sync;
 ///
 /// ```
 /// use std::time::Duration;
-/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Tenants};
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, tenants::Tenants};
 ///
 /// // Two concurrent calls per tenant; "enterprise" gets eight.
 /// let tenants = Tenants::builder(|tenant: &String| {
@@ -127,7 +127,7 @@ pub struct Tenants<K> {
     shared: Arc<Shared<K>>,
 }
 
-/// What every clone of a [`Tenants`] shares.
+/// What every clone of a [`Tenants`](crate::tenants::Tenants) shares.
 struct Shared<K> {
     template: Box<Template<K>>,
     max_tenants: usize,
@@ -224,7 +224,7 @@ impl<K> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants, TokenBudget};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants, TokenBudget};
     ///
     /// let tenants = Tenants::builder(|_key: &u64| {
     ///     LlmBulkhead::builder("claude-sonnet-4", 4).token_budget(TokenBudget::new(50_000))
@@ -248,7 +248,7 @@ impl<K> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).max_tenants(5).build()?;
     /// assert_eq!(tenants.max_tenants(), 5);
@@ -264,7 +264,7 @@ impl<K> Tenants<K> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
     /// assert_eq!(tenants.idle_after(), Duration::from_secs(60));
@@ -279,7 +279,7 @@ impl<K> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
     /// assert_eq!(tenants.len(), 0);
@@ -297,7 +297,7 @@ impl<K> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
     /// assert!(tenants.is_empty());
@@ -318,16 +318,16 @@ impl<K: Eq + Hash> Tenants<K> {
     ///
     /// # Errors
     ///
-    /// - [`TenantsError::Full`] when the key is new, `max_tenants` tenants exist and none may
+    /// - [`TenantsError::Full`](crate::tenants::TenantsError::Full) when the key is new, `max_tenants` tenants exist and none may
     ///   be evicted; checked before the template is called, and again after (nothing is
     ///   stored).
-    /// - [`TenantsError::Template`] when the template's builder refuses its configuration;
+    /// - [`TenantsError::Template`](crate::tenants::TenantsError::Template) when the template's builder refuses its configuration;
     ///   nothing is stored and nothing is evicted.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Tenants, TenantsError};
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, tenants::Tenants, tenants::TenantsError};
     ///
     /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
     ///     .max_tenants(1)
@@ -402,7 +402,7 @@ impl<K: Eq + Hash> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1)).build()?;
     /// assert!(tenants.peek("acme").is_none());
@@ -426,7 +426,7 @@ impl<K: Eq + Hash> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Tenants};
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 3)).build()?;
     /// assert!(tenants.stats("acme").is_none());
@@ -454,21 +454,21 @@ impl<K: Eq + Hash> Tenants<K> {
     ///
     /// # Errors
     ///
-    /// The bulkhead's [`LimitsError`], nothing changed.
+    /// The bulkhead's [`LimitsError`](crate::limits::LimitsError), nothing changed.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::collections::HashMap;
     /// use std::sync::{Arc, RwLock};
-    /// use async_bulkhead_llm::{Limits, LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, tenants::Tenants};
     ///
     /// // The control plane's store, read by the template.
     /// let store: Arc<RwLock<HashMap<String, Limits>>> = Arc::default();
     /// let read = store.clone();
     /// let tenants = Tenants::builder(move |tenant: &String| {
     ///     let limits = read.read().unwrap().get(tenant).cloned().unwrap_or(Limits::new(0, 2));
-    ///     LlmBulkhead::builder("gpt-4o", limits.max_concurrent).initial_revision(limits.revision)
+    ///     LlmBulkhead::builder("gpt-4o", limits.max_concurrent as usize).initial_revision(limits.revision)
     /// })
     /// .build()?;
     ///
@@ -507,7 +507,7 @@ impl<K: Eq + Hash> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1)).build()?;
     /// tenants.get("acme")?;
@@ -526,7 +526,7 @@ impl<K: Eq + Hash> Tenants<K> {
         removed.map(|tenant| tenant.bulkhead)
     }
 
-    /// Evicts every tenant idle for at least `idle_after` (see [`Tenants`]); returns how many.
+    /// Evicts every tenant idle for at least `idle_after` (see [`Tenants`](crate::tenants::Tenants)); returns how many.
     /// A sweep also notices the activity of the tenants it keeps, so calling it periodically
     /// (at most every `idle_after` or so) keeps idle times accurate.
     ///
@@ -534,7 +534,7 @@ impl<K: Eq + Hash> Tenants<K> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, Tenants};
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1))
     ///     .idle_after(Duration::ZERO)
@@ -572,7 +572,7 @@ impl<K: Clone> Tenants<K> {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1)).build()?;
     /// tenants.get("acme")?;
@@ -605,13 +605,13 @@ impl<K> fmt::Debug for Tenants<K> {
     }
 }
 
-/// Configures a [`Tenants`] family; made by [`Tenants::builder`].
+/// Configures a [`Tenants`](crate::tenants::Tenants) family; made by [`Tenants::builder`](crate::tenants::Tenants::builder).
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+/// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
 ///
 /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 4))
 ///     .max_tenants(500)
@@ -628,12 +628,12 @@ pub struct TenantsBuilder<K> {
 
 impl<K> TenantsBuilder<K> {
     /// The most tenants that may exist at once (at least 1; default 1,024). A new key beyond it
-    /// evicts an idle tenant, or is refused [`TenantsError::Full`].
+    /// evicts an idle tenant, or is refused [`TenantsError::Full`](crate::tenants::TenantsError::Full).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants, TenantsConfigError};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants, tenants::TenantsConfigError};
     ///
     /// let err = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).max_tenants(0).build().unwrap_err();
     /// assert_eq!(err, TenantsConfigError::MaxTenantsZero);
@@ -651,7 +651,7 @@ impl<K> TenantsBuilder<K> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1))
     ///     .idle_after(Duration::from_secs(30))
@@ -668,12 +668,12 @@ impl<K> TenantsBuilder<K> {
     ///
     /// # Errors
     ///
-    /// [`TenantsConfigError::MaxTenantsZero`] when `max_tenants` is 0.
+    /// [`TenantsConfigError::MaxTenantsZero`](crate::tenants::TenantsConfigError::MaxTenantsZero) when `max_tenants` is 0.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
     ///
     /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).build()?;
     /// assert!(tenants.is_empty());
@@ -703,12 +703,12 @@ impl<K> fmt::Debug for TenantsBuilder<K> {
     }
 }
 
-/// [`TenantsBuilder::build`] refused its configuration. Nothing was built.
+/// [`TenantsBuilder::build`](crate::tenants::TenantsBuilder::build) refused its configuration. Nothing was built.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{LlmBulkhead, Tenants};
+/// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
 ///
 /// let err = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1)).max_tenants(0).build().unwrap_err();
 /// assert_eq!(err.to_string(), "max_tenants (0) must be >= 1");
@@ -730,12 +730,12 @@ impl fmt::Display for TenantsConfigError {
 
 impl std::error::Error for TenantsConfigError {}
 
-/// [`Tenants::get`] could not give a bulkhead for a new key. Nothing was stored or evicted.
+/// [`Tenants::get`](crate::tenants::Tenants::get) could not give a bulkhead for a new key. Nothing was stored or evicted.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{ConfigError, LlmBulkhead, Tenants, TenantsError};
+/// use async_bulkhead_llm::{builder::ConfigError, LlmBulkhead, tenants::Tenants, tenants::TenantsError};
 ///
 /// let tenants = Tenants::builder(|key: &String| LlmBulkhead::builder(key.as_str(), 1)).build()?;
 /// let err = tenants.get("").unwrap_err();

@@ -30,16 +30,18 @@
 //! the admissions, the tokens in flight are
 //! `reserved + overrun + reheld - refunded - consumed - returned_unreported`.
 
-use crate::admission_id::AdmissionId;
-use crate::contain::contain;
 use crate::engine::Counter;
-use crate::error::UsageError;
 use crate::events::{Event, EventKind, ReleaseEvent, UsageEvent};
-use crate::reservation::{Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport};
+use crate::support::contain::contain;
+use crate::vocabulary::admission_id::AdmissionId;
+use crate::vocabulary::error::UsageError;
+use crate::vocabulary::reservation::{
+    Progressive, ReleaseReport, Reservation, TokenUsage, UsageReport,
+};
 
 use super::admission::Admission;
-use super::core::LlmCore;
 use super::estimate::TokenEstimate;
+use super::shared::LlmCore;
 
 /// The bookings of one move of a hold from `old` to `new`, split at the reservation `r`:
 /// `(overrun, refunded, reheld)`.

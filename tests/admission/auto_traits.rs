@@ -1,9 +1,10 @@
 //! The public types are `Send`, `Sync` and `'static`.
 
 use async_bulkhead_llm::{
-    AcquireError, AdmissionId, ApplyOutcome, CapacityDetail, ConfigError, Limits, LimitsError,
-    LlmBulkhead, LlmBulkheadBuilder, LlmRequest, OwnedPermit, Permit, Rejection, ReleaseReport,
-    RequestError, Reservation, Stats, TokenUsage, UsageError, Verdict,
+    AcquireError, Limits, LlmBulkhead, LlmBulkheadBuilder, LlmRequest, OwnedPermit, Permit,
+    Rejection, Reservation, Stats, TokenUsage, admission::AdmissionId, admission::Verdict,
+    builder::ConfigError, limits::ApplyOutcome, limits::LimitsError, rejection::CapacityDetail,
+    request::RequestError, usage::ReleaseReport, usage::UsageError,
 };
 
 use crate::support::{budgeted, opts, req, totals, usage};

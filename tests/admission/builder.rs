@@ -1,15 +1,20 @@
 //! Builder validation: every refused value, in the documented order, with its text.
 
 use async_bulkhead_llm::{
-    AcquireOptions, ConfigError, DEFAULT_OUTPUT_CAP, Limits, LimitsError, LlmBulkhead,
-    LlmBulkheadBuilder, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, Permit, Priority, RejectReason,
-    TokenBudget,
+    AcquireOptions, Limits, LlmBulkhead, LlmBulkheadBuilder, Permit, Priority, RejectReason,
+    TokenBudget, builder::ConfigError, limits::LimitsError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT, limits::MAX_REVISION, usage::DEFAULT_OUTPUT_CAP,
 };
 
 use crate::support::{
     budget_figures, budgeted, high, opts, plain, reason_of, rejected, req, res, slot_figures, text,
     tokens,
 };
+
+/// `MAX_CONCURRENT` as the builder takes it.
+const MAX: usize = MAX_CONCURRENT as usize;
+/// Past what the limits' `u32` holds: refused, never truncated into range.
+const HUGE: usize = u32::MAX as usize;
 
 #[test]
 fn builder_rejects_empty_model_with_exact_text() {
@@ -57,9 +62,7 @@ fn builder_accepts_a_model_with_surrounding_whitespace() {
 #[test]
 fn builder_rejects_max_concurrent_one_above_the_maximum() {
     assert_eq!(MAX_CONCURRENT, (1 << 16) - 1);
-    let err = LlmBulkhead::builder("m", MAX_CONCURRENT + 1)
-        .build()
-        .unwrap_err();
+    let err = LlmBulkhead::builder("m", MAX + 1).build().unwrap_err();
     assert_eq!(
         err,
         ConfigError::MaxConcurrentTooLarge {
@@ -72,12 +75,12 @@ fn builder_rejects_max_concurrent_one_above_the_maximum() {
 
 #[test]
 fn builder_rejects_max_concurrent_u32_max() {
-    let err = LlmBulkhead::builder("m", u32::MAX).build().unwrap_err();
+    let err = LlmBulkhead::builder("m", HUGE).build().unwrap_err();
     assert_eq!(
         err,
         ConfigError::MaxConcurrentTooLarge {
-            value: u32::MAX,
-            max: MAX_CONCURRENT
+            value: HUGE,
+            max: MAX
         }
     );
     assert_eq!(
@@ -157,7 +160,7 @@ fn builder_rejects_reserve_above_budget() {
 fn builder_validation_order_is_model_concurrency_revision_reserve() {
     let bad_reserve = TokenBudget::new(1).high_priority_reserve(2);
     let all_bad = || {
-        LlmBulkhead::builder(" ", u32::MAX)
+        LlmBulkhead::builder(" ", HUGE)
             .initial_revision(u64::MAX)
             .token_budget(bad_reserve)
     };
@@ -166,7 +169,7 @@ fn builder_validation_order_is_model_concurrency_revision_reserve() {
         ConfigError::EmptyModel { .. }
     ));
 
-    let err = LlmBulkhead::builder("m", u32::MAX)
+    let err = LlmBulkhead::builder("m", HUGE)
         .initial_revision(u64::MAX)
         .token_budget(bad_reserve)
         .build()
@@ -253,7 +256,7 @@ fn max_concurrent_zero_builds_fail_closed() {
 
 #[test]
 fn max_concurrent_at_the_maximum_is_accepted() {
-    let bulkhead = plain(MAX_CONCURRENT);
+    let bulkhead = plain(MAX);
     assert_eq!(bulkhead.limits().max_concurrent, MAX_CONCURRENT);
     let held: Vec<Permit<'_>> = (0..100)
         .map(|_| bulkhead.try_acquire(&req(), AcquireOptions::new()).unwrap())

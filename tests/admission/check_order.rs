@@ -1,7 +1,8 @@
 //! `try_acquire`: the refusal reasons and the order in which they are checked.
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, MAX_BUDGET, Priority, RejectReason, Reservation, Verdict,
+    AcquireOptions, LlmBulkhead, Priority, RejectReason, Reservation, admission::Verdict,
+    limits::MAX_BUDGET,
 };
 
 use crate::support::{

@@ -1,8 +1,9 @@
 //! Versioned limits: `apply_limits` and `set_budget`.
 
 use async_bulkhead_llm::{
-    AcquireOptions, ApplyOutcome, Limits, LimitsError, LlmBulkhead, MAX_BUDGET, MAX_CONCURRENT,
-    MAX_REVISION, Priority, RejectReason, TokenBudget, Verdict,
+    AcquireOptions, Limits, LlmBulkhead, Priority, RejectReason, TokenBudget, admission::Verdict,
+    limits::ApplyOutcome, limits::LimitsError, limits::MAX_BUDGET, limits::MAX_CONCURRENT,
+    limits::MAX_REVISION,
 };
 
 use crate::support::{

@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionId, Limits, LlmBulkhead, OwnedPermit, Priority, RejectReason,
-    TokenBudget,
+    AcquireOptions, Limits, LlmBulkhead, OwnedPermit, Priority, RejectReason, TokenBudget,
+    admission::AdmissionId,
 };
 
 use crate::support::{

@@ -1,8 +1,9 @@
 //! Reservation resolution: estimates, overrides and what a call without a budget reserves.
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, Content, ContentBlock, LlmBulkhead, MAX_BUDGET, Priority,
-    RequestError, Reservation, TokenBudget, TokenUsage, UsageError, Verdict,
+    AcquireError, AcquireOptions, LlmBulkhead, Priority, Reservation, TokenBudget, TokenUsage,
+    admission::Verdict, limits::MAX_BUDGET, request::Content, request::ContentBlock,
+    request::RequestError, usage::UsageError,
 };
 
 use crate::support::{

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_bulkhead_llm::{
-    AcquireOptions, Limits, LlmBulkhead, RejectReason, RejectionCounts, Stats, TokenBudget,
+    AcquireOptions, Limits, LlmBulkhead, RejectReason, Stats, TokenBudget, stats::RejectionCounts,
 };
 
 use crate::support::{
@@ -187,7 +187,7 @@ fn stats_sum_every_thread_exactly_after_join() {
 fn concurrent_admissions_never_exceed_slots_or_tokens() {
     const SLOTS: u64 = 3;
     const BUDGET: u64 = 1000;
-    let bulkhead = budgeted(SLOTS as u32, BUDGET, 0);
+    let bulkhead = budgeted(SLOTS as usize, BUDGET, 0);
     let slots_seen = AtomicU64::new(0);
     let tokens_seen = AtomicU64::new(0);
     let peak_slots = AtomicU64::new(0);

@@ -3,9 +3,10 @@
 use std::fmt;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionId, CapacityDetail, LlmBulkhead, LlmRequest, Priority,
-    RejectReason, Rejection, RejectionCounts, ReleaseReport, Reservation, TokenBudget,
-    TokenBudgetDetail, TokenBudgetStats, TokenUsage,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, Priority, RejectReason, Rejection,
+    Reservation, TokenBudget, TokenUsage, admission::AdmissionId, rejection::CapacityDetail,
+    rejection::TokenBudgetDetail, stats::RejectionCounts, stats::TokenBudgetStats,
+    usage::ReleaseReport,
 };
 
 pub(crate) fn res(input: u64, max_output: u64) -> Reservation {
@@ -31,14 +32,14 @@ pub(crate) fn req() -> LlmRequest {
 }
 
 /// A bulkhead without a token budget.
-pub(crate) fn plain(max_concurrent: u32) -> LlmBulkhead {
+pub(crate) fn plain(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("test-model", max_concurrent)
         .build()
         .expect("valid configuration")
 }
 
 /// A bulkhead with a token budget and a high-priority reserve.
-pub(crate) fn budgeted(max_concurrent: u32, budget: u64, reserve: u64) -> LlmBulkhead {
+pub(crate) fn budgeted(max_concurrent: usize, budget: u64, reserve: u64) -> LlmBulkhead {
     LlmBulkhead::builder("test-model", max_concurrent)
         .token_budget(TokenBudget::new(budget).high_priority_reserve(reserve))
         .build()

@@ -1,6 +1,8 @@
 //! Advisory checks: `would_admit` reserves and counts nothing.
 
-use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, RejectReason, TokenBudget, Verdict};
+use async_bulkhead_llm::{
+    AcquireOptions, LlmBulkhead, RejectReason, TokenBudget, admission::Verdict,
+};
 
 use crate::support::{
     budget_figures, budgeted, counts, high, opts, plain, req, slot_figures, text,

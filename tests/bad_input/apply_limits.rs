@@ -1,8 +1,9 @@
 //! apply_limits
 
 use async_bulkhead_llm::{
-    ApplyOutcome, EventKind, Limits, LimitsError, LlmBulkhead, LlmRequest, MAX_BUDGET,
-    MAX_CONCURRENT, MAX_REVISION, Priority, RejectReason, TokenBudget, TokenBudgetDetail, Verdict,
+    Limits, LlmBulkhead, LlmRequest, Priority, RejectReason, TokenBudget, admission::Verdict,
+    events::EventKind, limits::ApplyOutcome, limits::LimitsError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT, limits::MAX_REVISION, rejection::TokenBudgetDetail,
 };
 use futures::executor::block_on;
 

@@ -3,11 +3,16 @@
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    ConfigError, Limits, LlmBulkhead, LlmBulkheadBuilder, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
-    Profile, TokenBudget,
+    Limits, LlmBulkhead, LlmBulkheadBuilder, Profile, TokenBudget, builder::ConfigError,
+    limits::MAX_BUDGET, limits::MAX_CONCURRENT, limits::MAX_REVISION,
 };
 
 use crate::support::{MODEL, probe};
+
+/// `MAX_CONCURRENT` as the builder takes it.
+const MAX: usize = MAX_CONCURRENT as usize;
+/// Past what the limits' `u32` holds: refused, never truncated into range.
+const HUGE: usize = u32::MAX as usize;
 
 struct Case {
     name: &'static str,
@@ -52,7 +57,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "empty model wins over every other invalid option",
-            builder: b("  ", u32::MAX)
+            builder: b("  ", HUGE)
                 .initial_revision(u64::MAX)
                 .token_budget(huge_budget),
             expected: ConfigError::EmptyModel { model: "  ".into() },
@@ -60,30 +65,30 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "max_concurrent MAX_CONCURRENT + 1",
-            builder: b(MODEL, MAX_CONCURRENT + 1),
+            builder: b(MODEL, MAX + 1),
             expected: ConfigError::MaxConcurrentTooLarge {
-                value: MAX_CONCURRENT + 1,
-                max: MAX_CONCURRENT,
+                value: MAX + 1,
+                max: MAX,
             },
             display: "max_concurrent (65536) must be <= 65535",
         },
         Case {
             name: "max_concurrent u32::MAX",
-            builder: b(MODEL, u32::MAX),
+            builder: b(MODEL, HUGE),
             expected: ConfigError::MaxConcurrentTooLarge {
-                value: u32::MAX,
-                max: MAX_CONCURRENT,
+                value: HUGE,
+                max: MAX,
             },
             display: "max_concurrent (4294967295) must be <= 65535",
         },
         Case {
             name: "max_concurrent wins over revision and budget",
-            builder: b(MODEL, u32::MAX)
+            builder: b(MODEL, HUGE)
                 .initial_revision(u64::MAX)
                 .token_budget(huge_budget),
             expected: ConfigError::MaxConcurrentTooLarge {
-                value: u32::MAX,
-                max: MAX_CONCURRENT,
+                value: HUGE,
+                max: MAX,
             },
             display: "max_concurrent (4294967295) must be <= 65535",
         },
@@ -249,7 +254,7 @@ fn valid_edge_values_are_accepted_and_reported_as_limits() {
         ),
         (
             "max_concurrent MAX_CONCURRENT",
-            LlmBulkhead::builder(MODEL, MAX_CONCURRENT),
+            LlmBulkhead::builder(MODEL, MAX),
             Limits::new(0, MAX_CONCURRENT),
             None,
         ),
@@ -278,7 +283,7 @@ fn valid_edge_values_are_accepted_and_reported_as_limits() {
         (
             "max_queue u32::MAX, zero queue timeout",
             LlmBulkhead::builder(MODEL, 1)
-                .max_queue(u32::MAX)
+                .max_queue(HUGE)
                 .queue_timeout(Duration::ZERO),
             Limits::new(0, 1).with_max_queue(u32::MAX),
             Some(Duration::ZERO),

@@ -1,7 +1,8 @@
 //! Reservation::new, Reservation::with_reserved, TokenUsage::new, TokenEstimate::reservation
 
 use async_bulkhead_llm::{
-    MAX_BUDGET, RequestError, Reservation, TokenEstimate, TokenUsage, UsageError,
+    Reservation, TokenUsage, estimate::TokenEstimate, limits::MAX_BUDGET, request::RequestError,
+    usage::UsageError,
 };
 
 #[test]

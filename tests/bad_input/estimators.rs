@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdaptiveEstimator, ContentBlock, Estimator, EstimatorError,
-    LlmBulkhead, LlmRequest, Memo, ModelAwareEstimator, OpaqueBlockTokens, RequestError,
-    TokenBudget, TokenEstimate,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget,
+    estimate::AdaptiveEstimator, estimate::Estimator, estimate::EstimatorError, estimate::Memo,
+    estimate::ModelAwareEstimator, estimate::OpaqueBlockTokens, estimate::TokenEstimate,
+    request::ContentBlock, request::RequestError,
 };
 
 use crate::support::{MODEL, usage};
@@ -123,7 +124,7 @@ fn model_aware_accepts_extreme_positive_ratios_and_refuses_unrepresentable_estim
     }
 }
 
-fn adaptive_builder() -> async_bulkhead_llm::AdaptiveEstimatorBuilder {
+fn adaptive_builder() -> async_bulkhead_llm::estimate::AdaptiveEstimatorBuilder {
     AdaptiveEstimator::builder(ModelAwareEstimator::builder().build().unwrap())
 }
 

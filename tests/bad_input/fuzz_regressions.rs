@@ -21,7 +21,7 @@
 /// `serde_json::Value` round trip does (no loss of its own).
 #[cfg(feature = "serde")]
 mod finding_1_float_extras {
-    use async_bulkhead_llm::{Content, ContentBlock, LlmRequest};
+    use async_bulkhead_llm::{LlmRequest, request::Content, request::ContentBlock};
     use serde_json::Value;
 
     /// Float literals: the two drifting ones the probe for finding 1 found, then ordinary and

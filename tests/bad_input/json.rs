@@ -1,8 +1,8 @@
 //! JSON: LlmRequest and Limits bodies (feature `serde`)
 
 use async_bulkhead_llm::{
-    AcquireOptions, Limits, LimitsError, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT,
-    MAX_REVISION, RequestError, TokenBudget,
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, TokenBudget, limits::LimitsError,
+    limits::MAX_BUDGET, limits::MAX_CONCURRENT, limits::MAX_REVISION, request::RequestError,
 };
 
 use crate::support::{ENTRIES, MODEL, Outcome, Twin, budgeted, call};

@@ -1,7 +1,8 @@
 //! Reservations the budget can never hold: capacity refusals, not input errors
 
 use async_bulkhead_llm::{
-    EventKind, LlmRequest, MAX_BUDGET, Priority, RejectReason, TokenBudgetDetail, Verdict,
+    LlmRequest, Priority, RejectReason, admission::Verdict, events::EventKind, limits::MAX_BUDGET,
+    rejection::TokenBudgetDetail,
 };
 
 use crate::support::{

@@ -3,8 +3,8 @@
 use std::convert::Infallible;
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, MAX_BUDGET, Permit, Priority, Progressive, RunContext,
-    RunError, TokenUsage, UsageError, UsageReport,
+    AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Permit, Priority, RunContext, RunError,
+    TokenUsage, limits::MAX_BUDGET, usage::Progressive, usage::UsageError, usage::UsageReport,
 };
 use futures::executor::block_on;
 
@@ -36,7 +36,21 @@ impl Reporter for Permit<'_> {
     }
 }
 
-// `OwnedPermit` is `Permit<'static>`: the impl above covers it.
+impl Reporter for OwnedPermit {
+    fn report(
+        &mut self,
+        usage: TokenUsage,
+        progressive: Option<Progressive>,
+    ) -> Result<UsageReport, UsageError> {
+        match progressive {
+            None => self.report_usage(usage),
+            Some(p) => self.report_usage_progressive(usage, p),
+        }
+    }
+    fn held(&self) -> u64 {
+        self.held_tokens()
+    }
+}
 
 impl Reporter for RunContext<'_> {
     fn report(

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, ContentBlock, LlmBulkhead, LlmRequest, ModelAwareEstimator,
-    NaiveEstimator, OpaqueBlockTokens, Priority, RejectReason, RequestError, TokenBudget,
-    TokenEstimate, Verdict,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, Priority, RejectReason, TokenBudget,
+    admission::Verdict, estimate::ModelAwareEstimator, estimate::NaiveEstimator,
+    estimate::OpaqueBlockTokens, estimate::TokenEstimate, request::ContentBlock,
+    request::RequestError,
 };
 
 use crate::support::{ENTRIES, Entry, MODEL, Outcome, Twin, budgeted, call, plain, with_res};
@@ -14,11 +15,11 @@ use crate::support::{ENTRIES, Entry, MODEL, Outcome, Twin, budgeted, call, plain
 const BUDGET: u64 = 10_000;
 const RESERVE: u64 = 100;
 
-fn default_estimator(max_concurrent: u32) -> LlmBulkhead {
+fn default_estimator(max_concurrent: usize) -> LlmBulkhead {
     budgeted(max_concurrent, BUDGET, RESERVE)
 }
 
-fn tiny_ratio_estimator(max_concurrent: u32) -> LlmBulkhead {
+fn tiny_ratio_estimator(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .estimator(
@@ -32,7 +33,7 @@ fn tiny_ratio_estimator(max_concurrent: u32) -> LlmBulkhead {
         .unwrap()
 }
 
-fn opaque_max_estimator(max_concurrent: u32) -> LlmBulkhead {
+fn opaque_max_estimator(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .estimator(
@@ -46,7 +47,7 @@ fn opaque_max_estimator(max_concurrent: u32) -> LlmBulkhead {
         .unwrap()
 }
 
-fn closure_estimator(max_concurrent: u32) -> LlmBulkhead {
+fn closure_estimator(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .estimator(|_: &LlmRequest| TokenEstimate::new(u64::MAX, 1))
@@ -54,7 +55,7 @@ fn closure_estimator(max_concurrent: u32) -> LlmBulkhead {
         .unwrap()
 }
 
-fn naive_huge_cap(max_concurrent: u32) -> LlmBulkhead {
+fn naive_huge_cap(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .estimator(NaiveEstimator::new().output_cap(u64::MAX))
@@ -62,7 +63,7 @@ fn naive_huge_cap(max_concurrent: u32) -> LlmBulkhead {
         .unwrap()
 }
 
-fn huge_output_cap_default(max_concurrent: u32) -> LlmBulkhead {
+fn huge_output_cap_default(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .token_budget(
             TokenBudget::new(BUDGET)
@@ -75,7 +76,7 @@ fn huge_output_cap_default(max_concurrent: u32) -> LlmBulkhead {
 
 pub(super) struct Case {
     pub(super) name: &'static str,
-    pub(super) build: fn(u32) -> LlmBulkhead,
+    pub(super) build: fn(usize) -> LlmBulkhead,
     pub(super) request: LlmRequest,
     pub(super) expected: RequestError,
     pub(super) display: &'static str,
@@ -266,7 +267,7 @@ const STATES: [State; 5] = [
     State::SlotsFullWithQueue,
 ];
 
-fn twin_in(state: State, build: fn(u32) -> LlmBulkhead) -> Twin {
+fn twin_in(state: State, build: fn(usize) -> LlmBulkhead) -> Twin {
     let mut twin = match state {
         State::ZeroConcurrency => Twin::new(|| build(0)),
         State::SlotsFullWithQueue => Twin::new(|| {

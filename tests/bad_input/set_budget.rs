@@ -1,8 +1,8 @@
 //! set_budget
 
 use async_bulkhead_llm::{
-    AcquireOptions, EventKind, Limits, LimitsError, LlmBulkhead, LlmRequest, MAX_BUDGET,
-    MAX_REVISION, Priority, RejectReason, TokenBudget,
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, Priority, RejectReason, TokenBudget,
+    events::EventKind, limits::LimitsError, limits::MAX_BUDGET, limits::MAX_REVISION,
 };
 
 use crate::support::{MODEL, Twin, budgeted, plain, with_res};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use async_bulkhead_llm::{DrainReport, LlmBulkhead};
+use async_bulkhead_llm::{LlmBulkhead, futures::DrainReport};
 use futures::executor::block_on;
 
 use crate::support::{Twin, budgeted, with_res};

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, CapacityDetail, EventKind, LlmBulkhead, LlmRequest, OwnedPermit,
-    Priority, Progressive, RejectReason, Rejection, ReleaseReport, RequestError, Reservation,
-    RunError, Stats, Subscription, TokenBudget, TokenUsage, UsageError, UsageReport, Verdict,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Priority, RejectReason,
+    Rejection, Reservation, RunError, Stats, TokenBudget, TokenUsage, admission::Verdict,
+    events::EventKind, events::Subscription, rejection::CapacityDetail, request::RequestError,
+    usage::Progressive, usage::ReleaseReport, usage::UsageError, usage::UsageReport,
 };
 use futures::executor::block_on;
 
@@ -26,13 +27,13 @@ pub(crate) fn with_res(input: u64, max_output: u64) -> AcquireOptions {
     AcquireOptions::new().reservation(res(input, max_output))
 }
 
-pub(crate) fn plain(max_concurrent: u32) -> LlmBulkhead {
+pub(crate) fn plain(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .build()
         .expect("valid configuration")
 }
 
-pub(crate) fn budgeted(max_concurrent: u32, budget: u64, reserve: u64) -> LlmBulkhead {
+pub(crate) fn budgeted(max_concurrent: usize, budget: u64, reserve: u64) -> LlmBulkhead {
     LlmBulkhead::builder(MODEL, max_concurrent)
         .token_budget(TokenBudget::new(budget).high_priority_reserve(reserve))
         .build()

@@ -43,9 +43,9 @@ fn a_blocked_thread_is_handed_the_slot_a_release_frees_in_fifo_order() {
 fn a_blocked_thread_gives_up_at_the_queue_timeout() {
     let timeout = Duration::from_millis(30);
     let bulkhead = Bulkhead::builder(1)
-        .expect("valid")
         .queue_timeout(timeout)
-        .build();
+        .build()
+        .expect("valid");
     let _held = bulkhead.acquire_blocking_owned().expect("free");
     let waiter = {
         let bulkhead = bulkhead.clone();
@@ -66,9 +66,9 @@ fn a_blocked_thread_gives_up_at_the_queue_timeout() {
 #[test]
 fn close_wakes_a_blocked_thread_with_shutdown() {
     let bulkhead = Bulkhead::builder(1)
-        .expect("valid")
         .wait_indefinitely()
-        .build();
+        .build()
+        .expect("valid");
     let held = bulkhead.try_acquire_owned().expect("free");
     let waiter = {
         let bulkhead = bulkhead.clone();

@@ -6,13 +6,12 @@ use async_bulkhead_llm::Bulkhead;
 
 use crate::support::{Heard, assert_pending, on_three_runtimes, ready, st};
 
-fn observed(max_concurrent: u32) -> (Bulkhead, Heard) {
+fn observed(max_concurrent: usize) -> (Bulkhead, Heard) {
     let heard = Heard::new();
     let bulkhead = heard
-        .on(Bulkhead::builder(max_concurrent)
-            .expect("valid")
-            .max_queue(4))
-        .build();
+        .on(Bulkhead::builder(max_concurrent).max_queue(4))
+        .build()
+        .expect("valid");
     (bulkhead, heard)
 }
 
@@ -52,7 +51,7 @@ on_three_runtimes!(
 async fn a_dropped_queued_call_never_runs() {
     let (bulkhead, heard) = observed(1);
     let held = bulkhead.try_acquire().expect("free");
-    let mut call = Box::pin(bulkhead.call(async { unreachable!("never started") }));
+    let mut call = Box::pin(bulkhead.run(async { unreachable!("never started") }));
     assert_pending(&mut call).await;
     assert_eq!(bulkhead.state(), st(1, 1));
     drop(call);

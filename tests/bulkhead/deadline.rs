@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use async_bulkhead_llm::bulkhead::WaitOptions;
 use async_bulkhead_llm::{Bulkhead, BulkheadError};
 
 use crate::support::{Heard, PATIENCE, on_three_runtimes, ready, st};
@@ -14,10 +15,9 @@ const BUDGET: Duration = Duration::from_millis(50);
 fn patient() -> (Bulkhead, Heard) {
     let heard = Heard::new();
     let bulkhead = heard
-        .on(Bulkhead::builder(1)
-            .expect("valid")
-            .queue_timeout(Duration::from_secs(30)))
-        .build();
+        .on(Bulkhead::builder(1).queue_timeout(Duration::from_secs(30)))
+        .build()
+        .expect("valid");
     (bulkhead, heard)
 }
 
@@ -45,18 +45,23 @@ async fn a_deadline_shorter_than_the_queue_timeout_ends_the_wait() {
     let _held = bulkhead.try_acquire().expect("free");
 
     let started = Instant::now();
-    let refused = bulkhead.acquire_by(started + BUDGET).await.unwrap_err();
+    let refused = bulkhead
+        .acquire_with(WaitOptions::new().deadline(started + BUDGET))
+        .await
+        .unwrap_err();
     assert_timed_out_at_the_deadline(refused, started);
 
     let started = Instant::now();
     let refused: Result<(), _> = bulkhead
-        .call_by(started + BUDGET, async { unreachable!("never started") })
+        .run_with(WaitOptions::new().deadline(started + BUDGET), async {
+            unreachable!("never started")
+        })
         .await;
     assert_timed_out_at_the_deadline(refused.unwrap_err(), started);
 
     let started = Instant::now();
     let refused = bulkhead
-        .acquire_owned_by(started + BUDGET)
+        .acquire_owned_with(WaitOptions::new().deadline(started + BUDGET))
         .await
         .unwrap_err();
     assert_timed_out_at_the_deadline(refused, started);
@@ -78,16 +83,26 @@ async fn a_past_deadline_admits_to_a_free_slot() {
     let past = Instant::now()
         .checked_sub(Duration::from_secs(1))
         .expect("the clock is older than a second");
-    let permit = bulkhead.acquire_by(past).await.expect("a free slot admits");
-    let mut late = bulkhead.acquire_by(past);
+    let permit = bulkhead
+        .acquire_with(WaitOptions::new().deadline(past))
+        .await
+        .expect("a free slot admits");
+    let mut late = bulkhead.acquire_with(WaitOptions::new().deadline(past));
     let refused = ready(&mut late).await.unwrap_err();
     assert!(matches!(refused, BulkheadError::QueueTimeout { state, .. } if state == st(1, 0)));
     drop(permit);
-    let answer = bulkhead.call_by(past, async { 42 }).await;
+    let answer = bulkhead
+        .run_with(WaitOptions::new().deadline(past), async { 42 })
+        .await;
     assert_eq!(answer, Ok(42));
-    let owned = bulkhead.acquire_owned_by(past).await.expect("free");
+    let owned = bulkhead
+        .acquire_owned_with(WaitOptions::new().deadline(past))
+        .await
+        .expect("free");
     drop(owned);
-    let blocking = bulkhead.acquire_blocking_by(past).expect("free");
+    let blocking = bulkhead
+        .acquire_blocking_with(WaitOptions::new().deadline(past))
+        .expect("free");
     drop(blocking);
     assert_eq!(heard.count(), 1);
     let stats = bulkhead.stats();
@@ -102,13 +117,13 @@ on_three_runtimes!(
 /// A deadline later than the queue timeout: the queue timeout ends the wait first.
 async fn the_queue_timeout_ends_a_wait_before_a_later_deadline() {
     let bulkhead = Bulkhead::builder(1)
-        .expect("valid")
         .queue_timeout(BUDGET)
-        .build();
+        .build()
+        .expect("valid");
     let _held = bulkhead.try_acquire().expect("free");
     let started = Instant::now();
     let refused = bulkhead
-        .acquire_by(started + Duration::from_secs(3_600))
+        .acquire_with(WaitOptions::new().deadline(started + Duration::from_secs(3_600)))
         .await
         .unwrap_err();
     assert_timed_out_at_the_deadline(refused, started);
@@ -124,7 +139,9 @@ fn a_blocking_acquire_gives_up_at_its_deadline() {
     let (bulkhead, heard) = patient();
     let _held = bulkhead.try_acquire().expect("free");
     let started = Instant::now();
-    let refused = bulkhead.acquire_blocking_by(started + BUDGET).unwrap_err();
+    let refused = bulkhead
+        .acquire_blocking_with(WaitOptions::new().deadline(started + BUDGET))
+        .unwrap_err();
     assert_timed_out_at_the_deadline(refused, started);
     assert_eq!(heard.count(), 1);
 }

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use async_bulkhead_llm::{Bulkhead, BulkheadError, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT};
+use async_bulkhead_llm::{
+    Bulkhead, BulkheadError, bulkhead::DEFAULT_MAX_QUEUE, bulkhead::DEFAULT_QUEUE_TIMEOUT,
+};
 
 use crate::support::{Heard, assert_pending, bulkhead, on_three_runtimes, ready, st};
 
@@ -16,7 +18,7 @@ fn the_defaults_are_a_queue_of_50_and_a_timeout_of_10_s() {
     let limits = bulkhead.limits();
     assert_eq!((limits.max_concurrent, limits.max_queue), (20, 50));
     assert_eq!(bulkhead.queue_timeout(), Some(Duration::from_secs(10)));
-    let built = Bulkhead::builder(20).expect("valid").build();
+    let built = Bulkhead::builder(20).build().expect("valid");
     assert_eq!(built.limits().max_queue, 50);
     assert_eq!(built.queue_timeout(), Some(Duration::from_secs(10)));
 }
@@ -25,7 +27,7 @@ fn the_defaults_are_a_queue_of_50_and_a_timeout_of_10_s() {
 /// `{active: 3, queued: 50}`, and so is a `try_acquire`; the hook hears both.
 async fn the_51st_waiter_is_refused_queue_full() {
     let heard = Heard::new();
-    let bulkhead = heard.on(Bulkhead::builder(3).expect("valid")).build();
+    let bulkhead = heard.on(Bulkhead::builder(3)).build().expect("valid");
     let held: Vec<_> = (0..3)
         .map(|_| bulkhead.try_acquire().expect("free"))
         .collect();
@@ -69,7 +71,7 @@ async fn max_queue_0_refuses_at_once() {
         ready(&mut waiter).await.unwrap_err(),
         BulkheadError::QueueFull { state: st(1, 0) }
     );
-    let mut call = Box::pin(bulkhead.call(async { unreachable!("never started") }));
+    let mut call = Box::pin(bulkhead.run(async { unreachable!("never started") }));
     let refused: Result<(), _> = ready(&mut call).await;
     assert!(matches!(refused, Err(BulkheadError::QueueFull { .. })));
     let stats = bulkhead.stats();
@@ -96,7 +98,7 @@ mod paused_clock {
     #[tokio::test(start_paused = true)]
     async fn the_default_queue_timeout_refuses_a_waiter_after_exactly_10_s() {
         let heard = Heard::new();
-        let bulkhead = heard.on(Bulkhead::builder(1).expect("valid")).build();
+        let bulkhead = heard.on(Bulkhead::builder(1)).build().expect("valid");
         let _held = bulkhead.try_acquire().expect("free");
         let virtual_start = tokio::time::Instant::now();
         let real_start = Instant::now();
@@ -137,9 +139,9 @@ mod paused_clock {
     #[tokio::test(start_paused = true)]
     async fn wait_indefinitely_waits_past_10_s_until_served() {
         let bulkhead = Bulkhead::builder(1)
-            .expect("valid")
             .wait_indefinitely()
-            .build();
+            .build()
+            .expect("valid");
         assert_eq!(bulkhead.queue_timeout(), None);
         let held = bulkhead.try_acquire().expect("free");
         let mut waiter = bulkhead.acquire();
@@ -157,10 +159,10 @@ mod paused_clock {
     #[tokio::test(start_paused = true)]
     async fn a_custom_queue_timeout_of_3_s_passes_in_3_s() {
         let bulkhead = Bulkhead::builder(20)
-            .expect("valid")
             .max_queue(100)
             .queue_timeout(Duration::from_millis(3_000))
-            .build();
+            .build()
+            .expect("valid");
         let _held: Vec<_> = (0..20)
             .map(|_| bulkhead.try_acquire().expect("free"))
             .collect();

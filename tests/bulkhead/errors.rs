@@ -73,9 +73,9 @@ on_three_runtimes!(
 /// `QueueTimeout` when a queued call waits longer than the queue timeout.
 async fn queue_timeout_when_a_call_waits_too_long() {
     let bulkhead = Bulkhead::builder(1)
-        .expect("valid")
         .queue_timeout(Duration::from_millis(20))
-        .build();
+        .build()
+        .expect("valid");
     let _held = bulkhead.try_acquire().expect("free");
     let refused = bulkhead.acquire().await.unwrap_err();
     let BulkheadError::QueueTimeout { waited, state } = refused else {
@@ -96,11 +96,11 @@ on_three_runtimes!(
 /// every kind too; the hook hears each refusal; calls in flight keep their slots.
 async fn shutdown_refuses_new_and_queued_calls() {
     let heard = Heard::new();
-    let bulkhead = heard.on(Bulkhead::builder(1).expect("valid")).build();
+    let bulkhead = heard.on(Bulkhead::builder(1)).build().expect("valid");
     let held = bulkhead.try_acquire().expect("free");
     let mut queued_a = bulkhead.acquire();
     assert_pending(&mut queued_a).await;
-    let mut queued_b = Box::pin(bulkhead.call(async { unreachable!("never started") }));
+    let mut queued_b = Box::pin(bulkhead.run(async { unreachable!("never started") }));
     assert_pending(&mut queued_b).await;
     assert_eq!(bulkhead.state(), st(1, 2));
 
@@ -115,7 +115,7 @@ async fn shutdown_refuses_new_and_queued_calls() {
     assert_eq!(bulkhead.try_acquire_owned().unwrap_err(), closed);
     assert_eq!(bulkhead.acquire().await.unwrap_err(), closed);
     assert_eq!(bulkhead.acquire_owned().await.unwrap_err(), closed);
-    assert_eq!(bulkhead.call(async {}).await.unwrap_err(), closed);
+    assert_eq!(bulkhead.run(async {}).await.unwrap_err(), closed);
     assert_eq!(bulkhead.acquire_blocking().unwrap_err(), closed);
     assert!(closed.to_string().contains("do not retry"));
     assert!(!closed.is_retryable());

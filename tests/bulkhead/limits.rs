@@ -2,7 +2,8 @@
 //! oldest first; lowering it revokes nothing (calls in flight finish) and admits no one until
 //! `active` falls below the new limit; limits of a stale revision are ignored.
 
-use async_bulkhead_llm::{BulkheadError, BulkheadLimits};
+use async_bulkhead_llm::limits::ApplyOutcome;
+use async_bulkhead_llm::{BulkheadError, bulkhead::BulkheadLimits};
 
 use crate::support::{assert_pending, bulkhead, on_three_runtimes, ready, st};
 
@@ -36,7 +37,7 @@ async fn raising_hands_slots_to_the_queue_in_order() {
     ));
     // Raised again through `apply_limits`: the last two, in order.
     let next = BulkheadLimits::new(raised.revision + 1, 7).with_max_queue(10);
-    assert_eq!(bulkhead.apply_limits(next), Ok(true));
+    assert!(bulkhead.apply_limits(next).unwrap().is_applied());
     assert_eq!(bulkhead.state(), st(7, 0));
     for waiter in &mut waiters[3..] {
         served.push(ready(waiter).await.expect("handed a new slot"));
@@ -96,19 +97,23 @@ fn limits_of_a_stale_revision_are_ignored() {
     let bulkhead = bulkhead(3, 10);
     let start = bulkhead.limits();
     let current = BulkheadLimits::new(start.revision + 5, 4).with_max_queue(6);
-    assert_eq!(bulkhead.apply_limits(current), Ok(true));
+    assert!(bulkhead.apply_limits(current).unwrap().is_applied());
     assert_eq!(bulkhead.limits(), current);
     for revision in [start.revision + 4, start.revision + 1] {
         let stale = BulkheadLimits::new(revision, 1);
         assert_eq!(
             bulkhead.apply_limits(stale),
-            Ok(false),
+            Ok(ApplyOutcome::Stale { current }),
             "revision {revision}"
         );
         assert_eq!(bulkhead.limits(), current, "unchanged");
     }
     let same = BulkheadLimits::new(current.revision, 9).with_max_queue(current.max_queue);
-    assert_eq!(bulkhead.apply_limits(same), Ok(false), "the same revision");
+    assert_eq!(
+        bulkhead.apply_limits(same),
+        Ok(ApplyOutcome::Stale { current }),
+        "the same revision"
+    );
     assert_eq!(bulkhead.limits(), current);
     let held: Vec<_> = (0..4)
         .map(|_| bulkhead.try_acquire().expect("4 slots"))

@@ -26,7 +26,6 @@
 mod support;
 
 mod blocking;
-mod call;
 mod cancellation;
 mod config;
 mod deadline;
@@ -37,5 +36,6 @@ mod fifo;
 mod limits;
 mod observe;
 mod problem;
+mod run;
 mod sizing;
 mod stress;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use async_bulkhead_llm::bulkhead::WaitOptions;
 use async_bulkhead_llm::{Bulkhead, BulkheadError};
 
 use crate::support::{Heard, assert_pending, on_three_runtimes, ready, st};
@@ -16,10 +17,10 @@ async fn state_and_hook_at_every_step() {
     let heard = Heard::new();
     let bulkhead = heard
         .on(Bulkhead::builder(2)
-            .expect("valid")
             .max_queue(2)
             .queue_timeout(Duration::from_millis(20)))
-        .build();
+        .build()
+        .expect("valid");
     let mut refusals = Vec::new();
     assert_eq!(bulkhead.state(), st(0, 0));
     let a = bulkhead.try_acquire().expect("free");
@@ -29,7 +30,9 @@ async fn state_and_hook_at_every_step() {
     refusals.push(bulkhead.try_acquire().unwrap_err());
     assert_eq!(bulkhead.state(), st(2, 0), "a refusal changes nothing");
 
-    let mut c = bulkhead.acquire_by(std::time::Instant::now() + Duration::from_secs(30));
+    let mut c = bulkhead.acquire_with(
+        WaitOptions::new().deadline(std::time::Instant::now() + Duration::from_secs(30)),
+    );
     assert_pending(&mut c).await;
     assert_eq!(bulkhead.state(), st(2, 1));
     // Times out after 20 ms (the queue timeout), alone in the queue.
@@ -92,7 +95,6 @@ async fn a_panicking_hook_is_counted_and_refusals_still_return() {
     let bulkhead = {
         let calls = Arc::clone(&calls);
         Bulkhead::builder(1)
-            .expect("valid")
             .max_queue(1)
             .queue_timeout(Duration::from_millis(10))
             .on_reject(move |error| {
@@ -100,6 +102,7 @@ async fn a_panicking_hook_is_counted_and_refusals_still_return() {
                 panic!("hook panics on {error}");
             })
             .build()
+            .expect("valid")
     };
     let held = bulkhead.try_acquire().expect("free");
     assert!(matches!(
@@ -110,7 +113,9 @@ async fn a_panicking_hook_is_counted_and_refusals_still_return() {
         bulkhead.acquire().await,
         Err(BulkheadError::QueueTimeout { .. })
     ));
-    let mut queued = bulkhead.acquire_by(std::time::Instant::now() + Duration::from_secs(30));
+    let mut queued = bulkhead.acquire_with(
+        WaitOptions::new().deadline(std::time::Instant::now() + Duration::from_secs(30)),
+    );
     // The queue timeout (10 ms) still applies; hand the slot over before polling again.
     assert_pending(&mut queued).await;
     drop(held);

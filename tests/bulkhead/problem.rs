@@ -26,7 +26,7 @@ async fn start_slow_calls<'a>(
     let mut calls = Vec::with_capacity(SLOW_CALLS);
     for _ in 0..SLOW_CALLS {
         let wait = gate.wait();
-        let mut call = Box::pin(through.call(async move {
+        let mut call = Box::pin(through.run(async move {
             wait.await;
             "slow"
         }));
@@ -46,7 +46,7 @@ async fn with_a_bulkhead_fast_calls_complete_while_slow_ones_are_stuck() {
     assert_eq!(slow.state(), st(5, 45), "5 slots taken, 45 queued");
 
     let mut fast_calls = Box::pin(join_all(
-        (0..FAST_CALLS).map(|_| fast.call(async { "fast" })),
+        (0..FAST_CALLS).map(|_| fast.run(async { "fast" })),
     ));
     let done = ready(&mut fast_calls).await;
     assert_eq!(done.len(), FAST_CALLS);
@@ -82,7 +82,7 @@ async fn with_a_bulkhead_and_a_short_queue_the_excess_is_refused() {
     let mut slow_calls = Vec::new();
     for _ in 0..SLOW_CALLS {
         let wait = gate.wait();
-        let mut call = Box::pin(slow.call(async move {
+        let mut call = Box::pin(slow.run(async move {
             wait.await;
             "slow"
         }));
@@ -99,7 +99,7 @@ async fn with_a_bulkhead_and_a_short_queue_the_excess_is_refused() {
     assert_eq!(slow.state(), st(5, 20));
     assert_eq!(slow.stats().rejected_queue_full, 25);
 
-    let mut fast_calls = Box::pin(join_all((0..FAST_CALLS).map(|_| fast.call(async { 1u32 }))));
+    let mut fast_calls = Box::pin(join_all((0..FAST_CALLS).map(|_| fast.run(async { 1u32 }))));
     let done = ready(&mut fast_calls).await;
     assert_eq!(done.into_iter().map(Result::unwrap).sum::<u32>(), 100);
 
@@ -123,7 +123,7 @@ async fn without_a_bulkhead_fast_calls_are_blocked() {
     let slow_calls = start_slow_calls(&shared, &gate).await;
     assert_eq!(shared.state(), st(50, 0), "0 slots left");
 
-    let mut fast_calls = Box::pin(join_all((0..10).map(|_| shared.call(async { "fast" }))));
+    let mut fast_calls = Box::pin(join_all((0..10).map(|_| shared.run(async { "fast" }))));
     assert_pending(&mut fast_calls).await;
     assert_eq!(shared.state(), st(50, 10), "every fast call is blocked");
     assert!(matches!(

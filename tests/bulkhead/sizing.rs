@@ -18,7 +18,7 @@ const ROWS: [(&str, [u32; 2], u32); 4] = [
 async fn every_row_builds_and_behaves() {
     for (service, range, max_queue) in ROWS {
         for max_concurrent in range {
-            let bulkhead = bulkhead(max_concurrent, max_queue);
+            let bulkhead = bulkhead(max_concurrent as usize, max_queue as usize);
             let limits = bulkhead.limits();
             assert_eq!(
                 (limits.max_concurrent, limits.max_queue),

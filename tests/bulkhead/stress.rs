@@ -11,6 +11,7 @@ use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use async_bulkhead_llm::bulkhead::WaitOptions;
 use async_bulkhead_llm::{Bulkhead, BulkheadError};
 
 use crate::support::{Heard, st};
@@ -97,7 +98,10 @@ async fn task(bulkhead: Bulkhead, tally: Arc<Tally>, seed: u64) {
             },
             2 => {
                 let deadline = Instant::now() + Duration::from_micros(rng.u64(0..300));
-                match bulkhead.acquire_by(deadline).await {
+                match bulkhead
+                    .acquire_with(WaitOptions::new().deadline(deadline))
+                    .await
+                {
                     Ok(permit) => {
                         tally.enter();
                         hold_briefly(&mut rng).await;
@@ -109,7 +113,7 @@ async fn task(bulkhead: Bulkhead, tally: Arc<Tally>, seed: u64) {
             }
             3 => {
                 let called = bulkhead
-                    .call(async {
+                    .run(async {
                         tally.enter();
                         hold_briefly(&mut rng).await;
                         tally.leave();
@@ -150,7 +154,10 @@ fn blocking_thread(bulkhead: &Bulkhead, tally: &Tally, seed: u64) {
         let acquired = if rng.bool() {
             bulkhead.acquire_blocking()
         } else {
-            bulkhead.acquire_blocking_by(Instant::now() + Duration::from_micros(rng.u64(0..300)))
+            bulkhead.acquire_blocking_with(
+                WaitOptions::new()
+                    .deadline(Instant::now() + Duration::from_micros(rng.u64(0..300))),
+            )
         };
         match acquired {
             Ok(permit) => {
@@ -171,11 +178,11 @@ fn tasks_and_threads_never_exceed_max_concurrent_and_every_attempt_is_counted_on
     let started = Instant::now();
     let heard = Heard::new();
     let bulkhead = heard
-        .on(Bulkhead::builder(MAX_CONCURRENT)
-            .expect("valid")
+        .on(Bulkhead::builder(MAX_CONCURRENT as usize)
             .max_queue(6)
             .queue_timeout(Duration::from_millis(5)))
-        .build();
+        .build()
+        .expect("valid");
     let tally = Arc::new(Tally::default());
     let seed = fastrand::u64(..);
     println!("stress seed {seed}");
@@ -241,11 +248,11 @@ fn tasks_and_threads_never_exceed_max_concurrent_and_every_attempt_is_counted_on
 /// and at the end nothing is active or queued and the books balance.
 #[test]
 fn limits_changing_under_hand_offs_strand_no_waiter_and_exceed_no_limit() {
-    let bulkhead = Bulkhead::builder(MAX_CONCURRENT)
-        .expect("valid")
+    let bulkhead = Bulkhead::builder(MAX_CONCURRENT as usize)
         .max_queue(64)
         .wait_indefinitely()
-        .build();
+        .build()
+        .expect("valid");
     let tally = Arc::new(Tally::default());
     let seed = fastrand::u64(..);
     println!("limits stress seed {seed}");
@@ -257,7 +264,7 @@ fn limits_changing_under_hand_offs_strand_no_waiter_and_exceed_no_limit() {
             let mut changes = 0u64;
             while !done.load(Ordering::Relaxed) {
                 bulkhead
-                    .set_max_concurrent(rng.u32(1..=MAX_CONCURRENT))
+                    .set_max_concurrent(rng.usize(1..=MAX_CONCURRENT as usize))
                     .expect("a valid limit");
                 changes += 1;
                 for _ in 0..rng.u8(0..50) {
@@ -282,7 +289,9 @@ fn limits_changing_under_hand_offs_strand_no_waiter_and_exceed_no_limit() {
                 for _ in 0..OPS_PER_THREAD / 2 {
                     Tally::bump(&tally.attempts);
                     let acquired = bulkhead
-                        .acquire_blocking_by(Instant::now() + Duration::from_secs(2))
+                        .acquire_blocking_with(
+                            WaitOptions::new().deadline(Instant::now() + Duration::from_secs(2)),
+                        )
                         .map(|permit| {
                             tally.enter();
                             for _ in 0..rng.u8(0..4) {
@@ -310,7 +319,10 @@ fn limits_changing_under_hand_offs_strand_no_waiter_and_exceed_no_limit() {
                     for _ in 0..OPS_PER_TASK / 2 {
                         Tally::bump(&tally.attempts);
                         let deadline = Instant::now() + Duration::from_secs(2);
-                        match bulkhead.acquire_by(deadline).await {
+                        match bulkhead
+                            .acquire_with(WaitOptions::new().deadline(deadline))
+                            .await
+                        {
                             Ok(permit) => {
                                 tally.enter();
                                 hold_briefly(&mut rng).await;

@@ -7,7 +7,9 @@ use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{Bulkhead, BulkheadBuilder, BulkheadError, BulkheadState};
+use async_bulkhead_llm::{
+    Bulkhead, BulkheadError, bulkhead::BulkheadBuilder, bulkhead::BulkheadState,
+};
 use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::Shared;
@@ -174,11 +176,11 @@ pub(crate) fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 /// A bulkhead of `max_concurrent` slots and a queue of `max_queue` places, default timeout.
-pub(crate) fn bulkhead(max_concurrent: u32, max_queue: u32) -> Bulkhead {
+pub(crate) fn bulkhead(max_concurrent: usize, max_queue: usize) -> Bulkhead {
     Bulkhead::builder(max_concurrent)
-        .expect("valid max_concurrent")
         .max_queue(max_queue)
         .build()
+        .expect("valid max_concurrent")
 }
 
 /// Asserts the identity of a quiet bulkhead: every admission released or still active.

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AbandonCause, AcquireOptions, AdmissionClasses, BorrowedConcurrencyAbandonEvent, ClassLimits,
-    Event, EventKind, LlmBulkhead, LlmRequest, Resources, TokenBudget, TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, TokenUsage, classes::AbandonCause,
+    classes::AdmissionClasses, classes::ClassLimits, classes::Resources,
+    events::BorrowedConcurrencyAbandonEvent, events::Event, events::EventKind,
 };
 
 use crate::support::{admit, class_stats, in_class, tokens};
@@ -17,7 +18,7 @@ static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
     std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
 
 /// 2 slots, 1000 tokens; premium keeps 1 slot and 400 tokens, batch has no floor.
-fn tiers(max_queue: u32) -> LlmBulkhead {
+fn tiers(max_queue: usize) -> LlmBulkhead {
     LlmBulkhead::builder("m", 2)
         .max_queue(max_queue)
         .token_budget(TokenBudget::new(1000))
@@ -39,7 +40,7 @@ fn record(
     b: &LlmBulkhead,
 ) -> (
     Arc<Mutex<Vec<BorrowedConcurrencyAbandonEvent>>>,
-    async_bulkhead_llm::Subscription,
+    async_bulkhead_llm::events::Subscription,
 ) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();

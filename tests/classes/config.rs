@@ -2,13 +2,14 @@
 //! and calls naming a class the bulkhead cannot take.
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionClasses, ClassField, ClassLimits, ClassLimitsError,
-    ClassLookupError, ConfigError, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT,
-    RequestError, TokenBudget,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, builder::ConfigError,
+    classes::AdmissionClasses, classes::ClassField, classes::ClassLimits,
+    classes::ClassLimitsError, classes::ClassLookupError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT, request::RequestError,
 };
 
 fn build(
-    max_concurrent: u32,
+    max_concurrent: usize,
     budget: Option<u64>,
     classes: AdmissionClasses,
 ) -> Result<LlmBulkhead, ConfigError> {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, RequestError, RunError,
-    RunOptions, TokenBudget, TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, RunError, RunOptions, TokenBudget, TokenUsage,
+    classes::AdmissionClasses, classes::ClassLimits, request::RequestError,
 };
 
 use crate::support::{class_stats, in_class, tokens};

@@ -2,8 +2,9 @@
 //! refusal detail (upstream's worked examples number for number).
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, Constraint, LlmBulkhead, LlmRequest,
-    RejectReason, Resources, SharedPool, TokenBudget, Verdict,
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, TokenBudget, admission::Verdict,
+    classes::AdmissionClasses, classes::ClassLimits, classes::Resources, rejection::Constraint,
+    rejection::SharedPool,
 };
 
 use crate::support::{admit, class_stats, four_slots, in_class, refuse, token_floors, tokens};
@@ -164,7 +165,7 @@ fn a_floor_raised_over_borrowed_slots_is_not_a_guaranteed_slot() {
     let mut next = b.limits();
     next.revision += 1;
     next.admission_classes = Some(
-        async_bulkhead_llm::ClassLimitsTable::new()
+        async_bulkhead_llm::classes::ClassLimitsTable::new()
             .with("premium", ClassLimits::new())
             .with("standard", ClassLimits::new().protected_concurrent(2)),
     );

@@ -4,8 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AdmissionClasses, ApplyOutcome, ClassField, ClassLimits, ClassLimitsError, ClassLimitsTable,
-    Constraint, Event, Limits, LimitsError, LlmBulkhead, RejectReason, TokenBudget, TokenUsage,
+    Limits, LlmBulkhead, RejectReason, TokenBudget, TokenUsage, classes::AdmissionClasses,
+    classes::ClassField, classes::ClassLimits, classes::ClassLimitsError,
+    classes::ClassLimitsTable, events::Event, limits::ApplyOutcome, limits::LimitsError,
+    rejection::Constraint,
 };
 
 use crate::support::{admit, class_stats, in_class, refuse, tokens};
@@ -303,7 +305,7 @@ fn stats_report_every_class_in_order() {
 
 #[test]
 fn every_class_value_too_large_for_the_engine_is_refused_in_config_and_limits() {
-    use async_bulkhead_llm::{ConfigError, MAX_BUDGET, MAX_CONCURRENT};
+    use async_bulkhead_llm::{builder::ConfigError, limits::MAX_BUDGET, limits::MAX_CONCURRENT};
     let fields = [
         (
             ClassField::ProtectedConcurrent,

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireError, AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint, LlmBulkhead,
-    LlmRequest, RejectReason,
+    AcquireError, LlmBulkhead, LlmRequest, RejectReason, classes::AdmissionClasses,
+    classes::ClassLimits, classes::ClassLimitsTable, rejection::Constraint,
 };
 
 use crate::support::{admit, class_stats, in_class};
@@ -16,7 +16,7 @@ use crate::support::{admit, class_stats, in_class};
 static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
     std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
 
-fn queued(max_concurrent: u32) -> LlmBulkhead {
+fn queued(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .max_queue(4)
         .admission_classes(

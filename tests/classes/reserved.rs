@@ -5,8 +5,8 @@
 //! and tokens in flight, whatever the word counts.
 
 use async_bulkhead_llm::{
-    AdmissionClasses, ClassLimits, ClassLimitsTable, Constraint, LlmBulkhead, RejectReason,
-    TokenBudget, TokenUsage,
+    LlmBulkhead, RejectReason, TokenBudget, TokenUsage, classes::AdmissionClasses,
+    classes::ClassLimits, classes::ClassLimitsTable, rejection::Constraint,
 };
 
 use crate::support::{admit, class_stats, four_slots, in_class, refuse, tokens};

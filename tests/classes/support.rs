@@ -1,8 +1,8 @@
 //! Builders and helpers shared by the class tests.
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClass, AdmissionClasses, ClassLimits, ClassStats, LlmBulkhead,
-    LlmRequest, Permit, Rejection, Reservation, TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, Permit, Rejection, Reservation, TokenBudget,
+    classes::AdmissionClass, classes::AdmissionClasses, classes::ClassLimits, stats::ClassStats,
 };
 
 /// The upstream example's shape: 4 slots, premium floor 2, standard floor 1 (shared 1).

@@ -5,8 +5,9 @@
 //! Used by the chaos and usage stress tests (`tests/stress/chaos/`, `tests/stress/usage/`).
 
 use async_bulkhead_llm::{
-    AdmissionId, MAX_BUDGET, OwnedPermit, Permit, Progressive, ReleaseReport, Reservation,
-    RunContext, TokenUsage, UsageError, UsageReport,
+    OwnedPermit, Permit, Reservation, RunContext, TokenUsage, admission::AdmissionId,
+    limits::MAX_BUDGET, usage::Progressive, usage::ReleaseReport, usage::UsageError,
+    usage::UsageReport,
 };
 
 /// One admission as its caller models it: the cumulative usage is the per-field maximum of the

@@ -10,9 +10,10 @@ use std::time::Duration;
 use std::{fmt, thread};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmitEvent, Event, EventKind, LlmBulkhead, LlmRequest,
-    Progressive, ReconfigureEvent, RejectEvent, Rejection, ReleaseEvent, ReleaseReport,
-    Reservation, Subscription, TokenBudget, TokenBudgetStats, TokenUsage, UsageEvent, UsageReport,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, Rejection, Reservation, TokenBudget,
+    TokenUsage, events::AdmitEvent, events::Event, events::EventKind, events::ReconfigureEvent,
+    events::RejectEvent, events::ReleaseEvent, events::Subscription, events::UsageEvent,
+    stats::TokenBudgetStats, usage::Progressive, usage::ReleaseReport, usage::UsageReport,
 };
 
 /// Revision of the limits every test bulkhead starts with (so a revision of 0 proves nothing).
@@ -51,7 +52,7 @@ pub(crate) fn req() -> LlmRequest {
 }
 
 /// A bulkhead with a token budget (no reserve, no queue), limits at revision [`REV`].
-pub(crate) fn budgeted(max_concurrent: u32, budget: u64) -> LlmBulkhead {
+pub(crate) fn budgeted(max_concurrent: usize, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("test-model", max_concurrent)
         .initial_revision(REV)
         .token_budget(TokenBudget::new(budget))
@@ -60,7 +61,7 @@ pub(crate) fn budgeted(max_concurrent: u32, budget: u64) -> LlmBulkhead {
 }
 
 /// A bulkhead without a token budget, limits at revision [`REV`].
-pub(crate) fn plain(max_concurrent: u32) -> LlmBulkhead {
+pub(crate) fn plain(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("test-model", max_concurrent)
         .initial_revision(REV)
         .build()

@@ -12,7 +12,7 @@ pub(crate) fn poll_once<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Pol
 }
 
 /// A full bulkhead (one slot, held) with a queue.
-pub(crate) fn full_with_queue(max_queue: u32) -> (LlmBulkhead, async_bulkhead_llm::OwnedPermit) {
+pub(crate) fn full_with_queue(max_queue: usize) -> (LlmBulkhead, async_bulkhead_llm::OwnedPermit) {
     let bulkhead = LlmBulkhead::builder("m", 1)
         .max_queue(max_queue)
         .build()

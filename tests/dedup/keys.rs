@@ -3,8 +3,8 @@
 //! partitions no outcome crosses (scopes, classes, result types, `no_dedup`).
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, DedupScope, Deduplication, LlmBulkhead,
-    LlmRequest, RunOptions,
+    AcquireOptions, LlmBulkhead, LlmRequest, RunOptions, classes::AdmissionClasses,
+    classes::ClassLimits, dedup::DedupScope, dedup::Deduplication,
 };
 use futures::executor::block_on;
 

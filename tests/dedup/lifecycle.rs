@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, EventKind, LlmRequest, RejectReason, RunError, TokenBudget, TokenEstimate,
+    AcquireOptions, LlmRequest, RejectReason, RunError, TokenBudget, estimate::TokenEstimate,
+    events::EventKind,
 };
 use futures::executor::block_on;
 

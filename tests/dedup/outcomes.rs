@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmRequest, RejectReason, RequestError, Reservation, RunError, Sharing,
-    TokenBudget, TokenUsage,
+    AcquireOptions, LlmRequest, RejectReason, Reservation, RunError, TokenBudget, TokenUsage,
+    dedup::Sharing, request::RequestError,
 };
 use futures::FutureExt;
 use futures::executor::block_on;
@@ -225,7 +225,7 @@ fn a_leader_that_panics_before_its_call_is_installed_strands_no_follower() {
                 std::thread::sleep(std::time::Duration::from_millis(30));
                 panic!("the estimator fails");
             }
-            async_bulkhead_llm::TokenEstimate::new(10, 10)
+            async_bulkhead_llm::estimate::TokenEstimate::new(10, 10)
         })
         .build()
         .unwrap();

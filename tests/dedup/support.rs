@@ -8,18 +8,19 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use async_bulkhead_llm::{
-    Deduplication, Event, EventKind, LlmBulkhead, LlmBulkheadBuilder, LlmRequest, RunContext,
+    LlmBulkhead, LlmBulkheadBuilder, LlmRequest, RunContext, dedup::Deduplication, events::Event,
+    events::EventKind,
 };
 use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::Shared;
 
 /// A bulkhead with `max_concurrent` slots that deduplicates by the whole request.
-pub(crate) fn dedup(max_concurrent: u32) -> LlmBulkhead {
+pub(crate) fn dedup(max_concurrent: usize) -> LlmBulkhead {
     builder(max_concurrent).build().unwrap()
 }
 
-pub(crate) fn builder(max_concurrent: u32) -> LlmBulkheadBuilder {
+pub(crate) fn builder(max_concurrent: usize) -> LlmBulkheadBuilder {
     LlmBulkhead::builder("m", max_concurrent).deduplication(Deduplication::new())
 }
 
@@ -133,7 +134,7 @@ pub(crate) struct Heard(Arc<Mutex<Vec<HeardEvent>>>);
 type HeardEvent = (EventKind, Option<u64>);
 
 impl Heard {
-    pub(crate) fn on(bulkhead: &LlmBulkhead) -> (Heard, async_bulkhead_llm::Subscription) {
+    pub(crate) fn on(bulkhead: &LlmBulkhead) -> (Heard, async_bulkhead_llm::events::Subscription) {
         let heard = Heard::default();
         let log = heard.clone();
         let subscription = bulkhead.on(move |event: &Event<'_>| {

@@ -1,8 +1,10 @@
 //! The adaptive estimator.
 
 use async_bulkhead_llm::{
-    AdaptiveEstimator, AdaptiveEstimatorBuilder, ContentBlock, Estimator, EstimatorError,
-    LlmRequest, ModelAwareEstimator, OpaqueBlockTokens, RequestError, TokenEstimate,
+    LlmRequest, estimate::AdaptiveEstimator, estimate::AdaptiveEstimatorBuilder,
+    estimate::Estimator, estimate::EstimatorError, estimate::ModelAwareEstimator,
+    estimate::OpaqueBlockTokens, estimate::TokenEstimate, request::ContentBlock,
+    request::RequestError,
 };
 
 use crate::support::{

@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdaptiveEstimator, ContentBlock, Estimator, LlmBulkhead,
-    LlmRequest, Memo, ModelAwareEstimator, NaiveEstimator, RequestError, RunError, TokenBudget,
-    TokenEstimate, TokenUsage, Verdict,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RunError, TokenBudget, TokenUsage,
+    admission::Verdict, estimate::AdaptiveEstimator, estimate::Estimator, estimate::Memo,
+    estimate::ModelAwareEstimator, estimate::NaiveEstimator, estimate::TokenEstimate,
+    request::ContentBlock, request::RequestError,
 };
 
 use crate::support::{
@@ -290,7 +291,10 @@ fn settling_with_usage_hands_the_estimate_and_memo_back() {
 }
 
 /// An adaptive estimator (smoothing 1, min samples 3) and a bulkhead wired to it in one line.
-fn adaptive_bulkhead(max_concurrent: u32, max_queue: u32) -> (Arc<AdaptiveEstimator>, LlmBulkhead) {
+fn adaptive_bulkhead(
+    max_concurrent: usize,
+    max_queue: usize,
+) -> (Arc<AdaptiveEstimator>, LlmBulkhead) {
     let base = ModelAwareEstimator::builder()
         .default_model("gpt-4o")
         .build()

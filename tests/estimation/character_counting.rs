@@ -1,6 +1,6 @@
 //! Character counting in UTF-16 code units.
 
-use async_bulkhead_llm::{Content, ContentBlock, LlmRequest};
+use async_bulkhead_llm::{LlmRequest, request::Content, request::ContentBlock};
 use proptest::prelude::*;
 
 use crate::support::{kinds, utf16, xs};

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use async_bulkhead_llm::Estimator;
+use async_bulkhead_llm::estimate::Estimator;
 
 use crate::support::{adaptive, models, request, usage};
 

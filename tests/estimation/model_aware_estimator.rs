@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_bulkhead_llm::{
-    ContentBlock, DEFAULT_OUTPUT_CAP, Estimator, EstimatorError, LlmRequest, ModelAwareEstimator,
-    OpaqueBlockTokens, RequestError, TokenEstimate,
+    LlmRequest, estimate::Estimator, estimate::EstimatorError, estimate::ModelAwareEstimator,
+    estimate::OpaqueBlockTokens, estimate::TokenEstimate, request::ContentBlock,
+    request::RequestError, usage::DEFAULT_OUTPUT_CAP,
 };
 use serde_json::json;
 

@@ -1,8 +1,8 @@
 //! The naive estimator.
 
 use async_bulkhead_llm::{
-    ContentBlock, DEFAULT_OUTPUT_CAP, Estimator, LlmRequest, NaiveEstimator, RequestError,
-    TokenEstimate,
+    LlmRequest, estimate::Estimator, estimate::NaiveEstimator, estimate::TokenEstimate,
+    request::ContentBlock, request::RequestError, usage::DEFAULT_OUTPUT_CAP,
 };
 
 use crate::support::{input_of, request, xs};

@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, Content, ContentBlock, Estimator, LlmRequest, NaiveEstimator,
-    RequestError,
+    AcquireError, AcquireOptions, LlmRequest, estimate::Estimator, estimate::NaiveEstimator,
+    request::Content, request::ContentBlock, request::RequestError,
 };
 use serde_json::{Value, json};
 

@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AdaptiveEstimator, Estimator, LlmBulkhead, LlmRequest, ModelAwareEstimator, Reservation,
-    TokenBudget, TokenUsage,
+    LlmBulkhead, LlmRequest, Reservation, TokenBudget, TokenUsage, estimate::AdaptiveEstimator,
+    estimate::Estimator, estimate::ModelAwareEstimator,
 };
 use serde_json::{Value, json};
 
@@ -217,7 +217,7 @@ pub(crate) fn fields(model: String, samples: u64, factor: f64, applied: f64) -> 
 }
 
 /// Every correction of `a`, oldest first, as [`Fields`].
-pub(crate) fn tuples(a: &async_bulkhead_llm::AdaptiveEstimator) -> Vec<Fields> {
+pub(crate) fn tuples(a: &async_bulkhead_llm::estimate::AdaptiveEstimator) -> Vec<Fields> {
     a.corrections()
         .into_iter()
         .map(|c| (c.model, c.samples, c.factor, c.applied))

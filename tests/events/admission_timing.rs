@@ -3,7 +3,9 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{AcquireOptions, EventKind, LlmBulkhead, RejectReason, TokenBudget};
+use async_bulkhead_llm::{
+    AcquireOptions, LlmBulkhead, RejectReason, TokenBudget, events::EventKind,
+};
 use futures::executor::block_on;
 
 use crate::common::usage_fixtures::{

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    ApplyOutcome, EventKind, Limits, LimitsError, Priority, RejectReason, TokenUsage, UsageError,
+    Limits, Priority, RejectReason, TokenUsage, events::EventKind, limits::ApplyOutcome,
+    limits::LimitsError, usage::UsageError,
 };
 use futures::executor::block_on;
 

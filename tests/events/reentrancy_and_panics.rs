@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_bulkhead_llm::{Event, EventKind};
+use async_bulkhead_llm::{events::Event, events::EventKind};
 
 use crate::common::usage_fixtures::{
     REV, Recorder, budgeted, fixed, opts, rejection, req, settled, totals, usage, within_patience,

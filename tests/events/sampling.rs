@@ -8,7 +8,8 @@ use std::thread;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionId, Event, EventKind, Limits, LlmBulkhead, LlmRequest,
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, admission::AdmissionId, events::Event,
+    events::EventKind,
 };
 
 use crate::common::usage_fixtures::{budgeted, fixed, req, usage};

@@ -6,8 +6,8 @@ use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, Event, EventKind, LlmBulkhead, LlmRequest, RejectReason,
-    Reservation, TokenBudget,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget,
+    events::Event, events::EventKind,
 };
 
 use crate::common::waiters::{full_with_queue, poll_once};
@@ -17,7 +17,12 @@ fn res(input: u64, max_output: u64) -> AcquireOptions {
 }
 
 /// Records every event's kind, and the reject reasons.
-fn recorder(bulkhead: &LlmBulkhead) -> (Arc<Mutex<Vec<String>>>, async_bulkhead_llm::Subscription) {
+fn recorder(
+    bulkhead: &LlmBulkhead,
+) -> (
+    Arc<Mutex<Vec<String>>>,
+    async_bulkhead_llm::events::Subscription,
+) {
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = log.clone();
     let subscription = bulkhead.on(move |event| {

@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_bulkhead_llm::{AcquireOptions, Event, EventKind, Limits, LlmBulkhead, LlmRequest};
+use async_bulkhead_llm::{
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, events::Event, events::EventKind,
+};
 
 use crate::common::usage_fixtures::{
     Recorder, budgeted, fixed, opts, plain, rejection, req, usage,
@@ -172,7 +174,7 @@ fn a_dropped_subscription_hears_no_event_that_starts_after_the_drop() {
 #[test]
 fn a_listener_may_drop_its_own_subscription() {
     let bulkhead = LlmBulkhead::builder("m", 4).build().unwrap();
-    let slot: Arc<Mutex<Option<async_bulkhead_llm::Subscription>>> = Arc::default();
+    let slot: Arc<Mutex<Option<async_bulkhead_llm::events::Subscription>>> = Arc::default();
     let calls = Arc::new(AtomicU64::new(0));
     let subscription = {
         let (slot, calls) = (slot.clone(), calls.clone());

@@ -1,6 +1,6 @@
 //! Feature `axum`: refusals as `axum` responses, read back without a server.
 
-use async_bulkhead_llm::{AcquireError, HttpRefusal, RequestError};
+use async_bulkhead_llm::{AcquireError, http::HttpRefusal, request::RequestError};
 use axum::body::Body;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -1,6 +1,6 @@
 //! The JSON error body: `{"error": {"type", "code", "message", "detail"}}`, exact.
 
-use async_bulkhead_llm::{HttpRefusal, RequestError};
+use async_bulkhead_llm::{http::HttpRefusal, request::RequestError};
 use serde_json::{Value, json};
 
 use crate::support;

@@ -2,7 +2,8 @@
 //! priorities and classes.
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, Priority, ShadowReasons,
+    AcquireOptions, LlmBulkhead, LlmRequest, Priority, classes::AdmissionClasses,
+    classes::ClassLimits, observe::ShadowReasons,
 };
 use serde_json::{Value, json};
 

@@ -1,8 +1,8 @@
 //! Every refusal's status, error type, code and message.
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, HttpRefusal, LlmBulkhead,
-    Priority, RejectReason, RequestError, Reservation, TokenBudget,
+    AcquireError, AcquireOptions, LlmBulkhead, Priority, RejectReason, Reservation, TokenBudget,
+    classes::AdmissionClasses, classes::ClassLimits, http::HttpRefusal, request::RequestError,
 };
 
 use crate::support::{self, req, tokens};

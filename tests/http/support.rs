@@ -6,8 +6,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, Event, EventKind, LlmBulkhead,
-    LlmRequest, RejectReason, Rejection, Reservation, TokenBudget,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Rejection, Reservation,
+    TokenBudget, classes::AdmissionClasses, classes::ClassLimits, events::Event, events::EventKind,
 };
 
 /// An empty request for futures that outlive the statement that made them (an acquire
@@ -91,7 +91,7 @@ pub fn shutdown() -> Rejection {
 
 /// `aborted`, as its reject event tells it (nobody receives an aborted rejection: its caller
 /// dropped the future): one slot held, a queued call dropped.
-pub fn aborted() -> (RejectReason, async_bulkhead_llm::CapacityDetail) {
+pub fn aborted() -> (RejectReason, async_bulkhead_llm::rejection::CapacityDetail) {
     let bulkhead = LlmBulkhead::builder("m", 1).max_queue(1).build().unwrap();
     let seen = Arc::new(Mutex::new(None));
     let sink = seen.clone();

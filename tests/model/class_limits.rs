@@ -2,7 +2,10 @@
 //! snapshot is refused with its exact error and changes nothing; a valid one is installed in
 //! construction order.
 
-use async_bulkhead_llm::{ClassField, ClassLimitsError, LimitsError, MAX_BUDGET, MAX_CONCURRENT};
+use async_bulkhead_llm::{
+    classes::ClassField, classes::ClassLimitsError, limits::LimitsError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT,
+};
 
 use crate::class_scenarios::{caps, class_limits, in_class, no_limits, with_classes};
 use crate::reference::{Harness, Op};

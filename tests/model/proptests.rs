@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use async_bulkhead_llm::{MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION};
+use async_bulkhead_llm::{limits::MAX_BUDGET, limits::MAX_CONCURRENT, limits::MAX_REVISION};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;

@@ -1,6 +1,6 @@
 //! Deterministic scenarios that pin the tricky cases.
 
-use async_bulkhead_llm::{MAX_BUDGET, MAX_REVISION};
+use async_bulkhead_llm::{limits::MAX_BUDGET, limits::MAX_REVISION};
 
 use crate::proptests::run;
 use crate::reference::{Call, Config, Op};

@@ -6,7 +6,9 @@
 use std::future::Future;
 use std::task::{Context, Waker};
 
-use async_bulkhead_llm::{AcquireOptions, Deduplication, LlmBulkhead, LlmRequest, RejectReason};
+use async_bulkhead_llm::{
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, dedup::Deduplication,
+};
 
 use crate::reference::{Call, Config, DedupKind, Harness, Op, Step};
 use crate::scenarios::{ask, release, try_acquire};

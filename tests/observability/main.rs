@@ -12,7 +12,8 @@ use std::thread;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, Progressive, Reservation, TokenBudget, TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, TokenUsage,
+    usage::Progressive,
 };
 
 /// Serializes this binary's tests. `tracing` caches each callsite's interest process-wide and

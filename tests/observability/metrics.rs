@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClass, AdmissionClasses, BulkheadMetrics, ClassLimits, Event,
-    EventKind, LlmBulkhead, LlmRequest, TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, TokenUsage, classes::AdmissionClass,
+    classes::AdmissionClasses, classes::ClassLimits, events::Event, events::EventKind,
+    observability::BulkheadMetrics,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -318,7 +319,7 @@ fn counters_are_absolute_and_never_go_down_between_publishes() {
     // Holds 1100, lowered to 550, raised to 750, settled at 700: refunded only grows.
     let usage = TokenUsage::new(100, 300).expect("valid");
     permit
-        .report_usage_progressive(usage, async_bulkhead_llm::Progressive::new(550))
+        .report_usage_progressive(usage, async_bulkhead_llm::usage::Progressive::new(550))
         .expect("valid");
     metrics.publish();
     let first = counter(
@@ -327,7 +328,7 @@ fn counters_are_absolute_and_never_go_down_between_publishes() {
         &[],
     );
     permit
-        .report_usage_progressive(usage, async_bulkhead_llm::Progressive::new(750))
+        .report_usage_progressive(usage, async_bulkhead_llm::usage::Progressive::new(750))
         .expect("valid");
     permit.release(Some(TokenUsage::new(100, 600).expect("valid")));
     metrics.publish();

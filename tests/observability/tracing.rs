@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, TokenUsage, trace_events,
+    AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, TokenUsage, observability::trace_events,
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};

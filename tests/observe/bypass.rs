@@ -4,8 +4,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, Bypass, Event, EventKind, LlmBulkhead, LlmRequest, Progressive, RejectReason,
-    Reservation, RunError, ShadowReasons, TokenBudget, TokenUsage, UsageError,
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, RunError, TokenBudget,
+    TokenUsage, events::Event, events::EventKind, observe::Bypass, observe::ShadowReasons,
+    usage::Progressive, usage::UsageError,
 };
 use futures::executor::block_on;
 
@@ -14,7 +15,7 @@ use futures::executor::block_on;
 static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
     std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
 
-fn budgeted(max_concurrent: u32, budget: u64) -> LlmBulkhead {
+fn budgeted(max_concurrent: usize, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .max_queue(1)
         .token_budget(TokenBudget::new(budget))
@@ -29,7 +30,7 @@ fn reserve(input: u64, max_output: u64) -> AcquireOptions {
 /// Every event, as `(kind, the bypass's reason and raced flag if it is a bypass event)`.
 type Seen = Arc<Mutex<Vec<(EventKind, Option<(RejectReason, bool)>)>>>;
 
-fn listen(bulkhead: &LlmBulkhead) -> (Seen, async_bulkhead_llm::Subscription) {
+fn listen(bulkhead: &LlmBulkhead) -> (Seen, async_bulkhead_llm::events::Subscription) {
     let seen: Seen = Arc::default();
     let log = Arc::clone(&seen);
     let subscription = bulkhead.on(move |event| {
@@ -377,7 +378,9 @@ fn shadow_reasons_refuse_reasons_that_can_never_be_bypassed() {
 type RejectTimings = Arc<Mutex<Vec<(RejectReason, Duration, Duration)>>>;
 
 /// Subscribes a listener recording every reject event's timings.
-fn reject_timings(bulkhead: &LlmBulkhead) -> (RejectTimings, async_bulkhead_llm::Subscription) {
+fn reject_timings(
+    bulkhead: &LlmBulkhead,
+) -> (RejectTimings, async_bulkhead_llm::events::Subscription) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     let subscription = bulkhead.on_events([EventKind::Reject], move |event| {

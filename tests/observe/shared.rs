@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, Deduplication, LlmBulkhead, LlmRequest, RejectReason, ShadowReasons,
+    AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, dedup::Deduplication,
+    observe::ShadowReasons,
 };
 use futures::executor::block_on;
 
-fn dedup(max_concurrent: u32) -> LlmBulkhead {
+fn dedup(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("m", max_concurrent)
         .max_queue(0)
         .deduplication(Deduplication::new())

@@ -172,7 +172,7 @@ fn threads_never_exceed_fixed_ceilings_and_return_everything() {
     const THREADS: u64 = 8;
     let per_thread = 20_000 * scale();
     let (max_slots, budget) = (6u64, 2_000u64);
-    let bulkhead = LlmBulkhead::builder("m", max_slots as u32)
+    let bulkhead = LlmBulkhead::builder("m", max_slots as usize)
         .token_budget(TokenBudget::new(budget).high_priority_reserve(300))
         .build()
         .unwrap();

@@ -72,7 +72,7 @@ fn no_refusal_counts_a_commit_that_was_never_admitted() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10u64);
-    let bulkhead = LlmBulkhead::builder("probe", WORKERS as u32)
+    let bulkhead = LlmBulkhead::builder("probe", WORKERS)
         .token_budget(TokenBudget::new(HIGH))
         .build()
         .unwrap();

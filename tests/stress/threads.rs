@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionId, LlmBulkhead, LlmRequest, OwnedPermit, Reservation, TokenBudget,
-    TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Reservation, TokenBudget, TokenUsage,
+    admission::AdmissionId,
 };
 
 fn bulkhead() -> LlmBulkhead {

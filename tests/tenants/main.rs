@@ -16,8 +16,9 @@ use std::thread;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, ApplyOutcome, ConfigError, Limits, LlmBulkhead, LlmRequest, RejectReason,
-    Tenants, TenantsConfigError, TenantsError, TokenBudget,
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, RejectReason, TokenBudget,
+    builder::ConfigError, limits::ApplyOutcome, tenants::Tenants, tenants::TenantsConfigError,
+    tenants::TenantsError,
 };
 
 /// An `idle_after` short enough for tests, long enough that two consecutive steps of a test

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    Bulkhead, BulkheadError, BulkheadLayer, BulkheadState, OwnedBulkheadPermit,
+    Bulkhead, BulkheadError, bulkhead::BulkheadState, bulkhead::OwnedBulkheadPermit,
+    tower::BulkheadLayer,
 };
 use axum::Router;
 use axum::body::Body;
@@ -106,7 +107,7 @@ fn take_all(bulkhead: &Bulkhead) -> Vec<OwnedBulkheadPermit> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_route_at_its_cap_queues_one_sheds_the_next_and_a_fast_route_keeps_answering() {
-    let bulkhead = Bulkhead::builder(2).unwrap().max_queue(1).build();
+    let bulkhead = Bulkhead::builder(2).max_queue(1).build().unwrap();
     let (addr, mut calls) = serve(BulkheadLayer::new(bulkhead.clone())).await;
 
     // Two calls admitted: their heads arrive, their bodies stay open.
@@ -195,10 +196,10 @@ async fn the_slot_is_held_until_the_body_ends_and_released_when_the_client_drops
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_timeout_and_a_shutdown_are_503s_of_their_type_without_retry_after() {
     let bulkhead = Bulkhead::builder(1)
-        .unwrap()
         .max_queue(1)
         .queue_timeout(Duration::from_millis(50))
-        .build();
+        .build()
+        .unwrap();
     let (addr, _calls) = serve(BulkheadLayer::new(bulkhead.clone())).await;
     let held = take_all(&bulkhead);
 
@@ -241,10 +242,7 @@ fn ceil_seconds(d: Duration) -> u64 {
 async fn an_opted_in_retry_after_is_the_measured_hold_time_and_never_sent_on_shutdown() {
     const CALLS: usize = 3;
     const HOLD: Duration = Duration::from_millis(1_200);
-    let bulkhead = Bulkhead::builder(CALLS as u32)
-        .unwrap()
-        .max_queue(0)
-        .build();
+    let bulkhead = Bulkhead::builder(CALLS).max_queue(0).build().unwrap();
     let layer = BulkheadLayer::new(bulkhead.clone()).retry_after_hint(true);
     let (addr, mut calls) = serve(layer).await;
 
@@ -306,8 +304,20 @@ async fn an_opted_in_retry_after_is_the_measured_hold_time_and_never_sent_on_shu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_fast_refuses_at_once_though_the_queue_has_room() {
-    let bulkhead = Bulkhead::builder(1).unwrap().max_queue(5).build();
-    let (addr, mut calls) = serve(BulkheadLayer::new(bulkhead.clone()).wait_in_queue(false)).await;
+    // Waiting needs a queue: asked of a bulkhead without one, the layer refuses to be built
+    // (as the LLM layer does).
+    let no_queue = Bulkhead::builder(1).max_queue(0).build().unwrap();
+    assert_eq!(
+        BulkheadLayer::new(no_queue).wait_in_queue(true).err(),
+        Some(async_bulkhead_llm::tower::LayerError::NoQueue)
+    );
+    let bulkhead = Bulkhead::builder(1).max_queue(5).build().unwrap();
+    let (addr, mut calls) = serve(
+        BulkheadLayer::new(bulkhead.clone())
+            .wait_in_queue(false)
+            .expect("failing fast is always allowed"),
+    )
+    .await;
     let held = take_all(&bulkhead);
 
     // With the default 10 s queue timeout a waiting call would still be waiting.
@@ -383,7 +393,7 @@ async fn an_inner_service_error_releases_the_slot_at_once() {
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_returning_a_bulkhead_error_answers_the_layers_503() {
-    let bulkhead = Bulkhead::builder(1).unwrap().max_queue(0).build();
+    let bulkhead = Bulkhead::builder(1).max_queue(0).build().unwrap();
     let handler = |State(bulkhead): State<Bulkhead>| async move {
         let _permit = bulkhead.try_acquire()?;
         Ok::<_, BulkheadError>("served")

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmLayer, LlmRequest, Reservation, TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, tower::LlmLayer,
 };
 use axum::Router;
 use axum::body::Body;
@@ -78,7 +78,7 @@ async fn serve(layer: LlmLayer) -> (SocketAddr, mpsc::Sender<Bytes>) {
     (addr, tx)
 }
 
-fn budgeted(max_concurrent: u32) -> LlmBulkhead {
+fn budgeted(max_concurrent: usize) -> LlmBulkhead {
     LlmBulkhead::builder("gpt-4o", max_concurrent)
         .token_budget(TokenBudget::new(10_000))
         .build()
@@ -268,7 +268,7 @@ async fn a_body_that_is_not_a_provider_request_is_a_400_and_admits_nothing() {
 
 #[test]
 fn the_layer_reads_usage_as_providers_state_it() {
-    use async_bulkhead_llm::{TokenUsage, provider_usage};
+    use async_bulkhead_llm::{TokenUsage, tower::provider_usage};
     let usage = |s: &str| provider_usage(&serde_json::from_str(s).unwrap());
     assert_eq!(
         usage(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#),
@@ -297,7 +297,7 @@ fn with_key(addr: SocketAddr, key: &str) -> http::Request<Full<Bytes>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tenant_is_admitted_by_its_own_bulkhead() {
-    use async_bulkhead_llm::Tenants;
+    use async_bulkhead_llm::tenants::Tenants;
     let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 1))
         .max_tenants(2)
         .idle_after(Duration::from_secs(3600))
@@ -381,11 +381,11 @@ async fn an_opted_in_retry_after_hint_comes_from_measured_hold_times() {
 }
 
 /// `wait_in_queue(true)` on a bulkhead without a queue is refused when the layer is built
-/// (every request would be refused at once anyway); with a queue, a request that finds no free
-/// slot waits in it and is served once one frees up.
+/// (every request would be refused at once anyway); a layer over a bulkhead with a queue waits
+/// by default: a request that finds no free slot waits in it and is served once one frees up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_in_the_queue_needs_a_queue_and_then_waits() {
-    use async_bulkhead_llm::LayerError;
+    use async_bulkhead_llm::tower::LayerError;
     let no_queue = budgeted(1);
     assert_eq!(
         LlmLayer::new(no_queue.clone())
@@ -401,7 +401,8 @@ async fn waiting_in_the_queue_needs_a_queue_and_then_waits() {
         .queue_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let (addr, _tx) = serve(LlmLayer::new(bulkhead.clone()).wait_in_queue(true).unwrap()).await;
+    // No `wait_in_queue(true)`: the bulkhead has a queue, so the layer waits by default.
+    let (addr, _tx) = serve(LlmLayer::new(bulkhead.clone())).await;
     let held = bulkhead
         .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
         .unwrap();

@@ -3,7 +3,8 @@
 use std::thread;
 
 use async_bulkhead_llm::{
-    LlmBulkhead, OwnedPermit, Permit, Progressive, ReleaseReport, TokenUsage, UsageReport,
+    LlmBulkhead, OwnedPermit, Permit, TokenUsage, usage::Progressive, usage::ReleaseReport,
+    usage::UsageReport,
 };
 
 use crate::common::usage_fixtures::{

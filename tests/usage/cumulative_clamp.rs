@@ -1,6 +1,6 @@
 //! Usage is cumulative: reports are clamped per field and stale ones change nothing.
 
-use async_bulkhead_llm::{EventKind, Stats};
+use async_bulkhead_llm::{Stats, events::EventKind};
 
 use crate::common::usage_fixtures::{
     Recorder, assert_identity, budgeted, figures, fixed, moved, one_usage, progressive, req,

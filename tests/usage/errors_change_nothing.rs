@@ -1,6 +1,6 @@
 //! A refused usage report changes nothing.
 
-use async_bulkhead_llm::{EventKind, MAX_BUDGET, UsageError};
+use async_bulkhead_llm::{events::EventKind, limits::MAX_BUDGET, usage::UsageError};
 
 use crate::common::usage_fixtures::{
     Recorder, budgeted, figures, fixed, opts, plain, progressive, req, tokens, totals, usage,

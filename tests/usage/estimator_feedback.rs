@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdaptiveEstimator, Correction, LlmBulkhead, LlmRequest, ModelAwareEstimator,
-    TokenBudget,
+    AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, estimate::AdaptiveEstimator,
+    estimate::Correction, estimate::ModelAwareEstimator,
 };
 use futures::executor::block_on;
 

@@ -6,8 +6,8 @@
 //! returned its hold with nothing booked.
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionClasses, ClassLimits, EventKind, LlmBulkhead, LlmRequest, Reservation,
-    TokenBudget, TokenBudgetStats,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, classes::AdmissionClasses,
+    classes::ClassLimits, events::EventKind, stats::TokenBudgetStats,
 };
 
 use crate::common::usage_fixtures::{

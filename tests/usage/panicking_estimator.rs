@@ -6,8 +6,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, Estimator, LlmBulkhead, LlmRequest, RequestError, TokenBudget, TokenEstimate,
-    TokenUsage,
+    AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, TokenUsage, estimate::Estimator,
+    estimate::TokenEstimate, request::RequestError,
 };
 
 use crate::common::child_process::isolated;
@@ -29,7 +29,7 @@ impl Estimator for PanicsOnObserve {
     }
 }
 
-fn panicking_estimator_bulkhead(slots: u32) -> LlmBulkhead {
+fn panicking_estimator_bulkhead(slots: usize) -> LlmBulkhead {
     LlmBulkhead::builder("m", slots)
         .token_budget(TokenBudget::new(10_000))
         .estimator(PanicsOnObserve)

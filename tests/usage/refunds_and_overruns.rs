@@ -40,7 +40,7 @@ fn an_overrun_refuses_a_call_that_fitted_until_the_overrunning_permit_is_release
     // 1100 + 1900 = 3000: an exact fit.
     assert_eq!(
         bulkhead.would_admit(&req(), opts(0, 1900)).unwrap(),
-        async_bulkhead_llm::Verdict::Admit
+        async_bulkhead_llm::admission::Verdict::Admit
     );
 
     a.report_usage(usage(100, 1400)).unwrap();

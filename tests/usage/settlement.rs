@@ -2,7 +2,7 @@
 
 use std::thread;
 
-use async_bulkhead_llm::{EventKind, RunError, UsageError};
+use async_bulkhead_llm::{RunError, events::EventKind, usage::UsageError};
 use futures::executor::block_on;
 
 use crate::common::usage_fixtures::{

@@ -1,6 +1,6 @@
 //! Statistics serialized with `serde`: the token books and listener panics.
 
-use async_bulkhead_llm::EventKind;
+use async_bulkhead_llm::events::EventKind;
 
 use crate::common::usage_fixtures::{REV, budgeted, fixed, opts, plain, rejection, req, usage};
 

@@ -1,6 +1,6 @@
 //! Usage reports on a bulkhead without a token budget.
 
-use async_bulkhead_llm::EventKind;
+use async_bulkhead_llm::events::EventKind;
 
 use crate::common::usage_fixtures::{
     REV, Recorder, figures, fixed, moved, one_release, one_usage, plain, progressive,

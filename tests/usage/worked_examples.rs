@@ -1,6 +1,6 @@
 //! The worked examples of design §U4.3, exactly.
 
-use async_bulkhead_llm::{EventKind, Priority};
+use async_bulkhead_llm::{Priority, events::EventKind};
 
 use crate::common::usage_fixtures::{
     R, REV, Recorder, assert_identity, budgeted, figures, fixed, live, moved, one_release,

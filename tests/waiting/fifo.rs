@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 use async_bulkhead_llm::futures::Acquire;
-use async_bulkhead_llm::{Limits, Priority, RejectReason, Verdict};
+use async_bulkhead_llm::{Limits, Priority, RejectReason, admission::Verdict};
 
 use crate::support::{
     WakeCount, assert_pending, budgeted, count, counting_waker, figures, opts, plain, poll_with,

@@ -6,7 +6,7 @@ use std::task::{Poll, Wake, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::futures::AcquireOwned;
-use async_bulkhead_llm::{AcquireOptions, EventKind, Limits, LlmRequest, RejectReason};
+use async_bulkhead_llm::{AcquireOptions, Limits, LlmRequest, RejectReason, events::EventKind};
 
 use crate::common::child_process::isolated;
 use crate::common::waiters::{full_with_queue, poll_once};

@@ -12,7 +12,7 @@ use std::{fmt, thread};
 use async_bulkhead_llm::futures::Acquire;
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Rejection, Reservation,
-    TokenBudget, TokenBudgetStats, TokenUsage,
+    TokenBudget, TokenUsage, stats::TokenBudgetStats,
 };
 
 /// An empty request for futures that outlive the statement that made them (an acquire
@@ -48,7 +48,7 @@ pub(crate) fn usage(input: u64, output: u64) -> TokenUsage {
 }
 
 /// A bulkhead without a token budget.
-pub(crate) fn plain(max_concurrent: u32, max_queue: u32) -> LlmBulkhead {
+pub(crate) fn plain(max_concurrent: usize, max_queue: usize) -> LlmBulkhead {
     LlmBulkhead::builder("test-model", max_concurrent)
         .max_queue(max_queue)
         .build()
@@ -56,7 +56,7 @@ pub(crate) fn plain(max_concurrent: u32, max_queue: u32) -> LlmBulkhead {
 }
 
 /// A bulkhead with a token budget (no high-priority reserve).
-pub(crate) fn budgeted(max_concurrent: u32, max_queue: u32, budget: u64) -> LlmBulkhead {
+pub(crate) fn budgeted(max_concurrent: usize, max_queue: usize, budget: u64) -> LlmBulkhead {
     LlmBulkhead::builder("test-model", max_concurrent)
         .max_queue(max_queue)
         .token_budget(TokenBudget::new(budget))
@@ -175,6 +175,6 @@ impl Drop for SetOnDrop<'_> {
 
 /// A drain report's `(drained, in_flight, pending)`, to compare (`DrainReport` is
 /// `#[non_exhaustive]`).
-pub(crate) fn parts(report: async_bulkhead_llm::DrainReport) -> (bool, u64, u64) {
+pub(crate) fn parts(report: async_bulkhead_llm::futures::DrainReport) -> (bool, u64, u64) {
     (report.drained, report.in_flight, report.pending)
 }

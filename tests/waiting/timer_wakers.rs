@@ -133,7 +133,7 @@ struct Blocked {
 /// deadline. The queued acquires and the held slot are returned so that they outlive the
 /// measurement (a slot freed here would be handed to a queued acquire, calling its blocking
 /// waker on this thread).
-fn lateness_behind_blocking_wakers(count: u32, blocks: Duration) -> (Duration, Blocked) {
+fn lateness_behind_blocking_wakers(count: usize, blocks: Duration) -> (Duration, Blocked) {
     let (bulkhead, held) = full_with_queue(count);
     let waker = Waker::from(Arc::new(BlocksOnWake(blocks)));
     let stuck: Vec<AcquireOwned> = (0..count)

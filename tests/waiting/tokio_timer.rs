@@ -13,8 +13,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, Deduplication, LlmBulkhead,
-    LlmRequest, RejectReason, RunError, RunOptions,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, RunError, RunOptions,
+    classes::AdmissionClasses, classes::ClassLimits, dedup::Deduplication,
 };
 use futures::executor::block_on;
 

@@ -16,7 +16,7 @@
 //! tokio offers no query for whether the current runtime's time driver is enabled: creating a
 //! `tokio::time::Sleep` without one panics ("timers are disabled"), which tokio documents under
 //! *Panics* of `sleep_until`. So the sleep is created under `catch_unwind` (through
-//! [`contain`](crate::contain::contain)); a runtime found without a time driver is remembered
+//! [`contain`](crate::support::contain::contain)); a runtime found without a time driver is remembered
 //! by its [`Id`](tokio::runtime::Id) (the last [`REMEMBERED`] such runtimes), so each one is
 //! probed once and the panic hook reports that one probe only (sleeps made at the same moment
 //! on several threads may each probe, and each such panic reaches the hook). Runtimes with a time driver
@@ -26,7 +26,7 @@
 //! A tokio sleep polled after its runtime shut down panics too; that poll is caught the same
 //! way and the sleep falls back to the crate's timer for the rest of its wait.
 
-use crate::sync::unmodeled::{AtomicBool, Mutex, Ordering};
+use crate::support::sync::unmodeled::{AtomicBool, Mutex, Ordering};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use tokio::runtime::{Handle, Id};
 
-use crate::contain::contain;
+use crate::support::contain::contain;
 
 /// How many runtimes without a time driver are remembered (older ones are probed again if a
 /// sleep ever runs in them).
@@ -116,7 +116,7 @@ fn tokio_sleep(
     let id = Handle::try_current().ok()?.id();
     // Relaxed: the list itself is read under its lock; a stale `false` costs one more probe.
     if ANY_WITHOUT_TIME.load(Ordering::Relaxed)
-        && crate::sync::unmodeled::lock(&WITHOUT_TIME).contains(&id)
+        && crate::support::sync::unmodeled::lock(&WITHOUT_TIME).contains(&id)
     {
         return None;
     }
@@ -125,7 +125,7 @@ fn tokio_sleep(
     let mut sleep = None;
     if contain(|| sleep = Some(tokio::time::sleep_until(deadline))) {
         // No time driver. The lock is taken after the panic was caught, never under it.
-        let mut without = crate::sync::unmodeled::lock(&WITHOUT_TIME);
+        let mut without = crate::support::sync::unmodeled::lock(&WITHOUT_TIME);
         if !without.contains(&id) {
             if without.len() == REMEMBERED {
                 without.pop_front();
@@ -173,7 +173,7 @@ mod tests {
             assert!(matches!(sleep.clock, Clock::Own));
             assert!(sleep.key.is_some());
         }
-        let without = crate::sync::unmodeled::lock(&WITHOUT_TIME);
+        let without = crate::support::sync::unmodeled::lock(&WITHOUT_TIME);
         assert_eq!(without.iter().filter(|&&known| known == id).count(), 1);
     }
 

@@ -11,9 +11,9 @@
 //!
 //! # How releases reach it
 //!
-//! An estimate carries a [`Memo`]: the model's slot and generation, and the *uncorrected* base
+//! An estimate carries a [`Memo`](crate::estimate::Memo): the model's slot and generation, and the *uncorrected* base
 //! input. The bulkhead keeps it with the admission and hands it back to
-//! [`Estimator::observe`] when the admission settles with usage, so wiring an
+//! [`Estimator::observe`](crate::estimate::Estimator::observe) when the admission settles with usage, so wiring an
 //! `AdaptiveEstimator` into a bulkhead is one line (`.estimator(adaptive.clone())`). Observing
 //! against the uncorrected base keeps the loop from compounding its own corrections. A model
 //! seen by an estimate but not yet observed waits in a separate, equally bounded list, so it
@@ -25,17 +25,17 @@ use std::collections::{HashMap, VecDeque};
 
 use super::model_aware::ModelAwareEstimator;
 use super::{Estimator, Memo, TokenEstimate, with_lowercase};
-use crate::error::{EstimatorError, RequestError};
 use crate::llm::request::LlmRequest;
-use crate::reservation::TokenUsage;
-use crate::sync::unmodeled::{AtomicU64, Mutex, Ordering, RwLock, lock};
+use crate::support::sync::unmodeled::{AtomicU64, Mutex, Ordering, RwLock, lock};
+use crate::vocabulary::error::{EstimatorError, RequestError};
+use crate::vocabulary::reservation::TokenUsage;
 
-/// One model's correction, as [`AdaptiveEstimator::corrections`] reports it.
+/// One model's correction, as [`AdaptiveEstimator::corrections`](crate::estimate::AdaptiveEstimator::corrections) reports it.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AdaptiveEstimator, Correction, LlmRequest, ModelAwareEstimator, TokenUsage};
+/// use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::Correction, LlmRequest, estimate::ModelAwareEstimator, TokenUsage};
 ///
 /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;
 /// adaptive.observe_request(&LlmRequest::new().model("gpt-4o").user("x".repeat(37)), TokenUsage::new(20, 0)?)?;
@@ -173,7 +173,7 @@ enum Target<'a> {
 /// ```
 /// use std::sync::Arc;
 /// use async_bulkhead_llm::{
-///     AcquireOptions, AdaptiveEstimator, LlmBulkhead, LlmRequest, ModelAwareEstimator,
+///     AcquireOptions, estimate::AdaptiveEstimator, LlmBulkhead, LlmRequest, estimate::ModelAwareEstimator,
 ///     TokenBudget, TokenUsage,
 /// };
 ///
@@ -211,11 +211,11 @@ impl AdaptiveEstimator {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdaptiveEstimator, ModelAwareEstimator};
+    /// use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::ModelAwareEstimator};
     ///
     /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;
     /// assert!(adaptive.corrections().is_empty());
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     pub fn builder(base: ModelAwareEstimator) -> AdaptiveEstimatorBuilder {
         AdaptiveEstimatorBuilder {
@@ -350,12 +350,12 @@ impl AdaptiveEstimator {
     ///
     /// # Errors
     ///
-    /// A [`RequestError`] when the request's base estimate cannot be represented.
+    /// A [`RequestError`](crate::request::RequestError) when the request's base estimate cannot be represented.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdaptiveEstimator, Estimator, LlmRequest, ModelAwareEstimator, TokenUsage};
+    /// use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::Estimator, LlmRequest, estimate::ModelAwareEstimator, TokenUsage};
     ///
     /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?)
     ///     .smoothing(1.0)
@@ -384,7 +384,7 @@ impl AdaptiveEstimator {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdaptiveEstimator, LlmRequest, ModelAwareEstimator, TokenUsage};
+    /// use async_bulkhead_llm::{estimate::AdaptiveEstimator, LlmRequest, estimate::ModelAwareEstimator, TokenUsage};
     ///
     /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;
     /// adaptive.observe_request(&LlmRequest::new().model("GPT-4o").user("x".repeat(37)), TokenUsage::new(20, 0)?)?;
@@ -415,7 +415,7 @@ impl AdaptiveEstimator {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdaptiveEstimator, LlmRequest, ModelAwareEstimator, TokenUsage};
+    /// use async_bulkhead_llm::{estimate::AdaptiveEstimator, LlmRequest, estimate::ModelAwareEstimator, TokenUsage};
     ///
     /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;
     /// for model in ["a", "b"] {
@@ -496,13 +496,13 @@ impl fmt::Debug for AdaptiveEstimator {
     }
 }
 
-/// Builds an [`AdaptiveEstimator`]; every option is validated when built, in the original's
+/// Builds an [`AdaptiveEstimator`](crate::estimate::AdaptiveEstimator); every option is validated when built, in the original's
 /// order.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AdaptiveEstimator, EstimatorError, ModelAwareEstimator};
+/// use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::EstimatorError, estimate::ModelAwareEstimator};
 ///
 /// let base = || ModelAwareEstimator::builder().build().unwrap();
 /// let err = AdaptiveEstimator::builder(base()).smoothing(0.0).build().unwrap_err();
@@ -527,9 +527,9 @@ impl AdaptiveEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::{AdaptiveEstimator, ModelAwareEstimator};
+    /// # use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::ModelAwareEstimator};
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).smoothing(1.0).build().is_ok());
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn smoothing(mut self, smoothing: f64) -> Self {
@@ -542,10 +542,10 @@ impl AdaptiveEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::{AdaptiveEstimator, EstimatorError, ModelAwareEstimator};
+    /// # use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::EstimatorError, estimate::ModelAwareEstimator};
     /// let err = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).min_samples(0).build();
     /// assert_eq!(err.unwrap_err(), EstimatorError::MinSamples { value: 0 });
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn min_samples(mut self, min_samples: u64) -> Self {
@@ -558,9 +558,9 @@ impl AdaptiveEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::{AdaptiveEstimator, ModelAwareEstimator};
+    /// # use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::ModelAwareEstimator};
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).min_correction(-1.0).build().is_err());
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn min_correction(mut self, min_correction: f64) -> Self {
@@ -573,9 +573,9 @@ impl AdaptiveEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::{AdaptiveEstimator, ModelAwareEstimator};
+    /// # use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::ModelAwareEstimator};
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).max_correction(f64::INFINITY).build().is_err());
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_correction(mut self, max_correction: f64) -> Self {
@@ -588,9 +588,9 @@ impl AdaptiveEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::{AdaptiveEstimator, ModelAwareEstimator};
+    /// # use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::ModelAwareEstimator};
     /// assert!(AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).max_models(0).build().is_err());
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_models(mut self, max_models: usize) -> Self {
@@ -603,15 +603,15 @@ impl AdaptiveEstimatorBuilder {
     ///
     /// # Errors
     ///
-    /// The [`EstimatorError`] of the first invalid option.
+    /// The [`EstimatorError`](crate::estimate::EstimatorError) of the first invalid option.
     ///
     /// # Examples
     ///
     /// ```
-    /// # use async_bulkhead_llm::{AdaptiveEstimator, ModelAwareEstimator};
+    /// # use async_bulkhead_llm::{estimate::AdaptiveEstimator, estimate::ModelAwareEstimator};
     /// let adaptive = AdaptiveEstimator::builder(ModelAwareEstimator::builder().build()?).build()?;
     /// assert!(adaptive.corrections().is_empty());
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     pub fn build(self) -> Result<AdaptiveEstimator, EstimatorError> {
         if !(self.smoothing.is_finite() && self.smoothing > 0.0 && self.smoothing <= 1.0) {

@@ -1,10 +1,10 @@
-//! Token estimation: the [`Estimator`] trait the bulkhead sizes reservations with, and the
+//! Token estimation: the [`Estimator`](crate::estimate::Estimator) trait the bulkhead sizes reservations with, and the
 //! built-in estimators of the JavaScript original.
 //!
-//! - [`NaiveEstimator`]: `ceil(chars / 4)` input, flat.
-//! - [`ModelAwareEstimator`]: per-model-family chars-per-token ratios, overrides, an
+//! - [`NaiveEstimator`](crate::estimate::NaiveEstimator): `ceil(chars / 4)` input, flat.
+//! - [`ModelAwareEstimator`](crate::estimate::ModelAwareEstimator): per-model-family chars-per-token ratios, overrides, an
 //!   opaque-block surcharge (the bulkhead's default, seeded with its model).
-//! - [`AdaptiveEstimator`]: the model-aware estimate corrected per model by what providers
+//! - [`AdaptiveEstimator`](crate::estimate::AdaptiveEstimator): the model-aware estimate corrected per model by what providers
 //!   really report.
 //!
 //! Characters are UTF-16 code units, as the original counts them, so its ratios mean the same
@@ -14,14 +14,14 @@
 mod adaptive;
 mod model_aware;
 
-use crate::sync::unmodeled::Arc;
+use crate::support::sync::unmodeled::Arc;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use model_aware::{ModelAwareEstimator, ModelAwareEstimatorBuilder, OpaqueBlockTokens};
 
-use crate::error::RequestError;
 use crate::llm::request::LlmRequest;
-use crate::reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
+use crate::vocabulary::error::RequestError;
+use crate::vocabulary::reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
 
 /// Sizes a request: its input tokens and its maximum output tokens.
 ///
@@ -29,7 +29,7 @@ use crate::reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
 /// reservation override (and for [`LlmBulkhead::estimate`](crate::LlmBulkhead::estimate) and
 /// advisory checks). When such an admission later settles with reported usage, the bulkhead
 /// hands the estimate back to [`observe`](Estimator::observe), so an estimator can learn from
-/// the providers' figures (as [`AdaptiveEstimator`] does).
+/// the providers' figures (as [`AdaptiveEstimator`](crate::estimate::AdaptiveEstimator) does).
 ///
 /// Any `Fn(&LlmRequest) -> TokenEstimate + Send + Sync` closure is an estimator.
 ///
@@ -37,7 +37,7 @@ use crate::reservation::{DEFAULT_OUTPUT_CAP, Reservation, TokenUsage};
 ///
 /// ```
 /// use async_bulkhead_llm::{
-///     LlmBulkhead, LlmRequest, Reservation, TokenBudget, TokenEstimate,
+///     LlmBulkhead, LlmRequest, Reservation, TokenBudget, estimate::TokenEstimate,
 /// };
 ///
 /// // A tokenizer-backed estimator would count real tokens here.
@@ -54,7 +54,7 @@ pub trait Estimator: Send + Sync {
     ///
     /// # Errors
     ///
-    /// A [`RequestError`] when the estimate cannot be represented.
+    /// A [`RequestError`](crate::request::RequestError) when the estimate cannot be represented.
     fn estimate(&self, request: &LlmRequest) -> Result<TokenEstimate, RequestError>;
 
     /// An admission sized by `estimate` settled with `usage`. Does nothing by default.
@@ -82,19 +82,19 @@ impl<E: Estimator + ?Sized> Estimator for Arc<E> {
     }
 }
 
-/// What an [`Estimator`] says about a request: input tokens and maximum output tokens, plus an
-/// opaque [`Memo`] the estimator gets back in [`Estimator::observe`].
+/// What an [`Estimator`](crate::estimate::Estimator) says about a request: input tokens and maximum output tokens, plus an
+/// opaque [`Memo`](crate::estimate::Memo) the estimator gets back in [`Estimator::observe`](crate::estimate::Estimator::observe).
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Memo, TokenEstimate};
+/// use async_bulkhead_llm::{estimate::Memo, estimate::TokenEstimate};
 ///
 /// let estimate = TokenEstimate::new(120, 512).with_memo(Memo::new(7, 9));
 /// assert_eq!((estimate.input, estimate.max_output), (120, 512));
 /// assert_eq!(estimate.memo().parts(), (7, 9));
 /// assert_eq!(estimate.reservation()?.reserved(), 632);
-/// # Ok::<(), async_bulkhead_llm::RequestError>(())
+/// # Ok::<(), async_bulkhead_llm::request::RequestError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -112,7 +112,7 @@ impl TokenEstimate {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::TokenEstimate::new(1, 2).max_output, 2);
+    /// assert_eq!(async_bulkhead_llm::estimate::TokenEstimate::new(1, 2).max_output, 2);
     /// ```
     pub const fn new(input: u64, max_output: u64) -> TokenEstimate {
         TokenEstimate {
@@ -122,12 +122,12 @@ impl TokenEstimate {
         }
     }
 
-    /// This estimate carrying `memo` (for the estimator's own [`Estimator::observe`]).
+    /// This estimate carrying `memo` (for the estimator's own [`Estimator::observe`](crate::estimate::Estimator::observe)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Memo, TokenEstimate};
+    /// use async_bulkhead_llm::{estimate::Memo, estimate::TokenEstimate};
     ///
     /// assert_eq!(TokenEstimate::new(1, 2).with_memo(Memo::new(3, 4)).memo(), Memo::new(3, 4));
     /// ```
@@ -142,7 +142,7 @@ impl TokenEstimate {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Memo, TokenEstimate};
+    /// use async_bulkhead_llm::{estimate::Memo, estimate::TokenEstimate};
     ///
     /// assert_eq!(TokenEstimate::new(1, 2).memo(), Memo::EMPTY);
     /// ```
@@ -154,12 +154,12 @@ impl TokenEstimate {
     ///
     /// # Errors
     ///
-    /// [`RequestError::ReservationOverflow`] when the sum does not fit in a `u64`.
+    /// [`RequestError::ReservationOverflow`](crate::request::RequestError::ReservationOverflow) when the sum does not fit in a `u64`.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::TokenEstimate;
+    /// use async_bulkhead_llm::estimate::TokenEstimate;
     ///
     /// assert!(TokenEstimate::new(u64::MAX, 1).reservation().is_err());
     /// ```
@@ -169,12 +169,12 @@ impl TokenEstimate {
 }
 
 /// Two words an estimator attaches to an estimate and receives back in
-/// [`Estimator::observe`] (the bulkhead keeps them with the admission, no allocation).
+/// [`Estimator::observe`](crate::estimate::Estimator::observe) (the bulkhead keeps them with the admission, no allocation).
 ///
 /// # Examples
 ///
 /// ```
-/// let memo = async_bulkhead_llm::Memo::new(1, 2);
+/// let memo = async_bulkhead_llm::estimate::Memo::new(1, 2);
 /// assert_eq!(memo.parts(), (1, 2));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -189,7 +189,7 @@ impl Memo {
     /// # Examples
     ///
     /// ```
-    /// assert_ne!(async_bulkhead_llm::Memo::new(0, 1), async_bulkhead_llm::Memo::EMPTY);
+    /// assert_ne!(async_bulkhead_llm::estimate::Memo::new(0, 1), async_bulkhead_llm::estimate::Memo::EMPTY);
     /// ```
     pub const fn new(a: u64, b: u64) -> Memo {
         Memo(a, b)
@@ -200,7 +200,7 @@ impl Memo {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::Memo::EMPTY.parts(), (0, 0));
+    /// assert_eq!(async_bulkhead_llm::estimate::Memo::EMPTY.parts(), (0, 0));
     /// ```
     pub const fn parts(self) -> (u64, u64) {
         (self.0, self.1)
@@ -214,14 +214,14 @@ impl Memo {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Estimator, LlmRequest, NaiveEstimator, TokenEstimate};
+/// use async_bulkhead_llm::{estimate::Estimator, LlmRequest, estimate::NaiveEstimator, estimate::TokenEstimate};
 ///
 /// let naive = NaiveEstimator::new();
 /// let request = LlmRequest::new().user("x".repeat(401));
 /// assert_eq!(naive.estimate(&request)?, TokenEstimate::new(101, 2048));
 /// let with_system = LlmRequest::new().user("abcd").system("12345678").max_tokens(0);
 /// assert_eq!(naive.estimate(&with_system)?, TokenEstimate::new(3, 0));
-/// # Ok::<(), async_bulkhead_llm::RequestError>(())
+/// # Ok::<(), async_bulkhead_llm::request::RequestError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NaiveEstimator {
@@ -234,7 +234,7 @@ impl NaiveEstimator {
     /// # Examples
     ///
     /// ```
-    /// let _ = async_bulkhead_llm::NaiveEstimator::new();
+    /// let _ = async_bulkhead_llm::estimate::NaiveEstimator::new();
     /// ```
     pub const fn new() -> NaiveEstimator {
         NaiveEstimator {
@@ -247,11 +247,11 @@ impl NaiveEstimator {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Estimator, LlmRequest, NaiveEstimator};
+    /// use async_bulkhead_llm::{estimate::Estimator, LlmRequest, estimate::NaiveEstimator};
     ///
     /// let e = NaiveEstimator::new().output_cap(100);
     /// assert_eq!(e.estimate(&LlmRequest::new())?.max_output, 100);
-    /// # Ok::<(), async_bulkhead_llm::RequestError>(())
+    /// # Ok::<(), async_bulkhead_llm::request::RequestError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn output_cap(mut self, output_cap: u64) -> NaiveEstimator {

@@ -5,9 +5,9 @@ use core::fmt;
 use std::collections::HashMap;
 
 use super::{Estimator, TokenEstimate, add_input, text_tokens, with_lowercase};
-use crate::error::{EstimatorError, RequestError};
 use crate::llm::request::LlmRequest;
-use crate::reservation::DEFAULT_OUTPUT_CAP;
+use crate::vocabulary::error::{EstimatorError, RequestError};
+use crate::vocabulary::reservation::DEFAULT_OUTPUT_CAP;
 
 /// The built-in ratio table: model-name prefix (lowercase) and characters per token. The
 /// longest prefix the lowercased model starts with wins, so the table is kept sorted by prefix
@@ -48,7 +48,7 @@ type UnknownModelHook = Box<dyn Fn(&str) + Send + Sync>;
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::OpaqueBlockTokens;
+/// use async_bulkhead_llm::estimate::OpaqueBlockTokens;
 ///
 /// assert_eq!(OpaqueBlockTokens::None.cost("image"), 0);
 /// assert_eq!(OpaqueBlockTokens::Each(2048).cost("image"), 2048);
@@ -77,7 +77,7 @@ impl OpaqueBlockTokens {
     /// # Examples
     ///
     /// ```
-    /// let t = async_bulkhead_llm::OpaqueBlockTokens::by_type(None, [("document", 800)]);
+    /// let t = async_bulkhead_llm::estimate::OpaqueBlockTokens::by_type(None, [("document", 800)]);
     /// assert_eq!(t.cost("image"), 0);
     /// ```
     pub fn by_type<K: Into<String>>(
@@ -95,7 +95,7 @@ impl OpaqueBlockTokens {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::OpaqueBlockTokens::Each(5).cost(""), 5);
+    /// assert_eq!(async_bulkhead_llm::estimate::OpaqueBlockTokens::Each(5).cost(""), 5);
     /// ```
     pub fn cost(&self, kind: &str) -> u64 {
         match self {
@@ -120,7 +120,7 @@ impl OpaqueBlockTokens {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{Estimator, LlmRequest, ModelAwareEstimator, OpaqueBlockTokens, ContentBlock};
+/// use async_bulkhead_llm::{estimate::Estimator, LlmRequest, estimate::ModelAwareEstimator, estimate::OpaqueBlockTokens, request::ContentBlock};
 ///
 /// let estimator = ModelAwareEstimator::builder()
 ///     .default_model("claude-sonnet-4")
@@ -154,9 +154,9 @@ impl ModelAwareEstimator {
     /// # Examples
     ///
     /// ```
-    /// let e = async_bulkhead_llm::ModelAwareEstimator::builder().build()?;
+    /// let e = async_bulkhead_llm::estimate::ModelAwareEstimator::builder().build()?;
     /// assert_eq!(e.ratio_for("GPT-4o-2024"), 3.7);
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     pub fn builder() -> ModelAwareEstimatorBuilder {
         ModelAwareEstimatorBuilder {
@@ -183,12 +183,12 @@ impl ModelAwareEstimator {
     /// # Examples
     ///
     /// ```
-    /// let e = async_bulkhead_llm::ModelAwareEstimator::builder().ratio("my-azure-gpt", 3.5).build()?;
+    /// let e = async_bulkhead_llm::estimate::ModelAwareEstimator::builder().ratio("my-azure-gpt", 3.5).build()?;
     /// assert_eq!(e.ratio_for("my-azure-gpt"), 3.5);
     /// assert_eq!(e.ratio_for("claude-opus-4-1"), 3.9);
     /// assert_eq!(e.ratio_for("o3-mini"), 3.7);
     /// assert_eq!(e.ratio_for("gpt-5"), 4.0); // unknown: the fallback
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     pub fn ratio_for(&self, model: &str) -> f64 {
         self.lookup(model).unwrap_or_else(|| self.unknown(model))
@@ -278,12 +278,12 @@ impl fmt::Debug for ModelAwareEstimator {
     }
 }
 
-/// Builds a [`ModelAwareEstimator`]; ratios are validated when built.
+/// Builds a [`ModelAwareEstimator`](crate::estimate::ModelAwareEstimator); ratios are validated when built.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{EstimatorError, ModelAwareEstimator};
+/// use async_bulkhead_llm::{estimate::EstimatorError, estimate::ModelAwareEstimator};
 ///
 /// let err = ModelAwareEstimator::builder().ratio("m", 0.0).build().unwrap_err();
 /// assert_eq!(err, EstimatorError::InvalidRatio { model: "m".into(), ratio: 0.0 });
@@ -304,9 +304,9 @@ impl ModelAwareEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// let e = async_bulkhead_llm::ModelAwareEstimator::builder().ratio("my-deployment", 3.2).build()?;
+    /// let e = async_bulkhead_llm::estimate::ModelAwareEstimator::builder().ratio("my-deployment", 3.2).build()?;
     /// assert_eq!(e.ratio_for("MY-DEPLOYMENT"), 3.2);
-    /// # Ok::<(), async_bulkhead_llm::EstimatorError>(())
+    /// # Ok::<(), async_bulkhead_llm::estimate::EstimatorError>(())
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn ratio(mut self, model: impl Into<String>, chars_per_token: f64) -> Self {
@@ -319,7 +319,7 @@ impl ModelAwareEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Estimator, LlmRequest, ModelAwareEstimator};
+    /// use async_bulkhead_llm::{estimate::Estimator, LlmRequest, estimate::ModelAwareEstimator};
     ///
     /// let e = ModelAwareEstimator::builder().default_model("gpt-4o").build()?;
     /// assert_eq!(e.estimate(&LlmRequest::new().user("x".repeat(370)))?.input, 100);
@@ -336,7 +336,7 @@ impl ModelAwareEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{Estimator, LlmRequest, ModelAwareEstimator};
+    /// use async_bulkhead_llm::{estimate::Estimator, LlmRequest, estimate::ModelAwareEstimator};
     ///
     /// let e = ModelAwareEstimator::builder().output_cap(64).build()?;
     /// assert_eq!(e.estimate(&LlmRequest::new())?.max_output, 64);
@@ -355,7 +355,7 @@ impl ModelAwareEstimatorBuilder {
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
-    /// use async_bulkhead_llm::{Estimator, LlmRequest, ModelAwareEstimator};
+    /// use async_bulkhead_llm::{estimate::Estimator, LlmRequest, estimate::ModelAwareEstimator};
     ///
     /// let seen = Arc::new(Mutex::new(Vec::new()));
     /// let log = seen.clone();
@@ -378,7 +378,7 @@ impl ModelAwareEstimatorBuilder {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{ContentBlock, Estimator, LlmRequest, ModelAwareEstimator, OpaqueBlockTokens};
+    /// use async_bulkhead_llm::{request::ContentBlock, estimate::Estimator, LlmRequest, estimate::ModelAwareEstimator, estimate::OpaqueBlockTokens};
     ///
     /// let e = ModelAwareEstimator::builder()
     ///     .opaque_block_tokens(OpaqueBlockTokens::by_type(Some(10), [("image", 1500)]))
@@ -398,12 +398,12 @@ impl ModelAwareEstimatorBuilder {
     ///
     /// # Errors
     ///
-    /// [`EstimatorError::InvalidRatio`] for the first ratio that is not finite and positive.
+    /// [`EstimatorError::InvalidRatio`](crate::estimate::EstimatorError::InvalidRatio) for the first ratio that is not finite and positive.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::ModelAwareEstimator;
+    /// use async_bulkhead_llm::estimate::ModelAwareEstimator;
     ///
     /// assert!(ModelAwareEstimator::builder().ratio("m", f64::NAN).build().is_err());
     /// assert!(ModelAwareEstimator::builder().ratio("m", -1.0).build().is_err());

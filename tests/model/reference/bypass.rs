@@ -3,7 +3,7 @@
 //! in the call's set, its usage reports and its end; and the untimed refusals of deduplication
 //! followers (crate engine `refuse_undecided`).
 
-use async_bulkhead_llm::UsageError;
+use async_bulkhead_llm::usage::UsageError;
 
 use super::state::Model;
 use super::values::{

@@ -3,11 +3,13 @@
 use std::sync::Once;
 
 use async_bulkhead_llm::{
-    AbandonCause, AcquireOptions, Admission, AdmissionClass, AdmissionClasses, AdmissionId,
-    CapacityDetail, ClassLimits, ClassLimitsTable, ConfigError, Constraint as CrateConstraint,
-    Deduplication, Event, Limits, LlmBulkhead, LlmRequest, MAX_BUDGET, MAX_CONCURRENT,
-    MAX_REVISION, Priority, RejectReason, Rejection, RequestError, Reservation, Resources,
-    RunContext, ShadowId, ShadowReasons, SharedPool, Stats, TokenBudget, TokenUsage,
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, Priority, RejectReason, Rejection,
+    Reservation, RunContext, Stats, TokenBudget, TokenUsage, admission::Admission,
+    admission::AdmissionId, builder::ConfigError, classes::AbandonCause, classes::AdmissionClass,
+    classes::AdmissionClasses, classes::ClassLimits, classes::ClassLimitsTable, classes::Resources,
+    dedup::Deduplication, events::Event, limits::MAX_BUDGET, limits::MAX_CONCURRENT,
+    limits::MAX_REVISION, observe::ShadowId, observe::ShadowReasons, rejection::CapacityDetail,
+    rejection::Constraint as CrateConstraint, rejection::SharedPool, request::RequestError,
 };
 
 use super::flights::{DedupKind, PANICKING_MODEL};
@@ -75,9 +77,9 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         .classes
         .as_ref()
         .map(|c| (c.default, &c.caps[..c.caps.len().min(MAX_CLASSES)]));
-    let builder = |max_concurrent, initial_revision, budget: Option<(u64, u64)>, classes| {
-        let mut builder = LlmBulkhead::builder(MODEL_NAME, max_concurrent)
-            .max_queue(config.max_queue)
+    let builder = |max_concurrent: u32, initial_revision, budget: Option<(u64, u64)>, classes| {
+        let mut builder = LlmBulkhead::builder(MODEL_NAME, max_concurrent as usize)
+            .max_queue(config.max_queue as usize)
             .initial_revision(initial_revision);
         if let Some((budget, reserve)) = budget {
             builder = builder.token_budget(TokenBudget::new(budget).high_priority_reserve(reserve));
@@ -97,8 +99,8 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
     };
     let global = if config.max_concurrent > MAX_CONCURRENT {
         Some(ConfigError::MaxConcurrentTooLarge {
-            value: config.max_concurrent,
-            max: MAX_CONCURRENT,
+            value: config.max_concurrent as usize,
+            max: MAX_CONCURRENT as usize,
         })
     } else if config.initial_revision > MAX_REVISION {
         Some(ConfigError::InitialRevisionTooLarge {
@@ -583,11 +585,11 @@ pub(crate) fn seen_of_context(ctx: &RunContext<'_>, handles: &[AdmissionClass]) 
 }
 
 pub(crate) fn stats_of(s: &Stats, handles: &[AdmissionClass]) -> ModelStats {
-    let by_reason = |counts: &async_bulkhead_llm::RejectionCounts| {
+    let by_reason = |counts: &async_bulkhead_llm::stats::RejectionCounts| {
         core::array::from_fn(|i| counts.get(RejectReason::ALL[i]))
     };
     let abandoned =
-        |total: u64, by: &async_bulkhead_llm::AbandonCounts| (total, by.manual, by.deadline);
+        |total: u64, by: &async_bulkhead_llm::stats::AbandonCounts| (total, by.manual, by.deadline);
     ModelStats {
         limits: limits_of(&s.limits),
         closed: s.closed,

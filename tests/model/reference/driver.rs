@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use async_bulkhead_llm::futures::{Acquire, AcquireOwned, Drain};
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, Admission, AdmissionClass, AdmissionClasses, AdmissionId,
-    ApplyOutcome, ClassLimits, DrainReport, LlmBulkhead, LlmRequest, OwnedPermit, Permit,
-    Progressive, RejectReason, ReleaseReport, RequestError, Subscription, TokenUsage, UsageError,
-    UsageReport, Verdict,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Permit, RejectReason,
+    TokenUsage, admission::Admission, admission::AdmissionId, admission::Verdict,
+    classes::AdmissionClass, classes::AdmissionClasses, classes::ClassLimits, events::Subscription,
+    futures::DrainReport, limits::ApplyOutcome, request::RequestError, usage::Progressive,
+    usage::ReleaseReport, usage::UsageError, usage::UsageReport,
 };
 
 use super::convert::{

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::task::Poll;
 
-use async_bulkhead_llm::{RequestError, UsageError};
+use async_bulkhead_llm::{request::RequestError, usage::UsageError};
 
 use super::bypass::Entered;
 use super::harness::{Call, MAX_CHARS};

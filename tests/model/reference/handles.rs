@@ -1,7 +1,7 @@
 //! Class handles in the driver (design §U6.2): the bulkhead's handles and lookups, which
 //! class a call names, and the class part of a limits snapshot.
 
-use async_bulkhead_llm::{AdmissionClass, ClassLookupError};
+use async_bulkhead_llm::{classes::AdmissionClass, classes::ClassLookupError};
 
 use super::driver::Driver;
 use super::harness::Call;

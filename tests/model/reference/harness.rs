@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::sync::mpsc;
 use std::thread;
 
-use async_bulkhead_llm::MAX_CONCURRENT;
+use async_bulkhead_llm::limits::MAX_CONCURRENT;
 
 use super::convert::build;
 use super::driver::Driver;

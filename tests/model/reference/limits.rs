@@ -2,7 +2,8 @@
 //! classes §U6.1 step 3) and `set_budget` (§U8.4).
 
 use async_bulkhead_llm::{
-    ClassField, ClassLimitsError, LimitsError, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+    classes::ClassField, classes::ClassLimitsError, limits::LimitsError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT, limits::MAX_REVISION,
 };
 
 use super::state::Model;

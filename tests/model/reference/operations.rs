@@ -2,7 +2,7 @@
 
 use std::task::Poll;
 
-use async_bulkhead_llm::{MAX_BUDGET, UsageError};
+use async_bulkhead_llm::{limits::MAX_BUDGET, usage::UsageError};
 
 use super::state::Model;
 use super::values::{

@@ -15,8 +15,8 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AdmissionClass, AdmissionId, Progressive, RequestError, RunContext, RunError, RunOptions,
-    TokenUsage, UsageError, UsageReport,
+    RunContext, RunError, RunOptions, TokenUsage, admission::AdmissionId, classes::AdmissionClass,
+    request::RequestError, usage::Progressive, usage::UsageError, usage::UsageReport,
 };
 
 use super::bypass::Entered;

@@ -12,8 +12,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AdmissionClass, AdmissionId, DedupScope, Progressive, RunContext, RunError, RunOptions,
-    Sharing, TokenUsage, UsageError, UsageReport,
+    RunContext, RunError, RunOptions, TokenUsage, admission::AdmissionId, classes::AdmissionClass,
+    dedup::DedupScope, dedup::Sharing, usage::Progressive, usage::UsageError, usage::UsageReport,
 };
 
 use super::convert::{Seen, bypass_view, refused_of, seen_of_context, shadow_reasons, usage_of};

@@ -2,9 +2,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use async_bulkhead_llm::RequestError;
+use async_bulkhead_llm::request::RequestError;
 
-use async_bulkhead_llm::{AdmissionClass, LimitsError};
+use async_bulkhead_llm::{classes::AdmissionClass, limits::LimitsError};
 
 use super::flights::{DedupKind, Flights};
 use super::harness::{Call, MAX_CHARS};

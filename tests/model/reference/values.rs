@@ -79,7 +79,7 @@ impl ClassCaps {
             protected_tokens: self.protected_tokens.filter(|&n| n > 0),
             max_concurrent: self
                 .max_concurrent
-                .filter(|&n| n < async_bulkhead_llm::MAX_CONCURRENT),
+                .filter(|&n| n < async_bulkhead_llm::limits::MAX_CONCURRENT),
             ..self
         }
     }

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_bulkhead_llm::{AcquireError, AdmissionId, Event, LlmBulkhead, RejectReason};
+use async_bulkhead_llm::{
+    AcquireError, LlmBulkhead, RejectReason, admission::AdmissionId, events::Event,
+};
 
 use super::runtime::{Rt, Setup, Task, Tasks};
 use crate::common::caller_model::{Model, Settled};
@@ -16,7 +18,7 @@ fn reason_index(reason: RejectReason) -> usize {
 
 /// `reserved + overrun + reheld - refunded - consumed - returned_unreported`: the tokens in
 /// flight at every quiet point (crate `TokenBudgetStats`), `None` once a total saturated.
-pub(crate) fn token_balance(t: &async_bulkhead_llm::TokenBudgetStats) -> Option<i128> {
+pub(crate) fn token_balance(t: &async_bulkhead_llm::stats::TokenBudgetStats) -> Option<i128> {
     let totals = [
         t.total_reserved,
         t.total_overrun,

@@ -8,8 +8,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, LlmRequest, MAX_BUDGET, Priority, RejectReason, Reservation,
-    RunContext, RunError, TokenUsage, Verdict,
+    AcquireError, AcquireOptions, LlmRequest, Priority, RejectReason, Reservation, RunContext,
+    RunError, TokenUsage, admission::Verdict, limits::MAX_BUDGET,
 };
 use futures::future::{Either, join_all, select};
 

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    ApplyOutcome, Limits, LimitsError, LlmBulkhead, MAX_BUDGET, MAX_CONCURRENT, TokenBudget,
+    Limits, LlmBulkhead, TokenBudget, limits::ApplyOutcome, limits::LimitsError,
+    limits::MAX_BUDGET, limits::MAX_CONCURRENT,
 };
 use futures::future::join_all;
 
@@ -209,8 +210,8 @@ fn check_quiet_books(shared: &Shared) {
 }
 
 pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
-    let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS)
-        .max_queue(QUEUE)
+    let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS as usize)
+        .max_queue(QUEUE as usize)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .build()
         .unwrap();

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_bulkhead_llm::{Progressive, TokenUsage};
+use async_bulkhead_llm::{TokenUsage, usage::Progressive};
 
 use super::{HUGE, usage};
 use crate::common::caller_model::{Model, Reporter};

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AdmissionClass, AdmissionId, LlmBulkhead, Priority, RejectReason, Resources,
+    LlmBulkhead, Priority, RejectReason, admission::AdmissionId, classes::AdmissionClass,
+    classes::Resources,
 };
 
 use super::config::Revisions;
@@ -462,8 +463,8 @@ impl Shared {
 
 /// What `admitted` checks of an admission, read from a permit's admission or a run context.
 pub(crate) struct Facts {
-    admission_id: async_bulkhead_llm::AdmissionId,
-    class: Option<async_bulkhead_llm::AdmissionClass>,
+    admission_id: async_bulkhead_llm::admission::AdmissionId,
+    class: Option<async_bulkhead_llm::classes::AdmissionClass>,
     priority: async_bulkhead_llm::Priority,
     limit_revision: u64,
     reservation: Option<async_bulkhead_llm::Reservation>,
@@ -473,7 +474,7 @@ pub(crate) struct Facts {
 }
 
 impl Facts {
-    pub(crate) fn of(a: &async_bulkhead_llm::Admission) -> Facts {
+    pub(crate) fn of(a: &async_bulkhead_llm::admission::Admission) -> Facts {
         Facts {
             admission_id: a.admission_id(),
             class: a.class(),
@@ -499,10 +500,10 @@ impl Facts {
         }
     }
 
-    fn admission_id(&self) -> async_bulkhead_llm::AdmissionId {
+    fn admission_id(&self) -> async_bulkhead_llm::admission::AdmissionId {
         self.admission_id
     }
-    fn class(&self) -> Option<async_bulkhead_llm::AdmissionClass> {
+    fn class(&self) -> Option<async_bulkhead_llm::classes::AdmissionClass> {
         self.class
     }
     fn priority(&self) -> async_bulkhead_llm::Priority {

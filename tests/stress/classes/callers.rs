@@ -7,8 +7,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, Admission, LlmRequest, MAX_BUDGET, Priority, RejectReason,
-    RequestError, Reservation, RunError, Verdict,
+    AcquireError, AcquireOptions, LlmRequest, Priority, RejectReason, Reservation, RunError,
+    admission::Admission, admission::Verdict, limits::MAX_BUDGET, request::RequestError,
 };
 use futures::future::{Either, join_all, select};
 

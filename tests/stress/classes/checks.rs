@@ -90,7 +90,9 @@ impl Shared {
             && st.in_use + borrows_tokens > st.capacity;
         let budget_short = tb.in_flight_tokens + requested > tb.effective_budget;
         use RejectReason::{BudgetLimit, ConcurrencyLimit, QueueLimit};
-        use async_bulkhead_llm::Constraint::{AdmissionClass, AdmissionClassProtection, Global};
+        use async_bulkhead_llm::rejection::Constraint::{
+            AdmissionClass, AdmissionClassProtection, Global,
+        };
         let consistent = match (reason, d.constraint) {
             (BudgetLimit, Some(Global)) => budget_short,
             (BudgetLimit, Some(AdmissionClass)) => !tokens_fit,

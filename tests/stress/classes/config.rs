@@ -4,8 +4,8 @@
 use std::sync::RwLock;
 
 use async_bulkhead_llm::{
-    ClassField, ClassLimits, ClassLimitsError, ClassLimitsTable, Limits, LimitsError, MAX_BUDGET,
-    MAX_CONCURRENT, Priority,
+    Limits, Priority, classes::ClassField, classes::ClassLimits, classes::ClassLimitsError,
+    classes::ClassLimitsTable, limits::LimitsError, limits::MAX_BUDGET, limits::MAX_CONCURRENT,
 };
 
 /// The limits of one revision, as the callers check decisions against them.

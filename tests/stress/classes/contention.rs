@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest, Permit,
-    RejectReason, Reservation, Resources, TokenBudget, TokenUsage,
+    AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, Permit, RejectReason, Reservation,
+    TokenBudget, TokenUsage, classes::AdmissionClasses, classes::ClassLimits, classes::Resources,
 };
 
 use super::books::reason_index;
@@ -391,8 +391,9 @@ fn run(config: Config) {
             "class {c}: borrowing and abandonments"
         );
     }
-    let sum =
-        |f: fn(&async_bulkhead_llm::ClassStats) -> u64| classes.classes.iter().map(f).sum::<u64>();
+    let sum = |f: fn(&async_bulkhead_llm::stats::ClassStats) -> u64| {
+        classes.classes.iter().map(f).sum::<u64>()
+    };
     let tokens = stats.token_budget.unwrap();
     assert_eq!(
         [

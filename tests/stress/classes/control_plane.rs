@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AdmissionClasses, ApplyOutcome, ClassLimits, Limits, LimitsError, LlmBulkhead, TokenBudget,
+    Limits, LlmBulkhead, TokenBudget, classes::AdmissionClasses, classes::ClassLimits,
+    limits::ApplyOutcome, limits::LimitsError,
 };
 use futures::future::join_all;
 
@@ -259,8 +260,8 @@ fn build(rng: &mut fastrand::Rng) -> (LlmBulkhead, Vec<&'static str>, usize) {
         AdmissionClasses::new(ids[default]),
         |config, (id, limits)| config.class(*id, *limits),
     );
-    let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS)
-        .max_queue(QUEUE)
+    let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS as usize)
+        .max_queue(QUEUE as usize)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .admission_classes(config)
         .build()

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use async_bulkhead_llm::{AbandonCause, AdmissionClass, AdmissionId, Event, Resources};
+use async_bulkhead_llm::{
+    admission::AdmissionId, classes::AbandonCause, classes::AdmissionClass, classes::Resources,
+    events::Event,
+};
 
 use super::books::{MAX_CLASSES, add, bump, reason_index};
 

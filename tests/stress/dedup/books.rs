@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AdmissionId, Bypass, LlmBulkhead, RejectReason, Rejection, RunContext, ShadowReasons,
-    TokenUsage,
+    LlmBulkhead, RejectReason, Rejection, RunContext, TokenUsage, admission::AdmissionId,
+    observe::Bypass, observe::ShadowReasons,
 };
 
 use super::heard::Heard;

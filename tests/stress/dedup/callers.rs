@@ -10,7 +10,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, DedupScope, RejectReason, RunContext, RunError, RunOptions, TokenUsage,
+    AcquireOptions, RejectReason, RunContext, RunError, RunOptions, TokenUsage, dedup::DedupScope,
 };
 use futures::future::join_all;
 

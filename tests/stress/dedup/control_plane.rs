@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::{ApplyOutcome, Deduplication, Limits, LlmBulkhead, TokenBudget};
+use async_bulkhead_llm::{
+    Limits, LlmBulkhead, TokenBudget, dedup::Deduplication, limits::ApplyOutcome,
+};
 use futures::future::join_all;
 
 use super::books::{Plane, Setup, Shared};
@@ -72,8 +74,8 @@ async fn control_plane(shared: Arc<Shared>) {
 }
 
 pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
-    let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS)
-        .max_queue(QUEUE)
+    let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS as usize)
+        .max_queue(QUEUE as usize)
         .token_budget(TokenBudget::new(BUDGET))
         .deduplication(Deduplication::new())
         .build()

@@ -4,7 +4,7 @@
 use std::future::{Future, poll_fn};
 use std::task::Poll;
 
-use async_bulkhead_llm::{AcquireOptions, Deduplication, LlmBulkhead, LlmRequest};
+use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, dedup::Deduplication};
 use futures::executor::block_on;
 
 /// `run_shared`'s docs: "A follower's wait ends early only by its own explicit timeout or by

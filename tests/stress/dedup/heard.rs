@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::sync::Mutex;
 
-use async_bulkhead_llm::{AdmissionId, Event, RejectReason, ShadowId};
+use async_bulkhead_llm::{RejectReason, admission::AdmissionId, events::Event, observe::ShadowId};
 
 thread_local! {
     static ACTING: Cell<Option<Acting>> = const { Cell::new(None) };

@@ -61,7 +61,7 @@
 //! anyway), so the window between a leader's registration and the installation of its call,
 //! inside `run_shared` itself, is not raced here.
 //!
-//! [`DedupEvent`]: async_bulkhead_llm::DedupEvent
+//! [`DedupEvent`]: async_bulkhead_llm::events::DedupEvent
 
 mod books;
 mod callers;

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    AcquireOptions, DedupScope, Deduplication, Event, LlmBulkhead, LlmRequest, RunOptions,
+    AcquireOptions, LlmBulkhead, LlmRequest, RunOptions, dedup::DedupScope, dedup::Deduplication,
+    events::Event,
 };
 
 /// The scopes calls are made in (`None`: the unnamed scope).

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_bulkhead_llm::{
-    AcquireError, AdmissionId, Event, LlmBulkhead, RejectReason, Subscription,
+    AcquireError, LlmBulkhead, RejectReason, admission::AdmissionId, events::Event,
+    events::Subscription,
 };
 
 use super::callers::Setup;

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireOptions, AdmissionId, Limits, LlmBulkhead, LlmRequest, Priority, Progressive,
-    Reservation, RunError, TokenBudget, TokenUsage, UsageError,
+    AcquireOptions, Limits, LlmBulkhead, LlmRequest, Priority, Reservation, RunError, TokenBudget,
+    TokenUsage, admission::AdmissionId, usage::Progressive, usage::UsageError,
 };
 use futures::FutureExt;
 use futures::future::{Either, select};
@@ -185,7 +185,7 @@ impl Setup {
 }
 
 pub(crate) fn new_bulkhead() -> LlmBulkhead {
-    LlmBulkhead::builder("m", SLOTS)
+    LlmBulkhead::builder("m", SLOTS as usize)
         .max_queue(6)
         .token_budget(TokenBudget::new(3_000).high_priority_reserve(300))
         .build()

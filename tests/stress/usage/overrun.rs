@@ -5,8 +5,8 @@ use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireError, LlmBulkhead, LlmRequest, Permit, Priority, Progressive, RejectReason,
-    Reservation, TokenBudget, UsageError, Verdict,
+    AcquireError, LlmBulkhead, LlmRequest, Permit, Priority, RejectReason, Reservation,
+    TokenBudget, admission::Verdict, usage::Progressive, usage::UsageError,
 };
 
 use super::{usage, with};

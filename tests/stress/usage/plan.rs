@@ -1,6 +1,6 @@
 //! The callers' plan for one admission, and what the listener should hear of it.
 
-use async_bulkhead_llm::{Progressive, Reservation, TokenUsage};
+use async_bulkhead_llm::{Reservation, TokenUsage, usage::Progressive};
 
 use super::usage;
 

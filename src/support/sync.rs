@@ -164,7 +164,7 @@ pub(crate) mod unmodeled {
     /// Locks `mutex`, ignoring poisoning.
     ///
     /// No code of this crate panics while holding one of its locks (user code never runs under
-    /// them, see `crate::contain`), so a poisoned lock can only come from an allocation failure
+    /// them, see `crate::support::contain`), so a poisoned lock can only come from an allocation failure
     /// or a similar abort-class event; the protected data is still consistent and refusing to
     /// continue would only turn one failure into many.
     pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

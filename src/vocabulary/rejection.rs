@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use crate::admission_class::AdmissionClass;
+use crate::vocabulary::admission_class::AdmissionClass;
 
 /// Why a call was refused.
 ///
@@ -76,8 +76,8 @@ impl fmt::Display for RejectReason {
 ///
 /// With the `serde` feature it serializes as a flat object of its fields (`token_budget`
 /// omitted without a token budget, `constraint` when no limit bound), followed, for a decision
-/// with admission classes, by the computed `admission_class` ([`ClassDetail`]) and
-/// `shared_capacity` ([`SharedCapacity`]), which are omitted otherwise.
+/// with admission classes, by the computed `admission_class` ([`ClassDetail`](crate::rejection::ClassDetail)) and
+/// `shared_capacity` ([`SharedCapacity`](crate::rejection::SharedCapacity)), which are omitted otherwise.
 ///
 /// # Examples
 ///
@@ -161,6 +161,7 @@ impl CapacityDetail {
     ///
     /// ```
     /// use async_bulkhead_llm::*;
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits, rejection::Constraint};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .admission_classes(
@@ -212,6 +213,7 @@ impl CapacityDetail {
     ///
     /// ```
     /// use async_bulkhead_llm::*;
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 3)
     ///     .admission_classes(
@@ -246,11 +248,11 @@ impl CapacityDetail {
 
     /// Whether the call's reservation exceeds what the limits in force let it hold even with
     /// nothing in flight: the budget its priority may use
-    /// ([`TokenBudgetDetail::can_never_fit`]) or its class's token ceiling
-    /// ([`ClassTokenDetail::can_never_fit`]). Such a call cannot succeed by being retried
-    /// unchanged; an HTTP gateway answers it 413 rather than 429 (see [`HttpRefusal`]).
+    /// ([`TokenBudgetDetail::can_never_fit`](crate::rejection::TokenBudgetDetail::can_never_fit)) or its class's token ceiling
+    /// ([`ClassTokenDetail::can_never_fit`](crate::rejection::ClassTokenDetail::can_never_fit)). Such a call cannot succeed by being retried
+    /// unchanged; an HTTP gateway answers it 413 rather than 429 (see [`HttpRefusal`](crate::http::HttpRefusal)).
     ///
-    /// [`HttpRefusal`]: crate::HttpRefusal
+    /// [`HttpRefusal`]: crate::http::HttpRefusal
     ///
     /// # Examples
     ///
@@ -444,7 +446,7 @@ fn get_bits(words: &[u64; 4], offset: u32, width: u32) -> u64 {
 /// # Examples
 ///
 /// ```
-/// assert_eq!(async_bulkhead_llm::Constraint::AdmissionClassProtection.as_str(), "admission_class_protection");
+/// assert_eq!(async_bulkhead_llm::rejection::Constraint::AdmissionClassProtection.as_str(), "admission_class_protection");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -481,7 +483,7 @@ impl fmt::Display for Constraint {
 /// # Examples
 ///
 /// ```
-/// let pool = async_bulkhead_llm::SharedPool::compute(1, 1, 1);
+/// let pool = async_bulkhead_llm::rejection::SharedPool::compute(1, 1, 1);
 /// assert_eq!((pool.capacity, pool.in_use, pool.available, pool.requested_borrowed), (1, 1, 0, 1));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -555,7 +557,7 @@ pub struct ClassDetail {
     pub token_budget: Option<ClassTokenDetail>,
 }
 
-/// The token side of a [`ClassDetail`].
+/// The token side of a [`ClassDetail`](crate::rejection::ClassDetail).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -587,6 +589,7 @@ impl ClassTokenDetail {
     ///
     /// ```
     /// use async_bulkhead_llm::*;
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .token_budget(TokenBudget::new(10_000))
@@ -606,12 +609,12 @@ impl ClassTokenDetail {
     }
 }
 
-/// The token side of a [`CapacityDetail`].
+/// The token side of a [`CapacityDetail`](crate::rejection::CapacityDetail).
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::TokenBudgetDetail;
+/// use async_bulkhead_llm::rejection::TokenBudgetDetail;
 ///
 /// let d = TokenBudgetDetail::compute(2400, 400, false, 1100, 1100);
 /// assert_eq!((d.effective_budget, d.available), (2000, 900));
@@ -642,7 +645,7 @@ impl TokenBudgetDetail {
     /// # Examples
     ///
     /// ```
-    /// let d = async_bulkhead_llm::TokenBudgetDetail::compute(100, 500, false, 0, 1);
+    /// let d = async_bulkhead_llm::rejection::TokenBudgetDetail::compute(100, 500, false, 0, 1);
     /// assert_eq!(d.effective_budget, 0); // a reserve above the budget leaves normal traffic nothing
     /// ```
     pub const fn compute(
@@ -674,7 +677,7 @@ impl TokenBudgetDetail {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::TokenBudgetDetail;
+    /// use async_bulkhead_llm::rejection::TokenBudgetDetail;
     ///
     /// assert!(TokenBudgetDetail::compute(1000, 0, false, 0, 1500).can_never_fit());
     /// // Refused now (900 in flight), but it fits once they finish.
@@ -692,7 +695,7 @@ impl TokenBudgetDetail {
 ///
 /// Rejections are cheap to build (no allocation, no clock read) and `Copy`. With the `serde`
 /// feature a rejection serializes as `{"reason": .., "limit_revision": .., "detail": {..}}`
-/// (the detail as [`CapacityDetail`] does); [`HttpRefusal`](crate::HttpRefusal) turns it into
+/// (the detail as [`CapacityDetail`](crate::rejection::CapacityDetail) does); [`HttpRefusal`](crate::http::HttpRefusal) turns it into
 /// an HTTP status and a provider-shaped error body.
 ///
 /// # Examples

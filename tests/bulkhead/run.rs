@@ -17,14 +17,14 @@ async fn call_releases_its_slot_on_completion_panic_and_drop() {
     let bulkhead = bulkhead(1, 4);
 
     // Completes: the output is returned, the slot released.
-    assert_eq!(bulkhead.call(async { "done" }).await, Ok("done"));
+    assert_eq!(bulkhead.run(async { "done" }).await, Ok("done"));
     assert_eq!(bulkhead.state(), st(0, 0));
     // A `Result` output is passed through as it is.
-    let inner: Result<Result<u8, &str>, BulkheadError> = bulkhead.call(async { Err("bad") }).await;
+    let inner: Result<Result<u8, &str>, BulkheadError> = bulkhead.run(async { Err("bad") }).await;
     assert_eq!(inner, Ok(Err("bad")));
 
     // Panics: the panic reaches the caller, the slot is released.
-    let panicked = AssertUnwindSafe(bulkhead.call(async { panic!("the call panics") }))
+    let panicked = AssertUnwindSafe(bulkhead.run(async { panic!("the call panics") }))
         .catch_unwind()
         .await;
     assert!(panicked.is_err());
@@ -32,7 +32,7 @@ async fn call_releases_its_slot_on_completion_panic_and_drop() {
 
     // Dropped while the body runs: the body is dropped, the slot released.
     let gate = Gate::new();
-    let mut running = Box::pin(bulkhead.call(gate.wait()));
+    let mut running = Box::pin(bulkhead.run(gate.wait()));
     assert_pending(&mut running).await;
     assert_eq!(bulkhead.state(), st(1, 0));
     drop(running);
@@ -40,9 +40,9 @@ async fn call_releases_its_slot_on_completion_panic_and_drop() {
 
     // Dropped while its slot is being handed on: a queued call waiting behind a running one
     // is served when the running one is dropped.
-    let mut running = Box::pin(bulkhead.call(gate.wait()));
+    let mut running = Box::pin(bulkhead.run(gate.wait()));
     assert_pending(&mut running).await;
-    let mut behind = Box::pin(bulkhead.call(async { 7 }));
+    let mut behind = Box::pin(bulkhead.run(async { 7 }));
     assert_pending(&mut behind).await;
     drop(running);
     assert_eq!(ready(&mut behind).await, Ok(7));
@@ -64,7 +64,7 @@ async fn a_refused_call_is_never_started() {
     let _held = bulkhead.try_acquire().expect("free");
     let flag = Arc::clone(&started);
     let refused = bulkhead
-        .call(async move { flag.store(true, Ordering::Relaxed) })
+        .run(async move { flag.store(true, Ordering::Relaxed) })
         .await;
     assert!(matches!(refused, Err(BulkheadError::QueueFull { .. })));
     assert!(!started.load(Ordering::Relaxed));
@@ -79,10 +79,10 @@ on_three_runtimes!(
 /// or refused `Shutdown`; when quiet, admitted == released + active.
 async fn every_attempt_is_counted_once() {
     let bulkhead = Bulkhead::builder(2)
-        .expect("valid")
         .max_queue(1)
         .queue_timeout(Duration::from_millis(10))
-        .build();
+        .build()
+        .expect("valid");
     let a = bulkhead.try_acquire().expect("1");
     let b = bulkhead.acquire_owned().await.expect("2");
     assert_books(&bulkhead);
@@ -95,7 +95,7 @@ async fn every_attempt_is_counted_once() {
     drop(cancelled);
     drop(a);
     assert_books(&bulkhead);
-    let c = bulkhead.call(async { 3 }).await.expect("a free slot");
+    let c = bulkhead.run(async { 3 }).await.expect("a free slot");
     assert_eq!(c, 3);
     bulkhead.close();
     assert!(bulkhead.try_acquire().is_err()); // shutdown

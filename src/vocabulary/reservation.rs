@@ -4,8 +4,8 @@
 
 use core::fmt;
 
-use crate::admission_id::{AdmissionId, ShadowId};
-use crate::error::{RequestError, UsageError};
+use crate::vocabulary::admission_id::{AdmissionId, ShadowId};
+use crate::vocabulary::error::{RequestError, UsageError};
 
 /// The default output ceiling when a request names none: 2048 tokens.
 pub const DEFAULT_OUTPUT_CAP: u64 = 2048;
@@ -25,7 +25,7 @@ pub const DEFAULT_OUTPUT_CAP: u64 = 2048;
 ///
 /// let r = Reservation::new(100, 1000)?;
 /// assert_eq!((r.input(), r.max_output(), r.reserved()), (100, 1000, 1100));
-/// # Ok::<(), async_bulkhead_llm::RequestError>(())
+/// # Ok::<(), async_bulkhead_llm::request::RequestError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Reservation {
@@ -44,12 +44,12 @@ impl Reservation {
     ///
     /// # Errors
     ///
-    /// [`RequestError::ReservationOverflow`] when the sum does not fit in a `u64`.
+    /// [`RequestError::ReservationOverflow`](crate::request::RequestError::ReservationOverflow) when the sum does not fit in a `u64`.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{RequestError, Reservation};
+    /// use async_bulkhead_llm::{request::RequestError, Reservation};
     ///
     /// assert_eq!(Reservation::new(1, 2).unwrap().reserved(), 3);
     /// assert_eq!(
@@ -69,13 +69,13 @@ impl Reservation {
     ///
     /// # Errors
     ///
-    /// [`RequestError::ReservationOverflow`] when `input + max_output` overflows, and
-    /// [`RequestError::ReservedMismatch`] when `reserved` differs from the sum.
+    /// [`RequestError::ReservationOverflow`](crate::request::RequestError::ReservationOverflow) when `input + max_output` overflows, and
+    /// [`RequestError::ReservedMismatch`](crate::request::RequestError::ReservedMismatch) when `reserved` differs from the sum.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{RequestError, Reservation};
+    /// use async_bulkhead_llm::{request::RequestError, Reservation};
     ///
     /// assert!(Reservation::with_reserved(100, 1000, 1100).is_ok());
     /// let err = Reservation::with_reserved(100, 1000, 999).unwrap_err();
@@ -160,7 +160,7 @@ impl fmt::Display for Reservation {
 ///
 /// let usage = TokenUsage::new(120, 380)?;
 /// assert_eq!((usage.input(), usage.output(), usage.total()), (120, 380, 500));
-/// # Ok::<(), async_bulkhead_llm::UsageError>(())
+/// # Ok::<(), async_bulkhead_llm::usage::UsageError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TokenUsage {
@@ -179,12 +179,12 @@ impl TokenUsage {
     ///
     /// # Errors
     ///
-    /// [`UsageError::TotalOverflow`] when `input + output` does not fit in a `u64`.
+    /// [`UsageError::TotalOverflow`](crate::usage::UsageError::TotalOverflow) when `input + output` does not fit in a `u64`.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{TokenUsage, UsageError};
+    /// use async_bulkhead_llm::{TokenUsage, usage::UsageError};
     ///
     /// assert!(TokenUsage::new(0, 0).is_ok());
     /// assert_eq!(
@@ -240,7 +240,7 @@ impl TokenUsage {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::Progressive;
+/// use async_bulkhead_llm::usage::Progressive;
 ///
 /// let p = Progressive::new(600).safety_margin(50);
 /// assert_eq!((p.remaining_output_tokens, p.safety_margin_tokens), (600, 50));
@@ -260,7 +260,7 @@ impl Progressive {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::Progressive::new(10).safety_margin_tokens, 0);
+    /// assert_eq!(async_bulkhead_llm::usage::Progressive::new(10).safety_margin_tokens, 0);
     /// ```
     pub const fn new(remaining_output_tokens: u64) -> Progressive {
         Progressive {
@@ -274,7 +274,7 @@ impl Progressive {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(async_bulkhead_llm::Progressive::new(10).safety_margin(128).safety_margin_tokens, 128);
+    /// assert_eq!(async_bulkhead_llm::usage::Progressive::new(10).safety_margin(128).safety_margin_tokens, 128);
     /// ```
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn safety_margin(mut self, tokens: u64) -> Progressive {
@@ -375,6 +375,7 @@ pub struct ReleaseReport {
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{usage::Progressive};
     /// let bulkhead = LlmBulkhead::builder("m", 1).token_budget(TokenBudget::new(5000)).build()?;
     /// let opts = AcquireOptions::new().reservation(Reservation::new(100, 1000)?);
     /// let mut permit = bulkhead.try_acquire(&LlmRequest::new(), opts)?;

@@ -11,11 +11,11 @@
 //! 2^28 shards have been created); the random bits make collisions across processes unlikely. The mixer only makes consecutive ids look unrelated (good for log
 //! sharding and for not leaking admission rates).
 
-use crate::sync::unmodeled::OnceLock;
+use crate::support::sync::unmodeled::OnceLock;
 use core::fmt;
 use std::hash::{BuildHasher, Hasher, RandomState};
 
-use crate::sync::unmodeled::{AtomicU64, Ordering};
+use crate::support::sync::unmodeled::{AtomicU64, Ordering};
 
 /// The unique id of one admission.
 ///
@@ -99,7 +99,7 @@ impl From<AdmissionId> for uuid::Uuid {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, ShadowReasons};
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, observe::ShadowReasons};
 ///
 /// # ::futures::executor::block_on(async {
 /// let bulkhead = LlmBulkhead::builder("m", 0).build()?; // refuses everything
@@ -118,8 +118,8 @@ impl From<AdmissionId> for uuid::Uuid {
 pub struct ShadowId(u128);
 
 impl ShadowId {
-    /// The same UUID as an [`AdmissionId`] (for the id fields a bypass shares with
-    /// admissions, e.g. [`UsageReport::admission_id`](crate::UsageReport::admission_id)).
+    /// The same UUID as an [`AdmissionId`](crate::admission::AdmissionId) (for the id fields a bypass shares with
+    /// admissions, e.g. [`UsageReport::admission_id`](crate::usage::UsageReport::admission_id)).
     pub(crate) const fn as_admission_id(self) -> AdmissionId {
         AdmissionId(self.0)
     }
@@ -143,6 +143,7 @@ impl ShadowId {
     ///
     /// ```
     /// # use async_bulkhead_llm::*;
+    /// # use async_bulkhead_llm::{observe::ShadowReasons};
     /// # ::futures::executor::block_on(async {
     /// # let bulkhead = LlmBulkhead::builder("m", 0).build()?;
     /// # let options = AcquireOptions::new().observe(ShadowReasons::ALL);
@@ -210,7 +211,7 @@ pub(crate) fn new_tag() -> u64 {
 }
 
 /// An admission id before mixing: a shard tag and the shard's admission sequence number.
-/// Mixing them into an [`AdmissionId`] waits until someone asks for it.
+/// Mixing them into an [`AdmissionId`](crate::admission::AdmissionId) waits until someone asks for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct IdParts {
     tag: u64,

@@ -6,15 +6,15 @@
 
 use core::fmt;
 
-use crate::admission_class::AdmissionClass;
-use crate::rejection::Rejection;
+use crate::vocabulary::admission_class::AdmissionClass;
+use crate::vocabulary::rejection::Rejection;
 
 /// The builder refused a configuration. Nothing was built.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{ConfigError, LlmBulkhead, TokenBudget};
+/// use async_bulkhead_llm::{builder::ConfigError, LlmBulkhead, TokenBudget};
 ///
 /// let err = LlmBulkhead::builder("  ", 4).build().unwrap_err();
 /// assert_eq!(err, ConfigError::EmptyModel { model: "  ".into() });
@@ -33,12 +33,20 @@ pub enum ConfigError {
         /// The refused model name.
         model: String,
     },
-    /// `max_concurrent` exceeds what the admission word can count.
+    /// `max_concurrent` exceeds what the admission word can count
+    /// ([`MAX_CONCURRENT`](crate::limits::MAX_CONCURRENT)).
     MaxConcurrentTooLarge {
         /// The refused value.
-        value: u32,
+        value: usize,
         /// The largest accepted value.
-        max: u32,
+        max: usize,
+    },
+    /// `max_queue` exceeds what the limits hold (`u32::MAX`).
+    MaxQueueTooLarge {
+        /// The refused value.
+        value: usize,
+        /// The largest accepted value.
+        max: usize,
     },
     /// `initial_revision` exceeds the largest revision (2^53 - 1, so revisions survive JSON).
     InitialRevisionTooLarge {
@@ -48,7 +56,7 @@ pub enum ConfigError {
         max: u64,
     },
     /// `token_budget.budget` exceeds what the admission word can count
-    /// ([`MAX_BUDGET`](crate::MAX_BUDGET)).
+    /// ([`MAX_BUDGET`](crate::limits::MAX_BUDGET)).
     BudgetTooLarge {
         /// The refused value.
         value: u64,
@@ -69,7 +77,7 @@ pub enum ConfigError {
     },
     /// Admission classes were configured without any class.
     NoClasses,
-    /// A class's limits are invalid (see [`ClassLimitsError`]).
+    /// A class's limits are invalid (see [`ClassLimitsError`](crate::classes::ClassLimitsError)).
     Class(ClassLimitsError),
     /// The default class names no configured class.
     UnknownDefaultClass {
@@ -101,6 +109,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::MaxConcurrentTooLarge { value, max } => {
                 write!(f, "max_concurrent ({value}) must be <= {max}")
+            }
+            ConfigError::MaxQueueTooLarge { value, max } => {
+                write!(f, "max_queue ({value}) must be <= {max}")
             }
             ConfigError::InitialRevisionTooLarge { value, max } => {
                 write!(f, "initial_revision ({value}) must be <= {max}")
@@ -146,7 +157,7 @@ impl std::error::Error for ConfigError {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{LimitsError, LlmBulkhead};
+/// use async_bulkhead_llm::{limits::LimitsError, LlmBulkhead};
 ///
 /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
 /// let err = bulkhead.set_budget(10).unwrap_err();
@@ -172,7 +183,7 @@ pub enum LimitsError {
         max: u32,
     },
     /// The budget exceeds what the admission word can count
-    /// ([`MAX_BUDGET`](crate::MAX_BUDGET)).
+    /// ([`MAX_BUDGET`](crate::limits::MAX_BUDGET)).
     BudgetTooLarge {
         /// The refused value.
         value: u64,
@@ -195,7 +206,7 @@ pub enum LimitsError {
     AdmissionClassesNotConfigured,
     /// The snapshot's classes are not exactly the ids the bulkhead was built with.
     ClassIdsMismatch,
-    /// A class's limits are invalid (see [`ClassLimitsError`]).
+    /// A class's limits are invalid (see [`ClassLimitsError`](crate::classes::ClassLimitsError)).
     Class(ClassLimitsError),
     /// The classes' protected floors of concurrent calls add up to more than the snapshot's
     /// `max_concurrent`.
@@ -268,7 +279,7 @@ impl std::error::Error for LimitsError {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::RequestError;
+/// use async_bulkhead_llm::request::RequestError;
 ///
 /// let err = RequestError::InputOverflow { text_tokens: 2, opaque_tokens: 0, extra_input_tokens: u64::MAX };
 /// assert_eq!(
@@ -377,7 +388,7 @@ impl std::error::Error for RequestError {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{TokenUsage, UsageError};
+/// use async_bulkhead_llm::{TokenUsage, usage::UsageError};
 ///
 /// let err = TokenUsage::new(u64::MAX, u64::MAX).unwrap_err();
 /// assert!(matches!(err, UsageError::TotalOverflow { .. }));
@@ -435,7 +446,7 @@ impl std::error::Error for UsageError {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::ModelAwareEstimator;
+/// use async_bulkhead_llm::estimate::ModelAwareEstimator;
 ///
 /// let err = ModelAwareEstimator::builder().ratio("my-model", -1.0).build().unwrap_err();
 /// assert_eq!(err.to_string(), "ratio override for \"my-model\" must be a finite number > 0 (got -1)");
@@ -554,7 +565,7 @@ impl AcquireError {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AcquireError, RequestError};
+    /// use async_bulkhead_llm::{AcquireError, request::RequestError};
     ///
     /// let invalid = AcquireError::Invalid(RequestError::ReservationOverflow { input: 1, max_output: u64::MAX });
     /// assert!(invalid.rejection().is_none());
@@ -597,18 +608,18 @@ impl From<RequestError> for AcquireError {
 /// # Examples
 ///
 /// ```
-/// assert_eq!(async_bulkhead_llm::ClassField::MaxInFlightTokens.as_str(), "max_in_flight_tokens");
+/// assert_eq!(async_bulkhead_llm::classes::ClassField::MaxInFlightTokens.as_str(), "max_in_flight_tokens");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ClassField {
-    /// [`ClassLimits::protected_concurrent`](crate::ClassLimits::protected_concurrent).
+    /// [`ClassLimits::protected_concurrent`](crate::classes::ClassLimits::protected_concurrent).
     ProtectedConcurrent,
-    /// [`ClassLimits::max_concurrent`](crate::ClassLimits::max_concurrent).
+    /// [`ClassLimits::max_concurrent`](crate::classes::ClassLimits::max_concurrent).
     MaxConcurrent,
-    /// [`ClassLimits::protected_in_flight_tokens`](crate::ClassLimits::protected_in_flight_tokens).
+    /// [`ClassLimits::protected_in_flight_tokens`](crate::classes::ClassLimits::protected_in_flight_tokens).
     ProtectedInFlightTokens,
-    /// [`ClassLimits::max_in_flight_tokens`](crate::ClassLimits::max_in_flight_tokens).
+    /// [`ClassLimits::max_in_flight_tokens`](crate::classes::ClassLimits::max_in_flight_tokens).
     MaxInFlightTokens,
 }
 
@@ -625,13 +636,13 @@ impl ClassField {
 }
 
 /// One admission class's limits are invalid, at build time
-/// ([`ConfigError::Class`]) or in a snapshot ([`LimitsError::Class`]). Each names the class
+/// ([`ConfigError::Class`](crate::builder::ConfigError::Class)) or in a snapshot ([`LimitsError::Class`](crate::limits::LimitsError::Class)). Each names the class
 /// and the field.
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AdmissionClasses, ClassField, ClassLimits, ClassLimitsError, ConfigError, LlmBulkhead};
+/// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassField, classes::ClassLimits, classes::ClassLimitsError, builder::ConfigError, LlmBulkhead};
 ///
 /// let err = LlmBulkhead::builder("m", 4)
 ///     .admission_classes(AdmissionClasses::new("a").class("a", ClassLimits::new().protected_concurrent(3).max_concurrent(2)))
@@ -760,7 +771,7 @@ impl std::error::Error for ClassLimitsError {}
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{ClassLookupError, LlmBulkhead};
+/// use async_bulkhead_llm::{classes::ClassLookupError, LlmBulkhead};
 ///
 /// let bulkhead = LlmBulkhead::builder("m", 1).build()?;
 /// assert_eq!(bulkhead.class("premium"), Err(ClassLookupError::NotConfigured));

@@ -1,23 +1,24 @@
 //! [`LlmCore`]: the engine paired with what makes it an LLM bulkhead: the model it guards, the
 //! estimator that sizes reservations, and the event listeners. Every admission of the LLM
 //! bulkhead goes through [`LlmCore::admit`], which resolves nothing itself (see
-//! [`LlmCore::resolve`]), asks the engine, builds the [`Admission`] and announces the outcome.
+//! [`LlmCore::resolve`]), asks the engine, builds the [`Admission`](crate::admission::Admission) and announces the outcome.
 
 use core::ops::Deref;
 use std::time::{Duration, Instant};
 
-use crate::admission_class::{AbandonCause, AdmissionClass};
-use crate::engine::limits::Limits;
+use crate::engine::timer::Bound;
 use crate::engine::{Ask, Decision, Engine, Grant, Wait, WaiterHandle};
-use crate::error::{AcquireError, RequestError};
 use crate::events::{
     AdmitEvent, BorrowedConcurrencyAbandonEvent, DECISION_KINDS, Event, EventKind, Listeners,
     ReconfigureEvent, RejectEvent, SAMPLED_CALL_KINDS, SAMPLED_DECISION_KINDS, Timing,
 };
-use crate::priority::Priority;
-use crate::rejection::Rejection;
-use crate::reservation::Reservation;
-use crate::sync::{Arc, unmodeled};
+use crate::support::sync::{Arc, unmodeled};
+use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass};
+use crate::vocabulary::error::{AcquireError, RequestError};
+use crate::vocabulary::limits::Limits;
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::Rejection;
+use crate::vocabulary::reservation::Reservation;
 
 use super::admission::{Admission, Ledger};
 use super::dedup::{Dedup, Deduplication};
@@ -34,7 +35,7 @@ pub(crate) struct LlmCore {
     listeners: unmodeled::Arc<Listeners>,
     /// Sizes calls that bring no reservation of their own (with a token budget only).
     estimator: unmodeled::Arc<dyn Estimator>,
-    /// Panics of `estimator.observe`, caught and counted (see `crate::contain`).
+    /// Panics of `estimator.observe`, caught and counted (see `crate::support::contain`).
     estimator_panics: unmodeled::AtomicU64,
     model: Box<str>,
     /// Queue timeout of calls that set none.
@@ -217,8 +218,8 @@ impl LlmCore {
     ///
     /// # Errors
     ///
-    /// [`RequestError::ClassesNotConfigured`] when a call names a class on a bulkhead without
-    /// classes, [`RequestError::ForeignClass`] when it names another bulkhead's class.
+    /// [`RequestError::ClassesNotConfigured`](crate::request::RequestError::ClassesNotConfigured) when a call names a class on a bulkhead without
+    /// classes, [`RequestError::ForeignClass`](crate::request::RequestError::ForeignClass) when it names another bulkhead's class.
     #[inline]
     pub(crate) fn class_of(
         &self,
@@ -255,9 +256,13 @@ impl LlmCore {
         Ok(Call::new(priority, class, Some(reservation), memo))
     }
 
-    /// The queue timeout of a call: its own, else the bulkhead's default.
-    pub(crate) fn timeout(&self, options: AcquireOptions) -> Option<Duration> {
-        options.timeout.or(self.default_timeout)
+    /// How long a call may wait in the queue: its own timeout, else the bulkhead's default,
+    /// and its deadline, whichever comes first.
+    pub(crate) fn bound(&self, options: AcquireOptions) -> Bound {
+        Bound {
+            timeout: options.timeout.or(self.default_timeout),
+            deadline: options.deadline,
+        }
     }
 
     /// The general door of an admission (see `try_admit` and `admit_in_place` for the two fast

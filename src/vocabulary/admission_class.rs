@@ -1,8 +1,8 @@
-//! The vocabulary of admission classes: [`AdmissionClass`] (a cheap handle to one configured
-//! class), [`ClassLimits`] (a class's floors and ceilings), [`Resources`] (what an admission
-//! borrowed from the shared pool) and [`AbandonCause`].
+//! The vocabulary of admission classes: [`AdmissionClass`](crate::classes::AdmissionClass) (a cheap handle to one configured
+//! class), [`ClassLimits`](crate::classes::ClassLimits) (a class's floors and ceilings), [`Resources`](crate::classes::Resources) (what an admission
+//! borrowed from the shared pool) and [`AbandonCause`](crate::classes::AbandonCause).
 
-use crate::sync::unmodeled::{Mutex, OnceLock};
+use crate::support::sync::unmodeled::{Mutex, OnceLock};
 use core::fmt;
 use std::collections::HashMap;
 
@@ -14,12 +14,12 @@ use std::collections::HashMap;
 /// A handle names a class id *at a position* in a bulkhead's class order: two bulkheads
 /// configured with the same id at the same position share the handle, and a bulkhead refuses
 /// a handle whose id it does not have at that position
-/// ([`RequestError::ForeignClass`](crate::RequestError::ForeignClass)).
+/// ([`RequestError::ForeignClass`](crate::request::RequestError::ForeignClass)).
 ///
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::{AcquireOptions, AdmissionClasses, ClassLimits, LlmBulkhead, LlmRequest};
+/// use async_bulkhead_llm::{AcquireOptions, classes::AdmissionClasses, classes::ClassLimits, LlmBulkhead, LlmRequest};
 ///
 /// let bulkhead = LlmBulkhead::builder("m", 4)
 ///     .admission_classes(
@@ -50,7 +50,8 @@ impl AdmissionClass {
     pub(crate) fn new(id: &str, index: u16) -> AdmissionClass {
         type Table = HashMap<(&'static str, u16), &'static ClassInfo>;
         static CLASSES: OnceLock<Mutex<Table>> = OnceLock::new();
-        let mut classes = crate::sync::unmodeled::lock(CLASSES.get_or_init(Mutex::default));
+        let mut classes =
+            crate::support::sync::unmodeled::lock(CLASSES.get_or_init(Mutex::default));
         if let Some(&info) = classes.get(&(id, index)) {
             return AdmissionClass(info);
         }
@@ -65,7 +66,7 @@ impl AdmissionClass {
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead};
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits, LlmBulkhead};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .admission_classes(AdmissionClasses::new("batch").class("batch", ClassLimits::new()))
@@ -78,13 +79,13 @@ impl AdmissionClass {
     }
 
     /// The class's position in the bulkhead's class order (the order it was configured in,
-    /// and the order of [`ClassesStats::classes`](crate::ClassesStats)): handy to index a
+    /// and the order of [`ClassesStats::classes`](crate::stats::ClassesStats)): handy to index a
     /// per-class array of metrics.
     ///
     /// # Examples
     ///
     /// ```
-    /// use async_bulkhead_llm::{AdmissionClasses, ClassLimits, LlmBulkhead};
+    /// use async_bulkhead_llm::{classes::AdmissionClasses, classes::ClassLimits, LlmBulkhead};
     ///
     /// let bulkhead = LlmBulkhead::builder("m", 4)
     ///     .admission_classes(AdmissionClasses::new("a").class("a", ClassLimits::new()).class("b", ClassLimits::new()))
@@ -137,7 +138,7 @@ impl serde::Serialize for AdmissionClass {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::ClassLimits;
+/// use async_bulkhead_llm::classes::ClassLimits;
 ///
 /// let premium = ClassLimits::new()
 ///     .protected_concurrent(2)
@@ -184,7 +185,7 @@ impl ClassLimits {
     }
 
     /// Sets the ceiling of concurrent calls. A ceiling of
-    /// [`MAX_CONCURRENT`](crate::MAX_CONCURRENT) can never bind, and the bulkhead reports it
+    /// [`MAX_CONCURRENT`](crate::limits::MAX_CONCURRENT) can never bind, and the bulkhead reports it
     /// as no ceiling.
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn max_concurrent(mut self, slots: u32) -> ClassLimits {
@@ -226,7 +227,7 @@ impl ClassLimits {
 /// # Examples
 ///
 /// ```
-/// use async_bulkhead_llm::Resources;
+/// use async_bulkhead_llm::classes::Resources;
 ///
 /// assert_eq!(Resources::NONE, Resources::new(false, 0));
 /// assert!(!Resources::NONE.borrowed_concurrency);
@@ -243,12 +244,12 @@ pub struct Resources {
 
 impl Resources {
     /// What a call borrowed: its slot or not, and `borrowed_tokens` (to compare with an
-    /// admission's [`resources`](crate::Admission::resources)).
+    /// admission's [`resources`](crate::admission::Admission::resources)).
     ///
     /// # Examples
     ///
     /// ```
-    /// let r = async_bulkhead_llm::Resources::new(true, 40);
+    /// let r = async_bulkhead_llm::classes::Resources::new(true, 40);
     /// assert_eq!((r.borrowed_concurrency, r.borrowed_tokens), (true, 40));
     /// ```
     pub const fn new(borrowed_concurrency: bool, borrowed_tokens: u64) -> Resources {
@@ -270,7 +271,7 @@ impl Resources {
 /// # Examples
 ///
 /// ```
-/// assert_eq!(async_bulkhead_llm::AbandonCause::Deadline.as_str(), "deadline");
+/// assert_eq!(async_bulkhead_llm::classes::AbandonCause::Deadline.as_str(), "deadline");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]

@@ -6,11 +6,12 @@
 use core::fmt;
 use std::time::Duration;
 
-use crate::contain::contain;
+use crate::engine::permit::Holder;
 use crate::engine::{Ask, Engine, Grant};
-use crate::priority::Priority;
-use crate::rejection::{RejectReason, Rejection};
-use crate::sync::unmodeled::{AtomicU64, Ordering};
+use crate::support::contain::contain;
+use crate::support::sync::unmodeled::{AtomicU64, Ordering};
+use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rejection::{RejectReason, Rejection};
 
 use super::error::{BulkheadError, BulkheadState};
 
@@ -61,12 +62,6 @@ impl BulkheadCore {
         self.hook_panics.load(Ordering::Relaxed)
     }
 
-    /// Returns a slot.
-    #[inline]
-    pub(super) fn release(&self, grant: &Grant) {
-        self.engine.release(grant);
-    }
-
     /// The error of a call refused by the engine (already counted there), announced to the
     /// hook. `waited` is how long it queued, for a timeout.
     #[cold]
@@ -102,6 +97,22 @@ impl BulkheadCore {
             active: self.engine.unsettled(),
             queued: self.engine.pending(),
         }
+    }
+}
+
+impl Holder for BulkheadCore {
+    type Held = Grant;
+
+    /// A general permit settles only when it is dropped (`release` drops it).
+    #[inline]
+    fn is_settled(_: &Grant) -> bool {
+        false
+    }
+
+    /// Returns the slot (to the oldest queued call, if one waits).
+    #[inline]
+    fn settle_dropped(&self, grant: &Grant) {
+        self.engine.release(grant);
     }
 }
 

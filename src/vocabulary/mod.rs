@@ -1,0 +1,22 @@
+//! The vocabulary: plain values every layer shares, with no behaviour beyond validation and
+//! formatting. Each file imports only the support layer and the vocabulary files named before
+//! it below; nothing here knows the engine, a bulkhead or a request.
+//!
+//! - `priority`: [`Priority`](priority::Priority).
+//! - `admission_id`: admission and shadow ids.
+//! - `admission_class`: class handles, a class's limits, what an admission borrowed.
+//! - `error`: the typed errors of input that can never succeed.
+//! - `rejection`: capacity refusals and their snapshot.
+//! - `reservation`: reservations, usage and the reports of usage and release.
+//! - `limits`: versioned limits and what applying them did.
+//! - `verdict`, `drain_report`: what an advisory check predicts; where a drain ended.
+
+pub(crate) mod admission_class;
+pub(crate) mod admission_id;
+pub(crate) mod drain_report;
+pub(crate) mod error;
+pub(crate) mod limits;
+pub(crate) mod priority;
+pub(crate) mod rejection;
+pub(crate) mod reservation;
+pub(crate) mod verdict;
