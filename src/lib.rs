@@ -424,6 +424,12 @@ pub mod observability {
     pub use crate::integrations::tracing::{trace_events, trace_events_sampled};
 }
 
+/// The guide: every capability of the crate, one section each, with examples that run (its
+/// source is `docs/guide.md`).
+pub mod guide {
+    #![doc = include_str!("../docs/guide.md")]
+}
+
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

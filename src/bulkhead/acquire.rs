@@ -18,9 +18,8 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use event_listener::Listener;
-
-use crate::engine::timer::{Bound, Sleep};
+use crate::engine::queued::Queued;
+use crate::engine::timer::Bound;
 use crate::engine::{Decision, Grant, Wait, WaiterHandle};
 use crate::support::sync::Arc;
 use crate::vocabulary::rejection::Rejection;
@@ -411,14 +410,14 @@ enum Step {
 }
 
 struct Waiting {
-    waiter: WaiterHandle,
-    /// The end of the wait (queue timeout or deadline), if any.
-    sleep: Option<Sleep>,
+    /// The engine's queued wait (the one protocol both faces follow).
+    queued: Queued,
     /// When the call joined the queue (read only if its wait can end in a timeout).
     queued_at: Option<Instant>,
 }
 
-/// The state machine shared by both futures and the blocking acquires.
+/// The state machine shared by both futures and the blocking acquires: the first decision,
+/// then the engine's queued wait, its outcome turned into a grant or a `BulkheadError`.
 struct Machine<C: Deref<Target = BulkheadCore>> {
     core: C,
     step: Step,
@@ -461,99 +460,59 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
             timeout: options.timeout.or(self.core.queue_timeout()),
             deadline: options.deadline,
         };
-        if !bound.is_bounded() {
-            // No end to the wait: no clock to read (a clock read costs as much as the rest of
-            // joining the queue on some virtual machines).
-            self.step = Step::Waiting(Waiting {
-                waiter,
-                sleep: None,
-                queued_at: None,
-            });
-            return;
-        }
-        let queued_at = Instant::now();
+        // No end to the wait: no clock to read (a clock read costs as much as the rest of
+        // joining the queue on some virtual machines).
+        let queued_at = bound.is_bounded().then(Instant::now);
+        let sleep = queued_at.and_then(|at| bound.sleep(at));
         self.step = Step::Waiting(Waiting {
-            waiter,
-            sleep: bound.sleep(queued_at),
-            queued_at: Some(queued_at),
+            queued: Queued::new(waiter, sleep),
+            queued_at,
         });
     }
 
-    /// The waiter's fate, if decided; finishes the acquire if so.
-    fn pick_up(&mut self) -> Option<Result<Grant, BulkheadError>> {
-        let Step::Waiting(waiting) = &self.step else {
-            return None;
-        };
-        let decided = self.core.engine().pick_up(&waiting.waiter)?;
-        let queued_at = waiting.queued_at;
-        self.step = Step::Done;
-        Some(self.finish(decided, queued_at))
-    }
-
-    /// Gives up waiting because the wait's end passed; a hand-off that arrived first wins.
-    fn time_out(&mut self) -> Result<Grant, BulkheadError> {
+    /// Turns the wait's outcome into the acquire's (a refusal announced to the hook, with how
+    /// long the call waited); the acquire is finished.
+    fn finish(&mut self, decided: Result<Grant, Rejection>) -> Result<Grant, BulkheadError> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
-            unreachable!("only a waiting acquire times out")
+            unreachable!("only a waiting acquire finishes its wait")
         };
-        let decided = self.core.engine().time_out(&waiting.waiter);
-        self.finish(decided, waiting.queued_at)
-    }
-
-    fn finish(
-        &self,
-        decided: Result<Grant, Rejection>,
-        queued_at: Option<Instant>,
-    ) -> Result<Grant, BulkheadError> {
         decided.map_err(|rejection| {
-            let waited = queued_at.map_or(Duration::ZERO, |at| at.elapsed());
+            let waited = waiting.queued_at.map_or(Duration::ZERO, |at| at.elapsed());
             self.core.refused(&rejection, waited)
         })
     }
 
     /// Polls the acquire: the first poll decides (admitted, refused or queued); later polls
-    /// pick up the waiter's fate or time it out.
+    /// follow the queued wait.
     #[inline]
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
         if matches!(self.step, Step::Start { .. }) {
             return match self.start(Wait::Async(cx.waker())) {
                 Some(done) => Poll::Ready(done),
-                // Just queued, this task's waker registered before the waiter was: whatever
-                // decides its fate from now on wakes it.
-                None => self.poll_sleep(cx),
+                None => self.poll_waiting(cx, true),
             };
         }
-        self.poll_waiting(cx)
+        self.poll_waiting(cx, false)
     }
 
+    /// A poll of the queued wait (`arrived`: by the poll that queued the call, whose waker
+    /// is registered already).
     #[cold]
-    fn poll_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
-        if let Some(done) = self.pick_up() {
-            return Poll::Ready(done);
-        }
+    fn poll_waiting(
+        &mut self,
+        cx: &mut Context<'_>,
+        arrived: bool,
+    ) -> Poll<Result<Grant, BulkheadError>> {
         let Step::Waiting(waiting) = &mut self.step else {
             panic!("`BulkheadAcquire` polled after completion");
         };
-        // Register, then check again: a hand-off published between the first check and the
-        // registration is caught by the second check, and one published after it wakes us.
-        waiting.waiter.register(cx.waker());
-        if let Some(done) = self.pick_up() {
-            return Poll::Ready(done);
-        }
-        self.poll_sleep(cx)
-    }
-
-    /// The wait's end: times the acquire out once it has passed, else makes sure the task is
-    /// woken then.
-    fn poll_sleep(&mut self, cx: &mut Context<'_>) -> Poll<Result<Grant, BulkheadError>> {
-        let Step::Waiting(waiting) = &mut self.step else {
-            unreachable!("only a waiting acquire sleeps")
+        let engine = self.core.engine();
+        let decided = if arrived {
+            waiting.queued.poll_arrived(engine, cx)
+        } else {
+            waiting.queued.poll(engine, cx)
         };
-        if let Some(sleep) = &mut waiting.sleep
-            && sleep.poll_elapsed(cx).is_ready()
-        {
-            return Poll::Ready(self.time_out());
-        }
-        Poll::Pending
+        decided.map(|decided| self.finish(decided))
     }
 
     /// The blocking equivalent of polling to completion.
@@ -561,29 +520,11 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
         if let Some(done) = self.start(Wait::Blocking) {
             return done;
         }
-        loop {
-            if let Some(done) = self.pick_up() {
-                return done;
-            }
-            let Step::Waiting(waiting) = &self.step else {
-                unreachable!()
-            };
-            let listener = waiting.waiter.listen();
-            if let Some(done) = self.pick_up() {
-                return done;
-            }
-            let Step::Waiting(waiting) = &self.step else {
-                unreachable!()
-            };
-            match waiting.sleep.as_ref().map(Sleep::deadline) {
-                None => listener.wait(),
-                Some(deadline) => {
-                    if listener.wait_deadline(deadline).is_none() {
-                        return self.time_out();
-                    }
-                }
-            }
-        }
+        let Step::Waiting(waiting) = &mut self.step else {
+            unreachable!("a call not finished at once waits")
+        };
+        let decided = waiting.queued.block(self.core.engine());
+        self.finish(decided)
     }
 }
 
@@ -595,7 +536,7 @@ impl<C: Deref<Target = BulkheadCore>> Drop for Machine<C> {
         if let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) {
             // Leaves the queue (counted as aborted); a slot already handed over goes on to
             // the next waiter. Not a refusal: the hook does not hear it.
-            let _ = self.core.engine().cancel(&waiting.waiter);
+            let _ = waiting.queued.withdraw(self.core.engine());
         }
     }
 }

@@ -225,7 +225,7 @@ impl Bulkhead {
     /// # }).unwrap();
     /// ```
     pub fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
-        self.core.engine().drain_timeout(timeout)
+        self.core.engine().drain().within(timeout)
     }
 }
 

@@ -93,9 +93,10 @@ impl BulkheadCore {
 
     /// The live occupancy.
     pub(super) fn state(&self) -> BulkheadState {
+        let occupancy = self.engine.occupancy();
         BulkheadState {
-            active: self.engine.unsettled(),
-            queued: self.engine.pending(),
+            active: occupancy.active,
+            queued: occupancy.queued,
         }
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use event_listener::EventListener;
 
-use super::Engine;
+use super::assembly::Engine;
 use super::timer::Sleep;
 use crate::support::sync::atomic::Ordering;
 use crate::vocabulary::drain_report::DrainReport;
@@ -36,11 +36,13 @@ impl Engine {
             listener: None,
         }
     }
+}
 
-    /// [`drain`](Engine::drain), giving up at `timeout`.
-    pub(crate) fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
+impl<'a> Drain<'a> {
+    /// This drain, giving up at `timeout` from now.
+    pub(crate) fn within(self, timeout: Duration) -> DrainTimeout<'a> {
         DrainTimeout {
-            drain: self.drain(),
+            drain: self,
             sleep: Sleep::after(Instant::now(), timeout),
         }
     }
@@ -140,11 +142,11 @@ impl Future for DrainTimeout<'_> {
         if !expired {
             return Poll::Pending;
         }
-        let engine = self.drain.engine;
+        let occupancy = self.drain.engine.occupancy();
         Poll::Ready(DrainReport {
             drained: false,
-            in_flight: engine.unsettled(),
-            pending: engine.pending(),
+            in_flight: occupancy.active,
+            pending: occupancy.queued,
         })
     }
 }

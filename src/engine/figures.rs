@@ -5,7 +5,7 @@
 use crate::vocabulary::admission_class::{AbandonCause, AdmissionClass, ClassLimits};
 use crate::vocabulary::rejection::RejectReason;
 
-use super::Engine;
+use super::assembly::Engine;
 use super::classes::ClassCounts;
 use super::counters::{ClassCounter, Counter, Totals};
 use crate::vocabulary::limits::{ClassLimitsTable, Limits};
@@ -133,7 +133,7 @@ impl Engine {
             in_flight,
             abandoned_in_flight: u64::from(state.abandoned()),
             in_flight_tokens: state.tokens(),
-            pending: self.pending(),
+            pending: self.queue.len(),
             admitted,
             // Every admission either holds a slot, abandoned it unsettled, or has been settled.
             released: admitted.saturating_sub(unsettled),

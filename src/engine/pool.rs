@@ -15,7 +15,7 @@
 
 use core::ops::Deref;
 
-use super::Wait;
+use super::decision::Wait;
 use super::policy::Ask;
 use super::queue::Waiter;
 use crate::support::sync::Arc;

@@ -34,7 +34,7 @@
 
 use event_listener::{Event, EventListener};
 
-use super::Wait;
+use super::decision::Wait;
 use super::fifo::{Fifo, Key};
 use super::policy::Ask;
 use super::state::State;

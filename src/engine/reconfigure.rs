@@ -5,7 +5,7 @@
 use crate::support::sync::lock;
 use crate::vocabulary::error::LimitsError;
 
-use super::Engine;
+use super::assembly::Engine;
 use super::limits;
 use super::queue::HandedOff;
 use super::state::State;

@@ -6,15 +6,17 @@
 //! A class call's decisions here run with the queue lock held and then its class's lock (the
 //! lock order of `super::classes`); they change the class's counts only when they admit.
 
+use super::assembly::{Engine, Seen};
 use super::classes::{ClassCounts, Returned};
 use super::counters::Counter;
+use super::decision::Wait;
+use super::grant::Grant;
 use super::limits::Bounds;
 use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::pool;
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
-use super::{Engine, Grant, Seen, Wait};
 use crate::support::sync::Arc;
 use crate::vocabulary::admission_class::Resources;
 use crate::vocabulary::rejection::{Constraint, RejectReason, Rejection};
@@ -377,7 +379,7 @@ impl Engine {
 
     /// The waiter's outcome, if it has been decided: its grant (counted now, as the admission
     /// it is) or its refusal (counted when it was decided). Called by the waiter's owner.
-    pub(crate) fn pick_up(&self, waiter: &Waiter) -> Option<Result<Grant, Rejection>> {
+    pub(super) fn pick_up(&self, waiter: &Waiter) -> Option<Result<Grant, Rejection>> {
         Some(match waiter.take_decided()? {
             Decided::Granted { revision, borrowed } => {
                 Ok(self.grant_handed(waiter.ask(), revision, borrowed))
@@ -403,7 +405,7 @@ impl Engine {
 
     /// The waiter gave up because its timeout passed: it leaves the queue refused `timeout`,
     /// unless a hand-off reached it first, which it keeps.
-    pub(crate) fn time_out(&self, waiter: &Waiter) -> Result<Grant, Rejection> {
+    pub(super) fn time_out(&self, waiter: &Waiter) -> Result<Grant, Rejection> {
         match self.withdraw(waiter, RejectReason::Timeout) {
             Withdrawal::Granted { revision, borrowed } => {
                 Ok(self.grant(waiter.ask(), revision, borrowed))
@@ -416,7 +418,7 @@ impl Engine {
     /// already been handed a slot, the call was still waiting as far as its caller knew, so it
     /// counts as aborted too, and the slot and tokens go back (to the next waiter, if any)
     /// exactly as a release returns them. Returns the refusal to announce.
-    pub(crate) fn cancel(&self, waiter: &Waiter) -> Rejection {
+    pub(super) fn cancel(&self, waiter: &Waiter) -> Rejection {
         match self.withdraw(waiter, RejectReason::Aborted) {
             Withdrawal::Granted { .. } => {
                 let ask = waiter.ask();

@@ -16,9 +16,8 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use event_listener::Listener;
-
-use crate::engine::timer::{Bound, Sleep};
+use crate::engine::queued::Queued;
+use crate::engine::timer::Bound;
 use crate::engine::{Grant, Wait, WaiterHandle};
 use crate::events::Timing;
 use crate::support::sync::Arc;
@@ -280,7 +279,7 @@ impl<'a> Acquire<'a, '_> {
                 .machine
                 .start_in_place(cx, timing, permit, |_, admission| permit(admission));
         }
-        self.machine.poll_waiting(cx).map_ok(permit)
+        self.machine.poll_waiting(cx, false).map_ok(permit)
     }
 }
 
@@ -327,7 +326,7 @@ impl Future for AcquireOwned {
                 |core, admission| OwnedPermit::new(Arc::clone(core), admission),
             );
         }
-        let done = self.machine.poll_waiting(cx);
+        let done = self.machine.poll_waiting(cx, false);
         done.map_ok(|admission| OwnedPermit::new(Arc::clone(&self.machine.core), admission))
     }
 }
@@ -367,10 +366,9 @@ enum Step<'r> {
 }
 
 struct Waiting {
-    waiter: WaiterHandle,
+    /// The engine's queued wait (the one protocol both faces follow).
+    queued: Queued,
     call: Call,
-    /// The queue timeout, measured from joining the queue.
-    sleep: Option<Sleep>,
     /// When the call joined the queue, and when its decision started (the same instant if
     /// nobody listened to decisions when it arrived). Read for every queued call, listeners
     /// or not: whoever listens when the wait ends hears its outcome, with its queue wait.
@@ -571,7 +569,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
                 self.wait(waiter, call, bound, timing, untimed);
                 // Just queued, this task's waker registered before the waiter was (a
                 // hand-off can still win against an immediate time-out).
-                let done = self.poll_sleep(cx);
+                let done = self.poll_waiting(cx, true);
                 done.map_ok(|admission| later(&self.core, admission))
             }
         }
@@ -623,40 +621,18 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         // the queue already took a lock and an allocation.
         let queued_at = Instant::now();
         // A timeout too large for the clock means no timeout.
-        let sleep = bound.sleep(queued_at);
+        let queued = Queued::new(waiter, bound.sleep(queued_at));
         let timing = match timing {
             Some(timing) => timing.queued(queued_at),
             None => Timing::from_queue(queued_at).untimed(untimed),
         };
         self.step = Step::Waiting(Parked::new(Waiting {
-            waiter,
+            queued,
             call,
-            sleep,
             timing,
             #[cfg(feature = "tracing")]
             span: queue_wait_span(&self.core, &call),
         }));
-    }
-
-    /// The waiter's fate, if decided; finishes the acquire if so.
-    fn pick_up(&mut self) -> Option<Result<Admission, AcquireError>> {
-        let Step::Waiting(waiting) = &self.step else {
-            return None;
-        };
-        let decided = self.core.engine().pick_up(&waiting.waiter)?;
-        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
-            unreachable!()
-        };
-        Some(self.finish(&waiting, decided))
-    }
-
-    /// Gives up waiting because the timeout passed; a hand-off that arrived first wins.
-    fn time_out(&mut self) -> Result<Admission, AcquireError> {
-        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
-            unreachable!("only a waiting acquire times out")
-        };
-        let decided = self.core.engine().time_out(&waiting.waiter);
-        self.finish(&waiting, decided)
     }
 
     /// Turns a decided wait into the acquire's result, announcing it to whoever listens now,
@@ -691,35 +667,35 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         }
     }
 
+    /// A poll of the queued wait (`arrived`: by the poll that queued the call, whose waker
+    /// is registered already); finishes the acquire once its outcome is known.
     #[cold]
-    fn poll_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
-        if let Some(done) = self.pick_up() {
-            return Poll::Ready(done);
-        }
+    fn poll_waiting(
+        &mut self,
+        cx: &mut Context<'_>,
+        arrived: bool,
+    ) -> Poll<Result<Admission, AcquireError>> {
         let Step::Waiting(waiting) = &mut self.step else {
             panic!("`Acquire` polled after completion");
         };
-        // Register, then check again: a hand-off published between the first check and the
-        // registration is caught by the second check, and one published after it wakes us.
-        waiting.waiter.register(cx.waker());
-        if let Some(done) = self.pick_up() {
-            return Poll::Ready(done);
-        }
-        self.poll_sleep(cx)
+        let engine = self.core.engine();
+        let decided = if arrived {
+            waiting.queued.poll_arrived(engine, cx)
+        } else {
+            waiting.queued.poll(engine, cx)
+        };
+        decided.map(|decided| self.finish_waiting(decided))
     }
 
-    /// The wait's end: times the acquire out once it has passed, else makes sure the task is
-    /// woken then.
-    fn poll_sleep(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, AcquireError>> {
-        let Step::Waiting(waiting) = &mut self.step else {
-            unreachable!("only a waiting acquire sleeps")
+    /// The queued wait's outcome as the acquire's result; the acquire is finished.
+    fn finish_waiting(
+        &mut self,
+        decided: Result<Grant, Rejection>,
+    ) -> Result<Admission, AcquireError> {
+        let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
+            unreachable!("only a waiting acquire finishes its wait")
         };
-        if let Some(sleep) = &mut waiting.sleep
-            && sleep.poll_elapsed(cx).is_ready()
-        {
-            return Poll::Ready(self.time_out());
-        }
-        Poll::Pending
+        self.finish(&waiting, decided)
     }
 
     /// Leaves the queue (the acquire was dropped while waiting), counted as `aborted`.
@@ -730,7 +706,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
             unreachable!()
         };
         let picked_at = self.core.wants_decisions().then(Instant::now);
-        let rejection = self.core.engine().cancel(&waiting.waiter);
+        let rejection = waiting.queued.withdraw(self.core.engine());
         #[cfg(feature = "tracing")]
         let _entered = waiting.span.enter();
         #[cfg(feature = "tracing")]
@@ -748,29 +724,11 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         if let Some(done) = self.start(Wait::Blocking) {
             return done;
         }
-        loop {
-            if let Some(done) = self.pick_up() {
-                return done;
-            }
-            let Step::Waiting(waiting) = &self.step else {
-                unreachable!()
-            };
-            let listener = waiting.waiter.listen();
-            if let Some(done) = self.pick_up() {
-                return done;
-            }
-            let Step::Waiting(waiting) = &self.step else {
-                unreachable!()
-            };
-            match waiting.sleep.as_ref().map(Sleep::deadline) {
-                None => listener.wait(),
-                Some(deadline) => {
-                    if listener.wait_deadline(deadline).is_none() {
-                        return self.time_out();
-                    }
-                }
-            }
-        }
+        let Step::Waiting(waiting) = &mut self.step else {
+            unreachable!("a call not finished at once waits")
+        };
+        let decided = waiting.queued.block(self.core.engine());
+        self.finish_waiting(decided)
     }
 }
 

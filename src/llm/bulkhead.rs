@@ -693,7 +693,7 @@ impl LlmBulkhead {
     /// # }).unwrap();
     /// ```
     pub fn drain_timeout(&self, timeout: Duration) -> DrainTimeout<'_> {
-        self.core.engine().drain_timeout(timeout)
+        self.core.engine().drain().within(timeout)
     }
 }
 

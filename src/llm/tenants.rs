@@ -165,7 +165,7 @@ impl Tenant {
         // almost always changed the fingerprint by the second (its counter is stored just after
         // its admission: one racing that window, or admitted after both reads, meets the
         // eviction like any call through a clone kept past it).
-        let busy = !engine.is_idle();
+        let busy = !engine.occupancy().idle;
         let activity = fingerprint(&self.bulkhead);
         if busy || activity != self.seen.get() {
             self.seen.set(activity);
