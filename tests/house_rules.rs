@@ -60,7 +60,7 @@ fn atomics_locks_and_arcs_come_from_the_sync_module() {
     }
     assert!(
         found.is_empty(),
-        "import these through crate::sync (or crate::sync::unmodeled):\n{}",
+        "import these through crate::support::sync (or crate::support::sync::unmodeled):\n{}",
         found.join("\n")
     );
 }
@@ -128,4 +128,90 @@ fn the_issue_reference_check_sees_what_it_must() {
     assert!(cites_an_issue("see issue 17"));
     assert!(!cites_an_issue("a known issue with the clock"));
     assert!(!cites_an_issue("issues of timing"));
+}
+
+/// The layers of `src/`, bottom up: a file may import (`crate::x`) only from its own layer's
+/// folder or from a lower layer. `ARCHITECTURE.md` says what each layer owns.
+const LAYERS: &[&[&str]] = &[
+    &["support"],
+    &["vocabulary"],
+    &["engine"],
+    &["events", "stats"],
+    &["bulkhead", "llm"],
+    &["http"],
+    &["integrations"],
+];
+
+/// The layer of a top-level module of `src/` (a folder or a file), if it has one.
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+/// The top-level module a file of `src/` belongs to (`src/engine/state.rs` -> `engine`).
+fn top_module(file: &Path) -> String {
+    let relative = file.strip_prefix(root().join("src")).expect("under src/");
+    let first = relative.components().next().expect("a component");
+    let name = first.as_os_str().to_string_lossy();
+    name.trim_end_matches(".rs").to_owned()
+}
+
+/// The names `x` of every `crate::x` a line of code mentions.
+fn crate_paths(line: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        found.push(name);
+    }
+    found
+}
+
+#[test]
+fn imports_point_down_the_layers() {
+    let mut found = Vec::new();
+    for file in rust_files(&root().join("src")) {
+        let own = top_module(&file);
+        if own == "lib" {
+            continue; // the root declares and re-exports every layer
+        }
+        let own_layer = layer_of(&own).unwrap_or_else(|| panic!("{own} has no layer"));
+        let text = fs::read_to_string(&file).expect("readable");
+        for (number, line) in code_lines(&text) {
+            for target in crate_paths(line) {
+                let Some(target_layer) = layer_of(&target) else {
+                    // A root re-export (`crate::LlmBulkhead`, `crate::tower::...`) from below
+                    // the root is an import that points up.
+                    found.push(format!("{}:{number}: crate::{target}", file.display()));
+                    continue;
+                };
+                if target_layer > own_layer || (target_layer == own_layer && target != own) {
+                    found.push(format!("{}:{number}: crate::{target}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "imports that point up (or sideways) the layers:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_layer_check_sees_what_it_must() {
+    assert_eq!(crate_paths("use crate::engine::Grant;"), ["engine"]);
+    assert_eq!(
+        crate_paths("let x = crate::vocabulary::a(); $crate::x; mycrate::y;"),
+        ["vocabulary"]
+    );
+    assert_eq!(layer_of("integrations"), Some(6));
+    assert!(layer_of("llm") > layer_of("engine"));
 }

@@ -1,7 +1,7 @@
 //! loom models of what the general `Bulkhead` adds over the engine: its acquire machine
 //! (`src/bulkhead/acquire.rs`: leaving the queue in `Drop`, `time_out`, picking up the waiter's
 //! fate after registering the waker, the blocking wait) and its reject hook
-//! (`src/bulkhead/core.rs`: every refusal announced once, with the state it carries), raced
+//! (`src/bulkhead/shared.rs`: every refusal announced once, with the state it carries), raced
 //! against releases, `close` and each other in every interleaving up to the preemption bound.
 //! Futures are polled by hand; wakers record whether they were woken, so a lost wake-up fails
 //! the model. The hook records into a std mutex (not a loom point: it is the user's code).

@@ -1,5 +1,5 @@
 //! Acquiring a slot of a [`Bulkhead`]: the waiting futures ([`BulkheadAcquire`],
-//! [`BulkheadAcquireOwned`]), the blocking acquires, and `call`.
+//! [`BulkheadAcquireOwned`]), the blocking acquires, and `run`.
 //!
 //! An acquire first tries the engine's lock-free fast path. If no slot is free and the queue
 //! has room it joins the engine's strictly FIFO queue at its first poll and waits to be

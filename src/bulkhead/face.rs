@@ -235,3 +235,19 @@ impl fmt::Debug for Bulkhead {
         fmt::Debug::fmt(&*self.core, f)
     }
 }
+
+impl OwnedBulkheadPermit {
+    /// The bulkhead the permit belongs to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
+    /// let permit = bulkhead.try_acquire_owned()?;
+    /// assert_eq!(permit.bulkhead().state().active, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bulkhead(&self) -> Bulkhead {
+        Bulkhead::from_core(Arc::clone(self.shared_core()))
+    }
+}

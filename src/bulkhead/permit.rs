@@ -8,10 +8,9 @@ use crate::engine::permit::PermitCore;
 use crate::support::sync::Arc;
 use crate::vocabulary::admission_id::AdmissionId;
 
-use super::face::Bulkhead;
 use super::shared::BulkheadCore;
 
-/// One slot of a [`Bulkhead`], borrowed from it, held until the permit is dropped or
+/// One slot of a [`Bulkhead`](super::Bulkhead), borrowed from it, held until the permit is dropped or
 /// [`release`](BulkheadPermit::release)d. [`OwnedBulkheadPermit`](crate::bulkhead::OwnedBulkheadPermit) is the `'static` kind.
 ///
 /// # Examples
@@ -88,7 +87,7 @@ impl fmt::Debug for BulkheadPermit<'_> {
     }
 }
 
-/// One slot of a [`Bulkhead`], keeping the bulkhead alive: `'static`, `Send`, for spawned
+/// One slot of a [`Bulkhead`](super::Bulkhead), keeping the bulkhead alive: `'static`, `Send`, for spawned
 /// tasks and response bodies. Released when dropped.
 ///
 /// # Examples
@@ -154,18 +153,9 @@ impl OwnedBulkheadPermit {
         self.core.held().revision()
     }
 
-    /// The bulkhead the permit belongs to.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let bulkhead = async_bulkhead_llm::Bulkhead::new(2)?;
-    /// let permit = bulkhead.try_acquire_owned()?;
-    /// assert_eq!(permit.bulkhead().state().active, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn bulkhead(&self) -> Bulkhead {
-        Bulkhead::from_core(Arc::clone(self.core.core()))
+    /// The shared core, for [`bulkhead`](OwnedBulkheadPermit::bulkhead) (in `face`).
+    pub(super) fn shared_core(&self) -> &Arc<BulkheadCore> {
+        self.core.core()
     }
 }
 

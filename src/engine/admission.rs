@@ -6,7 +6,7 @@ use crossbeam_utils::Backoff;
 
 use super::assembly::{Engine, Seen, word_epoch};
 use super::counters::ClassCounter;
-use super::decision::{Decision, Wait};
+use super::decision::Decision;
 use super::grant::Grant;
 use super::limits::Bounds;
 use super::local;
@@ -14,6 +14,7 @@ use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::pool::WaiterHandle;
 use super::queue::Arrival;
 use super::state::{self, EPOCH_BITS, State};
+use super::wait::Wait;
 use crate::support::sync::atomic::Ordering;
 use crate::vocabulary::admission_class::{AdmissionClass, Resources};
 use crate::vocabulary::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};

@@ -9,10 +9,10 @@ use crossbeam_utils::Backoff;
 
 use super::classes::Classes;
 use super::counters::Hub;
+use super::limits::normalized;
 use super::limits::{Bounds, PublishedLimits};
 use super::policy::ClassView;
 use super::queue::WaitQueue;
-use super::reconfigure::normalized;
 use super::state::{AtomicState, State};
 use crate::support::sync::atomic::{AtomicU64, Ordering};
 use crate::support::sync::{Mutex, lock};

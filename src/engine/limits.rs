@@ -463,3 +463,30 @@ impl PublishedLimits {
         }
     }
 }
+
+/// `limits` as the engine keeps and reports them: classes in their construction order (`order`;
+/// at construction, the order given) with floors of 0 and ceilings of `MAX_CONCURRENT` slots
+/// omitted.
+pub(super) fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
+    if let Some(table) = limits.admission_classes.take() {
+        // In the classes' order (fixed at construction; the published caps are stored by
+        // position), with floors of 0 omitted.
+        let ids: Vec<String> = match order {
+            Some(order) => order.iter().map(|&id| id.to_owned()).collect(),
+            None => table.iter().map(|(id, _)| id.to_owned()).collect(),
+        };
+        let mut ordered = ClassLimitsTable::new();
+        for id in ids {
+            let mut class = table
+                .get(&id)
+                .expect("validated: the same ids")
+                .normalized();
+            // A ceiling of `MAX_CONCURRENT` calls can never bind: no ceiling (so a refusal's
+            // packed class figures can use that value for "none", see `ClassFacts`).
+            class.max_concurrent = class.max_concurrent.filter(|&n| n < MAX_CONCURRENT);
+            ordered.insert(id, class);
+        }
+        limits.admission_classes = Some(ordered);
+    }
+    limits
+}

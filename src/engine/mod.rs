@@ -21,7 +21,8 @@
 //!
 //! The files, one responsibility each:
 //!
-//! - `decision`: [`Wait`] and [`Decision`], the values the doors answer with (a leaf).
+//! - `wait`: [`Wait`], how a call that finds no free slot waits (a leaf); `decision`:
+//!   [`Decision`], what a door that may queue answers.
 //! - `assembly`: the [`Engine`] struct, its construction and its readers; `admission`: the
 //!   doors, the decision (`decide`: one CAS), refusals and the advisory check; `release`:
 //!   holds and releases; `reconfigure`: `apply_limits`, `set_budget`, `close`; `drain`:
@@ -67,12 +68,14 @@ mod reconfigure;
 mod release;
 mod state;
 pub(crate) mod timer;
+mod wait;
 mod waiting;
 
 pub(crate) use assembly::Engine;
 pub(crate) use counters::{ClassCounter, Counter};
-pub(crate) use decision::{Decision, Wait};
+pub(crate) use decision::Decision;
 pub(crate) use figures::{ClassFigures, ClassesFigures, Figures};
 pub(crate) use grant::Grant;
 pub(crate) use policy::Ask;
 pub(crate) use pool::WaiterHandle;
+pub(crate) use wait::Wait;

@@ -15,9 +15,9 @@
 
 use core::ops::Deref;
 
-use super::decision::Wait;
 use super::policy::Ask;
 use super::queue::Waiter;
+use super::wait::Wait;
 use crate::support::sync::Arc;
 
 /// The most waiters one thread keeps for reuse.

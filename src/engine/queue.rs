@@ -34,10 +34,10 @@
 
 use event_listener::{Event, EventListener};
 
-use super::decision::Wait;
 use super::fifo::{Fifo, Key};
 use super::policy::Ask;
 use super::state::State;
+use super::wait::Wait;
 use crate::support::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use crate::support::sync::{Arc, AtomicWaker, Mutex, MutexGuard, lock};
 use crate::vocabulary::admission_class::Resources;

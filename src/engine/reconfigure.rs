@@ -9,9 +9,7 @@ use super::assembly::Engine;
 use super::limits;
 use super::queue::HandedOff;
 use super::state::State;
-use crate::vocabulary::limits::{
-    ApplyOutcome, BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
-};
+use crate::vocabulary::limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION};
 
 impl Engine {
     // ----- limits and close -----
@@ -33,7 +31,7 @@ impl Engine {
         }
         let ids = self.class_ids();
         limits::validate(&next, self.has_budget, ids.as_deref())?;
-        let next = normalized(next, ids.as_deref());
+        let next = limits::normalized(next, ids.as_deref());
         let (previous, handed_off) = self.install(&mut current, next.clone());
         drop(current);
         // Wake only now: a woken task may be polled inline and call back into the limits.
@@ -158,31 +156,4 @@ impl Engine {
             .as_ref()
             .map(|c| c.handles().iter().map(|h| h.id()).collect())
     }
-}
-
-/// `limits` as the engine keeps and reports them: classes in their construction order (`order`;
-/// at construction, the order given) with floors of 0 and ceilings of `MAX_CONCURRENT` slots
-/// omitted.
-pub(super) fn normalized(mut limits: Limits, order: Option<&[&'static str]>) -> Limits {
-    if let Some(table) = limits.admission_classes.take() {
-        // In the classes' order (fixed at construction; the published caps are stored by
-        // position), with floors of 0 omitted.
-        let ids: Vec<String> = match order {
-            Some(order) => order.iter().map(|&id| id.to_owned()).collect(),
-            None => table.iter().map(|(id, _)| id.to_owned()).collect(),
-        };
-        let mut ordered = ClassLimitsTable::new();
-        for id in ids {
-            let mut class = table
-                .get(&id)
-                .expect("validated: the same ids")
-                .normalized();
-            // A ceiling of `MAX_CONCURRENT` calls can never bind: no ceiling (so a refusal's
-            // packed class figures can use that value for "none", see `ClassFacts`).
-            class.max_concurrent = class.max_concurrent.filter(|&n| n < MAX_CONCURRENT);
-            ordered.insert(id, class);
-        }
-        limits.admission_classes = Some(ordered);
-    }
-    limits
 }

@@ -25,7 +25,7 @@
 //!   commit is in the word, another decision can be refused on its tokens; ten bits put that
 //!   out of reach in practice (a control plane changing the limits 1,000 times a second would
 //!   need the thread to stay descheduled inside that span for over a second; with four bits,
-//!   15 ms of preemption on an oversubscribed machine was enough, see `tests/stress/phantom_probe.rs`).
+//!   15 ms of preemption on an oversubscribed machine was enough, see `stress/tests/stress/phantom_probe.rs`).
 //! - `WAITERS`: set exactly while the FIFO wait queue is non-empty (it only changes under the
 //!   queue lock). Newcomers never take a slot while it is set (no barging), and a release only
 //!   touches the queue when it sees it, so an uncontended release never pays for a lock or a

@@ -9,7 +9,6 @@
 use super::assembly::{Engine, Seen};
 use super::classes::{ClassCounts, Returned};
 use super::counters::Counter;
-use super::decision::Wait;
 use super::grant::Grant;
 use super::limits::Bounds;
 use super::local;
@@ -17,6 +16,7 @@ use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::pool;
 use super::queue::{Arrival, Decided, HandedOff, Waiter, Withdrawn, Woken};
 use super::state::State;
+use super::wait::Wait;
 use crate::support::sync::Arc;
 use crate::vocabulary::admission_class::Resources;
 use crate::vocabulary::rejection::{Constraint, RejectReason, Rejection};

@@ -45,11 +45,11 @@
 use ::axum::http::{HeaderValue, StatusCode, header};
 use ::axum::response::{IntoResponse, Response};
 
-use crate::AcquireError;
-use crate::Rejection;
 use crate::bulkhead::BulkheadError;
 use crate::http::HttpRefusal;
-use crate::request::RequestError;
+use crate::vocabulary::error::AcquireError;
+use crate::vocabulary::error::RequestError;
+use crate::vocabulary::rejection::Rejection;
 
 impl IntoResponse for HttpRefusal {
     fn into_response(self) -> Response {

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Label, Unit};
 
-use crate::LlmBulkhead;
-use crate::RejectReason;
-use crate::Stats;
-use crate::admission::AdmissionId;
-use crate::classes::AbandonCause;
 use crate::events::{Event, EventKind, Subscription};
+use crate::llm::bulkhead::LlmBulkhead;
+use crate::stats::Stats;
+use crate::vocabulary::admission_class::AbandonCause;
+use crate::vocabulary::admission_id::AdmissionId;
+use crate::vocabulary::rejection::RejectReason;
 
 /// The default sampling rate of the histograms: one call in 64 on each thread (and every call
 /// that waited in the queue).

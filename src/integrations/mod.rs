@@ -1,15 +1,16 @@
 //! Integrations with other crates, each behind its own feature and built only over the
-//! crate's public API (nothing here reaches into `llm/` or `engine/` internals).
+//! crate's public API: every item used here is public (at the root or in a public module),
+//! imported from the module that defines it so that imports point down (nothing here reaches
+//! into `llm/` or `engine/` internals). The one exception is `hold_times.rs`, which counts with
+//! the support layer's unmodeled atomics.
 //!
 //! - `axum.rs` (feature `axum`): `IntoResponse` for refusals, from [`HttpRefusal`](crate::http::HttpRefusal), and for
-//!   the general bulkhead's [`BulkheadError`] (from `bulkhead_http.rs`).
+//!   the general bulkhead's [`BulkheadError`] (its 503 and JSON body from `crate::http`).
 //! - `tower.rs` (feature `tower`): the LLM layer, its service and its response body.
 //! - `tower_bulkhead.rs` (feature `tower`): the general bulkhead's layer, its service and its
 //!   response body.
 //! - `hold_times.rs` (feature `tower`): the recent hold time behind both layers' opt-in
 //!   `Retry-After` hint.
-//! - `bulkhead_http.rs` (`axum` or `tower`): the general bulkhead's refusals as 503 with a
-//!   JSON body, shared by the axum response and the tower layer.
 //!
 //! - `metrics.rs` (feature `metrics`): `BulkheadMetrics`, a bulkhead's counters, gauges and
 //!   histograms through the `metrics` facade (stats read when published, a sampled listener).

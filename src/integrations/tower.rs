@@ -25,14 +25,14 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 
-use crate::AcquireError;
-use crate::AcquireOptions;
-use crate::LlmBulkhead;
-use crate::LlmRequest;
-use crate::OwnedPermit;
-use crate::TokenUsage;
 use crate::http::HttpRefusal;
-use crate::tenants::{Tenants, TenantsError};
+use crate::llm::bulkhead::LlmBulkhead;
+use crate::llm::options::AcquireOptions;
+use crate::llm::permit::OwnedPermit;
+use crate::llm::request::LlmRequest;
+use crate::llm::tenants::{Tenants, TenantsError};
+use crate::vocabulary::error::AcquireError;
+use crate::vocabulary::reservation::TokenUsage;
 
 use super::hold_times::HoldTimes;
 

@@ -10,8 +10,8 @@
 
 use std::num::NonZeroU32;
 
-use crate::LlmBulkhead;
 use crate::events::{Event, EventKind, Subscription};
+use crate::llm::bulkhead::LlmBulkhead;
 
 /// The target of every event.
 const TARGET: &str = "async_bulkhead_llm";

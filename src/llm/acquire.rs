@@ -381,7 +381,7 @@ struct Waiting {
 /// A wait's state, in a box of this thread's: outside the future, so that an acquire future
 /// stays small (it is moved into every caller's own future on the fast path, where no call
 /// waits), and without an allocation per wait once the thread is warm (a thread keeps up to
-/// [`SPARE_PARKS`] empty boxes; `tests/alloc.rs` checks it).
+/// [`SPARE_PARKS`] empty boxes; `benches/tests/alloc.rs` checks it).
 struct Parked(Option<Box<Option<Waiting>>>);
 
 /// Empty boxes a thread keeps for waits to come.

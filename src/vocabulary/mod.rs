@@ -5,8 +5,9 @@
 //! - `priority`: [`Priority`](priority::Priority).
 //! - `admission_id`: admission and shadow ids.
 //! - `admission_class`: class handles, a class's limits, what an admission borrowed.
-//! - `error`: the typed errors of input that can never succeed.
 //! - `rejection`: capacity refusals and their snapshot.
+//! - `error`: the typed errors of input that can never succeed (and `AcquireError`, which
+//!   carries a rejection).
 //! - `reservation`: reservations, usage and the reports of usage and release.
 //! - `limits`: versioned limits and what applying them did.
 //! - `verdict`, `drain_report`: what an advisory check predicts; where a drain ended.
