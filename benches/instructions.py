@@ -45,7 +45,7 @@ CASES = [
 def build():
     """Builds `benches/cycles.rs` (release, as `cargo bench` does); its executable's path."""
     out = subprocess.run(
-        ["cargo", "bench", "--bench", "cycles", "--no-run", "--message-format=json"],
+        ["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "cycles", "--no-run", "--message-format=json"],
         cwd=ROOT, check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         message = json.loads(line)

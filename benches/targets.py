@@ -64,7 +64,7 @@ def plain_loops(quick):
     env = dict(os.environ)
     if quick:
         env.update(CYCLES_RUNS="3", CYCLES_ITERATIONS="300000")
-    out = subprocess.run(["cargo", "bench", "--bench", "cycles", "--", "ns"], cwd=ROOT,
+    out = subprocess.run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "cycles", "--", "ns"], cwd=ROOT,
                          check=True, capture_output=True, text=True, env=env).stdout
     found = {}
     for line in out.splitlines():
@@ -110,23 +110,23 @@ def run(cmd, **kwargs):
 def run_benches():
     shutil.rmtree(CRITERION, ignore_errors=True)
     # The multi-thread groups (scaling, events_2_threads) set their own sampling in code.
-    run(["cargo", "bench", "--bench", "admission", "--bench", "estimate", "--"] + QUICK,
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "admission", "--bench", "estimate", "--"] + QUICK,
         stdout=subprocess.DEVNULL)
     # classes_2_threads sets its own (longer) sampling in code, like the groups below.
-    run(["cargo", "bench", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "classes", "--"] + QUICK, stdout=subprocess.DEVNULL)
     paired_runs()
     multi_thread_runs()
-    run(["cargo", "bench", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
-    run(["cargo", "bench", "--features", "tower", "--bench", "tower", "--"] + QUICK,
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "dedup", "--"] + QUICK, stdout=subprocess.DEVNULL)
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--features", "tower", "--bench", "tower", "--"] + QUICK,
         stdout=subprocess.DEVNULL)
-    run(["cargo", "bench", "--features", "metrics,tracing", "--bench", "observability", "--"]
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--features", "metrics,tracing", "--bench", "observability", "--"]
         + QUICK, stdout=subprocess.DEVNULL)
     waiting_runs()
     # The general Bulkhead: its single-thread group quick, its hand-off group with the
     # sampling set in code (like `waiting`).
-    run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_uncontended"] + QUICK,
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "bulkhead", "--", "bulkhead_uncontended"] + QUICK,
         stdout=subprocess.DEVNULL)
-    run(["cargo", "bench", "--bench", "bulkhead", "--no-run"], stdout=subprocess.DEVNULL,
+    run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "bulkhead", "--no-run"], stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     handoff_runs()
     ledger_runs()
@@ -186,7 +186,7 @@ def paired_runs():
     PAIRED_RATIOS.append(paired_ratios())
     for _ in range(PAIRED_PROCESSES - 1):
         for bench, groups in PAIRED_GROUPS:
-            run(["cargo", "bench", "--bench", bench, "--", groups] + QUICK,
+            run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", bench, "--", groups] + QUICK,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         PAIRED_RATIOS.append(paired_ratios())
 
@@ -218,7 +218,7 @@ def multi_thread_runs():
     MULTI_RATIOS.append(multi_thread_ratios())
     for _ in range(MULTI_PROCESSES - 1):
         for bench, groups in MULTI_GROUPS:
-            run(["cargo", "bench", "--bench", bench, "--", groups, "--noplot"],
+            run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", bench, "--", groups, "--noplot"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         MULTI_RATIOS.append(multi_thread_ratios())
 
@@ -233,7 +233,7 @@ WAITING_RATIOS = []
 def waiting_runs():
     WAITING_RATIOS.clear()
     for _ in range(WAITING_PROCESSES):
-        run(["cargo", "bench", "--bench", "waiting", "--", "--noplot"],
+        run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "waiting", "--", "--noplot"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         m = medians()
         WAITING_RATIOS.append({
@@ -253,7 +253,7 @@ HANDOFF_RATIOS = []
 def handoff_runs():
     HANDOFF_RATIOS.clear()
     for _ in range(HANDOFF_PROCESSES):
-        run(["cargo", "bench", "--bench", "bulkhead", "--", "bulkhead_waiting", "--noplot"],
+        run(["cargo", "bench", "-p", "async-bulkhead-llm-benches", "--bench", "bulkhead", "--", "bulkhead_waiting", "--noplot"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         m = medians()
         HANDOFF_RATIOS.append({
@@ -290,7 +290,7 @@ def run_js():
 
 
 def allocations_test():
-    result = subprocess.run(["cargo", "test", "--release", "--quiet", "--test", "alloc"],
+    result = subprocess.run(["cargo", "test", "-p", "async-bulkhead-llm-benches", "--release", "--quiet", "--test", "alloc"],
                             cwd=ROOT, capture_output=True, text=True)
     return result.returncode == 0
 
@@ -601,7 +601,7 @@ def main():
                f"bulkhead {local:.1f} ns")
     if allocation_free is not None:
         target("zero_allocations_fast_path", 0 if allocation_free else 1, 0, True,
-               "tests/alloc.rs: admission, report, release, drop and refusal, classes included; "
+               "benches/tests/alloc.rs: admission, report, release, drop and refusal, classes included; "
                "the waiting path once warm: queueing, hand-off, cancellation, time-out")
 
     if failed:

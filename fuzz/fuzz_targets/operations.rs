@@ -1,4 +1,4 @@
-//! Operation sequences against the reference model of `tests/model/reference/`.
+//! Operation sequences against the reference model of `stress/tests/model/reference/`.
 //!
 //! An arbitrary `Config` and up to [`MAX_OPS`] arbitrary `Op`s are fed to `model::Harness`,
 //! which drives a real `LlmBulkhead` and the sequential reference model side by side and panics
@@ -9,18 +9,18 @@
 //! aborts on a panic in any thread, so a disagreement is reported as a crash either way.
 //!
 //! The mirror types below are what `arbitrary` builds; they are converted into the model's
-//! `Config` and `Op` with the same shape as the proptest generators of `tests/model/proptests.rs`:
+//! `Config` and `Op` with the same shape as the proptest generators of `stress/tests/model/proptests.rs`:
 //! mostly small values against budgets of a few thousand tokens, and a steady share of the
 //! edges the crate must refuse or saturate at (0, 1, `MAX_CONCURRENT`, `MAX_BUDGET` = 2^35 - 1,
 //! `MAX_REVISION` = 2^53 - 1, `u64::MAX` and their neighbours).
 
 #![no_main]
 
-// The model is shared with the `model` test binary (`tests/model/`), which uses more of it than
+// The model is shared with the `model` test binary (`stress/tests/model/`), which uses more of it than
 // this target does (`finish_with_tally`, `tally`): whatever the model adds for the tests may be
 // unused here.
 #[allow(dead_code)]
-#[path = "../../tests/model/reference/mod.rs"]
+#[path = "../../stress/tests/model/reference/mod.rs"]
 mod model;
 
 use arbitrary::Arbitrary;
@@ -77,7 +77,7 @@ impl Edge {
 }
 
 /// Token counts: mostly small (against budgets of a few thousand), sometimes at the edges of
-/// what the crate can count or represent (`tokens()` in `tests/model/proptests.rs`).
+/// what the crate can count or represent (`tokens()` in `stress/tests/model/proptests.rs`).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Tokens {
     Small(u16),
@@ -212,7 +212,7 @@ impl FuzzConfig {
             Revision::Over(true) => u64::MAX,
             Revision::Raw(n) => n,
         };
-        // Admission classes and deduplication are left to the model's proptests (tests/model).
+        // Admission classes and deduplication are left to the model's proptests (stress/tests/model).
         Config {
             max_concurrent,
             max_queue,

@@ -3,7 +3,6 @@
 //! `dead_code` allowance.
 #![allow(dead_code)]
 
-pub mod caller_model;
 pub mod child_process;
 pub mod usage_fixtures;
 pub mod waiters;

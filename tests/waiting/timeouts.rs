@@ -1,4 +1,6 @@
-//! Queue timeouts: per call, the bulkhead's default, profiles; on several executors.
+//! Queue timeouts: per call, the bulkhead's default, profiles. That they fire on every executor
+//! (tokio, smol, async-std, `futures::executor`) is checked by the stress member's
+//! `timeouts_on_every_runtime` test, which has those runtimes as dev-dependencies.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -7,7 +9,7 @@ use async_bulkhead_llm::{LlmBulkhead, Profile, RejectReason};
 use futures::executor::block_on;
 
 use crate::support::{
-    PATIENCE, SHORT, assert_pending, count, figures, opts, parts, plain, queued, ready, reason_of,
+    PATIENCE, SHORT, assert_pending, count, figures, opts, plain, queued, ready, reason_of,
     rejection, req, within,
 };
 
@@ -193,72 +195,4 @@ fn a_zero_timeout_queues_and_times_out_at_the_first_check() {
     assert_eq!(count(&bulkhead, RejectReason::Timeout), 2);
     assert_eq!(count(&bulkhead, RejectReason::QueueLimit), 1);
     drop(held);
-}
-
-/// Times out in the queue twice (bulkhead default, then per call), drains with a deadline and
-/// then for real; used on every executor.
-async fn time_out_in_the_queue() {
-    let bulkhead = LlmBulkhead::builder("test-model", 1)
-        .profile(Profile::Custom {
-            max_queue: 4,
-            timeout: Some(SHORT),
-        })
-        .build()
-        .expect("valid configuration");
-    let held = bulkhead
-        .try_acquire_owned(&req(), opts())
-        .expect("free slot");
-    let started = Instant::now();
-    let refused = rejection(bulkhead.acquire(&req(), opts()).await);
-    assert_eq!(refused.reason(), RejectReason::Timeout);
-    let waited = started.elapsed();
-    assert!(waited >= SHORT && waited < PATIENCE, "waited {waited:?}");
-    let refused = rejection(
-        bulkhead
-            .acquire_owned(&req(), within(Duration::from_millis(5)))
-            .await,
-    );
-    assert_eq!(refused.reason(), RejectReason::Timeout);
-    let report = bulkhead.drain_timeout(Duration::from_millis(5)).await;
-    assert_eq!(parts(report), (false, 1, 0));
-    drop(held);
-    bulkhead.drain().await;
-    let stats = bulkhead.stats();
-    assert_eq!((stats.in_flight, stats.pending, stats.admitted), (0, 0, 1));
-    assert_eq!(stats.rejected_by_reason.timeout, 2);
-    assert_eq!(stats.rejected, 2);
-}
-
-#[test]
-fn timeouts_fire_on_tokio_current_thread() {
-    // No `enable_time()`: the crate must not need tokio's timer.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
-    rt.block_on(time_out_in_the_queue());
-}
-
-#[test]
-fn timeouts_fire_on_tokio_multi_thread() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .expect("runtime");
-    rt.block_on(async { tokio::spawn(time_out_in_the_queue()).await })
-        .expect("the task did not panic");
-}
-
-#[test]
-fn timeouts_fire_on_smol() {
-    smol::block_on(time_out_in_the_queue());
-}
-
-#[test]
-fn timeouts_fire_on_async_std() {
-    async_std::task::block_on(time_out_in_the_queue());
-}
-
-#[test]
-fn timeouts_fire_on_futures_executor() {
-    block_on(time_out_in_the_queue());
 }

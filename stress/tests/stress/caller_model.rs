@@ -2,7 +2,7 @@
 //! `src/usage.rs`, so a stress run checks the crate against it), and one handle over the three
 //! things that report usage (borrowed permit, owned permit, run context).
 //!
-//! Used by the chaos and usage stress tests (`tests/stress/chaos/`, `tests/stress/usage/`).
+//! Used by the chaos, classes and usage stress tests.
 
 use async_bulkhead_llm::{
     OwnedPermit, Permit, Reservation, RunContext, TokenUsage, admission::AdmissionId,

@@ -17,7 +17,7 @@ use super::books::{Shared, Tally};
 use super::model::report_step;
 use super::runtime::{Task, Timer, Tracked, poll_once, yield_now, yields};
 use super::{POST_CLOSE_OPS, mix};
-use crate::common::caller_model::{AnyPermit, Model, Reporter};
+use crate::caller_model::{AnyPermit, Model, Reporter};
 
 /// A random request and options: an explicit reservation or one the estimator sizes.
 fn random_call(rng: &mut fastrand::Rng) -> (LlmRequest, AcquireOptions) {

@@ -12,8 +12,8 @@ use super::callers::{
 };
 use super::plan::Plan;
 use super::scale;
+use crate::caller_model::{AnyPermit, Model};
 use crate::chaos::runtime::tokio_spawn;
-use crate::common::caller_model::{AnyPermit, Model};
 
 #[test]
 fn tokio_multi_thread() {

@@ -15,10 +15,10 @@ use futures::future::{Either, join_all, select};
 use super::POST_CLOSE_OPS;
 use super::books::{Call, Facts, Held, Own, Plane, Shared, bump};
 use super::runs::run_op;
+use crate::caller_model::{AnyPermit, Model, Reporter};
 use crate::chaos::mix;
 use crate::chaos::model::report_step;
 use crate::chaos::runtime::{Task, Timer, Tracked, poll_once, yield_now, yields};
-use crate::common::caller_model::{AnyPermit, Model, Reporter};
 
 /// The admission behind a permit.
 fn admission<'p>(permit: &'p AnyPermit<'_>) -> &'p Admission {

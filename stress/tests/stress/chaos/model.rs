@@ -1,4 +1,4 @@
-//! The callers' model of one admission (extending `crate::common::caller_model::Model`),
+//! The callers' model of one admission (extending `crate::caller_model::Model`),
 //! and random reports checked against it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_bulkhead_llm::{TokenUsage, usage::Progressive};
 
 use super::{HUGE, usage};
-use crate::common::caller_model::{Model, Reporter};
+use crate::caller_model::{Model, Reporter};
 
-// `Model` (the hold rules and the booking split) lives in `tests/common/caller_model.rs`.
+// `Model` (the hold rules and the booking split) lives in `caller_model.rs`.
 
 impl Model {
     /// A random report: growing (plain or progressive), stale, or one that must be refused

@@ -12,8 +12,8 @@ use async_bulkhead_llm::{
 
 use super::config::Revisions;
 use super::heard::Heard;
+use crate::caller_model::{Model, Settled};
 use crate::chaos::runtime::{Rt, Task, Tasks};
-use crate::common::caller_model::{Model, Settled};
 
 /// The most classes a scenario has (the ledger packs 16 bits per class).
 pub(crate) const MAX_CLASSES: usize = 4;

@@ -13,7 +13,7 @@ use async_bulkhead_llm::{
 
 use super::callers::Setup;
 use super::plan::Trace;
-use crate::common::caller_model::{Model, Settled};
+use crate::caller_model::{Model, Settled};
 
 /// Sums the callers keep, compared with the bulkhead's statistics at the end.
 #[derive(Default)]

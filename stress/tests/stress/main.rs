@@ -20,8 +20,7 @@
 //!
 //! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
 
-#[path = "../common/mod.rs"]
-mod common;
+mod caller_model;
 
 mod admission;
 mod chaos;

@@ -10,7 +10,7 @@ use async_bulkhead_llm::{
 };
 
 use super::runtime::{Rt, Setup, Task, Tasks};
-use crate::common::caller_model::{Model, Settled};
+use crate::caller_model::{Model, Settled};
 
 fn reason_index(reason: RejectReason) -> usize {
     RejectReason::ALL.iter().position(|&r| r == reason).unwrap()

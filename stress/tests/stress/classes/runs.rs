@@ -13,8 +13,8 @@ use async_bulkhead_llm::{
 
 use super::books::{Call, Facts, Held, Shared, bump};
 use super::callers::{canceller, report};
+use crate::caller_model::Model;
 use crate::chaos::runtime::Tracked;
-use crate::common::caller_model::Model;
 
 /// A short deadline, cut while the callback hangs on a borrowed slot.
 const SHORT: Duration = Duration::from_millis(3);

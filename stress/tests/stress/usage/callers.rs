@@ -16,7 +16,7 @@ use futures::future::{Either, select};
 use super::books::{Shared, Tally};
 use super::plan::{Finish, Plan};
 use super::{PEAK_SLOTS, SLOTS, WORKERS, scale, with, yields};
-use crate::common::caller_model::{AnyPermit, Model, Reporter};
+use crate::caller_model::{AnyPermit, Model, Reporter};
 
 /// One report through `reporter`, checked against (and applied to) the model.
 pub(crate) fn report_step(

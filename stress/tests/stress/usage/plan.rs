@@ -4,7 +4,7 @@ use async_bulkhead_llm::{Reservation, TokenUsage, usage::Progressive};
 
 use super::usage;
 
-// `Model` (the hold rules and the booking split) lives in `tests/common/caller_model.rs`.
+// `Model` (the hold rules and the booking split) lives in `caller_model.rs`.
 
 /// What the listener should have heard of one admission, from admit to release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

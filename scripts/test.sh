@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The README's test command: every test of the workspace (the crate's own suites and doc
+# tests, the stress and model suites, the benches' allocation test, the loom-free build of the
+# loom models, the Redis ledger's tests) on a fresh machine, by itself.
+#
+# The Redis ledger's tests start their own `redis-server` processes on free loopback ports (and
+# kill, stall and restart them): this installs `redis-server` first when it is missing (with
+# apt-get, as root or through sudo), and says so when it cannot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "redis-server is missing: installing it (the Redis ledger's tests start their own)"
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "cannot install redis-server (not root, no sudo): install it, then run this again" >&2
+    exit 1
+  fi
+fi
+
+exec cargo test --workspace --all-features "$@"
