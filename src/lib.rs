@@ -403,11 +403,12 @@ pub mod futures {
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower {
-    pub use crate::integrations::tower::{
-        BoxError, DEFAULT_MAX_REQUEST_BODY, LayerError, LlmBody, LlmLayer, LlmService,
-        provider_usage,
+    pub use crate::integrations::tower::bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
+    pub use crate::integrations::tower::error::{BoxError, LayerError};
+    pub use crate::integrations::tower::llm::{
+        DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService,
     };
-    pub use crate::integrations::tower_bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
+    pub use crate::integrations::tower::usage::provider_usage;
 }
 
 /// Metrics (feature `metrics`) and tracing (feature `tracing`) for a bulkhead.

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
@@ -34,10 +33,10 @@ use crate::llm::tenants::{Tenants, TenantsError};
 use crate::vocabulary::error::AcquireError;
 use crate::vocabulary::reservation::TokenUsage;
 
+use super::body::{self, HeldBody};
+use super::error::{BoxError, LayerError};
 use super::hold_times::HoldTimes;
-
-/// The error type of the layer's bodies and of inner services it accepts (tower's).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::usage::{MAX_JSON_RESPONSE, Reader, json_response_usage, provider_usage};
 
 /// Turns an HTTP request (its head and its whole body) into what the bulkhead sizes.
 type ToRequest = dyn Fn(&http::request::Parts, &Bytes) -> Result<LlmRequest, String> + Send + Sync;
@@ -50,46 +49,6 @@ type ToUsage = dyn Fn(&serde_json::Value) -> Option<TokenUsage> + Send + Sync;
 /// Request bodies larger than this are refused with 413 before anything is admitted (the
 /// default of [`LlmLayer::max_request_body`](crate::tower::LlmLayer::max_request_body)).
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 4 << 20;
-
-/// A layer's configuration that cannot work, refused when it is built.
-///
-/// # Examples
-///
-/// ```
-/// use async_bulkhead_llm::{tower::LayerError, LlmBulkhead, tower::LlmLayer};
-///
-/// let no_queue = LlmBulkhead::builder("m", 1).build()?;
-/// let err = LlmLayer::new(no_queue).wait_in_queue(true).unwrap_err();
-/// assert_eq!(err, LayerError::NoQueue);
-/// assert!(err.to_string().contains("max_queue is 0"));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LayerError {
-    /// [`LlmLayer::wait_in_queue`](crate::tower::LlmLayer::wait_in_queue) or
-    /// [`BulkheadLayer::wait_in_queue`](crate::tower::BulkheadLayer::wait_in_queue) on a
-    /// bulkhead without a queue: every request that finds no
-    /// free slot would be refused at once anyway.
-    NoQueue,
-}
-
-impl fmt::Display for LayerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LayerError::NoQueue => f.write_str(
-                "wait_in_queue(true) on a bulkhead without a queue (max_queue is 0): requests \
-                 could only be refused at once; give the bulkhead a queue first",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for LayerError {}
-
-/// A non-streamed JSON response is read for its usage up to this size; a larger one settles
-/// with the usage reported so far.
-const MAX_JSON_RESPONSE: usize = 4 << 20;
 
 /// A tower layer that admits each HTTP request through an [`LlmBulkhead`] before the inner
 /// service sees it. The request's body is read whole and parsed as an OpenAI chat-completions
@@ -478,15 +437,12 @@ where
 fn refusal<R>(error: &AcquireError, holds: Option<&HoldTimes>) -> Response<LlmBody<R>> {
     let answer = HttpRefusal::from(error);
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = respond(status, Bytes::from(answer.body()));
-    if status == StatusCode::TOO_MANY_REQUESTS
-        && let Some(seconds) = holds.and_then(HoldTimes::hint_seconds)
-    {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(seconds));
-    }
-    response
+    let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
+        holds.and_then(HoldTimes::hint_seconds)
+    } else {
+        None
+    };
+    body::answer(status, Bytes::from(answer.body()), retry_after).map(|held| LlmBody { held })
 }
 
 /// An answer of the layer's own (not a bulkhead's refusal), in [`HttpRefusal`](crate::http::HttpRefusal)'s shape.
@@ -502,52 +458,27 @@ fn plain_error<R>(
         message: message.to_owned(),
         detail: None,
     };
-    respond(status, Bytes::from(answer.body()))
-}
-
-fn respond<R>(status: StatusCode, body: Bytes) -> Response<LlmBody<R>> {
-    let mut response = Response::new(LlmBody {
-        state: State::Answer(Some(body)),
-    });
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(HttpRefusal::CONTENT_TYPE),
-    );
-    response
+    body::answer(status, Bytes::from(answer.body()), None).map(|held| LlmBody { held })
 }
 
 /// The response body of [`LlmService`](crate::tower::LlmService): the inner service's body with the call's permit
 /// (released when the body ends, fails or is dropped), or the layer's own answer to a request
 /// it refused.
 pub struct LlmBody<B> {
-    state: State<B>,
+    held: HeldBody<B, Settle>,
 }
 
-enum State<B> {
-    /// The layer's own answer (a refusal); `None` once sent.
-    Answer(Option<Bytes>),
-    Streaming(Box<Streaming<B>>),
-    /// The inner body ended or failed: it is dropped, and the body stays ended.
-    Done,
-}
-
-struct Streaming<B> {
-    inner: Pin<Box<B>>,
-    /// `None` once released.
+/// What an admitted call's body holds: its permit, the reader of the provider's usage, and
+/// when it was admitted (for the hold-time hint). Dropped, it settles: at the body's end, at an
+/// error, or when the body is dropped before its end (a client gone, a server that stops
+/// polling once a sized body is written), with what was read.
+struct Settle {
+    /// Taken when it settles.
     permit: Option<OwnedPermit>,
     reader: Reader,
     config: Arc<Config>,
     /// When the call was admitted (only with `retry_after_hint`).
     admitted_at: Option<Instant>,
-}
-
-impl<B> Drop for Streaming<B> {
-    /// A body dropped before its end (a client gone, a server that stops polling once a sized
-    /// body is written) settles here, with what was read.
-    fn drop(&mut self) {
-        self.finish();
-    }
 }
 
 impl<B> LlmBody<B> {
@@ -558,21 +489,21 @@ impl<B> LlmBody<B> {
         config: Arc<Config>,
         admitted_at: Option<Instant>,
     ) -> LlmBody<B> {
+        let settle = Settle {
+            permit: Some(permit),
+            reader,
+            config,
+            admitted_at,
+        };
         LlmBody {
-            state: State::Streaming(Box::new(Streaming {
-                inner: Box::pin(body),
-                permit: Some(permit),
-                reader,
-                admitted_at,
-                config,
-            })),
+            held: HeldBody::admitted(body, settle),
         }
     }
 
     /// Whether this body still holds its admission (false for the layer's own answer to a
     /// refused request, and once the body ended or failed). See [`LlmLayer`](crate::tower::LlmLayer) for an example.
     pub fn holds_permit(&self) -> bool {
-        matches!(&self.state, State::Streaming(s) if s.permit.is_some())
+        self.held.holds()
     }
 }
 
@@ -597,54 +528,22 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         // `LlmBody` is `Unpin`: the inner body is pinned in its own box.
-        let this = self.get_mut();
-        match &mut this.state {
-            State::Answer(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
-            State::Streaming(streaming) => match streaming.inner.as_mut().poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(data) = frame.data_ref() {
-                        streaming.observe(data);
-                    }
-                    // A server that sees the end may never poll again (a sized body): settle
-                    // with this last frame.
-                    if streaming.inner.is_end_stream() {
-                        streaming.finish();
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-                Poll::Ready(Some(Err(error))) => {
-                    // Settled as the inner body is dropped (`Streaming`'s drop).
-                    this.state = State::Done;
-                    Poll::Ready(Some(Err(error.into())))
-                }
-                Poll::Ready(None) => {
-                    this.state = State::Done;
-                    Poll::Ready(None)
-                }
-                Poll::Pending => Poll::Pending,
-            },
-            State::Done => Poll::Ready(None),
-        }
+        self.get_mut()
+            .held
+            .poll_frame(cx)
+            .map(|frame| frame.map(|result| result.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.state {
-            State::Answer(body) => body.is_none(),
-            State::Streaming(streaming) => streaming.inner.is_end_stream(),
-            State::Done => true,
-        }
+        self.held.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.state {
-            State::Answer(Some(body)) => SizeHint::with_exact(body.len() as u64),
-            State::Answer(None) | State::Done => SizeHint::with_exact(0),
-            State::Streaming(streaming) => streaming.inner.size_hint(),
-        }
+        self.held.size_hint()
     }
 }
 
-impl<B> Streaming<B> {
+impl body::Hold for Settle {
     /// Reads what a data frame says about usage, and reports it.
     fn observe(&mut self, data: &Bytes) {
         let Some(permit) = self.permit.as_mut() else {
@@ -673,10 +572,12 @@ impl<B> Streaming<B> {
             Reader::Other => {}
         }
     }
+}
 
-    /// The body ended or failed: settles with the usage it said (a JSON body's), else the
-    /// last reported.
-    fn finish(&mut self) {
+impl Drop for Settle {
+    /// The body ended, failed or was dropped: settles with the usage it said (a JSON body's),
+    /// else the last reported.
+    fn drop(&mut self) {
         let Some(permit) = self.permit.take() else {
             return;
         };
@@ -696,250 +597,5 @@ impl<B> Streaming<B> {
         if let (Some(holds), Some(at)) = (&self.config.holds, self.admitted_at) {
             holds.record(at.elapsed());
         }
-    }
-}
-
-/// How a response's usage is read.
-enum Reader {
-    /// `text/event-stream`: every complete event line that mentions `usage`.
-    Events(EventLines),
-    /// `application/json`: the whole body, read at its end.
-    Json(Vec<u8>),
-    /// Anything else: no usage (the call settles with nothing reported).
-    Other,
-}
-
-impl Reader {
-    /// The reader of a response with these headers: by its content type; none for an encoded
-    /// (compressed) body, whose bytes say nothing readable.
-    fn for_response(headers: &http::HeaderMap) -> Reader {
-        let encoded = headers
-            .get(http::header::CONTENT_ENCODING)
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        if encoded {
-            return Reader::Other;
-        }
-        let kind = headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.split(';').next().unwrap_or("").trim());
-        match kind {
-            Some(k) if k.eq_ignore_ascii_case("text/event-stream") => {
-                Reader::Events(EventLines::default())
-            }
-            Some(k) if k.eq_ignore_ascii_case("application/json") => Reader::Json(Vec::new()),
-            _ => Reader::Other,
-        }
-    }
-}
-
-/// The longest unfinished line kept between chunks; the rest of a longer line (a large
-/// content delta, a stream that never sends a newline) is skipped up to its end.
-const MAX_PARTIAL_LINE: usize = 64 << 10;
-
-/// Splits a server-sent event stream into lines as chunks pass, keeping only the unfinished
-/// tail of a chunk (a line cut in two by the network, at most [`MAX_PARTIAL_LINE`]); lines
-/// are looked at in place. Lines end with LF or CRLF (a bare CR, which the SSE format also
-/// allows, is not a line end here), and an event's `data:` is read from one line.
-#[derive(Default)]
-struct EventLines {
-    partial: Vec<u8>,
-    /// The current line outgrew `MAX_PARTIAL_LINE`: skipped up to its end.
-    skipping: bool,
-}
-
-impl EventLines {
-    /// Feeds `chunk`, calling `found` with the JSON of each complete `data:` line that
-    /// states a usage.
-    fn feed(&mut self, chunk: &[u8], mut found: impl FnMut(&serde_json::Value)) {
-        let mut rest = chunk;
-        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
-            let (line, after) = rest.split_at(end);
-            rest = &after[1..];
-            if core::mem::take(&mut self.skipping) {
-                continue;
-            }
-            if self.partial.is_empty() {
-                Self::line(line, &mut found);
-            } else {
-                self.partial.extend_from_slice(line);
-                Self::line(&self.partial, &mut found);
-                self.partial.clear();
-            }
-        }
-        if rest.is_empty() || self.skipping {
-            return;
-        }
-        if self.partial.len() + rest.len() > MAX_PARTIAL_LINE {
-            self.partial.clear();
-            self.skipping = true;
-        } else {
-            self.partial.extend_from_slice(rest);
-        }
-    }
-
-    fn line(line: &[u8], found: &mut impl FnMut(&serde_json::Value)) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        // Only events that state a usage are parsed: with `include_usage` every OpenAI chunk
-        // says `"usage":null`.
-        if !states_usage(data) {
-            return;
-        }
-        if let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) {
-            found(&json);
-        }
-    }
-}
-
-/// Whether some `"usage":` in `data` is followed by something other than `null`.
-fn states_usage(data: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"usage\":";
-    let mut rest = data;
-    while let Some(at) = rest.windows(KEY.len()).position(|w| w == KEY) {
-        rest = &rest[at + KEY.len()..];
-        if !rest.trim_ascii_start().starts_with(b"null") {
-            return true;
-        }
-    }
-    false
-}
-
-/// The cumulative usage a provider's JSON document states: OpenAI's `usage` (`prompt_tokens`,
-/// `completion_tokens`; in a streamed chunk with `stream_options.include_usage`, or a whole
-/// response), Anthropic's `message_start` (`message.usage`) and `message_delta` (`usage`,
-/// whose `output_tokens` is cumulative), or a messages response's `usage` (`input_tokens`,
-/// `output_tokens`; cache reads and writes count as input).
-pub fn provider_usage(json: &serde_json::Value) -> Option<TokenUsage> {
-    usage_of(json.get("usage"), json.get("message"))
-}
-
-/// The top-level members of a JSON response that [`provider_usage`](crate::tower::provider_usage) reads; every other
-/// member is skipped without being built (a whole response as a `serde_json::Value` is a tree
-/// of maps: about a fifth of the layer's time per request, measured with `perf`).
-#[derive(serde::Deserialize)]
-struct UsageDocument {
-    usage: Option<serde_json::Value>,
-    message: Option<serde_json::Value>,
-}
-
-/// [`provider_usage`](crate::tower::provider_usage) of a whole JSON response body, reading only its `usage` and `message`
-/// members. A body that is not a JSON object, or that names either member twice, states no
-/// usage.
-fn json_response_usage(body: &[u8]) -> Option<TokenUsage> {
-    let document: UsageDocument = serde_json::from_slice(body).ok()?;
-    usage_of(document.usage.as_ref(), document.message.as_ref())
-}
-
-/// The usage a document states from its top-level `usage` and `message` members: `usage` if
-/// it is an object, else `message.usage` (see [`provider_usage`](crate::tower::provider_usage)).
-fn usage_of(
-    usage: Option<&serde_json::Value>,
-    message: Option<&serde_json::Value>,
-) -> Option<TokenUsage> {
-    let usage = usage
-        .filter(|u| u.is_object())
-        .or_else(|| message.and_then(|m| m.get("usage")))?;
-    usage_block(usage)
-}
-
-/// The usage a provider's `usage` block states (see [`provider_usage`](crate::tower::provider_usage)).
-fn usage_block(usage: &serde_json::Value) -> Option<TokenUsage> {
-    let n = |key: &str| usage.get(key).and_then(serde_json::Value::as_u64);
-    if let (Some(input), Some(output)) = (n("prompt_tokens"), n("completion_tokens")) {
-        return TokenUsage::new(input, output).ok();
-    }
-    let input = n("input_tokens").map(|i| {
-        i.saturating_add(n("cache_creation_input_tokens").unwrap_or(0))
-            .saturating_add(n("cache_read_input_tokens").unwrap_or(0))
-    });
-    match (input, n("output_tokens")) {
-        (Some(input), Some(output)) => TokenUsage::new(input, output).ok(),
-        // A `message_delta` states the output only: the input stands as reported before
-        // (cumulative reports keep each field's maximum).
-        (None, Some(output)) => TokenUsage::new(0, output).ok(),
-        (Some(input), None) => TokenUsage::new(input, 0).ok(),
-        (None, None) => None,
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::{EventLines, MAX_PARTIAL_LINE, json_response_usage, provider_usage, states_usage};
-
-    /// The typed read of a JSON response agrees with `provider_usage` of the whole document.
-    #[test]
-    fn a_json_response_is_read_for_its_usage_like_the_whole_document() {
-        let documents: [&str; 12] = [
-            r#"{"id":"x","choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":500,"completion_tokens":20}}"#,
-            r#"{"type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":7,"cache_read_input_tokens":3,"output_tokens":9}}"#,
-            r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":12,"output_tokens":1}}}"#,
-            r#"{"usage":null,"message":{"usage":{"input_tokens":4,"output_tokens":2}}}"#,
-            r#"{"usage":"none","message":"text"}"#,
-            r#"{"usage":{"output_tokens":5}}"#,
-            r#"{"usage":{"prompt_tokens":-1,"completion_tokens":2}}"#,
-            r#"{"choices":[]}"#,
-            r#"[{"usage":{"prompt_tokens":1,"completion_tokens":1}}]"#,
-            r#"not json"#,
-            r#"{"usage":{"prompt_tokens":1,"completion_tokens":1}"#,
-            r#"{"message":{"content":"x"},"usage":{"input_tokens":1,"output_tokens":0}}"#,
-        ];
-        let mut stated = 0;
-        for document in documents {
-            let whole = serde_json::from_str::<serde_json::Value>(document)
-                .ok()
-                .and_then(|json| provider_usage(&json));
-            assert_eq!(
-                json_response_usage(document.as_bytes()),
-                whole,
-                "{document}"
-            );
-            stated += usize::from(whole.is_some());
-        }
-        assert_eq!(stated, 6);
-    }
-
-    fn lines(chunks: &[&[u8]]) -> (Vec<serde_json::Value>, usize) {
-        let mut events = EventLines::default();
-        let mut found = Vec::new();
-        let mut kept = 0;
-        for chunk in chunks {
-            events.feed(chunk, |json| found.push(json.clone()));
-            kept = kept.max(events.partial.len());
-        }
-        (found, kept)
-    }
-
-    #[test]
-    fn a_line_split_anywhere_is_read_once_whole() {
-        let event = b"data: {\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\r\n\r\n";
-        for cut in 0..event.len() {
-            let (found, _) = lines(&[&event[..cut], &event[cut..]]);
-            assert_eq!(found.len(), 1, "cut at {cut}");
-            assert_eq!(found[0]["usage"]["prompt_tokens"], 3);
-        }
-    }
-
-    #[test]
-    fn null_usage_is_not_parsed_and_a_line_without_end_is_bounded() {
-        assert!(!states_usage(b" {\"choices\":[],\"usage\":null}"));
-        assert!(!states_usage(b" {\"usage\": null, \"x\": 1}"));
-        assert!(states_usage(
-            b" {\"usage\":null,\"message\":{\"usage\":{\"input_tokens\":1}}}"
-        ));
-        let (found, _) = lines(&[b"data: {\"usage\":null}\n"]);
-        assert!(found.is_empty());
-        // A stream that never sends a newline keeps at most MAX_PARTIAL_LINE bytes, then
-        // skips to the next line end and reads the line after it.
-        let filler = vec![b'x'; 16 << 10];
-        let mut chunks: Vec<&[u8]> = vec![b"data: {\"usage\":"];
-        chunks.extend(std::iter::repeat_n(&filler[..], 8));
-        chunks.push(b"}\ndata: {\"usage\":{\"output_tokens\":5}}\n");
-        let (found, kept) = lines(&chunks);
-        assert!(kept <= MAX_PARTIAL_LINE, "kept {kept}");
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0]["usage"]["output_tokens"], 5);
     }
 }

@@ -18,15 +18,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::bulkhead::{Bulkhead, BulkheadError, OwnedBulkheadPermit};
-use crate::http::HttpRefusal;
 
+use super::body::{self, HeldBody};
+use super::error::LayerError;
 use super::hold_times::HoldTimes;
-use super::tower::LayerError;
 
 /// A tower layer that admits each HTTP request through a [`Bulkhead`] before the inner service
 /// sees it. By default a request waits in the bulkhead's queue (under its queue timeout) when
@@ -301,24 +300,14 @@ where
 /// A refusal as 503 and its JSON body, with the hold-time hint as `Retry-After` when it is on,
 /// known, and the refusal is one of capacity (not a shutdown).
 fn refusal<R>(error: &BulkheadError, holds: Option<&HoldTimes>) -> Response<BulkheadBody<R>> {
-    let body = Bytes::from(error.http_body());
-    let mut response = Response::new(BulkheadBody {
-        state: State::Refused(Some(body)),
-    });
-    *response.status_mut() =
+    let status =
         StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(HttpRefusal::CONTENT_TYPE),
-    );
-    if !matches!(error, BulkheadError::Shutdown { .. })
-        && let Some(seconds) = holds.and_then(HoldTimes::hint_seconds)
-    {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(seconds));
-    }
-    response
+    let retry_after = match error {
+        BulkheadError::Shutdown { .. } => None,
+        _ => holds.and_then(HoldTimes::hint_seconds),
+    };
+    body::answer(status, Bytes::from(error.http_body()), retry_after)
+        .map(|held| BulkheadBody { held })
 }
 
 /// An admitted call's slot, and when it was admitted (only with the hint): dropping it records
@@ -327,6 +316,8 @@ struct Hold {
     timing: Option<(Arc<HoldTimes>, Instant)>,
     _permit: OwnedBulkheadPermit,
 }
+
+impl body::Hold for Hold {}
 
 impl Drop for Hold {
     fn drop(&mut self) {
@@ -368,26 +359,13 @@ impl Drop for Hold {
 /// # }).unwrap();
 /// ```
 pub struct BulkheadBody<B> {
-    state: State<B>,
-}
-
-enum State<B> {
-    /// The layer's own answer (a refusal); `None` once sent.
-    Refused(Option<Bytes>),
-    /// The inner body, pinned in its own box (so that this body is `Unpin`), and its slot
-    /// (released when this state is left).
-    Streaming { inner: Pin<Box<B>>, _hold: Hold },
-    /// The inner body ended or failed: it is dropped with its slot, and the body stays ended.
-    Done,
+    held: HeldBody<B, Hold>,
 }
 
 impl<B> BulkheadBody<B> {
     fn admitted(body: B, hold: Hold) -> BulkheadBody<B> {
         BulkheadBody {
-            state: State::Streaming {
-                inner: Box::pin(body),
-                _hold: hold,
-            },
+            held: HeldBody::admitted(body, hold),
         }
     }
 
@@ -419,7 +397,7 @@ impl<B> BulkheadBody<B> {
     /// # }).unwrap();
     /// ```
     pub fn holds_permit(&self) -> bool {
-        matches!(self.state, State::Streaming { .. })
+        self.held.holds()
     }
 }
 
@@ -443,46 +421,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         // `BulkheadBody` is `Unpin`: the inner body is pinned in its own box.
-        let this = self.get_mut();
-        match &mut this.state {
-            State::Refused(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
-            State::Streaming { inner, .. } => match inner.as_mut().poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    // A server that sees the end may never poll again (a sized body): release
-                    // with this last frame.
-                    if inner.is_end_stream() {
-                        this.state = State::Done;
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-                Poll::Ready(Some(Err(error))) => {
-                    this.state = State::Done;
-                    Poll::Ready(Some(Err(error)))
-                }
-                Poll::Ready(None) => {
-                    this.state = State::Done;
-                    Poll::Ready(None)
-                }
-                Poll::Pending => Poll::Pending,
-            },
-            State::Done => Poll::Ready(None),
-        }
+        self.get_mut().held.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.state {
-            State::Refused(body) => body.is_none(),
-            State::Streaming { inner, .. } => inner.is_end_stream(),
-            State::Done => true,
-        }
+        self.held.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.state {
-            State::Refused(Some(body)) => SizeHint::with_exact(body.len() as u64),
-            State::Refused(None) | State::Done => SizeHint::with_exact(0),
-            State::Streaming { inner, .. } => inner.size_hint(),
-        }
+        self.held.size_hint()
     }
 }
 
