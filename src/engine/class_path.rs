@@ -87,7 +87,7 @@ impl Engine {
     /// id minted; `None` (nothing changed) leaves it to the general path. Out of line: the
     /// path without classes does not carry it.
     #[inline]
-    pub(crate) fn try_admit_class_fast(&self, ask: crate::engine::Ask) -> Option<Grant> {
+    pub(super) fn try_admit_class_fast(&self, ask: crate::engine::Ask) -> Option<Grant> {
         let revision = self.admit_within_floors(ask)?;
         let class = ask.class?;
         // As `grant` (`count_class_admission`) for a call within its floors (it borrowed

@@ -5,12 +5,14 @@
 //! ([`Ask`]) and gets a [`Grant`], a [`Rejection`](crate::rejection::Rejection) or a place in the queue.
 //!
 //! Everything above it (the two faces, `crate::llm` and `crate::bulkhead`) goes through
-//! [`Engine`]'s crate-internal face, 28 calls in eight groups; every other method and every
+//! [`Engine`]'s crate-internal face, 25 calls in eight groups; every other method and every
 //! field is private to this folder:
 //!
-//! - admit: `try_admit`, `try_admit_fast`, `try_admit_class`, `try_admit_class_fast` (never
-//!   wait), `admit`, `admit_in_place`, `admit_class` (may queue), `refuse_undecided`;
-//! - advise: `would_admit`, `advise` (decide without admitting);
+//! - admit: `try_admit_fast` (the fast lane of either kind of call), `try_admit`,
+//!   `try_admit_class` (never wait; the caller dispatches on the class before it builds the
+//!   ask, which keeps a refusal 5 instructions shorter), `admit`, `admit_in_place` (may
+//!   queue), `refuse_undecided`;
+//! - advise: `advise` (decide without admitting);
 //! - wait: [`queued::Queued`], the one wait protocol of both faces' acquire futures;
 //! - release and report: `release`, `release_unreported`, `move_hold` (a usage report),
 //!   `abandon` (a borrowed slot given back early), `count_all` (the counters a face settles);

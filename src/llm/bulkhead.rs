@@ -354,7 +354,8 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<(Verdict, CapacityDetail), RequestError> {
         let ask: Ask = self.core.resolve(request, options)?.ask();
-        Ok(self.core.engine().would_admit(ask))
+        let (verdict, detail) = self.core.engine().advise(ask, |_| true);
+        Ok((verdict, detail.expect("asked for every verdict's detail")))
     }
 
     /// The limits in force.

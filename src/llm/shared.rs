@@ -282,12 +282,7 @@ impl LlmCore {
         timing: Option<Timing>,
     ) -> Admitted {
         let timing = timing.map(|timing| timing.untimed(untimed));
-        let decision = if call.class().is_none() {
-            self.engine.admit(call.ask(), wait)
-        } else {
-            self.engine.admit_class(call.ask(), wait)
-        };
-        match decision {
+        match self.engine.admit(call.ask(), wait) {
             Decision::Admitted(grant) => {
                 let admission = call.admission(grant, timing);
                 self.announce_admit(&admission, timing, None);
@@ -400,7 +395,7 @@ impl LlmCore {
         let (mut ask, ledger) = fast_ask(self.engine.has_budget(), options)?;
         // A class that is not this bulkhead's is reported by the general path.
         ask.class = Some(classes.resolve(options.class).map_err(|_| ())?);
-        match self.engine.try_admit_class_fast(ask) {
+        match self.engine.try_admit_fast(ask) {
             Some(grant) => Ok(permit(Admission::new(grant, ledger))),
             None => Err(()),
         }
