@@ -8,20 +8,27 @@
 //!
 //! # Protocol
 //!
-//! One mutex guards a `HashMap` from key to tenant. Under it run only the map's operations (the
-//! key's `Hash`, `Eq`, `Clone` and `Drop`: user code, the one exception to the crate's rule,
-//! which `HashMap` survives if it panics) and reading a tenant's figures (crate code, but not
-//! free: its limits cloned under their own lock and its counters summed, per tenant checked,
-//! in a sweep and when a new key needs room). The template, the builder and the
+//! The family is split into shards, each a mutex over a `HashMap` from key to tenant and a
+//! *clock*: the shard's keys in a ring. A key's shard is picked by its hash under the family's
+//! own random hasher (so that keys a client chooses cannot all land in one shard). Under a
+//! shard's lock run only the map's and the ring's operations (the key's `Hash`, `Eq`, `Clone`
+//! and `Drop`: user code, the one exception to the crate's rule, which `HashMap` survives if it
+//! panics) and reading a few tenants' figures (crate code). The template, the builder and the
 //! bulkhead's `apply_limits` (which calls listeners) run unlocked, and every bulkhead the map
 //! lets go of is dropped after the lock (dropping the last clone drops its estimator and
-//! listeners, user code):
+//! listeners, user code). The number of tenants is one atomic counter: a new key takes a place
+//! in it with a compare-and-swap below `max_tenants`, so the bound holds across shards.
 //!
-//! - `get` of a live key: lock, refresh its last use, clone, unlock.
-//! - `get` of a new key: lock, refuse `Full` if the map is full and nothing is evictable,
-//!   unlock; build from the template unlocked; lock again: if another thread inserted the key
-//!   meanwhile, keep that one (ours is dropped); else evict if full (or refuse `Full`, dropping
-//!   ours), insert; unlock.
+//! - `get` of a live key: lock its shard, refresh its last use, clone, unlock.
+//! - `get` of a new key: if the family is full, look for room (below) without evicting, and
+//!   refuse `Full` if there is none; build from the template unlocked; lock the key's shard:
+//!   if another thread inserted the key meanwhile, keep that one (ours is dropped); else take a
+//!   place, or evict to make one (or refuse `Full`, dropping ours), insert; unlock.
+//! - Room is looked for with the clock, a bounded number of steps: in the key's shard, then in
+//!   each other shard in turn (from a hand that moves at every look), one lock at a time, at
+//!   most [`PROBES`] tenants per shard, oldest in the ring first; one last active within
+//!   `idle_after` goes to the back of the ring unchecked (its second chance), one that is old
+//!   enough is checked (below) and evicted if it may be.
 //!
 //! # Idleness
 //!
@@ -30,29 +37,38 @@
 //! bypasses hold nothing, so a tenant running only bypasses may be evicted mid-call (no
 //! capacity is lost; its observe figures go with it). Each tenant keeps the instant of its last
 //! known activity and a fingerprint of its cumulative counters (admissions, releases,
-//! refusals, bypasses). A check (a sweep, or a `get` that needs room) that finds a tenant busy,
-//! or its fingerprint changed since the previous check, moves its last activity to now; one that
-//! finds it idle, unchanged, and last active at least `idle_after` ago may evict it. Calls made
-//! through a clone between two checks are seen by the fingerprint, so a tenant is never
-//! evicted sooner than `idle_after` after its last activity that began before the check; it
-//! may be later (by up to the time between checks).
+//! refusals, bypasses). A check (a sweep, or a new key that needs room) that finds a tenant
+//! busy, or its fingerprint changed since the previous check, moves its last activity to now;
+//! one that finds it idle, unchanged, and last active at least `idle_after` ago may evict it.
+//! Calls made through a clone between two checks are seen by the fingerprint, so a tenant is
+//! never evicted sooner than `idle_after` after its last activity that began before the check;
+//! it may be later (by up to the time between checks).
 //!
 //! # Cost
 //!
-//! A `get` of a live key is a lock, a hash lookup, a clock read and a reference count. A new
-//! key when the map is full scans the tenants' last activity under the lock (O(`max_tenants`),
-//! plus a sort of those old enough to be candidates) and reads the figures of candidates,
-//! oldest first, until one is evictable; a candidate found active drops out of the candidates
-//! for `idle_after`. A sweep reads every tenant's figures.
+//! A `get` of a live key is two hashes of the key, one uncontended shard lock, a clock read
+//! and a reference count; it waits only for another `get` of its own shard. A new key is
+//! O(1): the template and the build, then at most [`PROBES`] steps of the clock in each shard
+//! (at most 64), each step a read of one tenant's figures at most, under that shard's lock
+//! alone. So a flood of unknown keys holds each shard's lock for a bounded
+//! time and leaves the other shards' tenants alone. The price: a new key may be refused
+//! `Full` while an evictable tenant exists that the bounded clock did not reach (the next
+//! clock reaches it, the ring having turned), and the tenant evicted is the first idle one
+//! the clock finds, not the least recently active of the whole family. A sweep
+//! ([`evict_idle`](Tenants::evict_idle)) reads every tenant's figures, one shard at a time.
 
 use core::borrow::Borrow;
 use core::fmt;
-use core::hash::Hash;
+use core::hash::{BuildHasher, Hash};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+
 use crate::stats::Stats;
+use crate::support::sync::atomic::{AtomicU64, Ordering};
 use crate::support::sync::{Arc, Mutex, lock};
 use crate::vocabulary::error::{ConfigError, LimitsError};
 use crate::vocabulary::limits::{ApplyOutcome, Limits};
@@ -65,6 +81,12 @@ const DEFAULT_MAX_TENANTS: usize = 1024;
 
 /// The default [`idle_after`](TenantsBuilder::idle_after).
 const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(60);
+
+/// The most tenants the clock visits in one shard while it looks for room for a new key.
+pub(crate) const PROBES: usize = 8;
+
+/// The most shards a family has; it has one per 64 places of `max_tenants` below that.
+const MAX_SHARDS: usize = 64;
 
 /// The closure that makes a new tenant's builder.
 type Template<K> = dyn Fn(&K) -> LlmBulkheadBuilder + Send + Sync;
@@ -80,9 +102,11 @@ type Template<K> = dyn Fn(&K) -> LlmBulkheadBuilder + Send + Sync;
 ///
 /// # Eviction
 ///
-/// When `max_tenants` tenants exist, a new key evicts the least recently active tenant that has
-/// been idle (nothing in flight, queued or unsettled) for at least
-/// [`idle_after`](TenantsBuilder::idle_after); [`evict_idle`](Tenants::evict_idle) sweeps every
+/// When `max_tenants` tenants exist, a new key evicts a tenant that has been idle (nothing in
+/// flight, queued or unsettled) for at least [`idle_after`](TenantsBuilder::idle_after): the
+/// first such tenant a clock finds in a bounded number of steps (oldest in its shard's ring
+/// first, skipping tenants used within `idle_after`), so that a flood of unknown keys costs
+/// O(1) per key and holds no lock for long; [`evict_idle`](Tenants::evict_idle) sweeps every
 /// such tenant. Since only an idle tenant is evicted, no capacity is lost with it. What is
 /// forgotten: the limits applied to it (the next `get` builds a fresh bulkhead from the
 /// template, with the template's limits), its statistics, and its event subscriptions. Keep a
@@ -132,14 +156,119 @@ struct Shared<K> {
     template: Box<Template<K>>,
     max_tenants: usize,
     idle_after: Duration,
-    map: Mutex<HashMap<K, Tenant>>,
+    /// Picks a key's shard (random keys per family: a client cannot aim its keys at a shard).
+    hasher: RandomState,
+    shards: Box<[CachePadded<Mutex<Shard<K>>>]>,
+    /// The tenants that exist (or have a place taken for them), at most `max_tenants`.
+    count: AtomicU64,
+    /// Where the next look for room in other shards starts.
+    hand: AtomicU64,
+}
+
+impl<K: Eq + Hash> Shared<K> {
+    /// The shard of `key` (a power-of-two count: the hash's low bits).
+    fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
+        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    /// Whether `max_tenants` tenants exist (or have their place taken).
+    fn is_full(&self) -> bool {
+        self.count.load(Ordering::Acquire) >= self.max_tenants as u64
+    }
+
+    /// Takes a place for a new tenant if there is one below `max_tenants`.
+    fn take_place(&self) -> bool {
+        let max = self.max_tenants as u64;
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Looks for room for a new key of shard `own`: in `own`, then in `hint` (where an earlier
+    /// look found some), then in every other shard, from where the family's hand points (so
+    /// that successive looks start at different shards); each shard one lock and at most
+    /// [`PROBES`] steps of its clock. With `evict`, the tenant found is evicted (its
+    /// place given back) and dropped after the lock. The shard where room was found.
+    fn room(&self, own: usize, hint: Option<usize>, now: Instant, evict: bool) -> Option<usize> {
+        let start = if self.shards.len() == 1 {
+            0
+        } else {
+            self.hand.fetch_add(1, Ordering::Relaxed) as usize
+        };
+        let hint = hint.filter(|&h| h != own);
+        let order = core::iter::once(own).chain(hint).chain(
+            (0..self.shards.len())
+                .map(|i| (start + i) % self.shards.len())
+                .filter(|&i| i != own && Some(i) != hint),
+        );
+        for index in order {
+            let found = lock(&self.shards[index]).probe(now, self.idle_after, evict);
+            match found {
+                Probe::Nothing => {}
+                Probe::Found => return Some(index),
+                Probe::Evicted(gone) => {
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                    drop(gone); // after the lock (see the module docs)
+                    return Some(index);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// One shard: its tenants, and its clock (every key of `map` once, oldest first).
+struct Shard<K> {
+    map: HashMap<K, Tenant>,
+    ring: VecDeque<K>,
+}
+
+impl<K: Eq + Hash> Shard<K> {
+    /// Looks for an evictable tenant: at most [`PROBES`] steps of the clock. With `evict`, the
+    /// one found leaves the shard and is returned; without, it stays first in the ring (the
+    /// next look finds it at once) and `Found` says there is one.
+    fn probe(&mut self, now: Instant, idle_after: Duration, evict: bool) -> Probe {
+        for _ in 0..PROBES.min(self.ring.len()) {
+            let Some(key) = self.ring.pop_front() else {
+                break;
+            };
+            let tenant = self
+                .map
+                .get(&key)
+                .expect("every key of the ring is in the map");
+            // Not even checked while it has been active within `idle_after`.
+            let old = now.saturating_duration_since(tenant.last_active.get()) >= idle_after;
+            if old && tenant.evictable(now, idle_after) {
+                if !evict {
+                    self.ring.push_front(key);
+                    return Probe::Found;
+                }
+                let tenant = self.map.remove(&key).expect("just found");
+                return Probe::Evicted(tenant.bulkhead);
+            }
+            self.ring.push_back(key);
+        }
+        Probe::Nothing
+    }
+}
+
+/// What a look for room found.
+enum Probe {
+    /// Nothing evictable within the clock's steps.
+    Nothing,
+    /// An evictable tenant, left in place.
+    Found,
+    /// An evicted tenant's bulkhead, to drop after the lock.
+    Evicted(LlmBulkhead),
 }
 
 /// One live tenant.
 struct Tenant {
     bulkhead: LlmBulkhead,
     /// Its last known activity: creation, a `get`, or a check that saw it busy or changed.
-    /// (`Cell`s: a check updates them through the shared borrow the candidates list holds.)
+    /// (`Cell`s: a `get` refreshes it through a shared borrow of the map, under its lock.)
     last_active: Cell<Instant>,
     /// The fingerprint of its cumulative counters at the last check.
     seen: Cell<u64>,
@@ -164,10 +293,15 @@ impl Tenant {
         // The live word first, then the fingerprint: a call admitted after the first read has
         // almost always changed the fingerprint by the second (its counter is stored just after
         // its admission: one racing that window, or admitted after both reads, meets the
-        // eviction like any call through a clone kept past it).
-        let busy = !engine.occupancy().idle;
+        // eviction like any call through a clone kept past it). A busy tenant is active now,
+        // and its fingerprint is not read (it is a sum over the counters' shards): the first
+        // check after its calls end sees the fingerprint changed since the last one read.
+        if !engine.occupancy().idle {
+            self.last_active.set(now);
+            return false;
+        }
         let activity = fingerprint(&self.bulkhead);
-        if busy || activity != self.seen.get() {
+        if activity != self.seen.get() {
             self.seen.set(activity);
             self.last_active.set(now);
             return false;
@@ -196,20 +330,6 @@ fn fingerprint(bulkhead: &LlmBulkhead) -> u64 {
         .wrapping_add(figures.released)
         .wrapping_add(refused)
         .wrapping_add(bypassed)
-}
-
-/// The least recently active evictable tenant, checking candidates oldest first (a tenant
-/// last active less than `idle_after` ago is not even checked).
-fn victim<K>(map: &HashMap<K, Tenant>, now: Instant, idle_after: Duration) -> Option<&Tenant> {
-    let mut candidates: Vec<(&K, &Tenant)> = map
-        .iter()
-        .filter(|(_, t)| now.saturating_duration_since(t.last_active.get()) >= idle_after)
-        .collect();
-    candidates.sort_by_key(|(_, t)| t.last_active.get());
-    candidates
-        .into_iter()
-        .find(|(_, t)| t.evictable(now, idle_after))
-        .map(|(_, tenant)| tenant)
 }
 
 impl<K> Tenants<K> {
@@ -289,7 +409,11 @@ impl<K> Tenants<K> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        lock(&self.shared.map).len()
+        self.shared
+            .shards
+            .iter()
+            .map(|shard| lock(shard).map.len())
+            .sum()
     }
 
     /// Whether no tenant exists now.
@@ -304,7 +428,10 @@ impl<K> Tenants<K> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn is_empty(&self) -> bool {
-        lock(&self.shared.map).is_empty()
+        self.shared
+            .shards
+            .iter()
+            .all(|shard| lock(shard).map.is_empty())
     }
 }
 
@@ -313,8 +440,9 @@ impl<K: Eq + Hash> Tenants<K> {
     /// since it was evicted). A clone: it shares the tenant's state. Counts as the tenant's
     /// activity.
     ///
-    /// When the key is new and `max_tenants` tenants exist, the least recently active tenant
-    /// idle for at least `idle_after` is evicted to make room.
+    /// When the key is new and `max_tenants` tenants exist, a tenant idle for at least
+    /// `idle_after` is evicted to make room: the first the family's clock finds, in a bounded
+    /// number of steps (see [`Tenants`]' eviction notes).
     ///
     /// # Errors
     ///
@@ -343,19 +471,26 @@ impl<K: Eq + Hash> Tenants<K> {
     /// ```
     pub fn get<Q>(&self, key: &Q) -> Result<LlmBulkhead, TenantsError>
     where
-        K: Borrow<Q>,
+        K: Borrow<Q> + Clone,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let shared = &*self.shared;
+        let own = shared.shard_of(key);
         {
             // The clock is read before the lock, not under it.
             let now = Instant::now();
-            let map = lock(&shared.map);
-            if let Some(tenant) = map.get(key) {
+            let shard = lock(&shared.shards[own]);
+            if let Some(tenant) = shard.map.get(key) {
                 tenant.last_active.set(now);
                 return Ok(tenant.bulkhead.clone());
             }
-            if map.len() >= shared.max_tenants && victim(&map, now, shared.idle_after).is_none() {
+        }
+        // A new key: refused before the template runs when the family is full and the clock
+        // finds nothing to evict.
+        let mut hint = None;
+        if shared.is_full() {
+            hint = shared.room(own, None, Instant::now(), false);
+            if hint.is_none() {
                 return Err(TenantsError::Full {
                     max: shared.max_tenants,
                 });
@@ -365,35 +500,42 @@ impl<K: Eq + Hash> Tenants<K> {
         let built = (shared.template)(&owned)
             .build()
             .map_err(TenantsError::Template)?;
-        // Whatever the map lets go of is dropped after the lock (see the module docs).
-        let mut evicted = None;
-        let now = Instant::now();
-        let mut map = lock(&shared.map);
-        if let Some(tenant) = map.get(key) {
-            // Another thread created it meanwhile: keep the first, drop ours.
-            tenant.last_active.set(now);
-            let first = tenant.bulkhead.clone();
-            drop(map);
-            drop(built);
-            return Ok(first);
-        }
-        if map.len() >= shared.max_tenants {
-            let Some(gone) = victim(&map, now, shared.idle_after).map(|t| t.bulkhead.clone())
-            else {
-                drop(map);
+        // Twice at most: a place another thread takes between our eviction and our insertion
+        // sends us round once more, then `Full`.
+        for _ in 0..2 {
+            let now = Instant::now();
+            let mut shard = lock(&shared.shards[own]);
+            if let Some(tenant) = shard.map.get(key) {
+                // Another thread created it meanwhile: keep the first, drop ours.
+                tenant.last_active.set(now);
+                let first = tenant.bulkhead.clone();
+                drop(shard);
                 drop(built);
-                return Err(TenantsError::Full {
-                    max: shared.max_tenants,
-                });
-            };
-            // Its key is the map's own: find the tenant again by its bulkhead to remove it.
-            map.retain(|_, t| !core::ptr::eq(&*t.bulkhead.core, &*gone.core));
-            evicted = Some(gone);
+                return Ok(first);
+            }
+            if shared.take_place() {
+                shard.ring.push_back(owned.clone());
+                shard.map.insert(owned, Tenant::new(built.clone(), now));
+                return Ok(built);
+            }
+            // Full: evict in this shard, in place of ours, if the clock finds a tenant here.
+            if let Probe::Evicted(gone) = shard.probe(now, shared.idle_after, true) {
+                shard.ring.push_back(owned.clone());
+                shard.map.insert(owned, Tenant::new(built.clone(), now));
+                drop(shard);
+                drop(gone); // after the lock (see the module docs)
+                return Ok(built);
+            }
+            drop(shard);
+            hint = shared.room(own, hint, now, true);
+            if hint.is_none() {
+                break;
+            }
         }
-        map.insert(owned, Tenant::new(built.clone(), now));
-        drop(map);
-        drop(evicted);
-        Ok(built)
+        drop(built);
+        Err(TenantsError::Full {
+            max: shared.max_tenants,
+        })
     }
 
     /// The key's live bulkhead, if it exists, without creating it and without counting as its
@@ -415,7 +557,9 @@ impl<K: Eq + Hash> Tenants<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        lock(&self.shared.map)
+        let shared = &*self.shared;
+        lock(&shared.shards[shared.shard_of(key)])
+            .map
             .get(key)
             .map(|tenant| tenant.bulkhead.clone())
     }
@@ -522,8 +666,13 @@ impl<K: Eq + Hash> Tenants<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let removed = lock(&self.shared.map).remove(key);
-        removed.map(|tenant| tenant.bulkhead)
+        let shared = &*self.shared;
+        let mut shard = lock(&shared.shards[shared.shard_of(key)]);
+        let removed = shard.map.remove(key)?;
+        shard.ring.retain(|k| k.borrow() != key);
+        drop(shard);
+        shared.count.fetch_sub(1, Ordering::AcqRel);
+        Some(removed.bulkhead)
     }
 
     /// Evicts every tenant idle for at least `idle_after` (see [`Tenants`](crate::tenants::Tenants)); returns how many.
@@ -549,10 +698,11 @@ impl<K: Eq + Hash> Tenants<K> {
     pub fn evict_idle(&self) -> usize {
         let shared = &*self.shared;
         let mut evicted = Vec::new();
-        {
-            let mut map = lock(&shared.map);
+        for shard in shared.shards.iter() {
+            let mut shard = lock(shard);
             let now = Instant::now();
-            map.retain(|_, tenant| {
+            let before = evicted.len();
+            shard.map.retain(|_, tenant| {
                 if tenant.evictable(now, shared.idle_after) {
                     evicted.push(tenant.bulkhead.clone());
                     false
@@ -560,8 +710,15 @@ impl<K: Eq + Hash> Tenants<K> {
                     true
                 }
             });
+            if evicted.len() > before {
+                let Shard { map, ring } = &mut *shard;
+                ring.retain(|k| map.contains_key(k));
+                shared
+                    .count
+                    .fetch_sub((evicted.len() - before) as u64, Ordering::AcqRel);
+            }
         }
-        // Dropped after the lock (see the module docs).
+        // Dropped after the locks (see the module docs).
         evicted.len()
     }
 }
@@ -583,7 +740,11 @@ impl<K: Clone> Tenants<K> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn keys(&self) -> Vec<K> {
-        lock(&self.shared.map).keys().cloned().collect()
+        let mut keys = Vec::new();
+        for shard in self.shared.shards.iter() {
+            keys.extend(lock(shard).map.keys().cloned());
+        }
+        keys
     }
 }
 
@@ -683,12 +844,26 @@ impl<K> TenantsBuilder<K> {
         if self.max_tenants == 0 {
             return Err(TenantsConfigError::MaxTenantsZero);
         }
+        let shards = (self.max_tenants / 64)
+            .clamp(1, MAX_SHARDS)
+            .next_power_of_two();
+        let shards = (0..shards)
+            .map(|_| {
+                CachePadded::new(Mutex::new(Shard {
+                    map: HashMap::new(),
+                    ring: VecDeque::new(),
+                }))
+            })
+            .collect();
         Ok(Tenants {
             shared: Arc::new(Shared {
                 template: self.template,
                 max_tenants: self.max_tenants,
                 idle_after: self.idle_after,
-                map: Mutex::new(HashMap::new()),
+                hasher: RandomState::new(),
+                shards,
+                count: AtomicU64::new(0),
+                hand: AtomicU64::new(0),
             }),
         })
     }

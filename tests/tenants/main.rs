@@ -1,7 +1,9 @@
 //! Per-tenant limits (`Tenants`): tenants created on first use from the template with per-key
-//! limits, independent limits, the `max_tenants` bound (LRU eviction of idle tenants, `Full`
-//! while they are busy), no eviction with a call in flight or queued, template errors and
-//! panics storing nothing, and one instance per key under concurrent first use.
+//! limits, independent limits, the `max_tenants` bound (eviction of idle tenants by a bounded
+//! clock, `Full` while they are busy), no eviction with a call in flight or queued, template
+//! errors and panics storing nothing, one instance per key under concurrent first use, and a
+//! sharded family under a flood of unknown keys (the bound held across shards, eviction found
+//! in other shards, known tenants served throughout).
 
 // Results carrying a `Rejection` (its capacity snapshot by value) are large by design.
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
@@ -399,4 +401,98 @@ fn concurrent_first_gets_of_one_key_yield_one_instance() {
     assert_eq!(tenants.stats("shared").unwrap().in_flight, 1);
     drop(permit);
     assert!(clones.iter().all(|c| c.stats().in_flight == 0));
+}
+
+/// A family of 1,000 one-slot tenants (16 shards), every place taken by an idle tenant past
+/// `IDLE`: each new key evicts one, wherever its key's shard is, and the bound holds.
+#[test]
+fn new_keys_evict_across_shards_and_the_bound_holds() {
+    let (tenants, calls) = one_slot(1_000, IDLE);
+    for i in 0..1_000 {
+        tenants.get(&format!("old-{i}")).unwrap();
+    }
+    assert_eq!(tenants.len(), 1_000);
+    past_idle();
+    // Every new key finds room: in its own shard, or in the shards the clock visits next.
+    for i in 0..1_000 {
+        tenants.get(&format!("new-{i}")).unwrap();
+        assert!(tenants.len() <= 1_000);
+    }
+    assert_eq!(tenants.len(), 1_000);
+    assert!(tenants.keys().iter().all(|k| k.starts_with("new-")));
+    assert_eq!(calls.load(Ordering::SeqCst), 2_000);
+}
+
+/// Every place busy (a call in flight on each): a flood of unknown keys is refused `Full`
+/// without building anything, while the known tenants are served, and the family is unchanged.
+#[test]
+fn a_flood_of_unknown_keys_on_a_busy_family_builds_nothing_and_serves_the_known() {
+    let (tenants, calls) = one_slot(1_000, Duration::ZERO);
+    let held: Vec<_> = (0..1_000)
+        .map(|i| {
+            tenants
+                .get(&format!("busy-{i}"))
+                .unwrap()
+                .try_acquire_owned(&req(), opts())
+                .unwrap()
+        })
+        .collect();
+    let flood = {
+        let tenants = tenants.clone();
+        thread::spawn(move || {
+            for i in 0..20_000 {
+                let key = format!("flood-{i}");
+                assert_eq!(
+                    tenants.get(&key).unwrap_err(),
+                    TenantsError::Full { max: 1_000 }
+                );
+            }
+        })
+    };
+    for round in 0..2_000 {
+        let key = format!("busy-{}", round % 1_000);
+        assert_eq!(tenants.get(&key).unwrap().stats().in_flight, 1);
+    }
+    flood.join().unwrap();
+    assert_eq!(tenants.len(), 1_000);
+    assert_eq!(calls.load(Ordering::SeqCst), 1_000); // the flood built nothing
+    drop(held);
+}
+
+/// Threads racing new keys into a small sharded family, with evictions: never more than
+/// `max_tenants`, and every tenant counted once.
+#[test]
+fn racing_new_keys_never_exceed_the_bound() {
+    let (tenants, _calls) = one_slot(128, Duration::ZERO);
+    let barrier = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (tenants, barrier) = (tenants.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                let mut admitted = 0;
+                for i in 0..5_000 {
+                    if tenants.get(&format!("{t}-{i}")).is_ok() {
+                        admitted += 1;
+                    }
+                    assert!(tenants.len() <= 128);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(admitted >= 128, "only {admitted} new keys got a tenant");
+    assert_eq!(tenants.len(), tenants.keys().len());
+    assert!(tenants.len() <= 128);
+    // Every place can still be freed and taken: nothing leaked from the count.
+    let keys = tenants.keys();
+    for key in &keys {
+        tenants.remove(key.as_str());
+    }
+    assert!(tenants.is_empty());
+    for i in 0..128 {
+        tenants.get(&format!("again-{i}")).unwrap();
+    }
+    assert_eq!(tenants.len(), 128);
 }
