@@ -387,6 +387,7 @@ pub mod observe {
 /// idle.
 pub mod tenants {
     pub use crate::llm::tenants::{Tenants, TenantsBuilder, TenantsConfigError, TenantsError};
+    pub use crate::vocabulary::tenant_policy::{PolicyError, TenantPolicy};
 }
 
 /// The named futures of the crate, and where a drain with a deadline ended.

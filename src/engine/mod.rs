@@ -5,7 +5,7 @@
 //! ([`Ask`]) and gets a [`Grant`], a [`Rejection`](crate::rejection::Rejection) or a place in the queue.
 //!
 //! Everything above it (the two faces, `crate::llm` and `crate::bulkhead`) goes through
-//! [`Engine`]'s crate-internal face, 25 calls in eight groups; every other method and every
+//! [`Engine`]'s crate-internal face, 26 calls in eight groups; every other method and every
 //! field is private to this folder:
 //!
 //! - admit: `try_admit_fast` (the fast lane of either kind of call), `try_admit`,
@@ -16,7 +16,8 @@
 //! - wait: [`queued::Queued`], the one wait protocol of both faces' acquire futures;
 //! - release and report: `release`, `release_unreported`, `move_hold` (a usage report),
 //!   `abandon` (a borrowed slot given back early), `count_all` (the counters a face settles);
-//! - limits: `limits`, `revision`, `apply_limits`, `set_budget`, `classes`;
+//! - limits: `limits`, `revision`, `apply_limits`, `check_limits` (validate only),
+//!   `set_budget`, `classes`;
 //! - close and drain: `close`, `is_closed`, `drain` (and [`drain::Drain::within`]);
 //! - figures: `figures`, `occupancy`, `has_budget`, `has_fast_lane`;
 //! - build: `new`; and the permit core, [`permit::PermitCore`], both faces' permits are made of.

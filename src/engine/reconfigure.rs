@@ -42,6 +42,20 @@ impl Engine {
         })
     }
 
+    /// Checks `next` as [`apply_limits`](Engine::apply_limits) would (the revision's range, the
+    /// shape against this engine's budget and classes, every field), installing nothing and
+    /// ignoring whether the revision is newer.
+    pub(crate) fn check_limits(&self, next: &Limits) -> Result<(), LimitsError> {
+        if next.revision > MAX_REVISION {
+            return Err(LimitsError::RevisionTooLarge {
+                value: next.revision,
+                max: MAX_REVISION,
+            });
+        }
+        let ids = self.class_ids();
+        limits::validate(next, self.has_budget, ids.as_deref())
+    }
+
     /// Changes only the token budget, at the next revision; returns `(previous, current)`.
     pub(crate) fn set_budget(&self, tokens: u64) -> Result<(Limits, Limits), LimitsError> {
         let mut current = lock(&self.writer);

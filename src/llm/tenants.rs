@@ -2,9 +2,11 @@
 //! each created on first use from a template, with its own limits, evicted once idle, at most
 //! `max_tenants` of them at a time.
 //!
-//! The module owns the family's map and its eviction rule; every tenant is an ordinary
-//! bulkhead built by its [`LlmBulkheadBuilder`]; the eviction rule reads the bulkhead's engine
-//! (its admission word and counters) directly.
+//! The module owns the family's map, its eviction rule and its policy (per-tenant limits as
+//! data, [`TenantPolicy`], which outlives the tenants); every tenant is an ordinary bulkhead
+//! built by its [`LlmBulkheadBuilder`]; the eviction rule reads the bulkhead's engine (its
+//! admission word and counters) directly, and a policy is checked against each live tenant's
+//! engine before it is installed.
 //!
 //! # Protocol
 //!
@@ -72,6 +74,7 @@ use crate::support::sync::atomic::{AtomicU64, Ordering};
 use crate::support::sync::{Arc, Mutex, lock};
 use crate::vocabulary::error::{ConfigError, LimitsError};
 use crate::vocabulary::limits::{ApplyOutcome, Limits};
+use crate::vocabulary::tenant_policy::{PolicyError, TenantPolicy};
 
 use super::builder::LlmBulkheadBuilder;
 use super::bulkhead::LlmBulkhead;
@@ -90,6 +93,25 @@ const MAX_SHARDS: usize = 64;
 
 /// The closure that makes a new tenant's builder.
 type Template<K> = dyn Fn(&K) -> LlmBulkheadBuilder + Send + Sync;
+
+/// A key as the policy names it.
+type PolicyKey<K> = dyn for<'k> Fn(&'k K) -> &'k str + Send + Sync;
+
+/// A family's policy: the one in force, and how a key is named in it.
+struct Policy<K> {
+    /// Replaced whole under its lock (read once per new tenant and per `apply_policy`).
+    current: Mutex<Arc<TenantPolicy>>,
+    /// Serialises `apply_policy`: a newer policy is installed on every live tenant before the
+    /// next one starts.
+    writer: Mutex<()>,
+    key: Box<PolicyKey<K>>,
+}
+
+impl<K> Policy<K> {
+    fn current(&self) -> Arc<TenantPolicy> {
+        Arc::clone(&lock(&self.current))
+    }
+}
 
 /// Per-tenant limits: one [`LlmBulkhead`] per key (a tenant, an API key), created on first use
 /// from a template, each with its own limits, evicted once idle, at most `max_tenants` at a
@@ -163,6 +185,25 @@ struct Shared<K> {
     count: AtomicU64,
     /// Where the next look for room in other shards starts.
     hand: AtomicU64,
+    /// Per-tenant limits as data, if the family has them.
+    policy: Option<Policy<K>>,
+}
+
+impl<K> Shared<K> {
+    /// A tenant just inserted with the policy of revision `applied` (and its key): if a newer
+    /// policy was installed meanwhile, which may not have seen the tenant, its limits too.
+    /// (`apply_policy` installs the policy before it reads the shards, and the insertion locked
+    /// the tenant's shard before this reads the policy: one of the two sees the other.) A
+    /// refusal leaves the tenant at the limits it has; a stale snapshot changes nothing.
+    fn catch_up(&self, bulkhead: &LlmBulkhead, applied: Option<(u64, K)>) {
+        let (Some(policy), Some((revision, key))) = (&self.policy, applied) else {
+            return;
+        };
+        let latest = policy.current();
+        if latest.revision != revision {
+            let _ = bulkhead.apply_limits(latest.limits_for((policy.key)(&key)));
+        }
+    }
 }
 
 impl<K: Eq + Hash> Shared<K> {
@@ -360,6 +401,7 @@ impl<K> Tenants<K> {
             template: Box::new(template),
             max_tenants: DEFAULT_MAX_TENANTS,
             idle_after: DEFAULT_IDLE_AFTER,
+            policy: None,
         }
     }
 
@@ -500,6 +542,18 @@ impl<K: Eq + Hash> Tenants<K> {
         let built = (shared.template)(&owned)
             .build()
             .map_err(TenantsError::Template)?;
+        // The policy's limits for the key, before anyone sees the tenant (unlocked: listeners
+        // hear the change); the revision applied, to catch up after the insertion.
+        let applied = match &shared.policy {
+            Some(policy) => {
+                let current = policy.current();
+                built
+                    .apply_limits(current.limits_for((policy.key)(&owned)))
+                    .map_err(TenantsError::Policy)?;
+                Some((current.revision, owned.clone()))
+            }
+            None => None,
+        };
         // Twice at most: a place another thread takes between our eviction and our insertion
         // sends us round once more, then `Full`.
         for _ in 0..2 {
@@ -516,6 +570,8 @@ impl<K: Eq + Hash> Tenants<K> {
             if shared.take_place() {
                 shard.ring.push_back(owned.clone());
                 shard.map.insert(owned, Tenant::new(built.clone(), now));
+                drop(shard);
+                shared.catch_up(&built, applied);
                 return Ok(built);
             }
             // Full: evict in this shard, in place of ours, if the clock finds a tenant here.
@@ -524,6 +580,7 @@ impl<K: Eq + Hash> Tenants<K> {
                 shard.map.insert(owned, Tenant::new(built.clone(), now));
                 drop(shard);
                 drop(gone); // after the lock (see the module docs)
+                shared.catch_up(&built, applied);
                 return Ok(built);
             }
             drop(shard);
@@ -675,6 +732,112 @@ impl<K: Eq + Hash> Tenants<K> {
         Some(removed.bulkhead)
     }
 
+    /// Installs `next` if its revision is newer than the policy in force: checks the limits it
+    /// gives every live tenant against that tenant's bulkhead first (nothing changes if one
+    /// does not fit), then installs it and applies each live tenant's limits (unlocked:
+    /// listeners hear the change). Tenants created from then on get theirs from it, and so does
+    /// a tenant evicted and created again. A stale policy changes nothing (and is not checked).
+    ///
+    /// Limits applied to one tenant with [`apply_limits`](Tenants::apply_limits) last until the
+    /// next policy of a higher revision than theirs, or until the tenant is evicted.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`](crate::tenants::PolicyError): the family has no policy; the revision is
+    /// 0 or too large; a live tenant's limits do not fit it. Nothing changed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, limits::ApplyOutcome, tenants::{TenantPolicy, Tenants}};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 1))
+    ///     .policy(TenantPolicy::new(1, Limits::new(0, 2)))
+    ///     .build()?;
+    /// let acme = tenants.get("acme")?;
+    /// assert_eq!(acme.limits().max_concurrent, 2);
+    /// // The control plane raises acme's limits: the live tenant changes at once.
+    /// let next = TenantPolicy::new(2, Limits::new(0, 2)).tenant("acme", Limits::new(0, 8));
+    /// assert!(tenants.apply_policy(next)?.is_applied());
+    /// assert_eq!(acme.limits().max_concurrent, 8);
+    /// // A stale policy changes nothing.
+    /// let stale = TenantPolicy::new(2, Limits::new(0, 1));
+    /// assert!(matches!(tenants.apply_policy(stale)?, ApplyOutcome::Stale { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply_policy(
+        &self,
+        next: TenantPolicy,
+    ) -> Result<ApplyOutcome<TenantPolicy>, PolicyError> {
+        let shared = &*self.shared;
+        let policy = shared.policy.as_ref().ok_or(PolicyError::NotConfigured)?;
+        next.check_revision()?;
+        let _writer = lock(&policy.writer);
+        let current = policy.current();
+        if next.revision <= current.revision {
+            return Ok(ApplyOutcome::Stale {
+                current: TenantPolicy::clone(&current),
+            });
+        }
+        // Every live tenant (the bulkheads dropped after the locks, see the module docs).
+        let live = || {
+            let mut live = Vec::new();
+            for shard in shared.shards.iter() {
+                let shard = lock(shard);
+                live.extend(
+                    shard
+                        .map
+                        .iter()
+                        .map(|(key, t)| ((policy.key)(key).to_owned(), t.bulkhead.clone())),
+                );
+            }
+            live
+        };
+        for (key, bulkhead) in &live() {
+            bulkhead
+                .core
+                .engine()
+                .check_limits(&next.limits_for(key))
+                .map_err(|error| PolicyError::Tenant {
+                    key: key.clone(),
+                    error,
+                })?;
+        }
+        let next = Arc::new(next);
+        *lock(&policy.current) = Arc::clone(&next);
+        // Read again after the installation: a tenant inserted since the check either is in
+        // this reading or reads the new policy after its insertion (`Shared::catch_up`).
+        for (key, bulkhead) in &live() {
+            // Checked above (but a tenant created since); stale only if this tenant got newer
+            // limits of its own meanwhile.
+            let _ = bulkhead.apply_limits(next.limits_for(key));
+        }
+        Ok(ApplyOutcome::Applied {
+            previous: TenantPolicy::clone(&current),
+            current: TenantPolicy::clone(&next),
+        })
+    }
+
+    /// The policy in force, if the family has one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, tenants::{TenantPolicy, Tenants}};
+    ///
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+    ///     .policy(TenantPolicy::new(4, Limits::new(0, 2)))
+    ///     .build()?;
+    /// assert_eq!(tenants.policy().unwrap().revision, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(&self) -> Option<TenantPolicy> {
+        self.shared
+            .policy
+            .as_ref()
+            .map(|policy| TenantPolicy::clone(&policy.current()))
+    }
+
     /// Evicts every tenant idle for at least `idle_after` (see [`Tenants`](crate::tenants::Tenants)); returns how many.
     /// A sweep also notices the activity of the tenants it keeps, so calling it periodically
     /// (at most every `idle_after` or so) keeps idle times accurate.
@@ -785,6 +948,7 @@ pub struct TenantsBuilder<K> {
     template: Box<Template<K>>,
     max_tenants: usize,
     idle_after: Duration,
+    policy: Option<(TenantPolicy, Box<PolicyKey<K>>)>,
 }
 
 impl<K> TenantsBuilder<K> {
@@ -844,6 +1008,19 @@ impl<K> TenantsBuilder<K> {
         if self.max_tenants == 0 {
             return Err(TenantsConfigError::MaxTenantsZero);
         }
+        let policy = match self.policy {
+            Some((policy, key)) => {
+                policy
+                    .check_revision()
+                    .map_err(TenantsConfigError::Policy)?;
+                Some(Policy {
+                    current: Mutex::new(Arc::new(policy)),
+                    writer: Mutex::new(()),
+                    key,
+                })
+            }
+            None => None,
+        };
         let shards = (self.max_tenants / 64)
             .clamp(1, MAX_SHARDS)
             .next_power_of_two();
@@ -864,8 +1041,36 @@ impl<K> TenantsBuilder<K> {
                 shards,
                 count: AtomicU64::new(0),
                 hand: AtomicU64::new(0),
+                policy,
             }),
         })
+    }
+}
+
+impl<K: AsRef<str>> TenantsBuilder<K> {
+    /// Gives the family per-tenant limits as data: each tenant it creates gets the limits
+    /// `policy` gives its key (after the template built it), and
+    /// [`Tenants::apply_policy`](crate::tenants::Tenants::apply_policy) installs newer ones.
+    /// The policy outlives the tenants: one evicted and created again gets its limits from the
+    /// policy in force. Its revision must be at least 1 (checked by
+    /// [`build`](TenantsBuilder::build)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{Limits, LlmBulkhead, tenants::{TenantPolicy, Tenants}};
+    ///
+    /// let policy = TenantPolicy::new(1, Limits::new(0, 2)).tenant("ent-acme", Limits::new(0, 16));
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 1))
+    ///     .policy(policy)
+    ///     .build()?;
+    /// assert_eq!(tenants.get("ent-acme")?.limits().max_concurrent, 16);
+    /// assert_eq!(tenants.get("someone")?.limits().max_concurrent, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(mut self, policy: TenantPolicy) -> TenantsBuilder<K> {
+        self.policy = Some((policy, Box::new(|key: &K| key.as_ref())));
+        self
     }
 }
 
@@ -893,17 +1098,29 @@ impl<K> fmt::Debug for TenantsBuilder<K> {
 pub enum TenantsConfigError {
     /// `max_tenants` is 0: no tenant could ever exist.
     MaxTenantsZero,
+    /// The policy given to the builder was refused.
+    Policy(PolicyError),
 }
 
 impl fmt::Display for TenantsConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TenantsConfigError::MaxTenantsZero => f.write_str("max_tenants (0) must be >= 1"),
+            TenantsConfigError::Policy(error) => {
+                write!(f, "the tenant policy was refused: {error}")
+            }
         }
     }
 }
 
-impl std::error::Error for TenantsConfigError {}
+impl std::error::Error for TenantsConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TenantsConfigError::MaxTenantsZero => None,
+            TenantsConfigError::Policy(error) => Some(error),
+        }
+    }
+}
 
 /// [`Tenants::get`](crate::tenants::Tenants::get) could not give a bulkhead for a new key. Nothing was stored or evicted.
 ///
@@ -929,6 +1146,9 @@ pub enum TenantsError {
     },
     /// The template's builder refused its configuration for this key.
     Template(ConfigError),
+    /// The limits the family's policy gives this key do not fit the bulkhead its template
+    /// built (its budget, its classes).
+    Policy(LimitsError),
 }
 
 impl fmt::Display for TenantsError {
@@ -941,6 +1161,9 @@ impl fmt::Display for TenantsError {
             TenantsError::Template(error) => {
                 write!(f, "the template's builder was refused: {error}")
             }
+            TenantsError::Policy(error) => {
+                write!(f, "the policy's limits for this key were refused: {error}")
+            }
         }
     }
 }
@@ -950,6 +1173,7 @@ impl std::error::Error for TenantsError {
         match self {
             TenantsError::Full { .. } => None,
             TenantsError::Template(error) => Some(error),
+            TenantsError::Policy(error) => Some(error),
         }
     }
 }

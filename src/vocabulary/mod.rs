@@ -10,6 +10,7 @@
 //!   carries a rejection).
 //! - `reservation`: reservations, usage and the reports of usage and release.
 //! - `limits`: versioned limits and what applying them did.
+//! - `tenant_policy`: per-tenant limits as data, and why a policy was refused.
 //! - `verdict`, `drain_report`: what an advisory check predicts; where a drain ended.
 
 pub(crate) mod admission_class;
@@ -20,4 +21,5 @@ pub(crate) mod limits;
 pub(crate) mod priority;
 pub(crate) mod rejection;
 pub(crate) mod reservation;
+pub(crate) mod tenant_policy;
 pub(crate) mod verdict;

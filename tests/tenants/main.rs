@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use async_bulkhead_llm::{
     AcquireOptions, Limits, LlmBulkhead, LlmRequest, RejectReason, TokenBudget,
-    builder::ConfigError, limits::ApplyOutcome, tenants::Tenants, tenants::TenantsConfigError,
-    tenants::TenantsError,
+    builder::ConfigError,
+    limits::{ApplyOutcome, LimitsError},
+    tenants::{PolicyError, TenantPolicy, Tenants, TenantsConfigError, TenantsError},
 };
 
 /// An `idle_after` short enough for tests, long enough that two consecutive steps of a test
@@ -495,4 +496,178 @@ fn racing_new_keys_never_exceed_the_bound() {
         tenants.get(&format!("again-{i}")).unwrap();
     }
     assert_eq!(tenants.len(), 128);
+}
+
+/// A family of one-slot tenants under `policy`.
+fn with_policy(max_tenants: usize, policy: TenantPolicy) -> Tenants<String> {
+    Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+        .max_tenants(max_tenants)
+        .idle_after(IDLE)
+        .policy(policy)
+        .build()
+        .expect("valid configuration")
+}
+
+#[test]
+fn a_policy_gives_each_new_tenant_its_limits_and_the_default_to_the_rest() {
+    let policy = TenantPolicy::new(3, Limits::new(0, 2)).tenant("ent-acme", Limits::new(0, 16));
+    let tenants = with_policy(10, policy);
+    let acme = tenants.get("ent-acme").unwrap().limits();
+    let bob = tenants.get("bob").unwrap().limits();
+    assert_eq!((acme.revision, acme.max_concurrent), (3, 16));
+    assert_eq!((bob.revision, bob.max_concurrent), (3, 2));
+    assert_eq!(tenants.policy().unwrap().revision, 3);
+}
+
+#[test]
+fn a_newer_policy_reaches_every_live_tenant_and_a_stale_one_changes_nothing() {
+    let tenants = with_policy(10, TenantPolicy::new(1, Limits::new(0, 2)));
+    let acme = tenants.get("acme").unwrap();
+    let bob = tenants.get("bob").unwrap();
+    let next = TenantPolicy::new(5, Limits::new(0, 3)).tenant("acme", Limits::new(0, 9));
+    match tenants.apply_policy(next.clone()).unwrap() {
+        ApplyOutcome::Applied { previous, current } => {
+            assert_eq!((previous.revision, current), (1, next.clone()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        (acme.limits().revision, acme.limits().max_concurrent),
+        (5, 9)
+    );
+    assert_eq!((bob.limits().revision, bob.limits().max_concurrent), (5, 3));
+    let stale = TenantPolicy::new(5, Limits::new(0, 1));
+    assert_eq!(
+        tenants.apply_policy(stale).unwrap(),
+        ApplyOutcome::Stale { current: next }
+    );
+    assert_eq!(bob.limits().max_concurrent, 3);
+}
+
+#[test]
+fn a_policy_that_does_not_fit_a_live_tenant_changes_nothing() {
+    let tenants = with_policy(10, TenantPolicy::new(1, Limits::new(0, 2)));
+    let acme = tenants.get("acme").unwrap();
+    // A token budget for tenants built without one.
+    let budgeted = Limits::new(0, 4).with_token_budget(1_000, 0);
+    let err = tenants
+        .apply_policy(TenantPolicy::new(2, Limits::new(0, 4)).tenant("acme", budgeted))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        PolicyError::Tenant {
+            key: "acme".into(),
+            error: LimitsError::TokenBudgetNotConfigured
+        }
+    );
+    assert_eq!(
+        (acme.limits().revision, acme.limits().max_concurrent),
+        (1, 2)
+    );
+    assert_eq!(tenants.policy().unwrap().revision, 1);
+    assert_eq!(
+        tenants.apply_policy(TenantPolicy::new(0, Limits::new(0, 4))),
+        Err(PolicyError::RevisionZero)
+    );
+    let plain = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+        .build()
+        .unwrap();
+    assert_eq!(
+        plain.apply_policy(TenantPolicy::new(1, Limits::new(0, 4))),
+        Err(PolicyError::NotConfigured)
+    );
+    let refused = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+        .policy(TenantPolicy::new(0, Limits::new(0, 4)))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        TenantsConfigError::Policy(PolicyError::RevisionZero)
+    );
+}
+
+#[test]
+fn a_new_key_whose_policy_does_not_fit_is_refused_and_nothing_is_stored() {
+    let budgeted = Limits::new(0, 4).with_token_budget(1_000, 0);
+    let tenants = with_policy(
+        10,
+        TenantPolicy::new(1, Limits::new(0, 2)).tenant("odd", budgeted),
+    );
+    assert_eq!(
+        tenants.get("odd").unwrap_err(),
+        TenantsError::Policy(LimitsError::TokenBudgetNotConfigured)
+    );
+    assert!(tenants.is_empty());
+    tenants.get("even").unwrap();
+    assert_eq!(tenants.len(), 1);
+}
+
+/// The policy outlives the bulkheads: a tenant evicted and created again starts with the
+/// policy's limits, not the template's.
+#[test]
+fn an_evicted_tenant_comes_back_with_the_policys_limits() {
+    let tenants = with_policy(1, TenantPolicy::new(1, Limits::new(0, 2)));
+    tenants.get("acme").unwrap();
+    tenants
+        .apply_policy(TenantPolicy::new(2, Limits::new(0, 2)).tenant("acme", Limits::new(0, 7)))
+        .unwrap();
+    past_idle();
+    tenants.get("bob").unwrap(); // evicts acme
+    assert_eq!(sorted_keys(&tenants), ["bob"]);
+    past_idle();
+    let acme = tenants.get("acme").unwrap(); // evicts bob, builds acme again
+    assert_eq!(
+        (acme.limits().revision, acme.limits().max_concurrent),
+        (2, 7)
+    );
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn a_policy_is_read_from_json() {
+    let json = r#"{
+        "revision": 4,
+        "default": {"max_concurrent": 2},
+        "tenants": {"ent-acme": {"max_concurrent": 16, "max_queue": 8}}
+    }"#;
+    let policy: TenantPolicy = serde_json::from_str(json).unwrap();
+    let tenants = with_policy(10, policy);
+    let acme = tenants.get("ent-acme").unwrap().limits();
+    assert_eq!(
+        (acme.revision, acme.max_concurrent, acme.max_queue),
+        (4, 16, 8)
+    );
+    assert_eq!(tenants.get("x").unwrap().limits().max_concurrent, 2);
+}
+
+/// Policies installed while other threads create tenants: once both are done, every live
+/// tenant has the last policy's limits (none created with an older one is missed).
+#[test]
+fn policies_racing_new_tenants_reach_every_tenant() {
+    let tenants = with_policy(10_000, TenantPolicy::new(1, Limits::new(0, 1)));
+    let barrier = Arc::new(Barrier::new(3));
+    let creators: Vec<_> = (0..2)
+        .map(|t| {
+            let (tenants, barrier) = (tenants.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                for i in 0..2_000 {
+                    tenants.get(&format!("{t}-{i}")).unwrap();
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    for revision in 2..=60u32 {
+        let next = TenantPolicy::new(u64::from(revision), Limits::new(0, revision));
+        assert!(tenants.apply_policy(next).unwrap().is_applied());
+    }
+    for creator in creators {
+        creator.join().unwrap();
+    }
+    assert_eq!(tenants.len(), 4_000);
+    for key in tenants.keys() {
+        let limits = tenants.peek(key.as_str()).unwrap().limits();
+        assert_eq!((limits.revision, limits.max_concurrent), (60, 60), "{key}");
+    }
 }
