@@ -358,6 +358,39 @@ impl LlmBulkhead {
         Ok((verdict, detail.expect("asked for every verdict's detail")))
     }
 
+    /// What a normal-priority call of the default class asking for nothing would be decided on
+    /// now: calls and tokens
+    /// in flight against the limits, the queue, the budget such a call may use. One read of the
+    /// admission word and the limits (no counters summed, unlike [`stats`](LlmBulkhead::stats)),
+    /// for headers that tell a client how much room is left (the tower layer's
+    /// [`rate_limit_headers`](crate::tower::LlmLayer::rate_limit_headers)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 3).token_budget(TokenBudget::new(900)).build()?;
+    /// let _held = bulkhead.try_acquire(&LlmRequest::new().max_tokens(100), AcquireOptions::new())?;
+    /// let capacity = bulkhead.capacity();
+    /// assert_eq!((capacity.in_flight, capacity.max_concurrent), (1, 3));
+    /// assert_eq!(capacity.token_budget.unwrap().available, 800);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity(&self) -> CapacityDetail {
+        let ask = Ask {
+            reserved: 0,
+            priority: crate::vocabulary::priority::Priority::Normal,
+            class: self
+                .core
+                .engine()
+                .classes()
+                .map(|classes| classes.default_class()),
+        };
+        let (_, detail) = self.core.engine().advise(ask, |_| true);
+        detail.expect("asked for every verdict's detail")
+    }
+
     /// The limits in force.
     ///
     /// # Examples

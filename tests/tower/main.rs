@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, tower::LlmLayer,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, tenants::Tenants,
+    tower::LlmLayer,
 };
 use axum::Router;
 use axum::body::Body;
@@ -244,10 +245,95 @@ async fn a_refusal_is_a_429_with_the_provider_shaped_body_and_no_retry_after() {
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"]["type"], "rate_limit_error");
     assert_eq!(json["error"]["code"], "concurrency_limit");
-    assert_eq!(json["error"]["detail"]["in_flight"], 1);
-    assert_eq!(json["error"]["detail"]["max_concurrent"], 1);
+    // The gateway's whole capacity is not shown to a client by default.
+    assert_eq!(
+        json["error"]["message"],
+        "bulkhead rejected: concurrency_limit"
+    );
+    assert!(json["error"].get("detail").is_none());
     drop(held);
     assert_eq!(bulkhead.stats().rejected_by_reason.concurrency_limit, 1);
+}
+
+/// A refusal with the bulkhead's figures when the gateway chooses to show them, the
+/// rate-limit headers on a 429 and on an admitted call's response, and a hook reshaping the
+/// answer: through a real server and client on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_controls_its_refusals_and_rate_limit_headers() {
+    let bulkhead = budgeted(2);
+    let layer = LlmLayer::new(bulkhead.clone())
+        .options(|_| AcquireOptions::new().reservation(Reservation::new(100, 400).unwrap()))
+        .expose_capacity(true)
+        .rate_limit_headers(true)
+        .on_refusal(|refused, answer| {
+            let reason = refused.rejection().unwrap().reason().as_str();
+            answer
+                .headers_mut()
+                .insert("x-refused", http::HeaderValue::from_static(reason));
+        });
+    let (addr, tx) = serve(layer).await;
+    // Admitted: the figures after its admission (one of two slots, 500 of 10,000 tokens).
+    let admitted = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(admitted.status(), 200);
+    let headers = admitted.headers();
+    assert_eq!(headers["ratelimit-limit"], "2");
+    assert_eq!(headers["ratelimit-remaining"], "1");
+    assert_eq!(headers["ratelimit-reset"], "1"); // no call released yet
+    assert_eq!(headers["x-ratelimit-limit-requests"], "2");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "1");
+    assert_eq!(headers["x-ratelimit-reset-requests"], "1s");
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "10000");
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "9500");
+    let held = bulkhead
+        .try_acquire(
+            &LlmRequest::new(),
+            AcquireOptions::new().reservation(Reservation::new(1, 1).unwrap()),
+        )
+        .unwrap();
+    let refused = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["x-refused"], "concurrency_limit");
+    assert_eq!(refused.headers()["ratelimit-remaining"], "0");
+    assert_eq!(refused.headers()["x-ratelimit-remaining-tokens"], "9498");
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["detail"]["in_flight"], 2);
+    assert_eq!(json["error"]["detail"]["max_concurrent"], 2);
+    drop((held, tx, admitted));
+    eventually("released", || bulkhead.stats().in_flight == 0).await;
+}
+
+/// Per tenant, a refusal shows the tenant's own figures by default (its scope).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_tenant_refusal_shows_the_tenants_own_figures() {
+    let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 1))
+        .build()
+        .unwrap();
+    let layer = LlmLayer::per_tenant(tenants.clone(), |head| {
+        head.headers["x-api-key"].to_str().unwrap().to_owned()
+    });
+    let (addr, _tx) = serve(layer).await;
+    let _held = tenants
+        .get("acme")
+        .unwrap()
+        .try_acquire_owned(&LlmRequest::new(), AcquireOptions::new())
+        .unwrap();
+    let mut request = post_to(addr, "/v1/chat/completions", CHAT);
+    request
+        .headers_mut()
+        .insert("x-api-key", http::HeaderValue::from_static("acme"));
+    let refused = client().request(request).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["detail"]["in_flight"], 1);
+    assert_eq!(json["error"]["detail"]["max_concurrent"], 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -127,14 +127,8 @@ impl<B, H: Hold> HeldBody<B, H> {
 
 /// The layer's own answer: `status`, `body` as [`HttpRefusal`]'s JSON content type, and a
 /// `Retry-After` of `retry_after` seconds when there is one.
-pub(super) fn answer<B, H>(
-    status: StatusCode,
-    body: Bytes,
-    retry_after: Option<u64>,
-) -> Response<HeldBody<B, H>> {
-    let mut response = Response::new(HeldBody {
-        state: State::Answer(Some(body)),
-    });
+pub(super) fn answer(status: StatusCode, body: Bytes, retry_after: Option<u64>) -> Response<Bytes> {
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(
@@ -145,4 +139,11 @@ pub(super) fn answer<B, H>(
         headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
+}
+
+/// An answer made whole (status, headers, body) as the layer's response.
+pub(super) fn send<B, H>(answer: Response<Bytes>) -> Response<HeldBody<B, H>> {
+    answer.map(|body| HeldBody {
+        state: State::Answer(Some(body)),
+    })
 }

@@ -306,8 +306,12 @@ fn refusal<R>(error: &BulkheadError, holds: Option<&HoldTimes>) -> Response<Bulk
         BulkheadError::Shutdown { .. } => None,
         _ => holds.and_then(HoldTimes::hint_seconds),
     };
-    body::answer(status, Bytes::from(error.http_body()), retry_after)
-        .map(|held| BulkheadBody { held })
+    body::send(body::answer(
+        status,
+        Bytes::from(error.http_body()),
+        retry_after,
+    ))
+    .map(|held| BulkheadBody { held })
 }
 
 /// An admitted call's slot, and when it was admitted (only with the hint): dropping it records

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
@@ -31,6 +32,7 @@ use crate::llm::permit::OwnedPermit;
 use crate::llm::request::LlmRequest;
 use crate::llm::tenants::{Tenants, TenantsError};
 use crate::vocabulary::error::AcquireError;
+use crate::vocabulary::rejection::CapacityDetail;
 use crate::vocabulary::reservation::TokenUsage;
 
 use super::body::{self, HeldBody};
@@ -117,9 +119,32 @@ struct Config {
     usage: Option<Arc<ToUsage>>,
     wait: bool,
     max_body: usize,
-    /// With `retry_after_hint`: the recent hold time of released calls.
+    /// With `retry_after_hint` or `rate_limit_headers`: the recent hold time of released calls.
     holds: Option<Arc<HoldTimes>>,
+    /// `Retry-After` on capacity refusals.
+    retry_after: bool,
+    /// `RateLimit-*` and `x-ratelimit-*` headers on admitted calls' responses and on 429s.
+    rate_limit_headers: bool,
+    /// Whether refusals show the bulkhead's figures (else the reason alone).
+    expose_capacity: bool,
+    /// Reshapes the layer's answer to a refusal.
+    on_refusal: Option<Arc<OnRefusal>>,
 }
+
+impl Config {
+    /// Keeps the hold times while a feature reads them (`Retry-After`, `RateLimit-Reset`),
+    /// and drops them when none does.
+    fn keep_hold_times(&mut self) {
+        if !(self.retry_after || self.rate_limit_headers) {
+            self.holds = None;
+        } else if self.holds.is_none() {
+            self.holds = Some(Arc::default());
+        }
+    }
+}
+
+/// Reshapes the layer's answer to a refusal (status, headers, body).
+type OnRefusal = dyn Fn(&AcquireError, &mut Response<Bytes>) + Send + Sync;
 
 impl LlmLayer {
     /// A layer admitting through `bulkhead`: requests parsed as OpenAI chat-completions or
@@ -140,7 +165,8 @@ impl LlmLayer {
     /// from the request's head (an API key header, a path segment), [`Tenants::get`](crate::tenants::Tenants::get) makes the
     /// bulkhead on first use from its template. A request whose tenant cannot be made (the
     /// family is full of busy tenants) is answered 429 `too_many_tenants`; one whose template
-    /// is refused, 500.
+    /// is refused, 500. Refusals show the tenant's own figures (its scope: see
+    /// [`expose_capacity`](LlmLayer::expose_capacity)).
     ///
     /// # Examples
     ///
@@ -165,7 +191,9 @@ impl LlmLayer {
     where
         K: Eq + core::hash::Hash + Clone + Send + Sync + 'static,
     {
-        LlmLayer::with_source(Arc::new(move |head| tenants.get(&key(head))), None)
+        let mut layer = LlmLayer::with_source(Arc::new(move |head| tenants.get(&key(head))), None);
+        layer.config().expose_capacity = true;
+        layer
     }
 
     fn with_source(bulkhead: Arc<ToBulkhead>, single: Option<LlmBulkhead>) -> LlmLayer {
@@ -181,6 +209,10 @@ impl LlmLayer {
                 usage: None,
                 wait: false,
                 max_body: DEFAULT_MAX_REQUEST_BODY,
+                retry_after: false,
+                rate_limit_headers: false,
+                expose_capacity: false,
+                on_refusal: None,
             }),
         }
     }
@@ -275,7 +307,136 @@ impl LlmLayer {
     /// [`per_tenant`](LlmLayer::per_tenant) it mixes every tenant's calls.
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn retry_after_hint(mut self, on: bool) -> LlmLayer {
-        self.config().holds = on.then(Arc::default);
+        let config = self.config();
+        config.retry_after = on;
+        config.keep_hold_times();
+        self
+    }
+
+    /// Adds rate-limit headers to admitted calls' responses and to capacity refusals (429),
+    /// the figures of the bulkhead that decided (with [`per_tenant`](LlmLayer::per_tenant),
+    /// the tenant's): `RateLimit-Limit` (`max_concurrent`), `RateLimit-Remaining` (slots free),
+    /// `RateLimit-Reset` (seconds: the recent average hold time, at least 1, 1 until a call was
+    /// released), and the names OpenAI's client libraries read, `x-ratelimit-limit-requests`,
+    /// `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` (`"<n>s"`), with a token
+    /// budget `x-ratelimit-limit-tokens` (the budget a normal-priority call may use),
+    /// `x-ratelimit-remaining-tokens`, `x-ratelimit-reset-tokens`. Off by default: a gateway in
+    /// front of several clients shows them its capacity only if it chooses to. An admitted
+    /// call's figures are read once after its admission (one read of the word and the limits).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, tower::LlmLayer};
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
+    /// let gateway = LlmLayer::new(bulkhead).rate_limit_headers(true).layer(tower::service_fn(
+    ///     |_: http::Request<Full<Bytes>>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("{}"))))
+    ///     },
+    /// ));
+    /// let request = http::Request::post("/v1/chat/completions")
+    ///     .body(Full::new(Bytes::from(r#"{"model":"gpt-4o","messages":[]}"#)))?;
+    /// let response = gateway.oneshot(request).await?;
+    /// assert_eq!(response.headers()["ratelimit-limit"], "4");
+    /// assert_eq!(response.headers()["ratelimit-remaining"], "3"); // this call holds one
+    /// assert_eq!(response.headers()["x-ratelimit-remaining-requests"], "3");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn rate_limit_headers(mut self, on: bool) -> LlmLayer {
+        let config = self.config();
+        config.rate_limit_headers = on;
+        config.keep_hold_times();
+        self
+    }
+
+    /// Whether a refusal's answer shows the figures of the bulkhead that refused (calls and
+    /// tokens in flight, the limits, the queue: the `detail` of the JSON body, and the
+    /// message's figures) or only its reason. Default: hidden for [`new`](LlmLayer::new),
+    /// whose bulkhead is the gateway's whole capacity, shown for
+    /// [`per_tenant`](LlmLayer::per_tenant), whose bulkhead is the client's own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, tower::{LlmBody, LlmLayer}};
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let provider = tower::service_fn(|_: http::Request<Full<Bytes>>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+    /// });
+    /// let hidden = LlmLayer::new(bulkhead.clone()).layer(provider.clone());
+    /// let shown = LlmLayer::new(bulkhead.clone()).expose_capacity(true).layer(provider);
+    /// let _held = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let request = || http::Request::post("/").body(Full::new(Bytes::from(r#"{"messages":[]}"#)));
+    /// async fn text(r: http::Response<LlmBody<Full<Bytes>>>) -> String {
+    ///     let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    ///     String::from_utf8(bytes.to_vec()).unwrap()
+    /// }
+    /// let hidden = text(hidden.oneshot(request()?).await?).await;
+    /// assert!(!hidden.contains("detail") && hidden.contains("concurrency_limit"));
+    /// let shown = text(shown.oneshot(request()?).await?).await;
+    /// assert!(shown.contains(r#""detail":{"#) && shown.contains("1 of 1 slots"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn expose_capacity(mut self, on: bool) -> LlmLayer {
+        self.config().expose_capacity = on;
+        self
+    }
+
+    /// Reshapes the layer's answer to every refusal by the bulkhead: `hook` gets the refusal
+    /// and the answer the layer made (status, headers with `Retry-After` and rate-limit headers
+    /// when on, the JSON body), and may change any of it: a body in your API's own error
+    /// shape, headers of your own. The layer's other answers (400, 413 for a body over
+    /// [`max_request_body`](LlmLayer::max_request_body), `too_many_tenants`) are not passed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, tower::LlmLayer};
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # ::futures::executor::block_on(async {
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let gateway = LlmLayer::new(bulkhead.clone())
+    ///     .on_refusal(|refused, answer| {
+    ///         let code = refused.rejection().map_or("invalid", |r| r.reason().as_str());
+    ///         *answer.body_mut() = Bytes::from(format!(r#"{{"busy":"{code}"}}"#));
+    ///         answer.headers_mut().insert("x-gateway", http::HeaderValue::from_static("a"));
+    ///     })
+    ///     .layer(tower::service_fn(|_: http::Request<Full<Bytes>>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+    ///     }));
+    /// let _held = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?;
+    /// let request = http::Request::post("/").body(Full::new(Bytes::from(r#"{"messages":[]}"#)))?;
+    /// let answer = gateway.oneshot(request).await?;
+    /// assert_eq!(answer.status(), 429);
+    /// assert_eq!(answer.headers()["x-gateway"], "a");
+    /// let body = answer.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(body, r#"{"busy":"concurrency_limit"}"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn on_refusal(
+        mut self,
+        hook: impl Fn(&AcquireError, &mut Response<Bytes>) + Send + Sync + 'static,
+    ) -> LlmLayer {
+        self.config().on_refusal = Some(Arc::new(hook));
         self
     }
 
@@ -414,15 +575,20 @@ where
             };
             let permit = match admitted {
                 Ok(permit) => permit,
-                Err(error) => return Ok(refusal(&error, config.holds.as_deref())),
+                Err(error) => return Ok(refusal(&error, &config)),
             };
+            // The figures after this call's admission, for the rate-limit headers.
+            let capacity = config.rate_limit_headers.then(|| bulkhead.capacity());
             // The hold counts from here (a JSON call's generation happens before its head).
             let admitted_at = config.holds.as_ref().map(|_| Instant::now());
             // An inner failure drops the permit here: released at once.
             let response = inner
                 .call(Request::from_parts(head, Full::new(bytes)))
                 .await?;
-            let (parts, body) = response.into_parts();
+            let (mut parts, body) = response.into_parts();
+            if let Some(capacity) = &capacity {
+                rate_limit_headers(&mut parts.headers, capacity, config.holds.as_deref());
+            }
             let reader = Reader::for_response(&parts.headers);
             Ok(Response::from_parts(
                 parts,
@@ -432,17 +598,72 @@ where
     }
 }
 
-/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`](crate::http::HttpRefusal), with the hold-time hint
-/// as `Retry-After` on a 429 when it is on and known.
-fn refusal<R>(error: &AcquireError, holds: Option<&HoldTimes>) -> Response<LlmBody<R>> {
-    let answer = HttpRefusal::from(error);
+/// A refusal as the provider-shaped JSON answer of [`HttpRefusal`](crate::http::HttpRefusal)
+/// (its figures only with `expose_capacity`), with the hold-time hint as `Retry-After` on a 429
+/// when it is on and known, and the rate-limit headers on a 429 when they are on; then the
+/// layer's `on_refusal` hook.
+fn refusal<R>(error: &AcquireError, config: &Config) -> Response<LlmBody<R>> {
+    let mut answer = HttpRefusal::from(error);
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
+    if !config.expose_capacity && answer.detail.is_some() {
+        answer.detail = None;
+        answer.message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the call can never fit this gateway's limits: do not retry it unchanged".to_owned()
+        } else {
+            format!("bulkhead rejected: {}", answer.code)
+        };
+    }
+    let holds = config.holds.as_deref();
+    let too_many = status == StatusCode::TOO_MANY_REQUESTS;
+    let retry_after = if too_many && config.retry_after {
         holds.and_then(HoldTimes::hint_seconds)
     } else {
         None
     };
-    body::answer(status, Bytes::from(answer.body()), retry_after).map(|held| LlmBody { held })
+    let mut response = body::answer(status, Bytes::from(answer.body()), retry_after);
+    if too_many
+        && config.rate_limit_headers
+        && let Some(rejection) = error.rejection()
+    {
+        rate_limit_headers(response.headers_mut(), rejection.detail(), holds);
+    }
+    if let Some(hook) = &config.on_refusal {
+        hook(error, &mut response);
+    }
+    body::send(response).map(|held| LlmBody { held })
+}
+
+/// The rate-limit headers of [`LlmLayer::rate_limit_headers`](crate::tower::LlmLayer::rate_limit_headers)
+/// from a capacity snapshot.
+fn rate_limit_headers(
+    headers: &mut http::HeaderMap,
+    capacity: &CapacityDetail,
+    holds: Option<&HoldTimes>,
+) {
+    let reset = holds.and_then(HoldTimes::hint_seconds).unwrap_or(1);
+    let limit = u64::from(capacity.max_concurrent);
+    let remaining = limit.saturating_sub(capacity.in_flight);
+    let seconds = HeaderValue::from_str(&format!("{reset}s")).expect("digits and `s`");
+    headers.insert("ratelimit-limit", HeaderValue::from(limit));
+    headers.insert("ratelimit-remaining", HeaderValue::from(remaining));
+    headers.insert("ratelimit-reset", HeaderValue::from(reset));
+    headers.insert("x-ratelimit-limit-requests", HeaderValue::from(limit));
+    headers.insert(
+        "x-ratelimit-remaining-requests",
+        HeaderValue::from(remaining),
+    );
+    headers.insert("x-ratelimit-reset-requests", seconds.clone());
+    if let Some(budget) = &capacity.token_budget {
+        headers.insert(
+            "x-ratelimit-limit-tokens",
+            HeaderValue::from(budget.effective_budget),
+        );
+        headers.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from(budget.available),
+        );
+        headers.insert("x-ratelimit-reset-tokens", seconds);
+    }
 }
 
 /// An answer of the layer's own (not a bulkhead's refusal), in [`HttpRefusal`](crate::http::HttpRefusal)'s shape.
@@ -458,7 +679,7 @@ fn plain_error<R>(
         message: message.to_owned(),
         detail: None,
     };
-    body::answer(status, Bytes::from(answer.body()), None).map(|held| LlmBody { held })
+    body::send(body::answer(status, Bytes::from(answer.body()), None)).map(|held| LlmBody { held })
 }
 
 /// The response body of [`LlmService`](crate::tower::LlmService): the inner service's body with the call's permit
