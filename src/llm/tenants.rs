@@ -70,6 +70,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use crate::stats::Stats;
+use crate::support::contain::contain;
 use crate::support::sync::atomic::{AtomicU64, Ordering};
 use crate::support::sync::{Arc, Mutex, lock};
 use crate::vocabulary::error::{ConfigError, LimitsError};
@@ -93,6 +94,9 @@ const MAX_SHARDS: usize = 64;
 
 /// The closure that makes a new tenant's builder.
 type Template<K> = dyn Fn(&K) -> LlmBulkheadBuilder + Send + Sync;
+
+/// A hook told of a tenant's creation or eviction.
+type Hook<K> = dyn Fn(&K, &LlmBulkhead) + Send + Sync;
 
 /// A key as the policy names it.
 type PolicyKey<K> = dyn for<'k> Fn(&'k K) -> &'k str + Send + Sync;
@@ -187,9 +191,33 @@ struct Shared<K> {
     hand: AtomicU64,
     /// Per-tenant limits as data, if the family has them.
     policy: Option<Policy<K>>,
+    /// Told of each tenant created (after its insertion) and removed (evicted, or by
+    /// `remove`; after it left the map), unlocked; a panic is caught and counted.
+    on_created: Option<Box<Hook<K>>>,
+    on_removed: Option<Box<Hook<K>>>,
+    /// Panics caught in those hooks.
+    hook_panics: AtomicU64,
 }
 
 impl<K> Shared<K> {
+    /// Tells the creation hook, unlocked.
+    fn created(&self, key: &K, bulkhead: &LlmBulkhead) {
+        if let Some(hook) = &self.on_created
+            && contain(|| hook(key, bulkhead))
+        {
+            self.hook_panics.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Tells the removal hook (an eviction, or `remove`), unlocked.
+    fn removed(&self, key: &K, bulkhead: &LlmBulkhead) {
+        if let Some(hook) = &self.on_removed
+            && contain(|| hook(key, bulkhead))
+        {
+            self.hook_panics.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// A tenant just inserted with the policy of revision `applied` (and its key): if a newer
     /// policy was installed meanwhile, which may not have seen the tenant, its limits too.
     /// (`apply_policy` installs the policy before it reads the shards, and the insertion locked
@@ -249,9 +277,10 @@ impl<K: Eq + Hash> Shared<K> {
             match found {
                 Probe::Nothing => {}
                 Probe::Found => return Some(index),
-                Probe::Evicted(gone) => {
+                Probe::Evicted(key, gone) => {
                     self.count.fetch_sub(1, Ordering::AcqRel);
-                    drop(gone); // after the lock (see the module docs)
+                    // After the lock (see the module docs).
+                    self.removed(&key, &gone);
                     return Some(index);
                 }
             }
@@ -270,7 +299,7 @@ impl<K: Eq + Hash> Shard<K> {
     /// Looks for an evictable tenant: at most [`PROBES`] steps of the clock. With `evict`, the
     /// one found leaves the shard and is returned; without, it stays first in the ring (the
     /// next look finds it at once) and `Found` says there is one.
-    fn probe(&mut self, now: Instant, idle_after: Duration, evict: bool) -> Probe {
+    fn probe(&mut self, now: Instant, idle_after: Duration, evict: bool) -> Probe<K> {
         for _ in 0..PROBES.min(self.ring.len()) {
             let Some(key) = self.ring.pop_front() else {
                 break;
@@ -287,7 +316,7 @@ impl<K: Eq + Hash> Shard<K> {
                     return Probe::Found;
                 }
                 let tenant = self.map.remove(&key).expect("just found");
-                return Probe::Evicted(tenant.bulkhead);
+                return Probe::Evicted(key, tenant.bulkhead);
             }
             self.ring.push_back(key);
         }
@@ -296,13 +325,13 @@ impl<K: Eq + Hash> Shard<K> {
 }
 
 /// What a look for room found.
-enum Probe {
+enum Probe<K> {
     /// Nothing evictable within the clock's steps.
     Nothing,
     /// An evictable tenant, left in place.
     Found,
-    /// An evicted tenant's bulkhead, to drop after the lock.
-    Evicted(LlmBulkhead),
+    /// An evicted tenant's key and bulkhead, to drop after the lock.
+    Evicted(K, LlmBulkhead),
 }
 
 /// One live tenant.
@@ -402,6 +431,8 @@ impl<K> Tenants<K> {
             max_tenants: DEFAULT_MAX_TENANTS,
             idle_after: DEFAULT_IDLE_AFTER,
             policy: None,
+            on_created: None,
+            on_removed: None,
         }
     }
 
@@ -434,6 +465,25 @@ impl<K> Tenants<K> {
     /// ```
     pub fn idle_after(&self) -> Duration {
         self.shared.idle_after
+    }
+
+    /// Panics caught in the [`on_created`](TenantsBuilder::on_created) and
+    /// [`on_removed`](TenantsBuilder::on_removed) hooks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
+    ///
+    /// let tenants = Tenants::builder(|_: &u32| LlmBulkhead::builder("m", 1))
+    ///     .on_created(|_, _| panic!("a broken hook"))
+    ///     .build()?;
+    /// assert!(tenants.get(&1).is_ok()); // the tenant is served all the same
+    /// assert_eq!(tenants.hook_panics(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hook_panics(&self) -> u64 {
+        self.shared.hook_panics.load(Ordering::Relaxed)
     }
 
     /// How many tenants exist now.
@@ -569,18 +619,25 @@ impl<K: Eq + Hash> Tenants<K> {
             }
             if shared.take_place() {
                 shard.ring.push_back(owned.clone());
-                shard.map.insert(owned, Tenant::new(built.clone(), now));
+                shard
+                    .map
+                    .insert(owned.clone(), Tenant::new(built.clone(), now));
                 drop(shard);
                 shared.catch_up(&built, applied);
+                shared.created(&owned, &built);
                 return Ok(built);
             }
             // Full: evict in this shard, in place of ours, if the clock finds a tenant here.
-            if let Probe::Evicted(gone) = shard.probe(now, shared.idle_after, true) {
+            if let Probe::Evicted(gone_key, gone) = shard.probe(now, shared.idle_after, true) {
                 shard.ring.push_back(owned.clone());
-                shard.map.insert(owned, Tenant::new(built.clone(), now));
+                shard
+                    .map
+                    .insert(owned.clone(), Tenant::new(built.clone(), now));
                 drop(shard);
-                drop(gone); // after the lock (see the module docs)
+                // After the lock (see the module docs).
+                shared.removed(&gone_key, &gone);
                 shared.catch_up(&built, applied);
+                shared.created(&owned, &built);
                 return Ok(built);
             }
             drop(shard);
@@ -725,10 +782,11 @@ impl<K: Eq + Hash> Tenants<K> {
     {
         let shared = &*self.shared;
         let mut shard = lock(&shared.shards[shared.shard_of(key)]);
-        let removed = shard.map.remove(key)?;
-        shard.ring.retain(|k| k.borrow() != key);
+        let (key, removed) = shard.map.remove_entry(key)?;
+        shard.ring.retain(|k| *k != key);
         drop(shard);
         shared.count.fetch_sub(1, Ordering::AcqRel);
+        shared.removed(&key, &removed.bulkhead);
         Some(removed.bulkhead)
     }
 
@@ -865,14 +923,12 @@ impl<K: Eq + Hash> Tenants<K> {
             let mut shard = lock(shard);
             let now = Instant::now();
             let before = evicted.len();
-            shard.map.retain(|_, tenant| {
-                if tenant.evictable(now, shared.idle_after) {
-                    evicted.push(tenant.bulkhead.clone());
-                    false
-                } else {
-                    true
-                }
-            });
+            evicted.extend(
+                shard
+                    .map
+                    .extract_if(|_, tenant| tenant.evictable(now, shared.idle_after))
+                    .map(|(key, tenant)| (key, tenant.bulkhead)),
+            );
             if evicted.len() > before {
                 let Shard { map, ring } = &mut *shard;
                 ring.retain(|k| map.contains_key(k));
@@ -881,7 +937,10 @@ impl<K: Eq + Hash> Tenants<K> {
                     .fetch_sub((evicted.len() - before) as u64, Ordering::AcqRel);
             }
         }
-        // Dropped after the locks (see the module docs).
+        // Told and dropped after the locks (see the module docs).
+        for (key, bulkhead) in &evicted {
+            shared.removed(key, bulkhead);
+        }
         evicted.len()
     }
 }
@@ -949,6 +1008,8 @@ pub struct TenantsBuilder<K> {
     max_tenants: usize,
     idle_after: Duration,
     policy: Option<(TenantPolicy, Box<PolicyKey<K>>)>,
+    on_created: Option<Box<Hook<K>>>,
+    on_removed: Option<Box<Hook<K>>>,
 }
 
 impl<K> TenantsBuilder<K> {
@@ -1042,8 +1103,72 @@ impl<K> TenantsBuilder<K> {
                 count: AtomicU64::new(0),
                 hand: AtomicU64::new(0),
                 policy,
+                on_created: self.on_created,
+                on_removed: self.on_removed,
+                hook_panics: AtomicU64::new(0),
             }),
         })
+    }
+}
+
+impl<K> TenantsBuilder<K> {
+    /// Calls `hook` with each tenant the family creates, once it is in the family (before the
+    /// `get` that created it returns), under no lock of the crate: to register its metrics
+    /// with a `tenant` label, or subscribe to its events. A panic is caught and counted
+    /// ([`Tenants::hook_panics`](crate::tenants::Tenants::hook_panics)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
+    ///
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = seen.clone();
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+    ///     .on_created(move |key, bulkhead| log.lock().unwrap().push((key.clone(), bulkhead.limits().max_concurrent)))
+    ///     .build()?;
+    /// tenants.get("acme")?;
+    /// tenants.get("acme")?; // not created again
+    /// assert_eq!(*seen.lock().unwrap(), [("acme".to_owned(), 1)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_created(
+        mut self,
+        hook: impl Fn(&K, &LlmBulkhead) + Send + Sync + 'static,
+    ) -> TenantsBuilder<K> {
+        self.on_created = Some(Box::new(hook));
+        self
+    }
+
+    /// Calls `hook` with each tenant that leaves the family (evicted when idle, by
+    /// [`evict_idle`](crate::tenants::Tenants::evict_idle), or by
+    /// [`remove`](crate::tenants::Tenants::remove)), once it is out, under no lock of the crate:
+    /// to stop publishing its metrics (drop its `BulkheadMetrics`; an exporter's idle timeout
+    /// then drops its series) or forget what `on_created` kept. A panic is caught and counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
+    ///
+    /// let gone = Arc::new(Mutex::new(Vec::new()));
+    /// let log = gone.clone();
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("m", 1))
+    ///     .on_removed(move |key, _| log.lock().unwrap().push(key.clone()))
+    ///     .build()?;
+    /// tenants.get("acme")?;
+    /// tenants.remove("acme");
+    /// assert_eq!(*gone.lock().unwrap(), ["acme"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_removed(
+        mut self,
+        hook: impl Fn(&K, &LlmBulkhead) + Send + Sync + 'static,
+    ) -> TenantsBuilder<K> {
+        self.on_removed = Some(Box::new(hook));
+        self
     }
 }
 

@@ -671,3 +671,47 @@ fn policies_racing_new_tenants_reach_every_tenant() {
         assert_eq!((limits.revision, limits.max_concurrent), (60, 60), "{key}");
     }
 }
+
+/// The hooks hear every creation and every removal (evicted for room, swept, removed), once
+/// each, with the key and the bulkhead; a panicking hook is counted and changes nothing.
+#[test]
+fn the_hooks_hear_every_creation_and_removal_once() {
+    let created = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let removed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (c, r) = (created.clone(), removed.clone());
+    let tenants = Tenants::builder(|key: &String| {
+        if key == "panic" {
+            LlmBulkhead::builder("m", 2)
+        } else {
+            LlmBulkhead::builder("m", 1)
+        }
+    })
+    .max_tenants(2)
+    .idle_after(IDLE)
+    .on_created(move |key: &String, bulkhead| {
+        if bulkhead.limits().max_concurrent == 2 {
+            panic!("a hook that fails");
+        }
+        c.lock().unwrap().push(key.clone());
+    })
+    .on_removed(move |key: &String, _| r.lock().unwrap().push(key.clone()))
+    .build()
+    .unwrap();
+    tenants.get("a").unwrap();
+    tenants.get("a").unwrap();
+    tenants.get("b").unwrap();
+    past_idle();
+    tenants.get("c").unwrap(); // evicts one of a, b
+    assert_eq!(removed.lock().unwrap().len(), 1);
+    assert!(tenants.remove("c").is_some());
+    past_idle();
+    assert_eq!(tenants.evict_idle(), 1);
+    assert_eq!(*created.lock().unwrap(), ["a", "b", "c"]);
+    let mut gone = removed.lock().unwrap().clone();
+    gone.sort();
+    assert_eq!(gone, ["a", "b", "c"]);
+    // A panicking creation hook: counted, the tenant served all the same.
+    assert_eq!(tenants.get("panic").unwrap().limits().max_concurrent, 2);
+    assert_eq!(tenants.hook_panics(), 1);
+    assert_eq!(tenants.len(), 1);
+}
