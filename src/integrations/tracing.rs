@@ -31,12 +31,12 @@ const TRACED: [EventKind; 6] = [
 ///
 /// | message | fields |
 /// |---|---|
-/// | `admitted` | `model`, `admission_id`, `class`, `priority`, `reserved_tokens`, `limit_revision`, `decision_us`, `queue_wait_us` |
-/// | `rejected` | `model`, `reason`, `class`, `limit_revision`, `in_flight`, `max_concurrent`, `pending`, `max_queue`, `in_flight_tokens`, `budget`, `requested_tokens`, `available_tokens`, `constraint`, `decision_us`, `queue_wait_us` |
-/// | `usage` | `model`, `admission_id`, `sequence`, `input_tokens`, `output_tokens`, `previous_held_tokens`, `held_tokens`, `over_reservation` |
-/// | `released` | `model`, `admission_id`, `held_tokens`, `refunded_tokens`, `returned_total_tokens`, `usage_sequence`, `input_tokens`, `output_tokens` |
-/// | `borrowed slot abandoned` | `model`, `admission_id`, `cause`, `held_tokens` |
-/// | `bypassed` | `model`, `shadow_id`, `reason`, `raced` |
+/// | `admitted` | `model`, `bulkhead`, `tenant`, `admission_id`, `class`, `priority`, `reserved_tokens`, `limit_revision`, `decision_us`, `queue_wait_us` |
+/// | `rejected` | `model`, `bulkhead`, `tenant`, `reason`, `class`, `limit_revision`, `in_flight`, `max_concurrent`, `pending`, `max_queue`, `in_flight_tokens`, `budget`, `requested_tokens`, `available_tokens`, `constraint`, `decision_us`, `queue_wait_us` |
+/// | `usage` | `model`, `bulkhead`, `tenant`, `admission_id`, `sequence`, `input_tokens`, `output_tokens`, `previous_held_tokens`, `held_tokens`, `over_reservation` |
+/// | `released` | `model`, `bulkhead`, `tenant`, `admission_id`, `held_tokens`, `refunded_tokens`, `returned_total_tokens`, `usage_sequence`, `input_tokens`, `output_tokens` |
+/// | `borrowed slot abandoned` | `model`, `bulkhead`, `tenant`, `admission_id`, `cause`, `held_tokens` |
+/// | `bypassed` | `model`, `bulkhead`, `tenant`, `shadow_id`, `reason`, `raced` |
 ///
 /// Token fields are absent where the bulkhead has no budget or the call no usage. Every call
 /// pays the delivery (and the decision's two clock reads); [`trace_events_sampled`](crate::observability::trace_events_sampled) traces a
@@ -54,8 +54,8 @@ const TRACED: [EventKind; 6] = [
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn trace_events(bulkhead: &LlmBulkhead) -> Subscription {
-    let model: Box<str> = bulkhead.model().into();
-    bulkhead.on_events(TRACED, move |event| trace(&model, event))
+    let names = Names::of(bulkhead);
+    bulkhead.on_events(TRACED, move |event| trace(&names, event))
 }
 
 /// Like [`trace_events`](crate::observability::trace_events), for one call in `every` on each thread and every call that waited
@@ -72,8 +72,25 @@ pub fn trace_events(bulkhead: &LlmBulkhead) -> Subscription {
 /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
 /// ```
 pub fn trace_events_sampled(bulkhead: &LlmBulkhead, every: NonZeroU32) -> Subscription {
-    let model: Box<str> = bulkhead.model().into();
-    bulkhead.on_events_sampled(TRACED, every, move |event| trace(&model, event))
+    let names = Names::of(bulkhead);
+    bulkhead.on_events_sampled(TRACED, every, move |event| trace(&names, event))
+}
+
+/// What every line names: the bulkhead's model, its name and its tenant's.
+struct Names {
+    model: Box<str>,
+    bulkhead: Box<str>,
+    tenant: Box<str>,
+}
+
+impl Names {
+    fn of(bulkhead: &LlmBulkhead) -> Names {
+        Names {
+            model: bulkhead.model().into(),
+            bulkhead: bulkhead.name().into(),
+            tenant: bulkhead.tenant().into(),
+        }
+    }
 }
 
 /// Microseconds, for a log line.
@@ -81,11 +98,13 @@ fn micros(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
-fn trace(model: &str, event: &Event<'_>) {
+fn trace(names: &Names, event: &Event<'_>) {
     match event {
         Event::Admit(e) => tracing::debug!(
             target: TARGET,
-            model,
+            model = names.model.as_ref(),
+            bulkhead = names.bulkhead.as_ref(),
+            tenant = names.tenant.as_ref(),
             admission_id = %e.admission_id,
             class = e.class.map(display),
             priority = e.priority.as_str(),
@@ -99,7 +118,9 @@ fn trace(model: &str, event: &Event<'_>) {
             let tokens = e.detail.token_budget;
             tracing::debug!(
                 target: TARGET,
-                model,
+                model = names.model.as_ref(),
+                bulkhead = names.bulkhead.as_ref(),
+                tenant = names.tenant.as_ref(),
                 reason = e.reason.as_str(),
                 class = e.class.map(display),
                 limit_revision = e.limit_revision,
@@ -119,7 +140,9 @@ fn trace(model: &str, event: &Event<'_>) {
         }
         Event::Usage(e) => tracing::debug!(
             target: TARGET,
-            model,
+            model = names.model.as_ref(),
+            bulkhead = names.bulkhead.as_ref(),
+            tenant = names.tenant.as_ref(),
             admission_id = %e.admission_id,
             sequence = e.sequence,
             input_tokens = e.usage.input(),
@@ -131,7 +154,9 @@ fn trace(model: &str, event: &Event<'_>) {
         ),
         Event::Release(e) => tracing::debug!(
             target: TARGET,
-            model,
+            model = names.model.as_ref(),
+            bulkhead = names.bulkhead.as_ref(),
+            tenant = names.tenant.as_ref(),
             admission_id = %e.admission_id,
             held_tokens = e.held_tokens,
             refunded_tokens = e.refunded_tokens,
@@ -143,7 +168,9 @@ fn trace(model: &str, event: &Event<'_>) {
         ),
         Event::BorrowedConcurrencyAbandon(e) => tracing::debug!(
             target: TARGET,
-            model,
+            model = names.model.as_ref(),
+            bulkhead = names.bulkhead.as_ref(),
+            tenant = names.tenant.as_ref(),
             admission_id = %e.admission_id,
             cause = %e.cause,
             held_tokens = e.held_tokens,
@@ -151,7 +178,9 @@ fn trace(model: &str, event: &Event<'_>) {
         ),
         Event::Bypass(e) => tracing::debug!(
             target: TARGET,
-            model,
+            model = names.model.as_ref(),
+            bulkhead = names.bulkhead.as_ref(),
+            tenant = names.tenant.as_ref(),
             shadow_id = %e.shadow_id,
             reason = e.reason.as_str(),
             raced = e.raced,

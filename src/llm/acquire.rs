@@ -754,6 +754,8 @@ fn queue_wait_span(core: &LlmCore, call: &Call) -> tracing::Span {
         target: "async_bulkhead_llm",
         "llm_bulkhead.queue_wait",
         model = core.model(),
+        bulkhead = core.name(),
+        tenant = core.tenant(),
         class = call.class().map(tracing::field::display),
         priority = call.ask().priority.as_str(),
         reserved_tokens = call.ask().reserved,

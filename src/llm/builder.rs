@@ -196,6 +196,8 @@ pub struct LlmBulkheadBuilder {
     estimator: Option<Arc<dyn Estimator>>,
     admission_classes: Option<AdmissionClasses>,
     deduplication: Option<Deduplication>,
+    name: String,
+    tenant: String,
 }
 
 /// Admission classes for [`LlmBulkheadBuilder::admission_classes`]: the class of calls that
@@ -311,7 +313,50 @@ impl LlmBulkheadBuilder {
             estimator: None,
             admission_classes: None,
             deduplication: None,
+            name: String::new(),
+            tenant: String::new(),
         }
+    }
+
+    /// Names the bulkhead in the crate's tracing (the `bulkhead` field of its spans and of
+    /// [`trace_events`](crate::observability::trace_events)' lines) and in
+    /// [`LlmBulkhead::name`](crate::LlmBulkhead::name). Default: empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::LlmBulkhead;
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).name("primary").tenant("acme").build()?;
+    /// assert_eq!((bulkhead.name(), bulkhead.tenant()), ("primary", "acme"));
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn name(mut self, name: impl Into<String>) -> LlmBulkheadBuilder {
+        self.name = name.into();
+        self
+    }
+
+    /// Names the tenant this bulkhead serves in the crate's tracing (the `tenant` field of its
+    /// spans and trace lines) and in [`LlmBulkhead::tenant`](crate::LlmBulkhead::tenant), e.g.
+    /// from a [`Tenants`](crate::tenants::Tenants) template's key. Default: empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, tenants::Tenants};
+    ///
+    /// let tenants = Tenants::builder(|key: &String| {
+    ///     LlmBulkhead::builder("gpt-4o", 4).name("tenants").tenant(key.as_str())
+    /// })
+    /// .build()?;
+    /// assert_eq!(tenants.get("acme")?.tenant(), "acme");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn tenant(mut self, tenant: impl Into<String>) -> LlmBulkheadBuilder {
+        self.tenant = tenant.into();
+        self
     }
 
     /// Deduplicates identical calls in flight: a [`run_shared`](crate::LlmBulkhead::run_shared)
@@ -597,6 +642,7 @@ impl LlmBulkheadBuilder {
                 estimator,
                 queue_timeout,
                 self.deduplication,
+                (self.name, self.tenant),
             )),
         })
     }

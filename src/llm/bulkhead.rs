@@ -82,6 +82,34 @@ impl LlmBulkhead {
         self.core.model()
     }
 
+    /// The name given with [`LlmBulkheadBuilder::name`](crate::LlmBulkheadBuilder::name)
+    /// (empty if none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).name("primary").build()?;
+    /// assert_eq!(bulkhead.name(), "primary");
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
+    /// ```
+    pub fn name(&self) -> &str {
+        self.core.name()
+    }
+
+    /// The tenant given with [`LlmBulkheadBuilder::tenant`](crate::LlmBulkheadBuilder::tenant)
+    /// (empty if none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 1).tenant("acme").build()?;
+    /// assert_eq!(bulkhead.tenant(), "acme");
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
+    /// ```
+    pub fn tenant(&self) -> &str {
+        self.core.tenant()
+    }
+
     /// Admits the call now or refuses it now; never waits.
     ///
     /// The reservation is the options' override, or else the estimate for `request` (only

@@ -342,6 +342,8 @@ impl LlmBulkhead {
                 target: "async_bulkhead_llm",
                 "llm_bulkhead.run",
                 model = core.model(),
+                bulkhead = core.name(),
+                tenant = core.tenant(),
                 admission_id = tracing::field::Empty,
             ),
         );

@@ -38,6 +38,9 @@ pub(crate) struct LlmCore {
     /// Panics of `estimator.observe`, caught and counted (see `crate::support::contain`).
     estimator_panics: unmodeled::AtomicU64,
     model: Box<str>,
+    /// Its name and its tenant's, for tracing (empty when not given).
+    name: Box<str>,
+    tenant: Box<str>,
     /// Queue timeout of calls that set none.
     default_timeout: Option<Duration>,
     /// In-flight deduplication of `run_shared` (when configured).
@@ -162,6 +165,7 @@ impl LlmCore {
         estimator: unmodeled::Arc<dyn Estimator>,
         default_timeout: Option<Duration>,
         dedup: Option<Deduplication>,
+        (name, tenant): (String, String),
     ) -> LlmCore {
         LlmCore {
             engine: Engine::new(limits, default_class),
@@ -169,6 +173,8 @@ impl LlmCore {
             estimator,
             estimator_panics: unmodeled::AtomicU64::new(0),
             model: model.into_boxed_str(),
+            name: name.into_boxed_str(),
+            tenant: tenant.into_boxed_str(),
             default_timeout,
             dedup: dedup.map(|config| Arc::new(Dedup::new(config))),
             observe: ObserveCounters::default(),
@@ -200,6 +206,14 @@ impl LlmCore {
 
     pub(crate) fn model(&self) -> &str {
         &self.model
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn tenant(&self) -> &str {
+        &self.tenant
     }
 
     /// Panics of the estimator's `observe` so far.

@@ -39,6 +39,8 @@ fn bulkhead() -> LlmBulkhead {
         .max_queue(1)
         .queue_timeout(Duration::from_millis(2))
         .token_budget(TokenBudget::new(3500))
+        .name("primary")
+        .tenant("acme")
         .build()
         .expect("valid")
 }

@@ -161,6 +161,10 @@ fn debug_events_equal_the_stats_after_two_threads_and_follow_each_admission() {
         };
         assert_eq!(name, "llm_bulkhead.queue_wait");
         assert_eq!(span["model"], "gpt-4o");
+        assert_eq!(
+            (span["bulkhead"].as_str(), span["tenant"].as_str()),
+            ("primary", "acme")
+        );
         match line.message.as_str() {
             "admitted" => {
                 assert_eq!(span["outcome"], "admitted");
