@@ -12,7 +12,7 @@ use core::fmt;
 use core::num::NonZeroU32;
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -131,6 +131,7 @@ pub struct BulkheadMetricsBuilder {
     provider: Option<String>,
     operation: String,
     labels: Vec<Label>,
+    skip_unmoved: bool,
 }
 
 impl BulkheadMetricsBuilder {
@@ -156,6 +157,28 @@ impl BulkheadMetricsBuilder {
         self
     }
 
+    /// Registers each series only once it first moves from 0 (a counter that counted, a gauge
+    /// off 0, a histogram that recorded), instead of every series at `install`: a family of
+    /// many tenants then exports only what its tenants did, not a block of zeros per tenant.
+    /// A series registered stays registered. A series is registered with the recorder current
+    /// where it first moves (a `publish`, or the thread a sampled call ran on): use it with a
+    /// global recorder. Default: off (every series at `install`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{observability::BulkheadMetrics, LlmBulkhead};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 4).build()?;
+    /// let metrics = BulkheadMetrics::builder(&bulkhead, "tenant-acme").skip_unmoved(true).install();
+    /// metrics.publish(); // registers `max_concurrent_calls` (4), not the zero counters
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
+    /// ```
+    pub fn skip_unmoved(mut self, on: bool) -> BulkheadMetricsBuilder {
+        self.skip_unmoved = on;
+        self
+    }
+
     /// A label added to every metric (e.g. the region or the replica).
     pub fn label(
         mut self,
@@ -175,7 +198,8 @@ impl BulkheadMetricsBuilder {
         labels.extend(self.labels);
         describe();
         let stats = self.bulkhead.stats();
-        let published = Arc::new(Published::new(&labels, &stats));
+        let eager = !self.skip_unmoved;
+        let published = Arc::new(Published::new(eager, &labels, &stats));
         let mut gen_ai = vec![
             Label::new("gen_ai.request.model", self.bulkhead.model().to_owned()),
             Label::new("gen_ai.operation.name", self.operation),
@@ -184,7 +208,7 @@ impl BulkheadMetricsBuilder {
             gen_ai.push(Label::new("gen_ai.provider.name", provider));
         }
         gen_ai.extend(labels.iter().cloned());
-        let sampled = Arc::new(Sampled::new(&labels, &gen_ai));
+        let sampled = Arc::new(Sampled::new(eager, &labels, &gen_ai));
         let subscription = self.bulkhead.on_events_sampled(
             [EventKind::Admit, EventKind::Reject, EventKind::Release],
             self.sample_every,
@@ -214,6 +238,7 @@ impl BulkheadMetrics {
             provider: None,
             operation: "chat".to_owned(),
             labels: Vec::new(),
+            skip_unmoved: false,
         }
     }
 
@@ -461,101 +486,187 @@ fn with(labels: &[Label], key: &'static str, value: impl Into<String>) -> Vec<La
     labels
 }
 
-fn counter(name: &'static str, labels: &[Label]) -> Counter {
-    metrics::counter!(name, labels.to_vec())
+/// One series: registered with the recorder at once, or (with
+/// [`skip_unmoved`](BulkheadMetricsBuilder::skip_unmoved)) the first time it moves from 0.
+struct Series<T> {
+    name: &'static str,
+    labels: Vec<Label>,
+    make: fn(&'static str, Vec<Label>) -> T,
+    handle: OnceLock<T>,
 }
 
-fn gauge(name: &'static str, labels: &[Label]) -> Gauge {
-    metrics::gauge!(name, labels.to_vec())
+impl<T> Series<T> {
+    fn new(
+        eager: bool,
+        make: fn(&'static str, Vec<Label>) -> T,
+        name: &'static str,
+        labels: &[Label],
+    ) -> Series<T> {
+        let series = Series {
+            name,
+            labels: labels.to_vec(),
+            make,
+            handle: OnceLock::new(),
+        };
+        if eager {
+            series.handle();
+        }
+        series
+    }
+
+    fn handle(&self) -> &T {
+        self.handle
+            .get_or_init(|| (self.make)(self.name, self.labels.clone()))
+    }
+
+    /// The handle once the series has moved (or was registered eagerly), for a value `moved`.
+    fn moved(&self, moved: bool) -> Option<&T> {
+        if moved {
+            Some(self.handle())
+        } else {
+            self.handle.get()
+        }
+    }
 }
 
-fn histogram(name: &'static str, labels: &[Label]) -> Histogram {
-    metrics::histogram!(name, labels.to_vec())
+impl Series<Counter> {
+    fn absolute(&self, value: u64) {
+        if let Some(counter) = self.moved(value != 0) {
+            counter.absolute(value);
+        }
+    }
+}
+
+impl Series<Gauge> {
+    fn set(&self, value: f64) {
+        if let Some(gauge) = self.moved(value != 0.0) {
+            gauge.set(value);
+        }
+    }
+}
+
+impl Series<Histogram> {
+    fn record(&self, value: impl metrics::IntoF64) {
+        self.handle().record(value);
+    }
+}
+
+fn counter(eager: bool, name: &'static str, labels: &[Label]) -> Series<Counter> {
+    Series::new(
+        eager,
+        |name, labels| metrics::counter!(name, labels),
+        name,
+        labels,
+    )
+}
+
+fn gauge(eager: bool, name: &'static str, labels: &[Label]) -> Series<Gauge> {
+    Series::new(
+        eager,
+        |name, labels| metrics::gauge!(name, labels),
+        name,
+        labels,
+    )
+}
+
+fn histogram(eager: bool, name: &'static str, labels: &[Label]) -> Series<Histogram> {
+    Series::new(
+        eager,
+        |name, labels| metrics::histogram!(name, labels),
+        name,
+        labels,
+    )
 }
 
 /// The counters and gauges written from the stats.
 struct Published {
-    admissions: Counter,
-    rejections: [Counter; RejectReason::ALL.len()],
-    releases: Counter,
-    usage_reports: Counter,
-    abandoned: [Counter; AbandonCause::ALL.len()],
-    listener_panics: Counter,
-    bypassed: Counter,
-    dedup_hits: Option<Counter>,
-    in_flight: Gauge,
-    abandoned_in_flight: Gauge,
-    queued: Gauge,
-    max_concurrent: Gauge,
-    max_queue: Gauge,
-    revision: Gauge,
-    closed: Gauge,
+    admissions: Series<Counter>,
+    rejections: [Series<Counter>; RejectReason::ALL.len()],
+    releases: Series<Counter>,
+    usage_reports: Series<Counter>,
+    abandoned: [Series<Counter>; AbandonCause::ALL.len()],
+    listener_panics: Series<Counter>,
+    bypassed: Series<Counter>,
+    dedup_hits: Option<Series<Counter>>,
+    in_flight: Series<Gauge>,
+    abandoned_in_flight: Series<Gauge>,
+    queued: Series<Gauge>,
+    max_concurrent: Series<Gauge>,
+    max_queue: Series<Gauge>,
+    revision: Series<Gauge>,
+    closed: Series<Gauge>,
     tokens: Option<TokenMetrics>,
     classes: Vec<ClassMetrics>,
 }
 
 struct TokenMetrics {
-    reserved: Counter,
-    consumed: Counter,
-    refunded: Counter,
-    overrun: Counter,
-    reheld: Counter,
-    returned_unreported: Counter,
-    in_flight: Gauge,
-    available: Gauge,
-    budget: Gauge,
+    reserved: Series<Counter>,
+    consumed: Series<Counter>,
+    refunded: Series<Counter>,
+    overrun: Series<Counter>,
+    reheld: Series<Counter>,
+    returned_unreported: Series<Counter>,
+    in_flight: Series<Gauge>,
+    available: Series<Gauge>,
+    budget: Series<Gauge>,
 }
 
 struct ClassMetrics {
-    in_flight: Gauge,
-    in_flight_tokens: Gauge,
-    admissions: Counter,
-    rejections: [Counter; RejectReason::ALL.len()],
+    in_flight: Series<Gauge>,
+    in_flight_tokens: Series<Gauge>,
+    admissions: Series<Counter>,
+    rejections: [Series<Counter>; RejectReason::ALL.len()],
 }
 
 impl Published {
-    fn new(labels: &[Label], stats: &Stats) -> Published {
+    fn new(eager: bool, labels: &[Label], stats: &Stats) -> Published {
         let by_reason = |name, labels: &[Label]| {
             core::array::from_fn(|i| {
-                counter(name, &with(labels, "reason", RejectReason::ALL[i].as_str()))
+                counter(
+                    eager,
+                    name,
+                    &with(labels, "reason", RejectReason::ALL[i].as_str()),
+                )
             })
         };
         Published {
-            admissions: counter("llm_bulkhead_admissions_total", labels),
+            admissions: counter(eager, "llm_bulkhead_admissions_total", labels),
             rejections: by_reason(REJECTIONS, labels),
-            releases: counter("llm_bulkhead_releases_total", labels),
-            usage_reports: counter("llm_bulkhead_usage_reports_total", labels),
+            releases: counter(eager, "llm_bulkhead_releases_total", labels),
+            usage_reports: counter(eager, "llm_bulkhead_usage_reports_total", labels),
             abandoned: core::array::from_fn(|i| {
                 counter(
+                    eager,
                     "llm_bulkhead_borrowed_concurrency_abandoned_total",
                     &with(labels, "cause", AbandonCause::ALL[i].to_string()),
                 )
             }),
-            listener_panics: counter("llm_bulkhead_listener_panics_total", labels),
-            bypassed: counter("llm_bulkhead_bypassed_total", labels),
+            listener_panics: counter(eager, "llm_bulkhead_listener_panics_total", labels),
+            bypassed: counter(eager, "llm_bulkhead_bypassed_total", labels),
             dedup_hits: stats
                 .deduplication
-                .map(|_| counter("llm_bulkhead_dedup_hits_total", labels)),
-            in_flight: gauge("llm_bulkhead_in_flight_calls", labels),
-            abandoned_in_flight: gauge("llm_bulkhead_abandoned_in_flight_calls", labels),
-            queued: gauge("llm_bulkhead_queued_calls", labels),
-            max_concurrent: gauge("llm_bulkhead_max_concurrent_calls", labels),
-            max_queue: gauge("llm_bulkhead_max_queue_calls", labels),
-            revision: gauge("llm_bulkhead_limits_revision", labels),
-            closed: gauge("llm_bulkhead_closed", labels),
+                .map(|_| counter(eager, "llm_bulkhead_dedup_hits_total", labels)),
+            in_flight: gauge(eager, "llm_bulkhead_in_flight_calls", labels),
+            abandoned_in_flight: gauge(eager, "llm_bulkhead_abandoned_in_flight_calls", labels),
+            queued: gauge(eager, "llm_bulkhead_queued_calls", labels),
+            max_concurrent: gauge(eager, "llm_bulkhead_max_concurrent_calls", labels),
+            max_queue: gauge(eager, "llm_bulkhead_max_queue_calls", labels),
+            revision: gauge(eager, "llm_bulkhead_limits_revision", labels),
+            closed: gauge(eager, "llm_bulkhead_closed", labels),
             tokens: stats.token_budget.map(|_| TokenMetrics {
-                reserved: counter("llm_bulkhead_tokens_reserved_total", labels),
-                consumed: counter("llm_bulkhead_tokens_consumed_total", labels),
-                refunded: counter("llm_bulkhead_tokens_refunded_total", labels),
-                overrun: counter("llm_bulkhead_tokens_overrun_total", labels),
-                reheld: counter("llm_bulkhead_tokens_reheld_total", labels),
+                reserved: counter(eager, "llm_bulkhead_tokens_reserved_total", labels),
+                consumed: counter(eager, "llm_bulkhead_tokens_consumed_total", labels),
+                refunded: counter(eager, "llm_bulkhead_tokens_refunded_total", labels),
+                overrun: counter(eager, "llm_bulkhead_tokens_overrun_total", labels),
+                reheld: counter(eager, "llm_bulkhead_tokens_reheld_total", labels),
                 returned_unreported: counter(
+                    eager,
                     "llm_bulkhead_tokens_returned_unreported_total",
                     labels,
                 ),
-                in_flight: gauge("llm_bulkhead_in_flight_tokens", labels),
-                available: gauge("llm_bulkhead_available_tokens", labels),
-                budget: gauge("llm_bulkhead_budget_tokens", labels),
+                in_flight: gauge(eager, "llm_bulkhead_in_flight_tokens", labels),
+                available: gauge(eager, "llm_bulkhead_available_tokens", labels),
+                budget: gauge(eager, "llm_bulkhead_budget_tokens", labels),
             }),
             classes: stats
                 .admission_classes
@@ -564,9 +675,13 @@ impl Published {
                 .map(|class| {
                     let labels = with(labels, "class", class.class.to_string());
                     ClassMetrics {
-                        in_flight: gauge("llm_bulkhead_class_in_flight_calls", &labels),
-                        in_flight_tokens: gauge("llm_bulkhead_class_in_flight_tokens", &labels),
-                        admissions: counter("llm_bulkhead_class_admissions_total", &labels),
+                        in_flight: gauge(eager, "llm_bulkhead_class_in_flight_calls", &labels),
+                        in_flight_tokens: gauge(
+                            eager,
+                            "llm_bulkhead_class_in_flight_tokens",
+                            &labels,
+                        ),
+                        admissions: counter(eager, "llm_bulkhead_class_admissions_total", &labels),
                         rejections: by_reason("llm_bulkhead_class_rejections_total", &labels),
                     }
                 })
@@ -639,38 +754,41 @@ fn as_f64(value: u64) -> f64 {
 /// The histograms, fed by the sampled listener.
 struct Sampled {
     /// Queue waits of admitted calls, then of refused calls by reason.
-    queue_wait_admitted: Histogram,
-    queue_wait_refused: [Histogram; RejectReason::ALL.len()],
-    decision: Histogram,
-    hold: Histogram,
-    input_tokens: Histogram,
-    output_tokens: Histogram,
-    operation: Histogram,
+    queue_wait_admitted: Series<Histogram>,
+    queue_wait_refused: [Series<Histogram>; RejectReason::ALL.len()],
+    decision: Series<Histogram>,
+    hold: Series<Histogram>,
+    input_tokens: Series<Histogram>,
+    output_tokens: Series<Histogram>,
+    operation: Series<Histogram>,
     /// When each sampled admission was admitted (removed at its release).
     admitted_at: Mutex<HashMap<AdmissionId, Instant>>,
 }
 
 impl Sampled {
-    fn new(labels: &[Label], gen_ai: &[Label]) -> Sampled {
+    fn new(eager: bool, labels: &[Label], gen_ai: &[Label]) -> Sampled {
         Sampled {
-            queue_wait_admitted: histogram(QUEUE_WAIT, &with(labels, "outcome", "admitted")),
+            queue_wait_admitted: histogram(eager, QUEUE_WAIT, &with(labels, "outcome", "admitted")),
             queue_wait_refused: core::array::from_fn(|i| {
                 histogram(
+                    eager,
                     QUEUE_WAIT,
                     &with(labels, "outcome", RejectReason::ALL[i].as_str()),
                 )
             }),
-            decision: histogram("llm_bulkhead_decision_seconds", labels),
-            hold: histogram("llm_bulkhead_hold_seconds", labels),
+            decision: histogram(eager, "llm_bulkhead_decision_seconds", labels),
+            hold: histogram(eager, "llm_bulkhead_hold_seconds", labels),
             input_tokens: histogram(
+                eager,
                 "gen_ai.client.token.usage",
                 &with(gen_ai, "gen_ai.token.type", "input"),
             ),
             output_tokens: histogram(
+                eager,
                 "gen_ai.client.token.usage",
                 &with(gen_ai, "gen_ai.token.type", "output"),
             ),
-            operation: histogram("gen_ai.client.operation.duration", gen_ai),
+            operation: histogram(eager, "gen_ai.client.operation.duration", gen_ai),
             admitted_at: Mutex::new(HashMap::new()),
         }
     }

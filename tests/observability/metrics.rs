@@ -424,3 +424,49 @@ fn a_periodic_publisher_publishes_until_dropped() {
     }
     drop(publisher); // joins the thread
 }
+
+/// With `skip_unmoved`, a series is registered only once it moves from 0: a fresh bulkhead
+/// exports its limits, not a block of zero counters; a counter appears with its first count.
+#[test]
+fn skip_unmoved_registers_a_series_when_it_first_moves() {
+    let _serial = super::serial();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let bulkhead = LlmBulkhead::builder("m", 3).build().expect("valid");
+    metrics::with_local_recorder(&recorder, || {
+        let metrics = BulkheadMetrics::builder(&bulkhead, "tenant")
+            .skip_unmoved(true)
+            .install();
+        metrics.publish();
+        let recorded = read(&snapshotter);
+        let names: Vec<&str> = recorded.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert!(
+            names.contains(&"llm_bulkhead_max_concurrent_calls"),
+            "{names:?}"
+        );
+        assert!(
+            !names.contains(&"llm_bulkhead_admissions_total"),
+            "{names:?}"
+        );
+        assert!(
+            !names.contains(&"llm_bulkhead_in_flight_calls"),
+            "{names:?}"
+        );
+        assert!(!names.iter().any(|n| n.contains("rejections")), "{names:?}");
+        let permit = bulkhead
+            .try_acquire(&LlmRequest::new(), AcquireOptions::new())
+            .expect("free");
+        metrics.publish();
+        let recorded = read(&snapshotter);
+        let by = [("bulkhead", "tenant")];
+        assert_eq!(counter(&recorded, "llm_bulkhead_admissions_total", &by), 1);
+        assert_eq!(gauge(&recorded, "llm_bulkhead_in_flight_calls", &by), 1.0);
+        drop(permit);
+        metrics.publish();
+        // Registered once moved: back at 0, it stays.
+        assert_eq!(
+            gauge(&read(&snapshotter), "llm_bulkhead_in_flight_calls", &by),
+            0.0
+        );
+    });
+}
