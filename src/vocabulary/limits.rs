@@ -39,10 +39,7 @@ pub const MAX_BUDGET: u64 = (1 << 35) - 1;
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Limits {
-    /// Version of this snapshot; each applied snapshot must be strictly greater (0 when a
-    /// serialized snapshot leaves it out: a [`TenantPolicy`](crate::tenants::TenantPolicy)'s
-    /// entries take the policy's).
-    #[cfg_attr(feature = "serde", serde(default))]
+    /// Version of this snapshot; each applied snapshot must be strictly greater.
     pub revision: u64,
     /// Hard ceiling on calls in flight; 0 refuses everything (a fail-closed kill switch).
     pub max_concurrent: u32,

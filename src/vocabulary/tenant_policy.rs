@@ -44,10 +44,61 @@ pub struct TenantPolicy {
     /// new tenant's own limits are at revision 0).
     pub revision: u64,
     /// The limits of every key without an entry of its own.
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "entry::limits"))]
     pub default: Limits,
     /// The limits of each known key.
-    #[cfg_attr(feature = "serde", serde(default))]
+    #[cfg_attr(feature = "serde", serde(default, deserialize_with = "entry::table"))]
     pub tenants: BTreeMap<String, Limits>,
+}
+
+/// A policy's entries as serialized: a [`Limits`] whose `revision` may be left out (the
+/// policy's applies).
+#[cfg(feature = "serde")]
+mod entry {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer};
+
+    use crate::vocabulary::limits::{BudgetLimits, ClassLimitsTable, Limits};
+
+    #[derive(Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        revision: u64,
+        max_concurrent: u32,
+        #[serde(default)]
+        max_queue: u32,
+        #[serde(default)]
+        token_budget: Option<BudgetLimits>,
+        #[serde(default)]
+        admission_classes: Option<ClassLimitsTable>,
+    }
+
+    impl From<Entry> for Limits {
+        fn from(entry: Entry) -> Limits {
+            Limits {
+                revision: entry.revision,
+                max_concurrent: entry.max_concurrent,
+                max_queue: entry.max_queue,
+                token_budget: entry.token_budget,
+                admission_classes: entry.admission_classes,
+            }
+        }
+    }
+
+    pub(super) fn limits<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Limits, D::Error> {
+        Entry::deserialize(deserializer).map(Limits::from)
+    }
+
+    pub(super) fn table<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<String, Limits>, D::Error> {
+        let entries = BTreeMap::<String, Entry>::deserialize(deserializer)?;
+        Ok(entries
+            .into_iter()
+            .map(|(k, e)| (k, Limits::from(e)))
+            .collect())
+    }
 }
 
 impl TenantPolicy {
