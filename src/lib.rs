@@ -406,6 +406,7 @@ pub mod futures {
 pub mod tower {
     pub use crate::integrations::tower::bulkhead::{BulkheadBody, BulkheadLayer, BulkheadService};
     pub use crate::integrations::tower::error::{BoxError, LayerError};
+    pub use crate::integrations::tower::grace::Disconnect;
     pub use crate::integrations::tower::llm::{
         DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService,
     };

@@ -1,8 +1,9 @@
 //! Integrations with other crates, each behind its own feature and built only over the
 //! crate's public API: every item used here is public (at the root or in a public module),
 //! imported from the module that defines it so that imports point down (nothing here reaches
-//! into `llm/` or `engine/` internals). The one exception is `tower/hold_times.rs`, which counts with
-//! the support layer's unmodeled atomics.
+//! into `llm/` or `engine/` internals). The exceptions: `tower/hold_times.rs`, which counts with
+//! the support layer's unmodeled atomics, and `tower/grace.rs`, which waits on the engine's
+//! timer (a permit released after a client's disconnect needs a timer and no runtime).
 //!
 //! - `axum.rs` (feature `axum`): `IntoResponse` for refusals, from [`HttpRefusal`](crate::http::HttpRefusal), and for
 //!   the general bulkhead's [`BulkheadError`] (its 503 and JSON body from `crate::http`).

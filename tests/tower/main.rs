@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, tenants::Tenants,
-    tower::LlmLayer,
+    AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget,
+    tenants::Tenants,
+    tower::{Disconnect, LlmLayer},
 };
 use axum::Router;
 use axum::body::Body;
@@ -183,6 +184,52 @@ async fn a_client_that_disconnects_mid_stream_releases_at_once() {
         bulkhead.stats().in_flight == 0
     })
     .await;
+    drop(tx);
+}
+
+/// With `Disconnect::Hold`, a client gone mid-stream leaves its slot held for the grace (the
+/// provider may still be generating), then released by the timer; a response that ends is
+/// released at once all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_grace_holds_the_slot_then_releases_it() {
+    let bulkhead = budgeted(4);
+    let grace = Duration::from_millis(300);
+    let layer = LlmLayer::new(bulkhead.clone())
+        .options(|_| AcquireOptions::new().reservation(Reservation::new(100, 400).unwrap()))
+        .on_disconnect(Disconnect::Hold(grace));
+    let (addr, tx) = serve(layer).await;
+    let response = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    tx.send(Bytes::from("data: {\"choices\":[]}\n\n"))
+        .await
+        .unwrap();
+    body.frame().await.unwrap().unwrap();
+    let left = Instant::now();
+    drop(body); // the client goes away mid-stream
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(bulkhead.stats().in_flight, 1, "held within the grace");
+    eventually("released after the grace", || {
+        bulkhead.stats().in_flight == 0
+    })
+    .await;
+    assert!(
+        left.elapsed() >= grace,
+        "released after {:?}",
+        left.elapsed()
+    );
+    assert_eq!(bulkhead.stats().released, 1);
+    // A response that ends is released at once.
+    let response = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    response.into_body().collect().await.unwrap();
+    let ended = Instant::now();
+    eventually("released at its end", || bulkhead.stats().in_flight == 0).await;
+    assert!(ended.elapsed() < grace, "{:?}", ended.elapsed());
     drop(tx);
 }
 

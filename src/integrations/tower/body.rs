@@ -24,6 +24,10 @@ pub(super) trait Hold {
     /// A data frame passed on to the client (the LLM layer reads the provider's usage here;
     /// by default nothing).
     fn observe(&mut self, _data: &Bytes) {}
+
+    /// The inner body ended or failed (the hold is dropped next): a drop without this call is
+    /// a client gone mid-body.
+    fn ended(&mut self) {}
 }
 
 /// The response body of a layer: its own answer, or the inner body and the call's hold.
@@ -82,15 +86,18 @@ impl<B, H: Hold> HeldBody<B, H> {
                     // A server that sees the end may never poll again (a sized body): settle
                     // with this last frame.
                     if streaming.inner.is_end_stream() {
+                        streaming.hold.ended();
                         self.state = State::Done;
                     }
                     Poll::Ready(Some(Ok(frame)))
                 }
                 Poll::Ready(Some(Err(error))) => {
+                    streaming.hold.ended();
                     self.state = State::Done;
                     Poll::Ready(Some(Err(error)))
                 }
                 Poll::Ready(None) => {
+                    streaming.hold.ended();
                     self.state = State::Done;
                     Poll::Ready(None)
                 }

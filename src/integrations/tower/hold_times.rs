@@ -27,6 +27,12 @@ impl HoldTimes {
         self.average_micros.store(new, Ordering::Relaxed);
     }
 
+    /// The average; `None` until a call was released.
+    pub(crate) fn average(&self) -> Option<Duration> {
+        let micros = self.average_micros.load(Ordering::Relaxed);
+        (micros > 0).then(|| Duration::from_micros(micros))
+    }
+
     /// The average rounded up to whole seconds, at least 1; `None` until a call was released.
     pub(crate) fn hint_seconds(&self) -> Option<u64> {
         let micros = self.average_micros.load(Ordering::Relaxed);

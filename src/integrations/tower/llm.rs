@@ -37,6 +37,7 @@ use crate::vocabulary::reservation::TokenUsage;
 
 use super::body::{self, HeldBody};
 use super::error::{BoxError, LayerError};
+use super::grace::{self, Disconnect};
 use super::hold_times::HoldTimes;
 use super::usage::{MAX_JSON_RESPONSE, Reader, json_response_usage, provider_usage};
 
@@ -129,13 +130,16 @@ struct Config {
     expose_capacity: bool,
     /// Reshapes the layer's answer to a refusal.
     on_refusal: Option<Arc<OnRefusal>>,
+    /// What a client gone mid-response does to its call's permit.
+    disconnect: Disconnect,
 }
 
 impl Config {
     /// Keeps the hold times while a feature reads them (`Retry-After`, `RateLimit-Reset`),
     /// and drops them when none does.
     fn keep_hold_times(&mut self) {
-        if !(self.retry_after || self.rate_limit_headers) {
+        let measured = matches!(self.disconnect, Disconnect::Measured { .. });
+        if !(self.retry_after || self.rate_limit_headers || measured) {
             self.holds = None;
         } else if self.holds.is_none() {
             self.holds = Some(Arc::default());
@@ -213,6 +217,7 @@ impl LlmLayer {
                 rate_limit_headers: false,
                 expose_capacity: false,
                 on_refusal: None,
+                disconnect: Disconnect::Release,
             }),
         }
     }
@@ -437,6 +442,30 @@ impl LlmLayer {
         hook: impl Fn(&AcquireError, &mut Response<Bytes>) + Send + Sync + 'static,
     ) -> LlmLayer {
         self.config().on_refusal = Some(Arc::new(hook));
+        self
+    }
+
+    /// What to do with an admitted call whose client goes away before its response ended
+    /// (the response body dropped mid-stream): release at once (the default), or keep the
+    /// permit a while, since the provider may still be generating (see [`Disconnect`]). A
+    /// call whose response ended or failed is released at once whatever this says.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{LlmBulkhead, tower::{Disconnect, LlmLayer}};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 32).build()?;
+    /// let layer = LlmLayer::new(bulkhead).on_disconnect(Disconnect::Hold(Duration::from_secs(2)));
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn on_disconnect(mut self, disconnect: Disconnect) -> LlmLayer {
+        let config = self.config();
+        config.disconnect = disconnect;
+        config.keep_hold_times();
         self
     }
 
@@ -700,6 +729,8 @@ struct Settle {
     config: Arc<Config>,
     /// When the call was admitted (only with `retry_after_hint`).
     admitted_at: Option<Instant>,
+    /// Whether the body ended or failed (else a drop is a client gone mid-response).
+    ended: bool,
 }
 
 impl<B> LlmBody<B> {
@@ -715,6 +746,7 @@ impl<B> LlmBody<B> {
             reader,
             config,
             admitted_at,
+            ended: false,
         };
         LlmBody {
             held: HeldBody::admitted(body, settle),
@@ -765,6 +797,10 @@ where
 }
 
 impl body::Hold for Settle {
+    fn ended(&mut self) {
+        self.ended = true;
+    }
+
     /// Reads what a data frame says about usage, and reports it.
     fn observe(&mut self, data: &Bytes) {
         let Some(permit) = self.permit.as_mut() else {
@@ -797,8 +833,24 @@ impl body::Hold for Settle {
 
 impl Drop for Settle {
     /// The body ended, failed or was dropped: settles with the usage it said (a JSON body's),
-    /// else the last reported.
+    /// else the last reported; a client gone mid-response, after the layer's grace if any.
     fn drop(&mut self) {
+        if !self.ended && self.permit.is_some() && !std::thread::panicking() {
+            let average = self.config.holds.as_deref().and_then(HoldTimes::average);
+            let grace = self.config.disconnect.grace(self.admitted_at, average);
+            if !grace.is_zero() {
+                // The same settlement, later: moved out whole, marked ended.
+                let later = Settle {
+                    permit: self.permit.take(),
+                    reader: core::mem::replace(&mut self.reader, Reader::Other),
+                    config: Arc::clone(&self.config),
+                    admitted_at: self.admitted_at,
+                    ended: true,
+                };
+                grace::hold_for(later, grace);
+                return;
+            }
+        }
         let Some(permit) = self.permit.take() else {
             return;
         };

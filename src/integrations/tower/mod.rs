@@ -8,6 +8,8 @@
 //!   own answer, or the inner body and what it holds) and the refusal response with its
 //!   `Retry-After` hint;
 //! - `error`: [`LayerError`](error::LayerError), a layer's configuration that cannot work, and [`BoxError`](error::BoxError);
+//! - `grace`: [`Disconnect`](grace::Disconnect), what the LLM layer does when a client goes
+//!   away, and the grace hold released by the crate's timer;
 //! - `hold_times`: the recent hold time behind both layers' opt-in `Retry-After`;
 //! - `llm`: the LLM layer, its service, its body and how it settles;
 //! - `bulkhead`: the general bulkhead's layer, service and body;
@@ -16,6 +18,7 @@
 mod body;
 pub(crate) mod bulkhead;
 pub(crate) mod error;
+pub(crate) mod grace;
 mod hold_times;
 pub(crate) mod llm;
 pub(crate) mod usage;
