@@ -2,7 +2,8 @@
 //! `src/usage.rs`, so a stress run checks the crate against it), and one handle over the three
 //! things that report usage (borrowed permit, owned permit, run context).
 //!
-//! Used by the chaos, classes and usage stress tests.
+//! Used by the usage stress tests, and by the stress kit (`crate::kit::reports`) for the chaos
+//! and classes families.
 
 use async_bulkhead_llm::{
     OwnedPermit, Permit, Reservation, RunContext, TokenUsage, admission::AdmissionId,

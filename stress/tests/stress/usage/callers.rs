@@ -391,7 +391,7 @@ async fn run_call(
     shared.tally.settled(id, &model, settled);
 }
 
-use crate::chaos::runtime::Task;
+use crate::kit::runtimes::Task;
 
 /// Runs the scenario with `spawn` (which returns a future that completes with the task).
 pub(crate) async fn scenario(setup: Setup, spawn: impl Fn(Task) -> Task) {

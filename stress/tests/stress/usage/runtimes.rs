@@ -13,7 +13,7 @@ use super::callers::{
 use super::plan::Plan;
 use super::scale;
 use crate::caller_model::{AnyPermit, Model};
-use crate::chaos::runtime::tokio_spawn;
+use crate::kit::runtimes::tokio_spawn;
 
 #[test]
 fn tokio_multi_thread() {
