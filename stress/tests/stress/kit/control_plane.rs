@@ -12,7 +12,7 @@ use futures::future::join_all;
 
 use super::books::bump;
 use super::mix;
-use super::runtimes::{Task, yield_now};
+use super::runtimes::{Task, yield_now, yields};
 use super::scene::{Family, Scene};
 
 /// When the control plane closes the bulkhead.
@@ -33,6 +33,10 @@ pub(crate) enum Pace {
     /// 1.5 ms asleep) and a yield. Without think time refused calls come back at once and the
     /// run is all refusals, however long it is.
     Think,
+    /// As fast as it goes: the control plane yields 1 to 19 times between changes (sleeps 50
+    /// to 500 µs on plain threads), workers yield at most once between calls, so that a few
+    /// workers per slot keep the bulkhead contended.
+    Busy,
 }
 
 /// A family's schedule: when the close comes, whether the control plane drains, and the pace.
@@ -58,6 +62,10 @@ impl Scene {
                 self.rt.pause(rng).await;
                 yield_now().await;
             }
+            Pace::Busy if self.rt.threads() => {
+                self.rt.sleep(Duration::from_micros(rng.u64(50..500))).await;
+            }
+            Pace::Busy => yields(rng.usize(1..20)).await,
         }
     }
 
@@ -68,6 +76,7 @@ impl Scene {
                 self.rt.pause(rng).await;
                 yield_now().await;
             }
+            Pace::Busy => yields(usize::from(rng.u8(0..3) == 0)).await,
         }
     }
 }

@@ -1,10 +1,10 @@
-//! The stress kit: everything the stress families (`chaos`, `classes`, `dedup`) have in
-//! common, so that each family keeps only its own operation mix and its own checks.
+//! The stress kit: everything the stress families (`chaos`, `classes`, `dedup`, `usage`) have
+//! in common, so that each family keeps only its own operation mix and its own checks.
 //!
-//! - [`runtimes`]: the runtimes (tokio multi-thread and current-thread, smol, async-std, a
-//!   futures thread pool, a thread per task), how a scenario's tasks are spawned on each and
-//!   their first panic kept, timers and yields that work on any of them, and the watchdog that
-//!   aborts a hung scenario and names its seed;
+//! - [`runtimes`]: the runtimes (tokio multi-thread and current-thread, with or without its
+//!   time driver, smol, async-std, a futures thread pool, a thread per task), how a scenario's
+//!   tasks are spawned on each and their first panic kept, timers and yields that work on any
+//!   of them, and the watchdog that aborts a hung scenario and names its seed;
 //! - [`scene`]: what a scenario is made of (its [`Setup`](scene::Setup): seed, workers,
 //!   operations, what the control plane varies, usage and listener switches; its
 //!   [`Scene`](scene::Scene): the bulkhead, the runtime, the close flag and the progress

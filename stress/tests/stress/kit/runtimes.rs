@@ -176,6 +176,18 @@ impl Executor {
         Executor::tokio("tokio_current_thread", builder, true)
     }
 
+    /// tokio's multi-thread runtime (4 workers) without its time driver: queue timeouts wait
+    /// on the crate's own timer, even with its `tokio` feature.
+    pub(crate) fn tokio_multi_thread_without_time() -> Executor {
+        Executor::tokio("tokio_multi_thread", Executor::multi_thread(), false)
+    }
+
+    /// tokio's current-thread runtime without its time driver.
+    pub(crate) fn tokio_current_thread_without_time() -> Executor {
+        let builder = tokio::runtime::Builder::new_current_thread();
+        Executor::tokio("tokio_current_thread", builder, false)
+    }
+
     pub(crate) fn smol() -> Executor {
         Executor {
             name: "smol",
