@@ -255,7 +255,7 @@ async fn drive(shared: &Shared, mut record: CallerRecord, call: Call, started: I
 /// (each with its own options and form), driven together.
 pub(crate) async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng) {
     // Read before the calls are made: if set, `close()` returned before them.
-    let closed_before = shared.closed.load(Ordering::Acquire);
+    let closed_before = shared.closed();
     if rng.u8(0..3) == 0 {
         let key = (shared.table.pick(rng).0, pick_scope(rng));
         let calls: Vec<_> = (0..rng.usize(2..=5))

@@ -172,17 +172,20 @@ pub(crate) trait Family: Deref<Target = Scene> + Send + Sync + Sized + 'static {
     fn verify(&self);
 }
 
-/// Runs one scenario: the control plane and the workers on the scene's runtime under the
+/// Runs one scenario: the workers and the control plane on the scene's runtime under the
 /// watchdog, then (every task done, its first panic raised again) the bulkhead must be idle,
 /// `drain()` resolve, every drain started along the way have resolved, and the family's
 /// end-of-run invariants hold.
 pub(crate) async fn play<F: Family>(shared: Arc<F>) {
     let _guard = Guard::new(shared.what.clone(), shared.bulkhead.clone());
     let started = Instant::now();
-    let plane = shared.spawn(control_plane(Arc::clone(&shared)));
+    // The workers first: they start on the bulkhead as built, before the control plane's first
+    // change (which may be the kill switch, `max_concurrent` 0: a short run whose control plane
+    // is then held up would admit nothing at all).
     let workers: Vec<_> = (0..shared.workers)
         .map(|w| shared.spawn(worker(Arc::clone(&shared), w)))
         .collect();
+    let plane = shared.spawn(control_plane(Arc::clone(&shared)));
     join_all(workers).await;
     plane.await;
     shared.rethrow();

@@ -119,9 +119,18 @@ impl Shared {
         }
 
         // The run did what it was meant to (not a vacuous pass).
-        assert!(stats.admitted > 0 && load(&book.effective_reports) > 0);
-        assert!(tokens.total_overrun > 0 && tokens.total_refunded > 0);
-        assert!(!setup.listen || load(&heard.reconfigures) > 0);
+        assert!(
+            stats.admitted > 0 && load(&book.effective_reports) > 0,
+            "admissions and reports: {stats:?}"
+        );
+        assert!(
+            tokens.total_overrun > 0 && tokens.total_refunded > 0,
+            "overruns and refunds: {tokens:?}"
+        );
+        assert!(
+            !setup.listen || load(&heard.reconfigures) > 0,
+            "limit changes heard"
+        );
         if closes {
             assert!(load(&book.post_close_refused) > 0, "calls after the close");
         }

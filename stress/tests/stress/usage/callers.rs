@@ -32,10 +32,13 @@ const CHANGES: Schedule = Schedule {
     post_close_ops: 0,
 };
 
-/// As `CHANGES`, but closes the bulkhead once half the calls are done and drains it.
+/// As `CHANGES`, but closes the bulkhead once half the calls are done and drains it; every
+/// worker then makes a few calls more once it saw the close (all refused `shutdown`), however
+/// late the close came.
 const CLOSES: Schedule = Schedule {
     close: Close::Between(500, 500),
     drain_at_close: true,
+    post_close_ops: 4,
     ..CHANGES
 };
 
