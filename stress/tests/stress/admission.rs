@@ -12,13 +12,7 @@ use async_bulkhead_llm::{
     Reservation, TokenBudget, TokenUsage,
 };
 
-fn scale() -> u64 {
-    std::env::var("STRESS_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1)
-}
+use crate::kit::scale;
 
 /// What the callers hold, on their side, checked against fixed ceilings at every admission.
 #[derive(Default)]

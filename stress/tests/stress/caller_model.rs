@@ -2,7 +2,7 @@
 //! `src/usage.rs`, so a stress run checks the crate against it), and one handle over the three
 //! things that report usage (borrowed permit, owned permit, run context).
 //!
-//! Used by the chaos, classes and usage stress tests.
+//! Used by the stress kit (`crate::kit::reports`) for the chaos, classes and usage families.
 
 use async_bulkhead_llm::{
     OwnedPermit, Permit, Reservation, RunContext, TokenUsage, admission::AdmissionId,

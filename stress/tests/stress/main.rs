@@ -14,13 +14,22 @@
 //! - `threads`: statistics shards and admission ids across thread lifetimes;
 //! - `phantom_probe`: the "phantom commit" probe.
 //!
+//! The four families `usage`, `chaos`, `classes` and `dedup` run on one stress kit (`kit`):
+//! its runtimes and how tasks are spawned on each, the watchdog, the seeds, `STRESS_SCALE`, the
+//! worker loop, the control-plane loop (limit changes, drains, the close), the callers' books
+//! and their exact checks, the ledger of holders and the listener's books. Each family keeps
+//! only its operation mix and its own checks. `caller_model` is the callers' model of an
+//! admission's token hold, which the kit's reports check every report and release against.
+//!
 //! `STRESS_SCALE` (default 1) multiplies the work, e.g. `STRESS_SCALE=100 cargo test --release
-//! --test stress chaos::`; `CHAOS_SEED=<seed>` replays a failed chaos, classes or dedup run's
-//! random choices; `PHANTOM_PROBE_SECS` sets the phantom probe's duration (default 10 s).
+//! --test stress chaos::`; `CHAOS_SEED=<seed>` replays a failed usage, chaos, classes or dedup
+//! run's random choices (and the class contention tests'); `PHANTOM_PROBE_SECS` sets the
+//! phantom probe's duration (default 10 s).
 //!
 //! `§U..`, `§D..` and `Qn` refer to sections and quirks of `docs/design.md`.
 
 mod caller_model;
+mod kit;
 
 mod admission;
 mod chaos;

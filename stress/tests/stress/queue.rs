@@ -7,11 +7,10 @@
 //!
 //! `STRESS_SCALE` (default 1) multiplies the number of tasks, e.g. `STRESS_SCALE=100`.
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::Poll;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
@@ -20,39 +19,13 @@ use async_bulkhead_llm::{
 };
 use futures::future::{Either, select};
 
+use crate::kit::runtimes::yields;
+use crate::kit::scale;
+
 /// An empty request for futures that outlive the statement that made them (an acquire
 /// borrows its request until its first poll).
 static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
     std::sync::LazyLock::new(async_bulkhead_llm::LlmRequest::new);
-
-fn scale() -> u64 {
-    std::env::var("STRESS_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1)
-}
-
-/// Yields to the executor once, whatever the runtime.
-async fn yield_now() {
-    let mut yielded = false;
-    poll_fn(|cx| {
-        if yielded {
-            Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    })
-    .await
-}
-
-async fn yields(n: usize) {
-    for _ in 0..n {
-        yield_now().await;
-    }
-}
 
 /// What the tasks saw, to compare with the bulkhead's own counters.
 #[derive(Default)]

@@ -1,30 +1,33 @@
-//! The control plane (random limits, budgets, drains and a close), and one scenario run.
+//! What the chaos control plane changes (random limits, budgets, stale and invalid snapshots),
+//! its quiet points after the close, and one scenario run on the kit.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
 
 use async_bulkhead_llm::{
-    Limits, LlmBulkhead, TokenBudget, limits::ApplyOutcome, limits::LimitsError,
-    limits::MAX_BUDGET, limits::MAX_CONCURRENT,
+    Limits, LlmBulkhead, Stats, TokenBudget, limits::LimitsError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT,
 };
-use futures::future::join_all;
 
-use super::books::{Heard, Ledger, Shared, Tally, token_balance};
-use super::callers::worker;
-use super::runtime::{Guard, Plane, Rt, Setup, Task, yield_now};
-use super::{BUDGET, PEAK_QUEUE, PEAK_SLOTS, QUEUE, RESERVE, SLOTS, mix};
+use super::books::Shared;
+use super::callers::op;
+use super::{BUDGET, PEAK_QUEUE, PEAK_SLOTS, POST_CLOSE_OPS, Plane, QUEUE, RESERVE, SLOTS};
+use crate::kit::books::{Book, Heard, Ledger, bump, token_balance};
+use crate::kit::control_plane::{
+    Close, Pace, Schedule, apply, random_budget, set_budget, stale, with_budget,
+};
+use crate::kit::runtimes::{Rt, Task};
+use crate::kit::scene::{Family, Scene, Setup, play};
 
-/// A random budget: 0, below the tokens in flight, below the initial one, or up to three
-/// times it (the common case, so that calls are admitted between the squeezes).
-fn random_budget(bulkhead: &LlmBulkhead, rng: &mut fastrand::Rng) -> u64 {
-    match rng.u8(0..12) {
-        0 => 0,
-        1 => rng.u64(0..=bulkhead.stats().token_budget.unwrap().in_flight_tokens),
-        2 | 3 => rng.u64(300..BUDGET),
-        _ => rng.u64(BUDGET..=3 * BUDGET),
-    }
-}
+/// The close between half and 95% of the operations, drains along the way.
+const SCHEDULE: Schedule = Schedule {
+    close: Close::Between(500, 950),
+    drains: true,
+    drain_at_close: false,
+    pace: Pace::Think,
+    post_close_ops: POST_CLOSE_OPS,
+};
 
 /// One random change (or non-change) of the limits, checked.
 fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
@@ -43,7 +46,7 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
             } else {
                 rng.u32(1..=PEAK_QUEUE)
             };
-            let budget = random_budget(bulkhead, rng);
+            let budget = random_budget(bulkhead, rng, BUDGET);
             let reserve = match rng.u8(0..12) {
                 // Above the budget: normal-priority calls get no tokens at all.
                 0 => budget + rng.u64(0..100),
@@ -52,43 +55,13 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
             let next = Limits::new(before.revision + 1, max_concurrent)
                 .with_max_queue(max_queue)
                 .with_token_budget(budget, reserve);
-            shared
-                .peak_queue
-                .fetch_max(u64::from(max_queue), Ordering::AcqRel);
-            let outcome = bulkhead.apply_limits(next.clone()).unwrap();
-            assert_eq!(
-                outcome,
-                ApplyOutcome::Applied {
-                    previous: before.clone(),
-                    current: next.clone()
-                }
-            );
-            assert_eq!(bulkhead.limits(), next);
-            Tally::bump(&shared.tally.limit_changes);
+            apply(shared, &before, next.clone(), &next);
         }
         5 | 6 if changes => {
-            let budget = random_budget(bulkhead, rng);
-            let now = bulkhead.set_budget(budget).unwrap();
-            assert_eq!(now.revision, before.revision + 1);
-            assert_eq!(now.token_budget.unwrap().budget, budget);
-            assert_eq!(
-                (now.max_concurrent, now.max_queue),
-                (before.max_concurrent, before.max_queue)
-            );
-            assert_eq!(bulkhead.limits(), now);
-            Tally::bump(&shared.tally.limit_changes);
+            let budget = random_budget(bulkhead, rng, BUDGET);
+            set_budget(shared, &with_budget(&before, budget));
         }
-        7 => {
-            // Stale: nothing changes, the rest is not even examined.
-            let stale = Limits::new(rng.u64(0..=before.revision), rng.u32(0..=PEAK_SLOTS));
-            assert_eq!(
-                bulkhead.apply_limits(stale).unwrap(),
-                ApplyOutcome::Stale {
-                    current: before.clone()
-                }
-            );
-            assert_eq!(bulkhead.limits(), before);
-        }
+        7 => stale(shared, rng, &before, PEAK_SLOTS),
         8 => {
             // Invalid: refused whole, nothing changes.
             let next = Limits::new(before.revision + 1, SLOTS);
@@ -115,75 +88,10 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
         _ => {
             let stats = bulkhead.stats();
             assert!(stats.in_flight <= shared.setup.ceiling(), "{stats:?}");
-            assert!(
-                stats.pending <= shared.peak_queue.load(Ordering::Acquire),
-                "{stats:?}"
-            );
+            shared.check_pending(&stats);
             assert_eq!(stats.limits, before);
         }
     }
-}
-
-fn start_drain(shared: &Arc<Shared>, drains: &mut Vec<Task>) {
-    Tally::bump(&shared.tally.drains_started);
-    let inner = Arc::clone(shared);
-    drains.push(shared.spawn(async move {
-        inner.bulkhead.drain().await;
-        Tally::bump(&inner.tally.drains_resolved);
-    }));
-}
-
-async fn control_plane(shared: Arc<Shared>) {
-    let mut rng = fastrand::Rng::with_seed(mix(shared.setup.seed, 0));
-    let bulkhead = &shared.bulkhead;
-    let total = shared.setup.workers * shared.setup.ops;
-    let close_at = rng.u64(total / 2..=total * 19 / 20);
-    let mut drains = Vec::new();
-    while shared.ops_done.load(Ordering::Acquire) < close_at && !shared.failed() {
-        reconfigure(&shared, &mut rng);
-        match rng.u8(0..40) {
-            0 => start_drain(&shared, &mut drains),
-            1 => {
-                // Cancels nothing, whatever it finds.
-                let wait = Duration::from_micros(rng.u64(0..500));
-                let report = bulkhead.drain_timeout(wait).await;
-                if report.drained {
-                    assert_eq!((report.in_flight, report.pending), (0, 0));
-                }
-            }
-            _ => {}
-        }
-        shared.rt.pause(&mut rng).await;
-        yield_now().await;
-    }
-
-    assert!(bulkhead.close(), "the control plane closes");
-    shared.closed.store(true, Ordering::Release);
-    assert!(!bulkhead.close(), "close is idempotent");
-    start_drain(&shared, &mut drains);
-    // After the close: nothing waits, and slots in flight only go down, whatever the limits.
-    let mut in_flight = u64::MAX;
-    while shared.workers_done.load(Ordering::Acquire) < shared.setup.workers && !shared.failed() {
-        let stats = bulkhead.stats();
-        assert!(stats.closed);
-        assert_eq!(stats.pending, 0, "nobody waits after the close");
-        assert!(
-            stats.in_flight <= in_flight,
-            "{} -> {}",
-            in_flight,
-            stats.in_flight
-        );
-        in_flight = stats.in_flight;
-        check_quiet_books(&shared);
-        reconfigure(&shared, &mut rng);
-        shared.rt.pause(&mut rng).await;
-        yield_now().await;
-    }
-    if !shared.failed() {
-        bulkhead.drain().await;
-        check_quiet_books(&shared);
-    }
-    join_all(drains).await;
 }
 
 /// After the close, once nothing is in flight (no admission unsettled, none can come: every
@@ -205,48 +113,59 @@ fn check_quiet_books(shared: &Shared) {
             "closed and idle: reserved + overrun + reheld - refunded - consumed - returned \
              == in_flight_tokens: {tokens:?}"
         );
-        Tally::bump(&shared.tally.quiet_checks);
+        bump(&shared.quiet_checks);
     }
 }
 
-pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
+impl Family for Shared {
+    fn op<'a>(
+        shared: &'a Arc<Self>,
+        rng: &'a mut fastrand::Rng,
+        _worker: u64,
+        handoffs: &'a mut Vec<Task>,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        op(shared, rng, handoffs)
+    }
+
+    fn reconfigure(&self, rng: &mut fastrand::Rng) {
+        reconfigure(self, rng);
+    }
+
+    fn closed_round(&self, _stats: &Stats, _previous: Option<&Stats>) {
+        check_quiet_books(self);
+    }
+
+    fn drained(&self) {
+        check_quiet_books(self);
+    }
+
+    fn verify(&self) {
+        self.check_end();
+    }
+}
+
+pub(crate) async fn scenario(runtime: &'static str, setup: Setup<Plane>, rt: Rt) {
     let bulkhead = LlmBulkhead::builder("gpt-4o", SLOTS as usize)
         .max_queue(QUEUE as usize)
         .token_budget(TokenBudget::new(BUDGET).high_priority_reserve(RESERVE))
         .build()
         .unwrap();
-    let _guard = Guard::new(
-        format!("{name}: seed {} {setup:?}", setup.seed),
-        bulkhead.clone(),
-    );
-    let heard = Arc::new(Heard::default());
+    let heard = Arc::new(Heard::new(false));
     let _subscription = setup.listen.then(|| {
         let heard = Arc::clone(&heard);
         bulkhead.on(move |event| heard.hear(event))
     });
     let shared = Arc::new(Shared {
         setup,
-        bulkhead: bulkhead.clone(),
-        rt,
-        tally: Tally::default(),
+        scene: Scene::new("chaos", runtime, &setup, SCHEDULE, bulkhead, rt),
+        book: if setup.listen {
+            Book::tracing()
+        } else {
+            Book::default()
+        },
         ledger: Ledger::default(),
         heard,
-        closed: AtomicBool::new(false),
-        peak_queue: AtomicU64::new(u64::from(QUEUE)),
-        ops_done: AtomicU64::new(0),
-        workers_done: AtomicU64::new(0),
-        tasks: Arc::default(),
+        quiet_checks: AtomicU64::new(0),
     });
-    let started = Instant::now();
-    let plane = shared.spawn(control_plane(Arc::clone(&shared)));
-    let workers: Vec<_> = (0..setup.workers)
-        .map(|w| shared.spawn(worker(Arc::clone(&shared), w)))
-        .collect();
-    join_all(workers).await;
-    plane.await;
-    shared.rethrow();
-    assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
-    bulkhead.drain().await;
-    shared.verify();
-    println!("chaos {name}: {:?}", started.elapsed());
+    play(shared).await;
 }

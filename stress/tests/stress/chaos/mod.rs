@@ -33,46 +33,39 @@
 //! returned_unreported`, the listener's events matching, and never more holders than
 //! `max_concurrent` (an independent ledger kept by the callers) while it is fixed.
 //!
-//! Seeds are random per run and printed when a scenario fails (`CHAOS_SEED=<seed>` replays the
-//! same random choices; the interleaving differs). A watchdog aborts a scenario that hangs.
-//!
-//! `STRESS_SCALE` (default 1) multiplies the operations per worker, e.g. `STRESS_SCALE=100`.
+//! The runtimes, the seeds (`CHAOS_SEED` replays a failed run's random choices; the
+//! interleaving differs), `STRESS_SCALE` (a multiplier of the operations per worker, e.g.
+//! `STRESS_SCALE=100`), the watchdog, the worker loop, the control plane's loop, the acquisition
+//! kinds of the mix, the callers' books, the ledger and the listener's books come from
+//! `crate::kit`; this family keeps its operation mix (`callers`), its limit changes and quiet
+//! points (`control_plane`) and its end-of-run invariants (`books`).
 
-use async_bulkhead_llm::TokenUsage;
+use crate::kit::scene::Setup;
 
 mod books;
 mod callers;
 mod control_plane;
-pub(crate) mod model;
-pub(crate) mod runtime;
 mod runtimes;
 
-pub(crate) fn scale() -> u64 {
-    std::env::var("STRESS_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1)
+/// What the control plane changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plane {
+    /// Nothing (only stale and invalid snapshots, which change nothing): fixed limits.
+    Fixed,
+    /// The budget, the reserve and the queue; `max_concurrent` stays at `SLOTS`.
+    SlotsFixed,
+    /// Everything, `max_concurrent` 0 (the kill switch) and `max_queue` 0 included.
+    Varying,
 }
 
-/// `CHAOS_SEED` if set (to replay a failure's random choices), else a fresh random seed.
-pub(crate) fn fresh_seed() -> u64 {
-    std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..))
-}
-
-/// Mixes a seed with a stream number (splitmix64), so workers get unrelated sequences.
-pub(crate) fn mix(seed: u64, stream: u64) -> u64 {
-    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-pub(crate) fn usage(input: u64, output: u64) -> TokenUsage {
-    TokenUsage::new(input, output).expect("usage fits in u64")
+impl Setup<Plane> {
+    /// The most holders there may ever be at once.
+    pub(crate) fn ceiling(&self) -> u64 {
+        u64::from(match self.plane {
+            Plane::Fixed | Plane::SlotsFixed => SLOTS,
+            Plane::Varying => PEAK_SLOTS,
+        })
+    }
 }
 
 /// Slots of the bulkheads, and the fixed `max_concurrent` of the scenarios that keep it.
@@ -85,7 +78,5 @@ const QUEUE: u32 = 6;
 const PEAK_QUEUE: u32 = 10;
 const BUDGET: u64 = 3_000;
 const RESERVE: u64 = 300;
-/// Far above `MAX_BUDGET`: a hold this large can never be counted (`HoldOverflow`).
-const HUGE: u64 = 1 << 40;
 /// Operations every worker performs after it saw the close (all of them refused).
 const POST_CLOSE_OPS: u64 = 12;

@@ -1,38 +1,20 @@
-//! Shared books: the callers' tallies per class, the packed ledger of slot holders, the `solo`
-//! book, and the live checks of every admission, abandonment and settlement.
+//! What the tasks of one class scenario share: the kit's scene, a book per class (the kit's
+//! callers' sums, and what only classes have: borrowing, abandonments, deadlines), the kit's
+//! ledger counting holders per class, the `solo` book, and the live checks of every
+//! admission, abandonment and settlement.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::ops::Deref;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use async_bulkhead_llm::{
-    LlmBulkhead, Priority, RejectReason, admission::AdmissionId, classes::AdmissionClass,
-    classes::Resources,
+    Priority, admission::AdmissionId, classes::AdmissionClass, classes::Resources,
 };
 
 use super::config::Revisions;
-use super::heard::Heard;
-use crate::caller_model::{Model, Settled};
-use crate::chaos::runtime::{Rt, Task, Tasks};
-
-/// The most classes a scenario has (the ledger packs 16 bits per class).
-pub(crate) const MAX_CLASSES: usize = 4;
-
-pub(crate) fn reason_index(reason: RejectReason) -> usize {
-    RejectReason::ALL.iter().position(|&r| r == reason).unwrap()
-}
-
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn add(counter: &AtomicU64, n: u64) {
-    counter.fetch_add(n, Ordering::Relaxed);
-}
-
-pub(crate) fn load(counter: &AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
-}
+pub(crate) use crate::kit::books::MAX_CLASSES;
+use crate::kit::books::{Book, Heard, Ledger, add, bump};
+use crate::kit::scene::{Scene, Setup};
 
 /// What the scenario varies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,114 +27,38 @@ pub(crate) enum Plane {
     Varying,
 }
 
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Setup {
-    pub(crate) seed: u64,
-    pub(crate) plane: Plane,
-    /// Every admission settles with usage, so each class's `reserved + overrun == consumed +
-    /// refunded` holds without correction.
-    pub(crate) always_usage: bool,
-    pub(crate) listen: bool,
-    pub(crate) workers: u64,
-    /// Operations per worker before the close can happen.
-    pub(crate) ops: u64,
-}
-
-impl Setup {
-    pub(crate) fn new(plane: Plane, workers: u64, ops: u64) -> Setup {
-        Setup {
-            seed: crate::chaos::fresh_seed(),
-            plane,
-            always_usage: false,
-            listen: false,
-            workers,
-            ops: ops * crate::chaos::scale(),
-        }
-    }
-
-    pub(crate) fn always_usage(mut self) -> Setup {
-        self.always_usage = true;
-        self
-    }
-
-    pub(crate) fn listen(mut self) -> Setup {
-        self.listen = true;
-        self
-    }
-}
-
-/// The callers' sums for one class, compared with its statistics at the end.
+/// The callers' sums for one class: the kit's book (decided, admitted, refused by reason,
+/// cancelled, token bookings, effective reports), and what only classes have.
 #[derive(Default)]
 pub(crate) struct ClassBook {
-    /// Calls of the class the bulkhead decided (a result, or polled and then cancelled).
-    pub(crate) decided: AtomicU64,
-    pub(crate) admitted: AtomicU64,
-    pub(crate) seen: [AtomicU64; 6],
-    /// Polled, then cancelled before their result: each counted as a refusal.
-    pub(crate) vanished: AtomicU64,
-    pub(crate) post_close_refused: AtomicU64,
-    pub(crate) reserved: AtomicU64,
-    pub(crate) unused_reserved: AtomicU64,
-    pub(crate) consumed: AtomicU64,
-    pub(crate) overrun: AtomicU64,
-    pub(crate) refunded: AtomicU64,
-    pub(crate) reheld: AtomicU64,
+    pub(crate) calls: Book,
     pub(crate) borrowed_admissions: AtomicU64,
     pub(crate) borrowed_tokens: AtomicU64,
     pub(crate) abandoned_manual: AtomicU64,
     pub(crate) abandoned_deadline: AtomicU64,
     /// Runs with a deadline that ran to their end (not cut).
     pub(crate) deadline_kept: AtomicU64,
-    pub(crate) effective_reports: AtomicU64,
 }
 
 impl ClassBook {
-    pub(crate) fn seen(&self, reason: RejectReason) -> u64 {
-        load(&self.seen[reason_index(reason)])
-    }
-
-    /// Books a settled admission (the model already includes the settlement's move).
-    pub(crate) fn settled(&self, model: &Model, settled: &Settled) {
-        add(&self.reserved, model.reserved());
-        match settled.usage {
-            Some(u) => add(&self.consumed, u.total()),
-            None => add(&self.unused_reserved, model.reserved()),
+    /// A class's book, keeping every settled admission's trace if a listener hears them.
+    pub(crate) fn new(tracing: bool) -> ClassBook {
+        ClassBook {
+            calls: if tracing {
+                Book::tracing()
+            } else {
+                Book::default()
+            },
+            ..ClassBook::default()
         }
-        add(&self.overrun, model.overrun);
-        add(&self.refunded, model.refunded);
-        add(&self.reheld, model.reheld);
     }
 }
 
-/// Counts outside the classes.
-#[derive(Default)]
-pub(crate) struct Tally {
-    pub(crate) unpolled: AtomicU64,
-    pub(crate) invalid: AtomicU64,
-    pub(crate) limit_changes: AtomicU64,
-    pub(crate) refused_snapshots: AtomicU64,
-    pub(crate) drains_started: AtomicU64,
-    pub(crate) drains_resolved: AtomicU64,
-}
+impl Deref for ClassBook {
+    type Target = Book;
 
-/// Slot holders per class, counted by the callers in one word (16 bits a class), so a single
-/// read gives every class at one moment. A caller counts itself after its admission and
-/// uncounts itself before it gives its slot back (release, drop or abandonment), so every
-/// count is at most what the class really holds at that moment.
-#[derive(Default)]
-pub(crate) struct Ledger {
-    word: AtomicU64,
-    pub(crate) peaks: [AtomicU64; MAX_CLASSES],
-    pub(crate) peak_total: AtomicU64,
-}
-
-impl Ledger {
-    pub(crate) fn counts(word: u64) -> [u64; MAX_CLASSES] {
-        core::array::from_fn(|c| (word >> (16 * c)) & 0xFFFF)
-    }
-
-    pub(crate) fn read(&self) -> [u64; MAX_CLASSES] {
-        Ledger::counts(self.word.load(Ordering::Acquire))
+    fn deref(&self) -> &Book {
+        &self.calls
     }
 }
 
@@ -184,9 +90,8 @@ pub(crate) struct Held {
 
 /// Everything the tasks of one scenario share.
 pub(crate) struct Shared {
-    pub(crate) setup: Setup,
-    pub(crate) bulkhead: LlmBulkhead,
-    pub(crate) rt: Rt,
+    pub(crate) setup: Setup<Plane>,
+    pub(crate) scene: Scene,
     /// The class handles, in class order.
     pub(crate) handles: Vec<AdmissionClass>,
     /// The class of calls that name none.
@@ -197,32 +102,24 @@ pub(crate) struct Shared {
     pub(crate) foreign: AdmissionClass,
     pub(crate) revisions: Revisions,
     pub(crate) classes: Vec<ClassBook>,
-    pub(crate) tally: Tally,
+    /// Slot holders per class.
     pub(crate) ledger: Ledger,
     /// The `solo` class's slots and tokens, exactly (only worker 0 touches the class).
     pub(crate) solo_book: Mutex<Own>,
     pub(crate) heard: Arc<Heard>,
-    pub(crate) closed: AtomicBool,
-    pub(crate) peak_queue: AtomicU64,
-    pub(crate) ops_done: AtomicU64,
-    pub(crate) workers_done: AtomicU64,
-    /// The scenario's tasks (their first panic is kept and raised again at the end).
-    pub(crate) tasks: Arc<Tasks>,
+    /// Invalid snapshots and budgets refused (each with its exact error).
+    pub(crate) refused_snapshots: AtomicU64,
+}
+
+impl Deref for Shared {
+    type Target = Scene;
+
+    fn deref(&self) -> &Scene {
+        &self.scene
+    }
 }
 
 impl Shared {
-    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> Task {
-        self.tasks.spawn(&self.rt, task)
-    }
-
-    pub(crate) fn failed(&self) -> bool {
-        self.tasks.failed()
-    }
-
-    pub(crate) fn rethrow(&self) {
-        self.tasks.rethrow();
-    }
-
     pub(crate) fn book(&self, class: usize) -> &ClassBook {
         &self.classes[class]
     }
@@ -233,15 +130,8 @@ impl Shared {
     /// this one's, when fewer than its ceiling held slots); with fixed limits, the borrowed
     /// slots within the shared pool.
     fn enter(&self, class: usize, revision: u64) {
-        let word = self
-            .ledger
-            .word
-            .fetch_add(1 << (16 * class), Ordering::AcqRel)
-            + (1 << (16 * class));
-        let counts = Ledger::counts(word);
+        let counts = self.ledger.enter(class);
         let total: u64 = counts.iter().sum();
-        self.ledger.peaks[class].fetch_max(counts[class], Ordering::Relaxed);
-        self.ledger.peak_total.fetch_max(total, Ordering::Relaxed);
         if let Some(max) = self
             .revisions
             .max_since(revision, |caps| caps.ceiling(class))
@@ -293,19 +183,19 @@ impl Shared {
     pub(crate) fn leave(&self, held: &mut Held) {
         if held.in_ledger {
             held.in_ledger = false;
-            self.ledger
-                .word
-                .fetch_sub(1 << (16 * held.class), Ordering::AcqRel);
+            self.ledger.leave(held.class);
         }
     }
 
     /// An admission of `call`: checks it against the limits of its revision, the caller's
     /// own holdings in the class (`own`, a lower bound of the class's) and, for `solo`, the
-    /// exact book; counts it (in the ledger if `in_ledger`).
+    /// exact book; counts it (in the ledger if `in_ledger`). A call made after `close()`
+    /// returned (`closed_before`) must not be admitted.
     pub(crate) fn admitted(
         &self,
         admission: Facts,
         call: Call,
+        closed_before: bool,
         own: Option<Own>,
         in_ledger: bool,
     ) -> Held {
@@ -372,8 +262,7 @@ impl Shared {
             book.tokens += reserved;
         }
         let book = self.book(c);
-        bump(&book.decided);
-        bump(&book.admitted);
+        book.admitted(closed_before);
         add(
             &book.borrowed_admissions,
             u64::from(resources.borrowed_concurrency),
@@ -429,12 +318,7 @@ impl Shared {
 
     /// A call cancelled before its result (decided, and so refused, iff it was polled).
     pub(crate) fn vanished(&self, class: usize, polled: bool) {
-        if polled {
-            bump(&self.book(class).decided);
-            bump(&self.book(class).vanished);
-        } else {
-            bump(&self.tally.unpolled);
-        }
+        self.book(class).vanished(polled);
     }
 
     /// A refusal the caller saw: counted, and its detail checked.
@@ -444,19 +328,8 @@ impl Shared {
         call: Call,
         closed_before: bool,
     ) {
-        let reason = rejection.reason();
-        assert_ne!(
-            reason,
-            RejectReason::Aborted,
-            "only a dropped call is aborted"
-        );
-        let book = self.book(call.class);
-        bump(&book.decided);
-        bump(&book.seen[reason_index(reason)]);
-        if closed_before {
-            assert_eq!(reason, RejectReason::Shutdown, "refused after close()");
-            bump(&book.post_close_refused);
-        }
+        self.book(call.class)
+            .refused(rejection.reason(), closed_before);
         self.check_detail(rejection, call);
     }
 }

@@ -2,23 +2,22 @@
 //! and `run` borrowed-slot deadlines.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::task::Poll;
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    AcquireError, AcquireOptions, LlmRequest, Priority, RejectReason, Reservation, RunError,
-    admission::Admission, admission::Verdict, limits::MAX_BUDGET, request::RequestError,
+    AcquireError, AcquireOptions, LlmRequest, Priority, admission::Admission, request::RequestError,
 };
-use futures::future::{Either, join_all, select};
+use futures::future::join_all;
 
-use super::POST_CLOSE_OPS;
-use super::books::{Call, Facts, Held, Own, Plane, Shared, bump};
+use super::books::{Call, Facts, Held, MAX_CLASSES, Own, Plane, Shared};
 use super::runs::run_op;
 use crate::caller_model::{AnyPermit, Model, Reporter};
-use crate::chaos::mix;
-use crate::chaos::model::report_step;
-use crate::chaos::runtime::{Task, Timer, Tracked, poll_once, yield_now, yields};
+use crate::kit::books::bump;
+use crate::kit::callers::{
+    Acquired, Op, acquire, advisory, beyond_every_budget, invalid_estimate, queued,
+};
+use crate::kit::reports::{Finish, report_step, settle};
+use crate::kit::runtimes::Task;
 
 /// The admission behind a permit.
 fn admission<'p>(permit: &'p AnyPermit<'_>) -> &'p Admission {
@@ -52,45 +51,12 @@ fn random_call(
     if let Some(class) = class {
         options = options.class(shared.handles[class]);
     }
-    if rng.u8(0..4) == 0 {
-        options = options.priority(Priority::High);
-    }
-    let request = match rng.u8(0..12) {
-        0..=2 => LlmRequest::new()
-            .user("x".repeat(rng.usize(0..1_600)))
-            .max_tokens(rng.u64(1..500)),
-        3 => {
-            options = options.reservation(Reservation::new(0, 0).unwrap());
-            LlmRequest::new()
-        }
-        _ => {
-            let reservation = Reservation::new(rng.u64(0..200), rng.u64(0..500)).unwrap();
-            options = options.reservation(reservation);
-            LlmRequest::new()
-        }
-    };
+    let (request, options) = crate::kit::callers::random_call(rng, options);
     let call = Call {
         class: class.unwrap_or(shared.default),
         priority: options.priority,
     };
     (request, options, call)
-}
-
-/// The options with a random queue timeout: none, zero, or up to a few ms.
-pub(crate) fn queued(rng: &mut fastrand::Rng, options: AcquireOptions) -> AcquireOptions {
-    match rng.u8(0..8) {
-        0 | 1 => options,
-        2 => options.timeout(Duration::ZERO),
-        _ => options.timeout(Duration::from_micros(rng.u64(0..3_000))),
-    }
-}
-
-/// Something that fires soon: a few executor turns or a short sleep.
-pub(crate) fn canceller(shared: &Shared, rng: &mut fastrand::Rng) -> Task {
-    match rng.u8(0..3) {
-        0 => Box::pin(yields(rng.usize(0..4))),
-        _ => shared.rt.sleep(Duration::from_micros(rng.u64(0..2_500))),
-    }
 }
 
 /// One random report through `reporter`, checked against the model; the hold it moves is
@@ -104,8 +70,7 @@ pub(crate) fn report(
     held: &Held,
 ) {
     let before = model.held;
-    let effective = &shared.book(held.class).effective_reports;
-    report_step(reporter, model, rng, valid, effective);
+    report_step(reporter, model, rng, valid, shared.book(held.class));
     shared.moved(held, before, model.held);
 }
 
@@ -119,8 +84,8 @@ fn decided<'b>(
 ) -> Option<(AnyPermit<'b>, Held)> {
     match result {
         Ok(permit) => {
-            assert!(!closed_before, "admitted after close() returned");
-            let held = shared.admitted(Facts::of(admission(&permit)), call, own, true);
+            let facts = Facts::of(admission(&permit));
+            let held = shared.admitted(facts, call, closed_before, own, true);
             Some((permit, held))
         }
         Err(AcquireError::Rejected(rejection)) => {
@@ -159,35 +124,9 @@ async fn hold(shared: &Shared, rng: &mut fastrand::Rng, mut permit: AnyPermit<'_
     }
     shared.rt.pause(rng).await;
     shared.settle(&mut held, model.held);
-    let book = shared.book(held.class);
-    match rng.u8(0..3) {
-        0 => {
-            drop(permit);
-            let settled = model.settle(None);
-            book.settled(&model, &settled);
-        }
-        finish => {
-            let explicit = (finish == 1).then(|| model.random_usage(rng));
-            let report = permit.release(explicit);
-            let settled = model.settle(explicit);
-            assert_eq!(
-                (
-                    report.held_tokens,
-                    report.refunded_tokens,
-                    report.overrun_tokens,
-                    report.usage
-                ),
-                (
-                    settled.held,
-                    settled.refunded,
-                    settled.overrun,
-                    settled.usage
-                ),
-                "release report of {model:?}"
-            );
-            book.settled(&model, &settled);
-        }
-    }
+    let finish = Finish::random(rng, &model);
+    let settled = settle(permit, &mut model, finish);
+    shared.book(held.class).settled(held.id, &model, &settled);
 }
 
 fn permit_holds_slot(permit: &AnyPermit<'_>) -> bool {
@@ -208,158 +147,44 @@ async fn decide_and_hold(
 }
 
 /// One random operation of worker `worker`.
-async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs: &mut Vec<Task>) {
+pub(crate) async fn op(
+    shared: &Arc<Shared>,
+    rng: &mut fastrand::Rng,
+    worker: u64,
+    handoffs: &mut Vec<Task>,
+) {
     let bulkhead = &shared.bulkhead;
     // Read before the call starts: if set, `close()` returned before it, so it must be refused.
-    let closed_before = shared.closed.load(Ordering::Acquire);
+    let closed_before = shared.closed();
     let (request, options, call) = random_call(shared, rng, worker);
-    let kinds = if shared.rt.threads() { 17 } else { 15 };
-    match rng.u8(0..kinds) {
-        0 => {
-            let result = bulkhead.try_acquire(&request, options);
-            decide_and_hold(
-                shared,
-                rng,
-                result.map(AnyPermit::Borrowed),
-                call,
-                closed_before,
-            )
-            .await;
-        }
-        1 => {
-            let result = bulkhead.try_acquire_owned(&request, options);
-            decide_and_hold(
-                shared,
-                rng,
-                result.map(AnyPermit::Owned),
-                call,
-                closed_before,
-            )
-            .await;
-        }
-        2 | 3 => {
-            let result = bulkhead.acquire(&request, queued(rng, options)).await;
-            decide_and_hold(
-                shared,
-                rng,
-                result.map(AnyPermit::Borrowed),
-                call,
-                closed_before,
-            )
-            .await;
-        }
-        4 => {
-            let result = bulkhead.acquire_owned(&request, queued(rng, options)).await;
-            decide_and_hold(
-                shared,
-                rng,
-                result.map(AnyPermit::Owned),
-                call,
-                closed_before,
-            )
-            .await;
-        }
-        5 => {
-            // Cancelled by `tokio::select!` (random branch order: it may never be polled).
-            let mut acquire = Tracked::new(bulkhead.acquire(&request, queued(rng, options)));
-            let cancel = canceller(shared, rng);
-            let result = tokio::select! {
-                result = &mut acquire => Some(result),
-                () = cancel => None,
+    match Op::random(rng, shared.rt.threads()) {
+        Op::Acquire(way) => {
+            // A `run` dropped before its first poll carries a borrowed-slot deadline.
+            let unpolled_run = |options: AcquireOptions| {
+                options.borrowed_concurrency_deadline(Duration::from_millis(1))
             };
-            match result {
-                Some(result) => {
-                    drop(acquire);
-                    decide_and_hold(
-                        shared,
-                        rng,
-                        result.map(AnyPermit::Borrowed),
-                        call,
-                        closed_before,
-                    )
-                    .await;
+            let acquired = acquire(
+                bulkhead,
+                &shared.rt,
+                rng,
+                &request,
+                options,
+                way,
+                unpolled_run,
+            )
+            .await;
+            match acquired {
+                Acquired::Decided(result) => {
+                    decide_and_hold(shared, rng, result, call, closed_before).await;
                 }
-                None => {
-                    let polled = acquire.polled;
-                    drop(acquire);
-                    shared.vanished(call.class, polled);
-                }
+                Acquired::Vanished { polled } => shared.vanished(call.class, polled),
             }
         }
-        6 => {
-            // Cancelled by a timeout around the future.
-            let mut acquire = Tracked::new(bulkhead.acquire_owned(&request, queued(rng, options)));
-            let limit = Duration::from_micros(rng.u64(0..2_500));
-            let result = if shared.rt.timer == Timer::Tokio {
-                tokio::time::timeout(limit, &mut acquire).await.ok()
-            } else {
-                match select(&mut acquire, shared.rt.sleep(limit)).await {
-                    Either::Left((result, _)) => Some(result),
-                    Either::Right(_) => None,
-                }
-            };
-            match result {
-                Some(result) => {
-                    decide_and_hold(
-                        shared,
-                        rng,
-                        result.map(AnyPermit::Owned),
-                        call,
-                        closed_before,
-                    )
-                    .await;
-                }
-                None => {
-                    let polled = acquire.polled;
-                    drop(acquire);
-                    shared.vanished(call.class, polled);
-                }
-            }
-        }
-        7 => {
-            // Polled once or twice, then dropped.
-            let mut acquire = Tracked::new(bulkhead.acquire(&request, queued(rng, options)));
-            let mut result = poll_once(&mut acquire).await;
-            if result.is_pending() && rng.bool() {
-                yields(rng.usize(0..3)).await;
-                result = poll_once(&mut acquire).await;
-            }
-            match result {
-                Poll::Ready(result) => {
-                    decide_and_hold(
-                        shared,
-                        rng,
-                        result.map(AnyPermit::Borrowed),
-                        call,
-                        closed_before,
-                    )
-                    .await;
-                }
-                Poll::Pending => {
-                    drop(acquire);
-                    shared.vanished(call.class, true);
-                }
-            }
-        }
-        8 => {
-            // Dropped before the first poll: decides nothing, counts nothing.
-            match rng.u8(0..3) {
-                0 => drop(bulkhead.acquire(&request, options)),
-                1 => drop(bulkhead.acquire_owned(&request, options)),
-                _ => drop(bulkhead.run(
-                    &request,
-                    options.borrowed_concurrency_deadline(Duration::from_millis(1)),
-                    async |_| Ok::<(), ()>(()),
-                )),
-            }
-            shared.vanished(call.class, false);
-        }
-        9 | 10 => {
+        Op::Run => {
             let options = queued(rng, options);
             run_op(shared, rng, &request, options, call, closed_before).await;
         }
-        11 => {
-            // An owned permit handed to another task (or thread), which holds and settles it.
+        Op::Handoff => {
             // Never in `solo`: its book is exact only while worker 0 alone holds its permits.
             let (request, mut options, mut call) = (request, options, call);
             if call.class == shared.solo {
@@ -388,31 +213,9 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
                 }));
             }
         }
-        12 => several(shared, rng, worker, closed_before).await,
-        13 => odd_call(shared, rng, &request, options, call, closed_before).await,
-        14 => look(shared, worker, closed_before),
-        15 => {
-            let result = bulkhead.acquire_blocking(&request, queued(rng, options));
-            decide_and_hold(
-                shared,
-                rng,
-                result.map(AnyPermit::Borrowed),
-                call,
-                closed_before,
-            )
-            .await;
-        }
-        _ => {
-            let result = bulkhead.acquire_blocking_owned(&request, queued(rng, options));
-            decide_and_hold(
-                shared,
-                rng,
-                result.map(AnyPermit::Owned),
-                call,
-                closed_before,
-            )
-            .await;
-        }
+        Op::Several => several(shared, rng, worker, closed_before).await,
+        Op::Odd => odd_call(shared, rng, &request, options, call, closed_before).await,
+        Op::Look => look(shared, worker, closed_before),
     }
 }
 
@@ -421,7 +224,7 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng, worker: u64, handoffs
 /// checked against what the task itself holds in its class (its own slots and tokens are a
 /// lower bound of the class's).
 async fn several(shared: &Shared, rng: &mut fastrand::Rng, worker: u64, closed_before: bool) {
-    let mut own = [Own::default(); super::books::MAX_CLASSES];
+    let mut own = [Own::default(); MAX_CLASSES];
     let mut held: Vec<(AnyPermit<'_>, Held)> = Vec::new();
     for _ in 0..rng.usize(2..6) {
         let (request, options, call) = random_call(shared, rng, worker);
@@ -470,10 +273,7 @@ fn look(shared: &Shared, worker: u64, closed_before: bool) {
     }
     let max = revisions.max_since(0, |caps| Some(u64::from(caps.max_concurrent)));
     assert!(stats.in_flight <= max.unwrap(), "{stats:?}");
-    assert!(
-        stats.pending <= shared.peak_queue.load(Ordering::Acquire),
-        "{stats:?}"
-    );
+    shared.check_pending(&stats);
     if shared.setup.plane == Plane::Fixed {
         let caps = revisions.get(0);
         if caps.floors() > 0 {
@@ -514,42 +314,8 @@ async fn odd_call(
 ) {
     let bulkhead = &shared.bulkhead;
     match rng.u8(0..4) {
-        0 => {
-            // Advisory: decides and counts nothing.
-            let verdict = bulkhead.would_admit(request, options).unwrap();
-            if closed_before {
-                assert_eq!(verdict, Verdict::Reject(RejectReason::Shutdown));
-            }
-        }
-        1 => {
-            // The estimate overflows: invalid, before anything else (even after the close).
-            let mut options = options;
-            options.reservation = None;
-            let invalid = LlmRequest::new()
-                .user("hello")
-                .extra_input_tokens(u64::MAX)
-                .max_tokens(10);
-            let result = match rng.u8(0..3) {
-                0 => bulkhead.try_acquire(&invalid, options).map(drop),
-                1 => bulkhead
-                    .acquire(&invalid, queued(rng, options))
-                    .await
-                    .map(drop),
-                _ => {
-                    let result = bulkhead
-                        .run(&invalid, options, async |_| Ok::<(), ()>(()))
-                        .await;
-                    assert!(matches!(result, Err(RunError::Invalid(_))), "{result:?}");
-                    bump(&shared.tally.invalid);
-                    return;
-                }
-            };
-            assert!(
-                matches!(result, Err(AcquireError::Invalid(_))),
-                "{result:?}"
-            );
-            bump(&shared.tally.invalid);
-        }
+        0 => advisory(bulkhead, request, options, closed_before),
+        1 => invalid_estimate(shared, rng, options).await,
         2 => {
             // Another bulkhead's class: refused before anything is counted.
             let foreign = options.class(shared.foreign);
@@ -569,64 +335,17 @@ async fn odd_call(
                 ),
                 "{result:?}"
             );
-            bump(&shared.tally.invalid);
+            bump(&shared.counts.invalid);
         }
         _ => {
             // Fits no budget: refused for tokens at once (the global budget is judged before
             // any class limit), even when it may queue.
-            let options = options
-                .reservation(Reservation::new(MAX_BUDGET, 1).unwrap())
-                .priority(Priority::High);
             let call = Call {
                 priority: Priority::High,
                 ..call
             };
-            let result = if rng.bool() {
-                bulkhead.try_acquire(request, options)
-            } else {
-                bulkhead
-                    .acquire(request, options.timeout(Duration::from_secs(60)))
-                    .await
-            };
-            let rejection = *result.unwrap_err().rejection().unwrap();
-            let reason = rejection.reason();
-            assert!(
-                reason == RejectReason::BudgetLimit || reason == RejectReason::Shutdown,
-                "{reason}"
-            );
+            let rejection = beyond_every_budget(bulkhead, rng, request, options).await;
             shared.refused(&rejection, call, closed_before);
         }
     }
-}
-
-pub(crate) async fn worker(shared: Arc<Shared>, index: u64) {
-    let mut rng = fastrand::Rng::with_seed(mix(shared.setup.seed, index + 1));
-    let mut handoffs = Vec::new();
-    for _ in 0..shared.setup.ops {
-        op(&shared, &mut rng, index, &mut handoffs).await;
-        shared.ops_done.fetch_add(1, Ordering::AcqRel);
-        if handoffs.len() > 4 {
-            join_all(handoffs.drain(..)).await;
-        }
-        // Think time, as a client has (see `chaos::callers::worker`).
-        shared.rt.pause(&mut rng).await;
-        yield_now().await;
-        if shared.failed() {
-            break;
-        }
-    }
-    // Keep calling until the close, then a few more: all of those are refused.
-    while !shared.closed.load(Ordering::Acquire) && !shared.failed() {
-        op(&shared, &mut rng, index, &mut handoffs).await;
-        shared
-            .rt
-            .sleep(Duration::from_micros(rng.u64(50..500)))
-            .await;
-    }
-    for _ in 0..POST_CLOSE_OPS {
-        op(&shared, &mut rng, index, &mut handoffs).await;
-        yield_now().await;
-    }
-    join_all(handoffs).await;
-    shared.workers_done.fetch_add(1, Ordering::AcqRel);
 }

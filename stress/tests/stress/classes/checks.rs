@@ -2,7 +2,8 @@
 
 use async_bulkhead_llm::{RejectReason, Rejection};
 
-use super::books::{Call, MAX_CLASSES, Own, Shared, load, reason_index};
+use super::books::{Call, MAX_CLASSES, Own, Shared};
+use crate::kit::books::{Figures, load};
 
 impl Shared {
     /// A refusal's detail against the limits of its revision, the snapshot's own figures and,
@@ -123,7 +124,7 @@ impl Shared {
     }
 
     /// The end-of-run invariants, once every task finished.
-    pub(crate) fn verify(&self) {
+    pub(crate) fn check_end(&self) {
         let setup = self.setup;
         let stats = self.bulkhead.stats();
         let tokens = stats.token_budget.unwrap();
@@ -173,65 +174,8 @@ impl Shared {
                 "{}",
                 at("in flight")
             );
-            assert_eq!(s.admitted, load(&book.admitted), "{}", at("admitted"));
-            assert_eq!(s.released, s.admitted, "{}", at("released"));
-            assert_eq!(
-                s.admitted + s.rejected,
-                load(&book.decided),
-                "{}",
-                at("admitted + rejected == decided")
-            );
+            book.check(&Figures::of_class(s), setup.always_usage, at);
             let by = s.rejected_by_reason;
-            let seen: u64 = RejectReason::ALL.iter().map(|&r| book.seen(r)).sum();
-            assert_eq!(
-                s.rejected,
-                seen + load(&book.vanished),
-                "{}",
-                at("refusals: seen + cancelled")
-            );
-            for &reason in RejectReason::ALL {
-                assert!(
-                    by.get(reason) >= book.seen(reason),
-                    "{}",
-                    at(reason.as_str())
-                );
-            }
-            assert!(by.aborted <= load(&book.vanished), "{}", at("aborted"));
-            assert!(
-                by.shutdown >= load(&book.post_close_refused),
-                "{}",
-                at("shutdown")
-            );
-            let unused = load(&book.unused_reserved);
-            assert_eq!(
-                (
-                    s.total_reserved,
-                    s.total_consumed,
-                    s.total_overrun,
-                    s.total_refunded,
-                    s.total_reheld,
-                    s.total_returned_unreported
-                ),
-                (
-                    load(&book.reserved),
-                    load(&book.consumed),
-                    load(&book.overrun),
-                    load(&book.refunded),
-                    load(&book.reheld),
-                    unused
-                ),
-                "{}",
-                at("token books (reserved, consumed, overrun, refunded, reheld, returned)")
-            );
-            assert_eq!(
-                s.total_reserved + s.total_overrun + s.total_reheld,
-                s.total_consumed + s.total_refunded + s.total_returned_unreported,
-                "{}",
-                at("reserved + overrun + reheld == consumed + refunded + returned")
-            );
-            if setup.always_usage {
-                assert_eq!(unused, 0, "{}", at("every admission settled with usage"));
-            }
             assert_eq!(
                 (
                     s.total_borrowed_admissions,
@@ -294,24 +238,12 @@ impl Shared {
         let global_by: Vec<u64> = RejectReason::ALL.iter().map(|&r| by.get(r)).collect();
         assert_eq!(rejected_sum.to_vec(), global_by, "refusals by reason");
 
-        // Every drain resolved.
-        assert_eq!(
-            load(&self.tally.drains_started),
-            load(&self.tally.drains_resolved)
-        );
-
         // The listener heard everything, class by class.
         if setup.listen {
             let heard = &self.heard;
-            let open = heard.open.lock().unwrap();
-            assert!(open.1.is_empty(), "{:#?}", open.1);
-            assert!(
-                open.0.is_empty(),
-                "{} admissions never released",
-                open.0.len()
-            );
+            heard.check_consistent();
             for (c, s) in classes.classes.iter().enumerate() {
-                let h = &heard.classes[c];
+                let h = heard.scope(c);
                 let by = s.rejected_by_reason;
                 let abandoned = s.borrowed_concurrency_abandoned_by_cause;
                 assert_eq!(
@@ -340,7 +272,7 @@ impl Shared {
                 );
                 for &reason in RejectReason::ALL {
                     assert_eq!(
-                        load(&h.rejects[reason_index(reason)]),
+                        h.rejects(reason),
                         by.get(reason),
                         "class {c}: {reason} events"
                     );
@@ -348,9 +280,10 @@ impl Shared {
             }
             assert_eq!(
                 load(&heard.reconfigures),
-                load(&self.tally.limit_changes),
+                load(&self.counts.limit_changes),
                 "reconfigure events"
             );
+            heard.check_traces(self.classes.iter().map(|b| &b.calls));
         }
 
         let kept: u64 = self.classes.iter().map(|b| load(&b.deadline_kept)).sum();
@@ -378,17 +311,14 @@ impl Shared {
             setup.seed,
             setup.plane,
             self.handles[self.default],
-            load(&self.tally.unpolled),
-            load(&self.tally.invalid),
-            load(&self.tally.limit_changes),
-            load(&self.tally.refused_snapshots),
-            self.ledger
-                .peaks
-                .iter()
-                .take(self.handles.len())
-                .map(load)
+            self.classes.iter().map(|b| load(&b.unpolled)).sum::<u64>(),
+            load(&self.counts.invalid),
+            load(&self.counts.limit_changes),
+            load(&self.refused_snapshots),
+            (0..self.handles.len())
+                .map(|c| self.ledger.peak(c))
                 .collect::<Vec<_>>(),
-            load(&self.ledger.peak_total),
+            self.ledger.peak_total(),
         );
         // Not a vacuous pass.
         assert!(stats.admitted > 0);

@@ -11,7 +11,7 @@
 //! pool; `abandon_borrowed_concurrency` answers exactly whether the slot is borrowed and held;
 //! sampled statistics stay within the ceilings and the shared pool. At the end, exact per-class
 //! books (admissions, releases, refusals by reason, tokens, borrowing, abandonments) and the
-//! classes summing to the globals. The chaos watchdog aborts a hang; `CHAOS_SEED` replays a
+//! classes summing to the globals. The kit's watchdog aborts a hang; `CHAOS_SEED` replays a
 //! failure's random choices and `STRESS_SCALE` multiplies the operations.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,9 +22,9 @@ use async_bulkhead_llm::{
     TokenBudget, TokenUsage, classes::AdmissionClasses, classes::ClassLimits, classes::Resources,
 };
 
-use super::books::reason_index;
-use crate::chaos::runtime::Guard;
-use crate::chaos::{fresh_seed, mix, scale};
+use crate::kit::books::reason_index;
+use crate::kit::runtimes::Guard;
+use crate::kit::{fresh_seed, mix, scale};
 
 const THREADS: u64 = 4;
 /// Operations per thread and configuration (two configurations: 200 000 in all).

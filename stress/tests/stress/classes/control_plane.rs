@@ -1,35 +1,36 @@
-//! The control plane (random class limits, budgets, invalid snapshots, drains and a close),
-//! and one scenario run.
+//! What the class control plane changes (random class limits, budgets, invalid snapshots and
+//! budgets below the token floors, stale snapshots), its checks of a closed bulkhead's classes,
+//! and one scenario run on the kit.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{
-    Limits, LlmBulkhead, TokenBudget, classes::AdmissionClasses, classes::ClassLimits,
-    limits::ApplyOutcome, limits::LimitsError,
+    Limits, LlmBulkhead, Stats, TokenBudget, classes::AdmissionClasses, classes::ClassLimits,
+    limits::LimitsError,
 };
-use futures::future::join_all;
 
-use super::books::{Ledger, Own, Plane, Setup, Shared, Tally, bump};
-use super::callers::worker;
+use super::books::{ClassBook, Own, Plane, Shared};
+use super::callers::op;
 use super::config::{Caps, Revisions, invalid_snapshot, normalized_table, random_classes, table};
-use super::heard::Heard;
-use super::{BUDGET, IDS, PEAK_QUEUE, PEAK_SLOTS, QUEUE, RESERVE, SLOTS, SOLO};
-use crate::chaos::mix;
-use crate::chaos::runtime::{Guard, Rt, Task, yield_now};
+use super::{BUDGET, IDS, PEAK_QUEUE, PEAK_SLOTS, POST_CLOSE_OPS, QUEUE, RESERVE, SLOTS, SOLO};
+use crate::kit::books::{Heard, Ledger, bump};
+use crate::kit::control_plane::{
+    Close, Pace, Schedule, apply, random_budget, set_budget, stale, with_budget,
+};
+use crate::kit::mix;
+use crate::kit::runtimes::{Rt, Task};
+use crate::kit::scene::{Family, Scene, Setup, play};
 
-/// A random budget, at least `floors` (the classes' token floors): 0 when they allow it,
-/// below the tokens in flight, below the initial budget, or up to three times it.
-fn random_budget(bulkhead: &LlmBulkhead, rng: &mut fastrand::Rng, floors: u64) -> u64 {
-    let budget = match rng.u8(0..12) {
-        0 => 0,
-        1 => rng.u64(0..=bulkhead.stats().token_budget.unwrap().in_flight_tokens),
-        2 | 3 => rng.u64(300..BUDGET),
-        _ => rng.u64(BUDGET..=3 * BUDGET),
-    };
-    budget.max(floors)
-}
+/// The close between half and 95% of the operations, drains along the way.
+const SCHEDULE: Schedule = Schedule {
+    close: Close::Between(500, 950),
+    drains: true,
+    drain_at_close: false,
+    pace: Pace::Think,
+    post_close_ops: POST_CLOSE_OPS,
+};
 
 fn class_ids(shared: &Shared) -> Vec<&'static str> {
     shared.handles.iter().map(|c| c.id()).collect()
@@ -49,7 +50,7 @@ fn apply_random(shared: &Shared, rng: &mut fastrand::Rng, before: &Limits) {
     } else {
         rng.u32(1..=PEAK_QUEUE)
     };
-    let budget = random_budget(&shared.bulkhead, rng, 0);
+    let budget = random_budget(&shared.bulkhead, rng, BUDGET);
     let reserve = match rng.u8(0..12) {
         // Above the budget: normal-priority calls get no tokens at all.
         0 => budget + rng.u64(0..100),
@@ -70,20 +71,8 @@ fn apply_random(shared: &Shared, rng: &mut fastrand::Rng, before: &Limits) {
         .with_admission_classes(table(rng, &ids, &classes));
     let mut expected = next.clone();
     expected.admission_classes = Some(normalized_table(&ids, &classes));
-    shared
-        .peak_queue
-        .fetch_max(u64::from(max_queue), Ordering::AcqRel);
     shared.revisions.record(next.revision, Caps::of(&expected));
-    let outcome = shared.bulkhead.apply_limits(next).unwrap();
-    assert_eq!(
-        outcome,
-        ApplyOutcome::Applied {
-            previous: before.clone(),
-            current: expected.clone()
-        }
-    );
-    assert_eq!(shared.bulkhead.limits(), expected);
-    bump(&shared.tally.limit_changes);
+    apply(shared, before, next, &expected);
 }
 
 /// One random change (or non-change) of the limits, checked.
@@ -95,27 +84,15 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
     match rng.u8(0..12) {
         0..=3 if changes => apply_random(shared, rng, &before),
         4 | 5 if changes => {
-            let budget = random_budget(bulkhead, rng, caps.token_floors());
-            let mut expected = before.clone().with_token_budget(budget, caps.reserve);
-            expected.revision += 1;
+            // At least the token floors.
+            let budget = random_budget(bulkhead, rng, BUDGET).max(caps.token_floors());
+            let expected = with_budget(&before, budget);
             shared
                 .revisions
                 .record(expected.revision, Caps::of(&expected));
-            assert_eq!(bulkhead.set_budget(budget).unwrap(), expected);
-            assert_eq!(bulkhead.limits(), expected);
-            bump(&shared.tally.limit_changes);
+            set_budget(shared, &expected);
         }
-        6 => {
-            // Stale: nothing changes, the rest is not even examined.
-            let stale = Limits::new(rng.u64(0..=before.revision), rng.u32(0..=PEAK_SLOTS));
-            assert_eq!(
-                bulkhead.apply_limits(stale).unwrap(),
-                ApplyOutcome::Stale {
-                    current: before.clone()
-                }
-            );
-            assert_eq!(bulkhead.limits(), before);
-        }
+        6 => stale(shared, rng, &before, PEAK_SLOTS),
         7 | 8 => {
             // Invalid: refused whole with its error, nothing changes.
             let (invalid, expected) = invalid_snapshot(rng, &before, &class_ids(shared));
@@ -125,7 +102,7 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
                 "{invalid:?}"
             );
             assert_eq!(bulkhead.limits(), before);
-            bump(&shared.tally.refused_snapshots);
+            bump(&shared.refused_snapshots);
         }
         9 if caps.token_floors() > 0 => {
             // A budget below the token floors.
@@ -138,15 +115,12 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
                 }
             );
             assert_eq!(bulkhead.limits(), before);
-            bump(&shared.tally.refused_snapshots);
+            bump(&shared.refused_snapshots);
         }
         _ => {
             let stats = bulkhead.stats();
             assert_eq!(stats.limits, before);
-            assert!(
-                stats.pending <= shared.peak_queue.load(Ordering::Acquire),
-                "{stats:?}"
-            );
+            shared.check_pending(&stats);
             let max = shared
                 .revisions
                 .max_since(0, |caps| Some(u64::from(caps.max_concurrent)));
@@ -173,74 +147,42 @@ fn reconfigure(shared: &Shared, rng: &mut fastrand::Rng) {
     }
 }
 
-fn start_drain(shared: &Arc<Shared>, drains: &mut Vec<Task>) {
-    bump(&shared.tally.drains_started);
-    let inner = Arc::clone(shared);
-    drains.push(shared.spawn(async move {
-        inner.bulkhead.drain().await;
-        bump(&inner.tally.drains_resolved);
-    }));
+/// After the close, slots in flight in every class only go down, whatever the limits.
+fn closed_round(stats: &Stats, previous: Option<&Stats>) {
+    let Some(previous) = previous else { return };
+    let classes = &stats.admission_classes.as_ref().unwrap().classes;
+    let before = &previous.admission_classes.as_ref().unwrap().classes;
+    for (c, (s, p)) in classes.iter().zip(before).enumerate() {
+        assert!(
+            s.in_flight <= p.in_flight,
+            "class {c}: {} -> {}",
+            p.in_flight,
+            s.in_flight
+        );
+    }
 }
 
-async fn control_plane(shared: Arc<Shared>) {
-    let mut rng = fastrand::Rng::with_seed(mix(shared.setup.seed, 0));
-    let bulkhead = &shared.bulkhead;
-    let total = shared.setup.workers * shared.setup.ops;
-    let close_at = rng.u64(total / 2..=total * 19 / 20);
-    let mut drains = Vec::new();
-    while shared.ops_done.load(Ordering::Acquire) < close_at && !shared.failed() {
-        reconfigure(&shared, &mut rng);
-        match rng.u8(0..40) {
-            0 => start_drain(&shared, &mut drains),
-            1 => {
-                // Cancels nothing, whatever it finds.
-                let wait = Duration::from_micros(rng.u64(0..500));
-                let report = bulkhead.drain_timeout(wait).await;
-                if report.drained {
-                    assert_eq!((report.in_flight, report.pending), (0, 0));
-                }
-            }
-            _ => {}
-        }
-        shared.rt.pause(&mut rng).await;
-        yield_now().await;
+impl Family for Shared {
+    fn op<'a>(
+        shared: &'a Arc<Self>,
+        rng: &'a mut fastrand::Rng,
+        worker: u64,
+        handoffs: &'a mut Vec<Task>,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        op(shared, rng, worker, handoffs)
     }
 
-    assert!(bulkhead.close(), "the control plane closes");
-    shared.closed.store(true, Ordering::Release);
-    assert!(!bulkhead.close(), "close is idempotent");
-    start_drain(&shared, &mut drains);
-    // After the close: nothing waits, and slots in flight (globally and in every class) only
-    // go down, whatever the limits.
-    let mut in_flight = u64::MAX;
-    let mut class_in_flight = vec![u64::MAX; shared.handles.len()];
-    while shared.workers_done.load(Ordering::Acquire) < shared.setup.workers && !shared.failed() {
-        let stats = bulkhead.stats();
-        assert!(stats.closed);
-        assert_eq!(stats.pending, 0, "nobody waits after the close");
-        assert!(
-            stats.in_flight <= in_flight,
-            "{in_flight} -> {}",
-            stats.in_flight
-        );
-        in_flight = stats.in_flight;
-        for (c, s) in stats.admission_classes.unwrap().classes.iter().enumerate() {
-            assert!(
-                s.in_flight <= class_in_flight[c],
-                "class {c}: {} -> {}",
-                class_in_flight[c],
-                s.in_flight
-            );
-            class_in_flight[c] = s.in_flight;
-        }
-        reconfigure(&shared, &mut rng);
-        shared.rt.pause(&mut rng).await;
-        yield_now().await;
+    fn reconfigure(&self, rng: &mut fastrand::Rng) {
+        reconfigure(self, rng);
     }
-    if !shared.failed() {
-        bulkhead.drain().await;
+
+    fn closed_round(&self, stats: &Stats, previous: Option<&Stats>) {
+        closed_round(stats, previous);
     }
-    join_all(drains).await;
+
+    fn verify(&self) {
+        self.check_end();
+    }
 }
 
 /// Builds the scenario's bulkhead: 2 to 4 classes (`solo` last), random floors and ceilings.
@@ -275,13 +217,9 @@ fn build(rng: &mut fastrand::Rng) -> (LlmBulkhead, Vec<&'static str>, usize) {
     (bulkhead, ids, default)
 }
 
-pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
+pub(crate) async fn scenario(runtime: &'static str, setup: Setup<Plane>, rt: Rt) {
     let mut rng = fastrand::Rng::with_seed(mix(setup.seed, u64::MAX));
     let (bulkhead, ids, default) = build(&mut rng);
-    let _guard = Guard::new(
-        format!("classes {name}: seed {} {setup:?}", setup.seed),
-        bulkhead.clone(),
-    );
     let handles: Vec<_> = ids.iter().map(|id| bulkhead.class(id).unwrap()).collect();
     assert_eq!(bulkhead.classes(), &handles[..]);
     assert_eq!(bulkhead.default_class(), Some(handles[default]));
@@ -299,41 +237,24 @@ pub(crate) async fn scenario(name: &str, setup: Setup, rt: Rt) {
     assert!(!handles.contains(&foreign));
     let revisions = Revisions::default();
     revisions.record(0, Caps::of(&bulkhead.limits()));
-    let heard = Arc::new(Heard::default());
+    let heard = Arc::new(Heard::new(true));
     let _subscription = setup.listen.then(|| {
         let heard = Arc::clone(&heard);
         bulkhead.on(move |event| heard.hear(event))
     });
     let shared = Arc::new(Shared {
         setup,
-        bulkhead: bulkhead.clone(),
-        rt,
+        scene: Scene::new("classes", runtime, &setup, SCHEDULE, bulkhead, rt),
         solo: handles.len() - 1,
         handles,
         default,
         foreign,
         revisions,
-        classes: ids.iter().map(|_| Default::default()).collect(),
-        tally: Tally::default(),
+        classes: ids.iter().map(|_| ClassBook::new(setup.listen)).collect(),
         ledger: Ledger::default(),
         solo_book: Mutex::new(Own::default()),
         heard,
-        closed: AtomicBool::new(false),
-        peak_queue: AtomicU64::new(u64::from(QUEUE)),
-        ops_done: AtomicU64::new(0),
-        workers_done: AtomicU64::new(0),
-        tasks: Arc::default(),
+        refused_snapshots: AtomicU64::new(0),
     });
-    let started = Instant::now();
-    let plane = shared.spawn(control_plane(Arc::clone(&shared)));
-    let workers: Vec<_> = (0..setup.workers)
-        .map(|w| shared.spawn(worker(Arc::clone(&shared), w)))
-        .collect();
-    join_all(workers).await;
-    plane.await;
-    shared.rethrow();
-    assert!(bulkhead.drain_timeout(Duration::ZERO).await.drained);
-    bulkhead.drain().await;
-    shared.verify();
-    println!("classes {name}: {:?}", started.elapsed());
+    play(shared).await;
 }

@@ -1,6 +1,7 @@
-//! Chaos stress with admission classes (`docs/design.md` §U6, §U7): the chaos scenarios of
-//! `super::chaos` (same runtimes, seeds, watchdog and `STRESS_SCALE`) on a bulkhead with 2 to 4
-//! classes with random floors and ceilings, of slots and of tokens, under a token budget.
+//! Chaos stress with admission classes (`docs/design.md` §U6, §U7): the chaos scenarios, on the
+//! kit's runtimes with its seeds, watchdog, `STRESS_SCALE`, worker loop, control-plane loop and
+//! acquisitions (`crate::kit`), on a bulkhead with 2 to 4 classes with random floors and
+//! ceilings, of slots and of tokens, under a token budget.
 //!
 //! Every worker runs a seeded random mix of every operation of the chaos mix (`try_acquire`,
 //! `acquire` with queue timeouts, cancelled and unpolled acquires, `acquire_blocking` on
@@ -48,7 +49,14 @@
 //! class, the shared pool) or queued; per class `admitted == released`, `admitted + rejected`
 //! equal to the decided calls the callers counted in that class, the token books, the borrowed
 //! admissions and tokens, and abandonments by cause equal to the callers' sums; every global
-//! counter equal to the sum over the classes; the listener's events per class matching.
+//! counter equal to the sum over the classes; the listener's events per class matching, and
+//! every admission's events (usage sequence, hold moves, release) matching the callers' model.
+//!
+//! The kit holds each class's callers' sums (`crate::kit::books::Book`, checked exactly per
+//! class), the ledger (one word, 16 bits a class) and the listener; this family keeps its
+//! configurations (`config`), its mix with classes, abandonments and deadlines (`callers`,
+//! `runs`), its live checks of every admission and refusal (`books`, `checks`) and its limit
+//! changes (`control_plane`).
 //!
 //! Seeds are printed when a scenario fails (`CHAOS_SEED=<seed>` replays the random choices,
 //! the class configuration included; the interleaving differs). A watchdog aborts a hang.
@@ -61,7 +69,6 @@ mod checks;
 mod config;
 mod contention;
 mod control_plane;
-mod heard;
 mod runs;
 mod runtimes;
 

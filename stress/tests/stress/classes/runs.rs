@@ -2,8 +2,6 @@
 //! slot back by hand, fail, are cancelled, or run under a borrowed-slot deadline that must cut
 //! exactly the callbacks hanging on a borrowed slot.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,10 +9,11 @@ use async_bulkhead_llm::{
     AcquireOptions, LlmRequest, RunContext, RunError, RunOptions, TokenUsage,
 };
 
-use super::books::{Call, Facts, Held, Shared, bump};
-use super::callers::{canceller, report};
+use super::books::{Call, Facts, Held, Shared};
+use super::callers::report;
 use crate::caller_model::Model;
-use crate::chaos::runtime::Tracked;
+use crate::kit::books::bump;
+use crate::kit::callers::{RunFuture, canceller, run_or_cancel};
 
 /// A short deadline, cut while the callback hangs on a borrowed slot.
 const SHORT: Duration = Duration::from_millis(3);
@@ -59,13 +58,13 @@ pub(crate) async fn run_op(
         let cell = &cell;
         let run_rng = &mut run_rng;
         async move |mut ctx: RunContext<'_>| {
-            assert!(!closed_before, "admitted after close() returned");
             // A cancelled run settles when its future is dropped, and a cut one when its
             // deadline passes, with no chance to leave the ledger first: they stay out of it.
             let borrowed = ctx.resources().borrowed_concurrency;
             let cuttable = deadline.is_some() && borrowed;
             let in_ledger = !(cancelled || cuttable);
-            let mut held = shared.admitted(Facts::of_context(&ctx), call, None, in_ledger);
+            let facts = Facts::of_context(&ctx);
+            let mut held = shared.admitted(facts, call, closed_before, None, in_ledger);
             let mut state = RunCell {
                 model: Model::new(ctx.reservation().unwrap()),
                 held,
@@ -118,25 +117,13 @@ pub(crate) async fn run_op(
         Some(deadline) => options.borrowed_concurrency_deadline(deadline),
         None => RunOptions::from(options),
     };
-    type RunFuture<'a> =
-        Pin<Box<dyn Future<Output = Result<Option<TokenUsage>, RunError<()>>> + Send + 'a>>;
     let future: RunFuture<'_> = if variant == 1 {
         Box::pin(bulkhead.run_with_usage(request, options, |u: &Option<TokenUsage>| *u, callback))
     } else {
         Box::pin(bulkhead.run(request, options, callback))
     };
-    let mut run = Tracked::new(future);
-    let result = if cancelled {
-        let cancel = canceller(shared, rng);
-        tokio::select! {
-            result = &mut run => Some(result),
-            () = cancel => None,
-        }
-    } else {
-        Some((&mut run).await)
-    };
-    let polled = run.polled;
-    drop(run);
+    let cancel = cancelled.then(|| canceller(&shared.rt, rng));
+    let (result, polled) = run_or_cancel(future, cancel).await;
     let state = *cell.lock().unwrap();
     let book = shared.book(call.class);
     let (explicit, cut) = match result {
@@ -193,5 +180,5 @@ pub(crate) async fn run_op(
     }
     shared.settle(&mut held, model.held);
     let settled = model.settle(explicit);
-    book.settled(&model, &settled);
+    book.settled(held.id, &model, &settled);
 }

@@ -1,20 +1,20 @@
-//! What a scenario varies, what its tasks share, and the records the checks read: one per
-//! caller (what it asked, its role and flight, what it got) and one per callback run.
+//! What a scenario varies, what its tasks share (the kit's scene, and the dedup records), and
+//! the records the checks read: one per caller (what it asked, its role and flight, what it
+//! got) and one per callback run.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::ops::Deref;
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_bulkhead_llm::{
-    LlmBulkhead, RejectReason, Rejection, RunContext, TokenUsage, admission::AdmissionId,
-    observe::Bypass, observe::ShadowReasons,
+    RejectReason, Rejection, RunContext, TokenUsage, admission::AdmissionId, observe::Bypass,
+    observe::ShadowReasons,
 };
 
 use super::heard::Heard;
 use super::requests::Table;
-use crate::chaos::runtime::{Rt, Task, Tasks};
-use crate::chaos::{fresh_seed, scale};
+use crate::kit::scene::{Scene, Setup};
 
 /// What the control plane changes before it closes the bulkhead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,26 +23,6 @@ pub(crate) enum Plane {
     Fixed,
     /// `max_concurrent` (1 to 3), `max_queue` (0 to 3) and the budget, at random.
     Varying,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Setup {
-    pub(crate) seed: u64,
-    pub(crate) plane: Plane,
-    pub(crate) workers: u64,
-    /// Operations per worker before the close can happen.
-    pub(crate) ops: u64,
-}
-
-impl Setup {
-    pub(crate) fn new(plane: Plane, workers: u64, ops: u64) -> Setup {
-        Setup {
-            seed: fresh_seed(),
-            plane,
-            workers,
-            ops: ops * scale(),
-        }
-    }
 }
 
 /// Which refusals an observe-mode call bypasses. Both sets make a bypass's refusal counted
@@ -150,11 +130,10 @@ pub(crate) struct RunRecord {
 
 /// Everything the tasks of one scenario share.
 pub(crate) struct Shared {
-    pub(crate) setup: Setup,
+    pub(crate) setup: Setup<Plane>,
+    pub(crate) scene: Scene,
     /// The scenario's tag for the thread-local actor (see `heard`).
     pub(crate) scenario: u64,
-    pub(crate) bulkhead: LlmBulkhead,
-    pub(crate) rt: Rt,
     pub(crate) table: Table,
     /// Per (identity, scope) key: the flight its last leader registered. Calls with
     /// deduplication are made under their key's lock, so a follower's flight is this one.
@@ -164,37 +143,17 @@ pub(crate) struct Shared {
     pub(crate) callers: Mutex<Vec<CallerRecord>>,
     pub(crate) runs: Mutex<Vec<RunRecord>>,
     pub(crate) heard: Arc<Heard>,
-    pub(crate) closed: AtomicBool,
-    pub(crate) ops_done: AtomicU64,
-    pub(crate) workers_done: AtomicU64,
-    pub(crate) limit_changes: AtomicU64,
-    pub(crate) tasks: Arc<Tasks>,
+}
+
+impl Deref for Shared {
+    type Target = Scene;
+
+    fn deref(&self) -> &Scene {
+        &self.scene
+    }
 }
 
 impl Shared {
-    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> Task {
-        self.tasks.spawn(&self.rt, task)
-    }
-
-    pub(crate) fn failed(&self) -> bool {
-        self.tasks.failed()
-    }
-
-    pub(crate) fn rethrow(&self) {
-        self.tasks.rethrow();
-    }
-
-    /// A timer that never blocks the thread (with plain threads `Rt::sleep` blocks).
-    pub(crate) fn timer(&self, delay: Duration) -> Task {
-        if self.rt.threads() {
-            Box::pin(async move {
-                smol::Timer::after(delay).await;
-            })
-        } else {
-            self.rt.sleep(delay)
-        }
-    }
-
     /// Records the start of a callback run of `owner`'s callback, checking its context.
     pub(crate) fn start_run(
         &self,

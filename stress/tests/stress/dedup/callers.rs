@@ -14,12 +14,9 @@ use async_bulkhead_llm::{
 };
 use futures::future::join_all;
 
-use super::POST_CLOSE_OPS;
 use super::books::{CallerRecord, Cancel, Got, Observe, Reply, Role, Shared};
 use super::heard::{Acting, acting, clear_joined, take_joined};
 use super::requests::{SCOPES, pick_scope};
-use crate::chaos::mix;
-use crate::chaos::runtime::yield_now;
 
 type Call = Pin<Box<dyn Future<Output = Result<Reply, RunError<Reply>>> + Send>>;
 type Callback = Pin<Box<dyn Future<Output = Result<Reply, Reply>> + Send>>;
@@ -196,7 +193,7 @@ async fn drive(shared: &Shared, mut record: CallerRecord, call: Call, started: I
         }
     };
     let mut timer = match record.cancel {
-        Cancel::After(delay) => Some(shared.timer(delay)),
+        Cancel::After(delay) => Some(shared.rt.timer(delay)),
         _ => None,
     };
     let mut polls = 0;
@@ -256,9 +253,9 @@ async fn drive(shared: &Shared, mut record: CallerRecord, call: Call, started: I
 
 /// One operation: a call, or a burst of 2 to 5 calls of one key made before any is polled
 /// (each with its own options and form), driven together.
-async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng) {
+pub(crate) async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng) {
     // Read before the calls are made: if set, `close()` returned before them.
-    let closed_before = shared.closed.load(Ordering::Acquire);
+    let closed_before = shared.closed();
     if rng.u8(0..3) == 0 {
         let key = (shared.table.pick(rng).0, pick_scope(rng));
         let calls: Vec<_> = (0..rng.usize(2..=5))
@@ -274,27 +271,4 @@ async fn op(shared: &Arc<Shared>, rng: &mut fastrand::Rng) {
         let (call, record, started) = make(shared, ask(shared, rng, None), closed_before);
         drive(shared, record, call, started).await;
     }
-}
-
-pub(crate) async fn worker(shared: Arc<Shared>, index: u64) {
-    let mut rng = fastrand::Rng::with_seed(mix(shared.setup.seed, index + 1));
-    for _ in 0..shared.setup.ops {
-        op(&shared, &mut rng).await;
-        shared.ops_done.fetch_add(1, Ordering::AcqRel);
-        shared.rt.pause(&mut rng).await;
-        yield_now().await;
-        if shared.failed() {
-            break;
-        }
-    }
-    // Keep calling until the close, then a few more: all of those are refused.
-    while !shared.closed.load(Ordering::Acquire) && !shared.failed() {
-        op(&shared, &mut rng).await;
-        shared.timer(Duration::from_micros(rng.u64(50..500))).await;
-    }
-    for _ in 0..POST_CLOSE_OPS {
-        op(&shared, &mut rng).await;
-        yield_now().await;
-    }
-    shared.workers_done.fetch_add(1, Ordering::AcqRel);
 }

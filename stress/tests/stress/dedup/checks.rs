@@ -7,6 +7,7 @@ use async_bulkhead_llm::RejectReason;
 
 use super::books::{CallerRecord, Cancel, Got, Role, RunRecord, Shared};
 use super::heard::What;
+use crate::kit::books::{load, reason_index};
 
 /// One flight (or solo call) as its callers saw it.
 #[derive(Default)]
@@ -25,13 +26,9 @@ struct Refusals {
     flight: Vec<RejectReason>,
 }
 
-fn reason_index(reason: RejectReason) -> usize {
-    RejectReason::ALL.iter().position(|&r| r == reason).unwrap()
-}
-
 impl Shared {
     /// The end-of-run invariants, once every task finished.
-    pub(crate) fn verify(&self) {
+    pub(crate) fn check_end(&self) {
         let stats = self.bulkhead.stats();
         let tokens = stats.token_budget.unwrap();
         let dedup = stats.deduplication.unwrap();
@@ -503,8 +500,7 @@ impl Shared {
             observe.bypassed,
             observe.race_bypassed,
             stats.rejected_by_reason,
-            self.limit_changes
-                .load(std::sync::atomic::Ordering::Relaxed),
+            load(&self.counts.limit_changes),
         );
     }
 }

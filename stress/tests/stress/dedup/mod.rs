@@ -1,6 +1,9 @@
 //! Deduplication and observe-mode stress (`run_shared`, `docs/design.md` §U9, §U10) on the
-//! runtimes of `super::chaos` (tokio multi-thread and current-thread, smol, async-std, a futures
-//! thread pool, a thread per task), with its seeds, watchdog and `STRESS_SCALE`.
+//! kit's runtimes (tokio multi-thread and current-thread, smol, async-std, a futures thread
+//! pool, a thread per task), with its seeds, watchdog, `STRESS_SCALE`, worker loop and
+//! control-plane loop (`crate::kit`); this family keeps its calls (`callers`, `requests`), its
+//! listener that knows in whose hands each event was emitted (`heard`), its records (`books`)
+//! and its end-of-run checks (`checks`).
 //!
 //! Many callers issue `run_shared` calls drawn from a small table of requests (`requests`): 4
 //! prompts, each in 3 variants that differ by one field (`max_tokens`, or the temperature in
@@ -12,7 +15,8 @@
 //! in bursts of the same key, made before any of them is polled. Callbacks sleep a little,
 //! report growing usage and sometimes fail. The bulkhead is small (2 slots, a queue of 2, a
 //! token budget of 1,500) so that calls are refused, queued, timed out and bypassed, while a
-//! control plane changes its limits and then closes it.
+//! control plane changes its limits and then closes it (after which nothing may wait and
+//! slots in flight only fall).
 //!
 //! Every callback returns a value naming its run (a number from a counter), the caller that
 //! owns the callback, and the request's identity and scope; a failing callback returns the

@@ -1,22 +1,12 @@
-//! The callers' plan for one admission, and what the listener should hear of it.
+//! The callers' plan for one admission.
 
 use async_bulkhead_llm::{Reservation, TokenUsage, usage::Progressive};
 
-use super::usage;
+use crate::kit::reports::Finish;
+use crate::kit::usage;
 
-// `Model` (the hold rules and the booking split) lives in `caller_model.rs`.
-
-/// What the listener should have heard of one admission, from admit to release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Trace {
-    pub(crate) reserved: u64,
-    pub(crate) usage_events: u64,
-    /// Sum of the usage events' `delta_tokens`.
-    pub(crate) delta_sum: i128,
-    pub(crate) held_at_release: u64,
-    pub(crate) refunded_at_release: u64,
-    pub(crate) usage: Option<TokenUsage>,
-}
+// `Model` (the hold rules and the booking split) lives in `caller_model.rs`; what the
+// listener should hear of an admission (`Trace`) in `crate::kit::books`.
 
 /// How a caller's call goes, decided up front.
 #[derive(Clone, Copy, Debug)]
@@ -29,16 +19,6 @@ pub(crate) struct Plan {
     /// The last report is the complete usage, plain (so the usage is known at settlement).
     closing: bool,
     pub(crate) finish: Finish,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Finish {
-    /// `release(Some(usage))`.
-    Explicit(TokenUsage),
-    /// `release(None)`: the last reported usage, if any.
-    Last,
-    /// Dropped without release.
-    Drop,
 }
 
 impl Plan {
@@ -62,10 +42,10 @@ impl Plan {
         let finish = match rng.u8(0..3) {
             // Sometimes the final usage is below what was reported (settled as given).
             0 if rng.u8(0..6) == 0 => {
-                Finish::Explicit(usage(rng.u64(0..=input), rng.u64(0..=output)))
+                Finish::Release(Some(usage(rng.u64(0..=input), rng.u64(0..=output))))
             }
-            0 => Finish::Explicit(usage(input, output)),
-            1 => Finish::Last,
+            0 => Finish::Release(Some(usage(input, output))),
+            1 => Finish::Release(None),
             _ => Finish::Drop,
         };
         Plan {
@@ -74,13 +54,6 @@ impl Plan {
             reports,
             closing: always_usage,
             finish,
-        }
-    }
-
-    pub(crate) fn explicit(&self) -> Option<TokenUsage> {
-        match self.finish {
-            Finish::Explicit(u) => Some(u),
-            _ => None,
         }
     }
 

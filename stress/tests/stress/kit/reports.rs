@@ -1,20 +1,22 @@
-//! The callers' model of one admission (extending `crate::caller_model::Model`),
-//! and random reports checked against it.
+//! Usage reports and settlements, each checked against the callers' model of the admission
+//! (`crate::caller_model::Model`, the hold rules and the booking split written independently
+//! of the crate): random reports and random explicit usage for the chaos mixes, the checked
+//! report step every family takes, and the checked settlement.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use async_bulkhead_llm::{TokenUsage, usage::Progressive, usage::UsageError};
 
-use async_bulkhead_llm::{TokenUsage, usage::Progressive};
+use super::books::{Book, bump};
+use super::usage;
+use crate::caller_model::{AnyPermit, Model, Reporter, Settled};
 
-use super::{HUGE, usage};
-use crate::caller_model::{Model, Reporter};
-
-// `Model` (the hold rules and the booking split) lives in `caller_model.rs`.
+/// Far above `MAX_BUDGET`: a hold this large can never be counted (`HoldOverflow`).
+const HUGE: u64 = 1 << 40;
 
 impl Model {
     /// A random report: growing (plain or progressive), stale, or one that must be refused
     /// (a remaining output above the cap, a hold too large to count). `valid` only
     /// draws reports that must be accepted.
-    fn random_report(
+    pub(crate) fn random_report(
         &self,
         rng: &mut fastrand::Rng,
         valid: bool,
@@ -75,21 +77,20 @@ impl Model {
     }
 }
 
-// ------------------------------------------------------------------------------------------
-// Permits and reports.
-// ------------------------------------------------------------------------------------------
-
-/// One random report through `reporter`, checked against (and applied to) the model; an
-/// effective one is counted in `effective_reports`.
-pub(crate) fn report_step(
+/// One report through `reporter`, checked against (and applied to) the model: the crate
+/// refuses exactly the reports the model refuses, with the same error, and a refused report
+/// changes nothing; an accepted one answers with the model's hold, sequence, reservation,
+/// consumption, caps and remaining output, and its sequence grows iff it was effective
+/// (counted in `book`). Returns the refusal, or whether the report was effective.
+pub(crate) fn check_report(
     reporter: &mut impl Reporter,
     model: &mut Model,
-    rng: &mut fastrand::Rng,
-    valid: bool,
-    effective_reports: &AtomicU64,
-) {
+    report: TokenUsage,
+    progressive: Option<Progressive>,
+    book: &Book,
+) -> Result<bool, UsageError> {
     assert_eq!(reporter.held(), model.held);
-    let (report, progressive) = model.random_report(rng, valid);
+    let sequence = model.sequence;
     let predicted = model.predict(report, progressive);
     match (predicted, reporter.report(report, progressive)) {
         (Err(expected), Err(error)) => {
@@ -99,6 +100,7 @@ pub(crate) fn report_step(
                 model.held,
                 "a refused report changes nothing"
             );
+            Err(error)
         }
         (Ok((merged, hold)), Ok(got)) => {
             let effective = model.apply(merged, hold);
@@ -109,13 +111,87 @@ pub(crate) fn report_step(
             );
             assert_eq!(got.over_reservation, merged.total() > model.reserved());
             assert_eq!(got.output_cap, Some(model.cap()));
+            assert_eq!(
+                got.output_remaining,
+                Some(model.cap().saturating_sub(merged.output()))
+            );
             assert_eq!(reporter.held(), model.held);
+            assert_eq!(got.sequence > sequence, effective);
             if effective {
-                effective_reports.fetch_add(1, Ordering::Relaxed);
+                bump(&book.effective_reports);
             }
+            Ok(effective)
         }
         (predicted, got) => panic!(
             "report {report:?} {progressive:?} on {model:?}: expected {predicted:?}, got {got:?}"
         ),
     }
+}
+
+/// One random report (see [`Model::random_report`]) through `reporter`, checked.
+pub(crate) fn report_step(
+    reporter: &mut impl Reporter,
+    model: &mut Model,
+    rng: &mut fastrand::Rng,
+    valid: bool,
+    book: &Book,
+) {
+    let (report, progressive) = model.random_report(rng, valid);
+    let _ = check_report(reporter, model, report, progressive, book);
+}
+
+/// How a caller ends its admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Dropped without release: settled with the last reported usage, if any.
+    Drop,
+    /// `release(usage)`: with explicit usage, or (`None`) the last reported, if any.
+    Release(Option<TokenUsage>),
+}
+
+impl Finish {
+    /// A drop, a release with the last reported usage, or one with random explicit usage.
+    pub(crate) fn random(rng: &mut fastrand::Rng, model: &Model) -> Finish {
+        match rng.u8(0..3) {
+            0 => Finish::Drop,
+            1 => Finish::Release(Some(model.random_usage(rng))),
+            _ => Finish::Release(None),
+        }
+    }
+
+    /// The explicit usage it settles with, if any.
+    pub(crate) fn explicit(self) -> Option<TokenUsage> {
+        match self {
+            Finish::Release(usage) => usage,
+            Finish::Drop => None,
+        }
+    }
+}
+
+/// Settles `permit` as `finish` says; the model follows, and a release's report must be the
+/// model's (the hold released, the refund, the overrun, the usage settled with).
+pub(crate) fn settle(permit: AnyPermit<'_>, model: &mut Model, finish: Finish) -> Settled {
+    let settled = model.settle(finish.explicit());
+    match finish {
+        Finish::Drop => drop(permit),
+        Finish::Release(explicit) => {
+            let report = permit.release(explicit);
+            assert_eq!(
+                (
+                    report.held_tokens,
+                    report.refunded_tokens,
+                    report.overrun_tokens,
+                    report.usage
+                ),
+                (
+                    settled.held,
+                    settled.refunded,
+                    settled.overrun,
+                    settled.usage
+                ),
+                "release report of {model:?}"
+            );
+        }
+    }
+    settled
 }

@@ -1,4 +1,5 @@
-//! Scenarios and runtimes: what a scenario varies, how tasks are spawned, and the watchdog.
+//! The runtimes every family runs on, how a scenario's tasks are spawned on each (their first
+//! panic kept), timers and yields that work on any of them, and the watchdog.
 
 use std::any::Any;
 use std::future::{Future, poll_fn};
@@ -13,63 +14,7 @@ use std::time::Duration;
 use async_bulkhead_llm::LlmBulkhead;
 use futures::FutureExt;
 
-use super::{PEAK_SLOTS, SLOTS, fresh_seed, scale};
-
-/// What the control plane changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Plane {
-    /// Nothing (only stale and invalid snapshots, which change nothing): fixed limits.
-    Fixed,
-    /// The budget, the reserve and the queue; `max_concurrent` stays at `SLOTS`.
-    SlotsFixed,
-    /// Everything, `max_concurrent` 0 (the kill switch) and `max_queue` 0 included.
-    Varying,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Setup {
-    pub(crate) seed: u64,
-    pub(crate) plane: Plane,
-    /// Every admission settles with usage (an early report, or explicit usage), so nothing is
-    /// returned unreported and `reserved + overrun + reheld == consumed + refunded` holds.
-    pub(crate) always_usage: bool,
-    /// A listener subscribed to every event (it also changes the paths: admissions are timed).
-    pub(crate) listen: bool,
-    pub(crate) workers: u64,
-    /// Operations per worker before the close can happen (the close comes at a random point).
-    pub(crate) ops: u64,
-}
-
-impl Setup {
-    pub(crate) fn new(plane: Plane, workers: u64, ops: u64) -> Setup {
-        Setup {
-            seed: fresh_seed(),
-            plane,
-            always_usage: false,
-            listen: false,
-            workers,
-            ops: ops * scale(),
-        }
-    }
-
-    pub(crate) fn always_usage(mut self) -> Setup {
-        self.always_usage = true;
-        self
-    }
-
-    pub(crate) fn listen(mut self) -> Setup {
-        self.listen = true;
-        self
-    }
-
-    /// The most holders there may ever be at once.
-    pub(crate) fn ceiling(&self) -> u64 {
-        u64::from(match self.plane {
-            Plane::Fixed | Plane::SlotsFixed => SLOTS,
-            Plane::Varying => PEAK_SLOTS,
-        })
-    }
-}
+use super::scale;
 
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 type Spawn = Arc<dyn Fn(Task) -> Task + Send + Sync>;
@@ -85,6 +30,7 @@ pub(crate) enum Timer {
     Thread,
 }
 
+/// A runtime as a scenario's tasks see it: how to spawn on it, and its timer.
 #[derive(Clone)]
 pub(crate) struct Rt {
     pub(crate) timer: Timer,
@@ -99,6 +45,7 @@ impl Rt {
         }
     }
 
+    /// Sleeps on the runtime's timer (with plain threads: blocks the thread).
     pub(crate) fn sleep(&self, duration: Duration) -> Task {
         match self.timer {
             Timer::Tokio => Box::pin(tokio::time::sleep(duration)),
@@ -110,6 +57,18 @@ impl Rt {
         }
     }
 
+    /// A timer that never blocks the thread (with plain threads [`sleep`](Rt::sleep) blocks):
+    /// for a task that polls several futures at once.
+    pub(crate) fn timer(&self, delay: Duration) -> Task {
+        if self.threads() {
+            Box::pin(async move {
+                smol::Timer::after(delay).await;
+            })
+        } else {
+            self.sleep(delay)
+        }
+    }
+
     pub(crate) fn threads(&self) -> bool {
         self.timer == Timer::Thread
     }
@@ -117,6 +76,11 @@ impl Rt {
     /// The current tokio runtime (spawned on from inside it) and tokio's timer.
     pub(crate) fn tokio() -> Rt {
         Rt::new(Timer::Tokio, tokio_spawn)
+    }
+
+    /// The current tokio runtime, built without its time driver: `async-io`'s timer.
+    pub(crate) fn tokio_without_time() -> Rt {
+        Rt::new(Timer::AsyncIo, tokio_spawn)
     }
 
     /// A thread per task, with blocking sleeps (`acquire_blocking` allowed).
@@ -156,6 +120,125 @@ impl Rt {
             2..=4 => yields(rng.usize(1..4)).await,
             5 | 6 => self.sleep(Duration::from_micros(rng.u64(0..300))).await,
             _ => self.sleep(Duration::from_micros(rng.u64(300..1_500))).await,
+        }
+    }
+}
+
+/// The executor a test runs its scenarios on (built once per test), and the [`Rt`] its
+/// scenarios' tasks use.
+pub(crate) struct Executor {
+    /// Its name in the scenarios' reports and watchdog messages.
+    pub(crate) name: &'static str,
+    rt: Rt,
+    on: On,
+}
+
+enum On {
+    Tokio(tokio::runtime::Runtime),
+    Smol,
+    AsyncStd,
+    /// `futures::executor::block_on` (the thread pool, and a thread per task).
+    Futures,
+}
+
+impl Executor {
+    fn tokio(name: &'static str, mut builder: tokio::runtime::Builder, time: bool) -> Executor {
+        if time {
+            builder.enable_time();
+        }
+        let rt = if time {
+            Rt::tokio()
+        } else {
+            Rt::tokio_without_time()
+        };
+        Executor {
+            name,
+            rt,
+            on: On::Tokio(builder.build().unwrap()),
+        }
+    }
+
+    fn multi_thread() -> tokio::runtime::Builder {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(4);
+        builder
+    }
+
+    /// tokio's multi-thread runtime (4 workers) with its time driver: queue timeouts wait on
+    /// tokio's clock (with the crate's `tokio` feature), the tasks sleep on it.
+    pub(crate) fn tokio_multi_thread() -> Executor {
+        Executor::tokio("tokio_multi_thread", Executor::multi_thread(), true)
+    }
+
+    /// tokio's current-thread runtime with its time driver.
+    pub(crate) fn tokio_current_thread() -> Executor {
+        let builder = tokio::runtime::Builder::new_current_thread();
+        Executor::tokio("tokio_current_thread", builder, true)
+    }
+
+    /// tokio's multi-thread runtime (4 workers) without its time driver: queue timeouts wait
+    /// on the crate's own timer, even with its `tokio` feature.
+    pub(crate) fn tokio_multi_thread_without_time() -> Executor {
+        Executor::tokio("tokio_multi_thread", Executor::multi_thread(), false)
+    }
+
+    /// tokio's current-thread runtime without its time driver.
+    pub(crate) fn tokio_current_thread_without_time() -> Executor {
+        let builder = tokio::runtime::Builder::new_current_thread();
+        Executor::tokio("tokio_current_thread", builder, false)
+    }
+
+    pub(crate) fn smol() -> Executor {
+        Executor {
+            name: "smol",
+            rt: Rt::smol(),
+            on: On::Smol,
+        }
+    }
+
+    pub(crate) fn async_std() -> Executor {
+        Executor {
+            name: "async_std",
+            rt: Rt::async_std(),
+            on: On::AsyncStd,
+        }
+    }
+
+    /// A futures thread pool of `size` threads, the scenario itself on `block_on`.
+    pub(crate) fn thread_pool(size: usize) -> Executor {
+        Executor {
+            name: "futures_thread_pool",
+            rt: Rt::thread_pool(size),
+            on: On::Futures,
+        }
+    }
+
+    /// Plain threads: a thread per task, with blocking sleeps (`acquire_blocking` allowed).
+    pub(crate) fn threads() -> Executor {
+        Executor {
+            name: "std_threads",
+            rt: Rt::thread_per_task(),
+            on: On::Futures,
+        }
+    }
+
+    pub(crate) fn block_on<F: Future>(&self, future: F) -> F::Output {
+        match &self.on {
+            On::Tokio(runtime) => runtime.block_on(future),
+            On::Smol => smol::block_on(future),
+            On::AsyncStd => async_std::task::block_on(future),
+            On::Futures => futures::executor::block_on(future),
+        }
+    }
+
+    /// Runs `scenario` on this executor for each setup, one after the other.
+    pub(crate) fn run<S, F: Future<Output = ()>>(
+        &self,
+        setups: impl IntoIterator<Item = S>,
+        scenario: impl Fn(&'static str, S, Rt) -> F,
+    ) {
+        for setup in setups {
+            self.block_on(scenario(self.name, setup, self.rt.clone()));
         }
     }
 }
@@ -281,7 +364,7 @@ impl Guard {
         let watchdog = std::thread::spawn(move || {
             if let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(limit) {
                 eprintln!(
-                    "chaos: {name} still running after {limit:?}: hung; {:?}",
+                    "stress: {name} still running after {limit:?}: hung; {:?}",
                     bulkhead.stats()
                 );
                 std::process::abort();
@@ -302,7 +385,7 @@ impl Drop for Guard {
             let _ = watchdog.join();
         }
         if std::thread::panicking() {
-            eprintln!("chaos: FAILED {} (replay with CHAOS_SEED)", self.what);
+            eprintln!("stress: FAILED {} (replay with CHAOS_SEED)", self.what);
         }
     }
 }
