@@ -418,13 +418,16 @@ fn run(config: Config) {
         ],
         "the classes sum to the globals"
     );
-    // Not a vacuous pass: both classes admitted, and were refused, many times.
-    for b in &books {
-        assert!(
-            b.admitted > 1_000 && b.refused.iter().sum::<u64>() > 1_000,
-            "{books:?}"
-        );
-    }
+    // Not a vacuous pass: both classes admitted many times, and the floor boundary refused
+    // many calls. (Which class the refusals fall on depends on the scheduler: on a loaded
+    // machine one class's threads may seldom run beside the other's, and a class whose
+    // floor covers its calls alone is then never refused; counted per class, this check failed
+    // there with no fault in the crate.)
+    let refused: u64 = books.iter().map(|b| b.refused.iter().sum::<u64>()).sum();
+    assert!(
+        books.iter().all(|b| b.admitted > 1_000) && refused > 1_000,
+        "{books:?}"
+    );
     println!(
         "contention seed {seed} {config:?}: {:?}, admitted {}, refused {:?}, borrowed {:?}, \
          abandoned {}",
