@@ -6,8 +6,8 @@
 //! Why hold at all: a proxy's client disconnecting drops the upstream request, but the
 //! provider finds out only when it next writes to the closed connection, and keeps generating
 //! until then. Releasing at once lets the next call in while the provider still runs the
-//! last one, so the provider sees more calls than the limit (a gateway with a limit of 32 was
-//! measured sending 35 to 41 at once in runs where clients dropped streams).
+//! last one, so the provider may see more calls at once than the limit while clients drop
+//! their streams.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Wake, Waker};
