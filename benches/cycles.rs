@@ -147,6 +147,9 @@ fn cases() -> Vec<Case> {
     let (slots, tokens) = (tokio_slots.clone(), tokio_tokens.clone());
     let tokio_empty = tokio::sync::Semaphore::new(0);
     let tokio_slots2 = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
+    // A tenant within a global bulkhead, both with a budget, and one bulkhead alone with the
+    // same permit kind (owned: a tenant's permit keeps both bulkheads alive).
+    let (tenant, global, alone) = (budgeted(), budgeted(), budgeted());
     vec![
         ("raw_cas", Box::new(|| raw_cas(word))),
         (
@@ -261,6 +264,24 @@ fn cases() -> Vec<Case> {
                 drop(black_box(
                     closed.try_acquire(request, AcquireOptions::new()),
                 ))
+            }),
+        ),
+        (
+            "budget_owned",
+            Box::new(move || {
+                drop(black_box(
+                    alone.try_acquire_owned(request, black_box(reservation())),
+                ))
+            }),
+        ),
+        (
+            "within",
+            Box::new(move || {
+                drop(black_box(tenant.try_acquire_within(
+                    &global,
+                    request,
+                    black_box(reservation()),
+                )))
             }),
         ),
         (

@@ -38,7 +38,7 @@
 
 use crate::bulkhead::BulkheadError;
 use crate::vocabulary::error::{AcquireError, RequestError};
-use crate::vocabulary::rejection::{CapacityDetail, RejectReason, Rejection};
+use crate::vocabulary::rejection::{CapacityDetail, RejectReason, Rejection, Scope};
 
 /// 499: nginx's "client closed request", for a call whose caller went away while it waited.
 const CLIENT_CLOSED_REQUEST: u16 = 499;
@@ -82,6 +82,9 @@ pub struct HttpRefusal {
     pub message: String,
     /// The capacity snapshot of a capacity refusal (none for an invalid request).
     pub detail: Option<CapacityDetail>,
+    /// The level that refused, for a tenant-within-global admission
+    /// ([`Rejection::scope`]); serialized as the error's `scope` when present.
+    pub scope: Option<Scope>,
 }
 
 impl HttpRefusal {
@@ -122,7 +125,8 @@ impl HttpRefusal {
     }
 
     /// The JSON error body, in the shape LLM providers use:
-    /// `{"error": {"type": .., "code": .., "message": .., "detail": {..}}}`, `detail` (the
+    /// `{"error": {"type": .., "code": .., "scope": .., "message": .., "detail": {..}}}`,
+    /// `scope` (`tenant` or `global`) only for a tenant-within-global refusal, `detail` (the
     /// capacity snapshot, serialized as [`CapacityDetail`] is) omitted for an invalid request.
     /// Its content type is [`CONTENT_TYPE`](HttpRefusal::CONTENT_TYPE).
     ///
@@ -163,6 +167,7 @@ impl From<Rejection> for HttpRefusal {
             code: reason.as_str(),
             message,
             detail: Some(detail),
+            scope: rejection.scope(),
         }
     }
 }
@@ -181,6 +186,7 @@ impl From<RequestError> for HttpRefusal {
             code: request_code(&error),
             message: AcquireError::Invalid(error).to_string(),
             detail: None,
+            scope: None,
         }
     }
 }
@@ -412,10 +418,16 @@ impl serde::Serialize for HttpRefusal {
         impl serde::Serialize for Error<'_> {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 let refusal = self.0;
-                let fields = 3 + usize::from(refusal.detail.is_some());
+                let fields = 3
+                    + usize::from(refusal.detail.is_some())
+                    + usize::from(refusal.scope.is_some());
                 let mut s = serializer.serialize_struct("Error", fields)?;
                 s.serialize_field("type", refusal.error_type)?;
                 s.serialize_field("code", refusal.code)?;
+                match refusal.scope {
+                    Some(scope) => s.serialize_field("scope", scope.as_str())?,
+                    None => s.skip_field("scope")?,
+                }
                 s.serialize_field("message", &refusal.message)?;
                 match &refusal.detail {
                     Some(detail) => s.serialize_field("detail", detail)?,

@@ -356,7 +356,7 @@ pub mod classes {
 /// Capacity refusals: why a call may not run now, with the capacity snapshot of the moment.
 pub mod rejection {
     pub use crate::vocabulary::rejection::{
-        CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection,
+        CapacityDetail, ClassDetail, ClassTokenDetail, Constraint, RejectReason, Rejection, Scope,
         SharedCapacity, SharedPool, TokenBudgetDetail,
     };
 }
@@ -387,6 +387,7 @@ pub mod observe {
 /// idle.
 pub mod tenants {
     pub use crate::llm::tenants::{Tenants, TenantsBuilder, TenantsConfigError, TenantsError};
+    pub use crate::llm::within::{TenantPermit, TenantReleaseReport};
     pub use crate::vocabulary::tenant_policy::{PolicyError, TenantPolicy};
 }
 

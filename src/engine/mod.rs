@@ -5,13 +5,18 @@
 //! ([`Ask`]) and gets a [`Grant`], a [`Rejection`](crate::rejection::Rejection) or a place in the queue.
 //!
 //! Everything above it (the two faces, `crate::llm` and `crate::bulkhead`) goes through
-//! [`Engine`]'s crate-internal face, 26 calls in eight groups; every other method and every
+//! [`Engine`]'s crate-internal face, 30 calls in nine groups; every other method and every
 //! field is private to this folder:
 //!
 //! - admit: `try_admit_fast` (the fast lane of either kind of call), `try_admit`,
 //!   `try_admit_class` (never wait; the caller dispatches on the class before it builds the
 //!   ask, which keeps a refusal 5 instructions shorter), `admit`, `admit_in_place` (may
 //!   queue), `refuse_undecided`;
+//! - decide in two levels: `try_provisional` and `try_provisional_fast` (take the slot and
+//!   tokens, count nothing),
+//!   then `confirm` (count and mint) or `cancel_provisional` (give them back, count
+//!   nothing): the lower
+//!   level of a tenant-within-global decision;
 //! - advise: `advise` (decide without admitting);
 //! - wait: [`queued::Queued`], the one wait protocol of both faces' acquire futures;
 //! - release and report: `release`, `release_unreported`, `move_hold` (a usage report),
@@ -38,7 +43,8 @@
 //! - `queue`, `fifo`, `pool` and `waiting`: the wait queue's data, its slab list, recycled
 //!   waiters, and the engine's methods that arrive, hand off, withdraw and refuse; `queued`: a
 //!   queued call's side of the wait.
-//! - `grant`: what the engine records of one admission; `permit`: the permit core.
+//! - `grant`: what the engine records of one admission; `permit`: the permit core;
+//!   `provisional`: an admission taken but not yet counted (two-level decisions).
 //! - `counters` and `local`: cumulative counters in per-thread shards; admission ids.
 //! - `timer`: the process-wide timer behind queue timeouts, bounded drains and run deadlines.
 //!
@@ -65,6 +71,7 @@ mod local;
 pub(crate) mod permit;
 pub(crate) mod policy;
 mod pool;
+mod provisional;
 mod queue;
 pub(crate) mod queued;
 mod reconfigure;
@@ -81,4 +88,5 @@ pub(crate) use figures::{ClassFigures, ClassesFigures, Figures};
 pub(crate) use grant::Grant;
 pub(crate) use policy::Ask;
 pub(crate) use pool::WaiterHandle;
+pub(crate) use provisional::Provisional;
 pub(crate) use wait::Wait;

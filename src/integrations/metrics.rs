@@ -23,7 +23,7 @@ use crate::llm::bulkhead::LlmBulkhead;
 use crate::stats::Stats;
 use crate::vocabulary::admission_class::AbandonCause;
 use crate::vocabulary::admission_id::AdmissionId;
-use crate::vocabulary::rejection::RejectReason;
+use crate::vocabulary::rejection::{RejectReason, Scope};
 
 /// The default sampling rate of the histograms: one call in 64 on each thread (and every call
 /// that waited in the queue).
@@ -177,6 +177,25 @@ impl BulkheadMetricsBuilder {
     pub fn skip_unmoved(mut self, on: bool) -> BulkheadMetricsBuilder {
         self.skip_unmoved = on;
         self
+    }
+
+    /// The level this bulkhead decides in a tenant-within-global admission (see
+    /// [`LlmBulkhead::try_acquire_within`](crate::LlmBulkhead::try_acquire_within)): every
+    /// metric gets the label `scope` (`tenant` or `global`), so that
+    /// `sum by (scope, reason) (llm_bulkhead_rejections_total)` tells the refusals of the
+    /// tenants' own limits from the global ones (each level counts only its own refusals).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{observability::BulkheadMetrics, rejection::Scope, LlmBulkhead};
+    ///
+    /// let global = LlmBulkhead::builder("gpt-4o", 32).build()?;
+    /// let _metrics = BulkheadMetrics::builder(&global, "openai").scope(Scope::Global).install();
+    /// # Ok::<(), async_bulkhead_llm::builder::ConfigError>(())
+    /// ```
+    pub fn scope(self, scope: Scope) -> BulkheadMetricsBuilder {
+        self.label("scope", scope.as_str())
     }
 
     /// A label added to every metric (e.g. the region or the replica).

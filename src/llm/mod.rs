@@ -16,6 +16,8 @@
 //!   the public face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
 //! - `tenants`: [`Tenants`](crate::tenants::Tenants), a keyed family of bulkheads (one per tenant),
 //!   over the public face.
+//! - `within`: a tenant's bulkhead within a global one, decided together
+//!   ([`TenantPermit`](crate::tenants::TenantPermit)), over the engine's provisional admissions.
 //!
 //! The wing imports the engine and the plain vocabulary below it, never the other way round.
 
@@ -39,3 +41,4 @@ pub(crate) mod run_shared;
 pub(crate) mod shared;
 pub(crate) mod tenants;
 mod usage;
+pub(crate) mod within;

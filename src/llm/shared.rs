@@ -131,7 +131,7 @@ impl Call {
 /// its options' reservation with a token budget (`Err` without one: the estimator is the
 /// general path's), nothing without a budget.
 #[inline(always)]
-fn fast_ask(has_budget: bool, options: &AcquireOptions) -> Result<(Ask, Ledger), ()> {
+pub(crate) fn fast_ask(has_budget: bool, options: &AcquireOptions) -> Result<(Ask, Ledger), ()> {
     let (reserved, ledger) = if has_budget {
         let reservation = options.reservation.ok_or(())?;
         (reservation.reserved(), Ledger::new(Some(reservation), None))

@@ -69,6 +69,57 @@ impl fmt::Display for RejectReason {
     }
 }
 
+/// Which level of a tenant-within-global admission refused a call: the tenant's own limits or
+/// the global ones above every tenant (see
+/// [`LlmBulkhead::try_acquire_within`](crate::LlmBulkhead::try_acquire_within)). A refusal
+/// by a bulkhead used on its own has no scope ([`Rejection::scope`] is `None`).
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, rejection::Scope};
+///
+/// let global = LlmBulkhead::builder("gpt-4o", 8).build()?;
+/// let tenant = LlmBulkhead::builder("gpt-4o", 1).tenant("acme").build()?;
+/// let request = LlmRequest::new();
+/// let _held = tenant.try_acquire_within(&global, &request, AcquireOptions::new())?;
+/// let err = tenant.try_acquire_within(&global, &request, AcquireOptions::new()).unwrap_err();
+/// assert_eq!(err.rejection().unwrap().scope(), Some(Scope::Tenant));
+/// assert_eq!(Scope::Tenant.as_str(), "tenant");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Scope {
+    /// The tenant's own limits refused the call (the global ones were not asked).
+    Tenant,
+    /// The global limits refused the call (its tenant's limits had room; nothing was counted
+    /// against the tenant).
+    Global,
+}
+
+impl Scope {
+    /// The scope's wire name: `tenant` or `global`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::rejection::Scope::Global.as_str(), "global");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::Tenant => "tenant",
+            Scope::Global => "global",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The capacity snapshot taken when a decision was made.
 ///
 /// All figures come from one consistent reading of the admission word and the limits in force
@@ -117,6 +168,9 @@ pub struct CapacityDetail {
     pub constraint: Option<Constraint>,
     /// The refusal's reason (a rejection's detail only; see [`Rejection`] for why it is here).
     reason: Option<RejectReason>,
+    /// The level that refused, in a tenant-within-global admission (a rejection's detail
+    /// only, in the same spare byte-sized room as `reason`).
+    scope: Option<Scope>,
     /// The class and shared-pool figures of a class decision, packed (see [`ClassFacts`]);
     /// read them with [`admission_class`](CapacityDetail::admission_class) and
     /// [`shared_capacity`](CapacityDetail::shared_capacity).
@@ -143,6 +197,7 @@ impl CapacityDetail {
             token_budget,
             constraint: None,
             reason: None,
+            scope: None,
             class: None,
         }
     }
@@ -764,6 +819,33 @@ impl Rejection {
         self.detail.limit_revision
     }
 
+    /// The level that refused the call, for a tenant-within-global admission
+    /// ([`LlmBulkhead::try_acquire_within`](crate::LlmBulkhead::try_acquire_within) and its
+    /// kin); `None` for a refusal of a bulkhead used on its own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, rejection::Scope};
+    ///
+    /// let global = LlmBulkhead::builder("m", 0).build()?;
+    /// let tenant = LlmBulkhead::builder("m", 4).build()?;
+    /// let err = tenant.try_acquire_within(&global, &LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().scope(), Some(Scope::Global));
+    /// let alone = global.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(alone.rejection().unwrap().scope(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scope(&self) -> Option<Scope> {
+        self.detail.scope
+    }
+
+    /// This rejection, named as a refusal of `scope`.
+    pub(crate) fn with_scope(mut self, scope: Scope) -> Rejection {
+        self.detail.scope = Some(scope);
+        self
+    }
+
     /// The capacity snapshot taken at the decision.
     ///
     /// # Examples
@@ -784,6 +866,9 @@ impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.detail;
         let reason = self.reason();
+        if let Some(scope) = d.scope {
+            write!(f, "{scope} ")?;
+        }
         write!(f, "bulkhead rejected: {reason} (")?;
         let class = d.admission_class();
         let class = class.as_ref();
@@ -934,8 +1019,13 @@ mod serialize {
 
     impl Serialize for Rejection {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let mut s = serializer.serialize_struct("Rejection", 3)?;
+            let fields = 3 + usize::from(self.scope().is_some());
+            let mut s = serializer.serialize_struct("Rejection", fields)?;
             s.serialize_field("reason", &self.reason())?;
+            match self.scope() {
+                Some(scope) => s.serialize_field("scope", scope.as_str())?,
+                None => s.skip_field("scope")?,
+            }
             s.serialize_field("limit_revision", &self.limit_revision())?;
             s.serialize_field("detail", &self.detail)?;
             s.end()

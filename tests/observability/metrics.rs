@@ -470,3 +470,68 @@ fn skip_unmoved_registers_a_series_when_it_first_moves() {
         );
     });
 }
+
+/// Tenants within a global limit, each level's metrics labelled with its scope: the refusals
+/// by scope add up to what each level refused, and the global refusal is nowhere in the
+/// tenant's series.
+#[test]
+fn refusals_are_counted_by_the_scope_that_made_them() {
+    use async_bulkhead_llm::rejection::Scope;
+    let _serial = super::serial();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let global = LlmBulkhead::builder("m", 2).build().expect("valid");
+    let tenant = LlmBulkhead::builder("m", 1).build().expect("valid");
+    let other = LlmBulkhead::builder("m", 2).build().expect("valid");
+    metrics::with_local_recorder(&recorder, || {
+        let global_metrics = BulkheadMetrics::builder(&global, "openai")
+            .scope(Scope::Global)
+            .install();
+        let tenant_metrics = BulkheadMetrics::builder(&tenant, "tenants")
+            .scope(Scope::Tenant)
+            .label("tenant", "acme")
+            .install();
+        let request = LlmRequest::new();
+        let mine = tenant
+            .try_acquire_within(&global, &request, AcquireOptions::new())
+            .expect("room at both levels");
+        // The tenant's limit: scope tenant.
+        assert!(
+            tenant
+                .try_acquire_within(&global, &request, AcquireOptions::new())
+                .is_err()
+        );
+        let theirs = other
+            .try_acquire_within(&global, &request, AcquireOptions::new())
+            .expect("the second global slot");
+        drop(mine);
+        let more = other
+            .try_acquire_within(&global, &request, AcquireOptions::new())
+            .expect("the freed global slot");
+        // The global limit: scope global, nothing at the tenant.
+        let err = tenant
+            .try_acquire_within(&global, &request, AcquireOptions::new())
+            .expect_err("the global level is full");
+        assert_eq!(err.rejection().unwrap().scope(), Some(Scope::Global));
+        drop((theirs, more));
+        global_metrics.publish();
+        tenant_metrics.publish();
+        let recorded = read(&snapshotter);
+        let rejections = |scope: &str| {
+            counter(
+                &recorded,
+                "llm_bulkhead_rejections_total",
+                &[("scope", scope), ("reason", "concurrency_limit")],
+            )
+        };
+        assert_eq!((rejections("tenant"), rejections("global")), (1, 1));
+        let admissions = |scope: &str| {
+            counter(
+                &recorded,
+                "llm_bulkhead_admissions_total",
+                &[("scope", scope)],
+            )
+        };
+        assert_eq!((admissions("tenant"), admissions("global")), (1, 3));
+    });
+}

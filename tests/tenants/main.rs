@@ -8,6 +8,8 @@
 // Results carrying a `Rejection` (its capacity snapshot by value) are large by design.
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
+mod within;
+
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;

@@ -551,3 +551,91 @@ async fn waiting_in_the_queue_needs_a_queue_and_then_waits() {
     eventually("the call settles", || bulkhead.stats().in_flight == 0).await;
     assert_eq!(bulkhead.stats().admitted, 2);
 }
+
+/// Tenants within a global limit through one layer, on a real server: a refusal names its
+/// level in its JSON, shows the tenant's own figures and hides the global ones, a global
+/// refusal is counted nowhere at the tenant, the streamed usage moves both holds, and every
+/// count adds up once the streams end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_within_a_global_limit_are_decided_together_through_one_layer() {
+    let global = LlmBulkhead::builder("gpt-4o", 2)
+        .token_budget(TokenBudget::new(100_000))
+        .build()
+        .unwrap();
+    let tenants = Tenants::builder(|_: &String| {
+        LlmBulkhead::builder("gpt-4o", 1).token_budget(TokenBudget::new(10_000))
+    })
+    .build()
+    .unwrap();
+    let layer = LlmLayer::tenants_within(global.clone(), tenants.clone(), |head| {
+        head.headers["x-api-key"].to_str().unwrap().to_owned()
+    })
+    .rate_limit_headers(true);
+    let (addr, tx) = serve(layer).await;
+    let call = |key: &str| {
+        let mut request = post_to(addr, "/v1/chat/completions", CHAT);
+        let key = HeaderValue::from_str(key).unwrap();
+        request.headers_mut().insert("x-api-key", key);
+        request
+    };
+    async fn refusal_json(response: hyper::Response<hyper::body::Incoming>) -> serde_json::Value {
+        assert_eq!(response.status(), 429);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    // acme streams (its one slot and one of the two global ones held).
+    let acme = client().request(call("acme")).await.unwrap();
+    assert_eq!(acme.status(), 200);
+    assert_eq!(acme.headers()["ratelimit-limit"], "1"); // the tenant's own figures
+    assert_eq!(acme.headers()["ratelimit-remaining"], "0");
+    // A second acme call: the tenant's limit, with the tenant's figures.
+    let json = refusal_json(client().request(call("acme")).await.unwrap()).await;
+    assert_eq!(json["error"]["scope"], "tenant");
+    assert_eq!(json["error"]["detail"]["max_concurrent"], 1);
+    // Another tenant holds the second global slot from outside the layer.
+    let globex = tenants.get("globex").unwrap();
+    let held = globex
+        .try_acquire_within(&global, &LlmRequest::new(), AcquireOptions::new())
+        .unwrap();
+    // initech's own limit has room, the global one not: scoped global, figures hidden.
+    let json = refusal_json(client().request(call("initech")).await.unwrap()).await;
+    assert_eq!(json["error"]["scope"], "global");
+    assert_eq!(json["error"]["code"], "concurrency_limit");
+    assert!(json["error"].get("detail").is_none(), "{json}");
+    let initech = tenants.stats("initech").unwrap();
+    assert_eq!(
+        (initech.admitted, initech.rejected, initech.in_flight),
+        (0, 0, 0)
+    );
+    drop(held);
+
+    // acme's stream reports usage: both holds move; it ends: both release.
+    let acme_stats = || tenants.stats("acme").unwrap();
+    let reserved = acme_stats().token_budget.unwrap().in_flight_tokens;
+    assert_eq!(
+        global.stats().token_budget.unwrap().in_flight_tokens,
+        reserved
+    );
+    let mut body = acme.into_body();
+    let usage = r#"data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}"#;
+    tx.send(Bytes::from(format!("{usage}\n\n"))).await.unwrap();
+    body.frame().await.unwrap().unwrap();
+    eventually("usage reported at both levels", || {
+        let held = acme_stats().token_budget.unwrap().in_flight_tokens;
+        held != reserved && held == global.stats().token_budget.unwrap().in_flight_tokens
+    })
+    .await;
+    drop(tx);
+    assert!(body.frame().await.is_none());
+    eventually("released at both levels", || {
+        acme_stats().in_flight == 0 && global.stats().in_flight == 0
+    })
+    .await;
+    let (a, g) = (acme_stats(), global.stats());
+    assert_eq!((a.admitted, a.rejected, a.released), (1, 1, 1));
+    // The global level: acme's and globex's admissions, initech's refusal.
+    assert_eq!((g.admitted, g.rejected, g.released), (2, 1, 2));
+    assert_eq!(a.token_budget.unwrap().total_consumed, 12);
+    assert_eq!(g.token_budget.unwrap().total_consumed, 12);
+}

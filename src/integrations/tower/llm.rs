@@ -31,8 +31,9 @@ use crate::llm::options::AcquireOptions;
 use crate::llm::permit::OwnedPermit;
 use crate::llm::request::LlmRequest;
 use crate::llm::tenants::{Tenants, TenantsError};
+use crate::llm::within::TenantPermit;
 use crate::vocabulary::error::AcquireError;
-use crate::vocabulary::rejection::CapacityDetail;
+use crate::vocabulary::rejection::{CapacityDetail, Scope};
 use crate::vocabulary::reservation::TokenUsage;
 
 use super::body::{self, HeldBody};
@@ -113,6 +114,9 @@ struct Config {
     bulkhead: Arc<ToBulkhead>,
     /// The one bulkhead of a layer made by [`LlmLayer::new`](crate::tower::LlmLayer::new) (`None` per tenant).
     single: Option<LlmBulkhead>,
+    /// The global bulkhead every tenant is admitted within, for a layer made by
+    /// [`LlmLayer::tenants_within`](crate::tower::LlmLayer::tenants_within).
+    global: Option<LlmBulkhead>,
     request: Arc<ToRequest>,
     options: Arc<ToOptions>,
     /// The reader of [`LlmLayer::usage`](crate::tower::LlmLayer::usage); `None`: [`provider_usage`](crate::tower::provider_usage), which lets a JSON
@@ -200,11 +204,71 @@ impl LlmLayer {
         layer
     }
 
+    /// A layer admitting each request through its tenant's bulkhead *and* `global` together
+    /// ([`LlmBulkhead::try_acquire_within`](crate::LlmBulkhead::try_acquire_within)): the
+    /// body parsed and sized once, the call admitted only when it fits both, each level
+    /// counting only what it decided. `key` names the tenant from the request's head, as for
+    /// [`per_tenant`](LlmLayer::per_tenant). The refusal's JSON names its level
+    /// (`"scope":"tenant"` or `"global"`); a tenant's refusal shows the tenant's own figures, a
+    /// global one only its reason (unless [`expose_capacity`](LlmLayer::expose_capacity)). It
+    /// waits in the global bulkhead's queue when that has one (the tenant level never queues).
+    /// The rate-limit headers, when on, show the tenant's figures.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, tower::LlmLayer, tenants::Tenants};
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # ::futures::executor::block_on(async {
+    /// let global = LlmBulkhead::builder("gpt-4o", 1).build()?;
+    /// let tenants = Tenants::builder(|_: &String| LlmBulkhead::builder("gpt-4o", 4)).build()?;
+    /// let gateway = LlmLayer::tenants_within(global.clone(), tenants.clone(), |head| {
+    ///     head.headers["x-api-key"].to_str().unwrap_or("").to_owned()
+    /// })
+    /// .layer(tower::service_fn(|_: http::Request<Full<Bytes>>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+    /// }));
+    /// let call = |key: &str| {
+    ///     http::Request::post("/v1/chat/completions")
+    ///         .header("x-api-key", key)
+    ///         .body(Full::new(Bytes::from(r#"{"messages":[]}"#)))
+    ///         .unwrap()
+    /// };
+    /// let first = gateway.clone().oneshot(call("acme")).await?; // holds the global slot
+    /// let refused = gateway.oneshot(call("globex")).await?;
+    /// assert_eq!(refused.status(), 429);
+    /// let body = refused.into_body().collect().await.unwrap().to_bytes();
+    /// assert!(body.starts_with(br#"{"error":{"type":"rate_limit_error","code":"concurrency_limit","scope":"global""#));
+    /// assert_eq!(tenants.stats("globex").unwrap().admitted, 0); // counted nowhere but globally
+    /// assert_eq!(global.stats().rejected, 1);
+    /// # drop(first);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn tenants_within<K>(
+        global: LlmBulkhead,
+        tenants: Tenants<K>,
+        key: impl Fn(&http::request::Parts) -> K + Send + Sync + 'static,
+    ) -> LlmLayer
+    where
+        K: Eq + core::hash::Hash + Clone + Send + Sync + 'static,
+    {
+        let mut layer = LlmLayer::with_source(Arc::new(move |head| tenants.get(&key(head))), None);
+        let config = layer.config();
+        config.wait = global.limits().max_queue > 0;
+        config.global = Some(global);
+        layer
+    }
+
     fn with_source(bulkhead: Arc<ToBulkhead>, single: Option<LlmBulkhead>) -> LlmLayer {
         LlmLayer {
             config: Arc::new(Config {
                 bulkhead,
                 single,
+                global: None,
                 holds: None,
                 request: Arc::new(|_, body: &Bytes| {
                     serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
@@ -296,6 +360,7 @@ impl LlmLayer {
                 .config
                 .single
                 .as_ref()
+                .or(self.config.global.as_ref())
                 .is_some_and(|b| b.limits().max_queue == 0)
         {
             return Err(LayerError::NoQueue);
@@ -597,10 +662,21 @@ where
                 }
             };
             let options = (config.options)(&head);
-            let admitted = if config.wait {
-                bulkhead.acquire_owned(&llm_request, options).await
-            } else {
-                bulkhead.try_acquire_owned(&llm_request, options)
+            let admitted = match (&config.global, config.wait) {
+                (Some(global), true) => bulkhead
+                    .acquire_within(global, &llm_request, options)
+                    .await
+                    .map(Held::Within),
+                (Some(global), false) => bulkhead
+                    .try_acquire_within(global, &llm_request, options)
+                    .map(Held::Within),
+                (None, true) => bulkhead
+                    .acquire_owned(&llm_request, options)
+                    .await
+                    .map(Held::One),
+                (None, false) => bulkhead
+                    .try_acquire_owned(&llm_request, options)
+                    .map(Held::One),
             };
             let permit = match admitted {
                 Ok(permit) => permit,
@@ -632,9 +708,23 @@ where
 /// when it is on and known, and the rate-limit headers on a 429 when they are on; then the
 /// layer's `on_refusal` hook.
 fn refusal<R>(error: &AcquireError, config: &Config) -> Response<LlmBody<R>> {
+    let scoped;
+    let error = match error {
+        // A per-tenant layer's refusals are its tenants' own.
+        AcquireError::Rejected(rejection)
+            if config.single.is_none() && rejection.scope().is_none() =>
+        {
+            scoped = AcquireError::Rejected(rejection.with_scope(Scope::Tenant));
+            &scoped
+        }
+        error => error,
+    };
     let mut answer = HttpRefusal::from(error);
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if !config.expose_capacity && answer.detail.is_some() {
+    // A client sees its own scope's figures; the global ones only when the layer shows them.
+    let own_scope = answer.scope == Some(Scope::Tenant);
+    let show = config.expose_capacity || own_scope;
+    if !show && answer.detail.is_some() {
         answer.detail = None;
         answer.message = if status == StatusCode::PAYLOAD_TOO_LARGE {
             "the call can never fit this gateway's limits: do not retry it unchanged".to_owned()
@@ -652,6 +742,7 @@ fn refusal<R>(error: &AcquireError, config: &Config) -> Response<LlmBody<R>> {
     let mut response = body::answer(status, Bytes::from(answer.body()), retry_after);
     if too_many
         && config.rate_limit_headers
+        && show
         && let Some(rejection) = error.rejection()
     {
         rate_limit_headers(response.headers_mut(), rejection.detail(), holds);
@@ -707,8 +798,37 @@ fn plain_error<R>(
         code: error_type,
         message: message.to_owned(),
         detail: None,
+        scope: None,
     };
     body::send(body::answer(status, Bytes::from(answer.body()), None)).map(|held| LlmBody { held })
+}
+
+/// What an admitted call holds: one bulkhead's permit, or a tenant's within the global one.
+enum Held {
+    One(OwnedPermit),
+    Within(TenantPermit),
+}
+
+impl Held {
+    /// Reports a cumulative usage the provider stated; figures that do not fit are ignored,
+    /// never fatal to the stream.
+    fn report_usage(&mut self, usage: TokenUsage) {
+        let _ = match self {
+            Held::One(permit) => permit.report_usage(usage),
+            Held::Within(permit) => permit.report_usage(usage),
+        };
+    }
+
+    fn release(self, usage: Option<TokenUsage>) {
+        match self {
+            Held::One(permit) => {
+                permit.release(usage);
+            }
+            Held::Within(permit) => {
+                permit.release(usage);
+            }
+        }
+    }
 }
 
 /// The response body of [`LlmService`](crate::tower::LlmService): the inner service's body with the call's permit
@@ -724,7 +844,7 @@ pub struct LlmBody<B> {
 /// polling once a sized body is written), with what was read.
 struct Settle {
     /// Taken when it settles.
-    permit: Option<OwnedPermit>,
+    permit: Option<Held>,
     reader: Reader,
     config: Arc<Config>,
     /// When the call was admitted (only with `retry_after_hint`).
@@ -736,7 +856,7 @@ struct Settle {
 impl<B> LlmBody<B> {
     fn admitted(
         body: B,
-        permit: OwnedPermit,
+        permit: Held,
         reader: Reader,
         config: Arc<Config>,
         admitted_at: Option<Instant>,
@@ -814,9 +934,7 @@ impl body::Hold for Settle {
                     None => provider_usage(json),
                 };
                 if let Some(found) = found {
-                    // A provider's figures that do not fit are ignored, never fatal to the
-                    // stream.
-                    let _ = permit.report_usage(found);
+                    permit.report_usage(found);
                 }
             }),
             Reader::Json(body) => {
@@ -866,7 +984,7 @@ impl Drop for Settle {
             },
             _ => None,
         };
-        let _ = permit.release(usage);
+        permit.release(usage);
         if let (Some(holds), Some(at)) = (&self.config.holds, self.admitted_at) {
             holds.record(at.elapsed());
         }
