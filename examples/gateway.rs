@@ -6,13 +6,21 @@
 //! its last chunk; the layer reads that usage as the chunk passes and settles the call's
 //! tokens with it when the stream ends.
 //!
-//! A bounded load generator then fires a burst of streaming requests of mixed sizes,
+//! The gateway serves several tenants (the `x-api-key` header) within one global limit
+//! (`LlmLayer::tenants_within`): each call must fit its tenant's limits *and* the global ones,
+//! decided together, each level counting only what it decided. The tenants' limits are data:
+//! `examples/tenants.json` (a `TenantPolicy`: limits for `acme`, `globex` and `initech`, a
+//! default for every other key; `GATEWAY_POLICY=path` reads another file).
+//!
+//! A bounded load generator then fires a burst of streaming requests of mixed tenants, sizes,
 //! `max_tokens` and priorities at the gateway, and a second wave spread over a few seconds,
 //! reads every answer to its end, and prints what came back: how many were admitted, the
-//! refusals by status and code, the token accounting, the peaks against the limits, the
-//! bulkhead's decision time and the latencies. It ends by checking its invariants: every
-//! request was answered, the 200s are exactly the admissions, nothing is left in flight, and
-//! the tokens the bulkhead counts as consumed are exactly the usage the provider stated.
+//! refusals by status, code and scope (the tenant's limits or the global ones), each tenant's
+//! figures, the token accounting, the peaks against the limits, the global bulkhead's decision
+//! time and the latencies. It ends by checking its invariants: every request was answered, the
+//! 200s are exactly the admissions at both levels, each level's refusals are exactly what it
+//! counted, nothing is left in flight, no tenant ever ran more than its policy allows, and the
+//! tokens counted as consumed are exactly the usage the provider stated.
 //!
 //! The bulkhead: 16 slots, a budget of 24,000 tokens in flight of which 4,000 only calls marked
 //! `x-priority: high` may use, and a short queue. **Why a queue, and a short one.** A gateway
@@ -28,9 +36,11 @@
 //! 413 so that its client does not retry it unchanged.
 //!
 //! The gateway also serves `GET /metrics` in Prometheus text (`BulkheadMetrics`, feature
-//! `metrics`, under `metrics-exporter-prometheus`'s recorder), outside the layer: the demo
-//! scrapes it after the load, prints the bulkhead's series, and checks that the scrape agrees
-//! with `stats()`.
+//! `metrics`, under `metrics-exporter-prometheus`'s recorder), outside the layer: the global
+//! bulkhead's series labelled `scope="global"`, each tenant's registered when the tenant is
+//! created (labelled `scope="tenant"` and its `tenant`, only the series that moved). The demo
+//! scrapes it after the load, prints the series, and checks that the scrape agrees with
+//! `stats()` at both levels.
 //!
 //! Run: `cargo run --release --example gateway --features tower,metrics` (about 12 s; loopback
 //! only).
@@ -41,9 +51,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use async_bulkhead_llm::{
-    AcquireOptions, LlmBulkhead, Priority, Profile, TokenBudget, events::Event, events::EventKind,
-    observability::BulkheadMetrics, tower::LlmLayer,
+    AcquireOptions, LlmBulkhead, Priority, Profile, TokenBudget,
+    events::Event,
+    events::EventKind,
+    observability::BulkheadMetrics,
+    rejection::Scope,
+    tenants::{TenantPolicy, Tenants},
+    tower::LlmLayer,
 };
 use axum::Router;
 use axum::body::Body;
@@ -80,6 +97,18 @@ const WAVE_START: Duration = Duration::from_secs(2);
 const WAVE_SPREAD: Duration = Duration::from_secs(4);
 /// Requests of the burst whose prompt can never fit the budget (answered 413).
 const OVERSIZED: usize = 2;
+/// The tenants of the load, with their share of the requests (out of 20): the three the policy
+/// names, and five trial keys it does not (the policy's default limits).
+const TENANTS: [(&str, usize); 8] = [
+    ("acme", 6),
+    ("globex", 5),
+    ("initech", 4),
+    ("trial-1", 1),
+    ("trial-2", 1),
+    ("trial-3", 1),
+    ("trial-4", 1),
+    ("trial-5", 1),
+];
 /// The request mix is the same on every run; the provider's pace is not.
 const SEED: u64 = 15;
 /// The progress line is redrawn this often; peaks are sampled every `SAMPLE`.
@@ -248,13 +277,19 @@ async fn forward(State(upstream): State<Upstream>, request: axum::extract::Reque
 /// What `GET /metrics` serves.
 struct Scrape {
     metrics: BulkheadMetrics,
+    /// Each live tenant's, registered by the family's `on_created` hook and dropped by its
+    /// `on_removed` hook.
+    tenants: Arc<Mutex<BTreeMap<String, BulkheadMetrics>>>,
     prometheus: PrometheusHandle,
 }
 
-/// `GET /metrics`: publishes the bulkhead's counters and gauges from its stats, then renders
-/// everything the recorder holds in Prometheus text.
+/// `GET /metrics`: publishes the bulkheads' counters and gauges from their stats, then
+/// renders everything the recorder holds in Prometheus text.
 async fn metrics_text(State(scrape): State<Arc<Scrape>>) -> String {
     scrape.metrics.publish();
+    for metrics in scrape.tenants.lock().unwrap().values() {
+        metrics.publish();
+    }
     scrape.prometheus.render()
 }
 
@@ -292,6 +327,7 @@ struct Timing {
 
 /// One request of the load.
 struct Spec {
+    tenant: &'static str,
     high: bool,
     body: String,
     /// When it is fired, after the start.
@@ -343,7 +379,17 @@ fn specs() -> Vec<Spec> {
             } else {
                 WAVE_START + WAVE_SPREAD * (i - BURST) as u32 / WAVE as u32
             };
+            let mut pick = rng.usize(0..20);
+            let tenant = TENANTS
+                .iter()
+                .find(|(_, share)| {
+                    let found = pick < *share;
+                    pick = pick.saturating_sub(*share);
+                    found
+                })
+                .map_or("acme", |(key, _)| key);
             Spec {
+                tenant,
                 high: rng.u8(0..5) == 0,
                 body: body.to_string(),
                 at,
@@ -354,10 +400,12 @@ fn specs() -> Vec<Spec> {
 
 /// What came back for one request.
 struct Outcome {
+    tenant: &'static str,
     high: bool,
     status: u16,
-    /// The JSON error body's `code`, for a refusal.
+    /// The JSON error body's `code` and `scope` (`tenant` or `global`), for a refusal.
     code: Option<String>,
+    scope: Option<String>,
     /// Until the first body frame: the first token for a 200, the whole answer for a refusal.
     first_byte: Duration,
     end_to_end: Duration,
@@ -393,15 +441,18 @@ async fn one_request(
     if spec.high {
         request = request.header("x-priority", "high");
     }
+    request = request.header("x-api-key", spec.tenant);
     let request = request
         .body(Full::new(Bytes::from(spec.body)))
         .expect("a valid request");
     live.sent.fetch_add(1, Ordering::Relaxed);
     let sent = Instant::now();
     let failed = |error: String| Outcome {
+        tenant: spec.tenant,
         high: spec.high,
         status: 0,
         code: None,
+        scope: None,
         first_byte: sent.elapsed(),
         end_to_end: sent.elapsed(),
         usage: None,
@@ -437,16 +488,19 @@ async fn one_request(
     }
     let end_to_end = sent.elapsed();
     live.done.fetch_add(1, Ordering::Relaxed);
-    let (code, usage) = if status == 200 {
-        (None, stream_usage(&bytes))
+    let (code, scope, usage) = if status == 200 {
+        (None, None, stream_usage(&bytes))
     } else {
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-        (json["error"]["code"].as_str().map(str::to_owned), None)
+        let text = |field: &str| json["error"][field].as_str().map(str::to_owned);
+        (text("code"), text("scope"), None)
     };
     Outcome {
+        tenant: spec.tenant,
         high: spec.high,
         status,
         code,
+        scope,
         first_byte: first_byte.unwrap_or(end_to_end),
         end_to_end,
         usage,
@@ -511,6 +565,34 @@ struct Peaks {
     in_flight: AtomicU64,
     tokens: AtomicU64,
     pending: AtomicU64,
+    /// Each tenant's calls and tokens in flight at their highest.
+    tenants: Mutex<BTreeMap<&'static str, (u64, u64)>>,
+}
+
+/// One tenant's figures in the summary: its key; the 200s and the tenant-scoped refusals its
+/// clients saw; its bulkhead's admissions, refusals and tokens consumed; what it still holds
+/// (calls, tokens); its peaks (calls, tokens); its limits.
+type TenantRow = (
+    &'static str,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    (u64, u64),
+    async_bulkhead_llm::Limits,
+);
+
+/// The tenants' limits: `examples/tenants.json`, or the file `GATEWAY_POLICY` names.
+fn policy() -> Result<(String, TenantPolicy), Box<dyn std::error::Error>> {
+    let path = std::env::var("GATEWAY_POLICY").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tenants.json").to_owned()
+    });
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let policy = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    Ok((path, policy))
 }
 
 #[tokio::main]
@@ -538,14 +620,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             timeout: Some(QUEUE_TIMEOUT),
         })
         .build()?;
-    // Metrics: a Prometheus recorder for the process, the bulkhead's series registered with it.
+    // Metrics: a Prometheus recorder for the process, the bulkheads' series registered with it.
     let recorder = PrometheusBuilder::new().build_recorder();
     let prometheus = recorder.handle();
     metrics::set_global_recorder(recorder)?;
+    // The tenants: one bulkhead per key, made on first use, its limits from the policy file;
+    // its metrics registered when it is created and dropped when it is evicted.
+    let (policy_path, policy) = policy()?;
+    let tenant_metrics = Arc::new(Mutex::new(BTreeMap::new()));
+    let (created, removed) = (tenant_metrics.clone(), tenant_metrics.clone());
+    let tenants = Tenants::builder(|key: &String| {
+        // The policy replaces these limits at once; the budget's output cap stays.
+        LlmBulkhead::builder(MODEL, 1)
+            .token_budget(TokenBudget::new(1).output_cap(OUTPUT_CAP))
+            .tenant(key.clone())
+    })
+    .policy(policy.clone())
+    .on_created(move |key, tenant| {
+        let metrics = BulkheadMetrics::builder(tenant, "tenants")
+            .scope(Scope::Tenant)
+            .label("tenant", key.clone())
+            .skip_unmoved(true)
+            .install();
+        created.lock().unwrap().insert(key.clone(), metrics);
+    })
+    .on_removed(move |key, _| {
+        removed.lock().unwrap().remove(key);
+    })
+    .build()?;
     let scrape = Arc::new(Scrape {
         metrics: BulkheadMetrics::builder(&bulkhead, "gateway")
             .provider("openai")
+            .scope(Scope::Global)
             .install(),
+        tenants: tenant_metrics,
         prometheus,
     });
     let timing = Arc::new(Timing::default());
@@ -563,17 +671,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         client: Client::builder(TokioExecutor::new()).build_http(),
         url: format!("http://{provider_addr}/v1/chat/completions"),
     };
-    let layer = LlmLayer::new(bulkhead.clone())
-        .options(|head| {
-            let high = head.headers.get("x-priority").is_some_and(|v| v == "high");
-            AcquireOptions::new().priority(if high {
-                Priority::High
-            } else {
-                Priority::Normal
-            })
+    let layer = LlmLayer::tenants_within(bulkhead.clone(), tenants.clone(), |head| {
+        head.headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("anonymous")
+            .to_owned()
+    })
+    .options(|head| {
+        let high = head.headers.get("x-priority").is_some_and(|v| v == "high");
+        AcquireOptions::new().priority(if high {
+            Priority::High
+        } else {
+            Priority::Normal
         })
-        .wait_in_queue(true)
-        .expect("the bulkhead has a queue");
+    })
+    .wait_in_queue(true)
+    .expect("the global bulkhead has a queue");
     let gateway = serve(
         Router::new()
             .route("/v1/chat/completions", post(forward))
@@ -600,10 +714,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
          100-400 ms, 60-200 tokens/s, usage in the last chunk)"
     );
     println!(
-        "  bulkhead {SLOTS} slots, {BUDGET} tokens in flight ({HIGH_RESERVE} reserved for high \
+        "  global   {SLOTS} slots, {BUDGET} tokens in flight ({HIGH_RESERVE} reserved for high \
          priority), queue {MAX_QUEUE} for {} s",
         QUEUE_TIMEOUT.as_secs_f64()
     );
+    println!(
+        "  tenants  x-api-key, each within the global limits; limits from {policy_path} \
+         (revision {}):",
+        policy.revision
+    );
+    let named = policy
+        .tenants
+        .iter()
+        .map(|(key, limits)| (key.as_str(), limits))
+        .chain([("(default)", &policy.default)]);
+    for (key, limits) in named {
+        let budget = limits.token_budget.map_or(0, |b| b.budget);
+        println!(
+            "           {key:<10} {:>2} slots, {budget:>5} tokens",
+            limits.max_concurrent
+        );
+    }
     println!(
         "  load     {total} streaming requests ({high_sent} high priority): a burst of {BURST} at \
          once ({OVERSIZED} of them too large to ever fit), then {WAVE} over {} s from t = {} s",
@@ -618,6 +749,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sampler = {
         let (bulkhead, live, peaks, stop) =
             (bulkhead.clone(), live.clone(), peaks.clone(), stop.clone());
+        let tenants = tenants.clone();
         tokio::spawn(async move {
             let start = Instant::now();
             let mut last_print = Instant::now() - PROGRESS_EVERY;
@@ -630,6 +762,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .fetch_max(stats.in_flight, Ordering::Relaxed);
                 peaks.tokens.fetch_max(tokens, Ordering::Relaxed);
                 peaks.pending.fetch_max(stats.pending, Ordering::Relaxed);
+                for (key, _) in TENANTS {
+                    if let Some(own) = tenants.stats(key) {
+                        let held = own.token_budget.map_or(0, |t| t.in_flight_tokens);
+                        let mut by_tenant = peaks.tenants.lock().unwrap();
+                        let peak = by_tenant.entry(key).or_default();
+                        *peak = (peak.0.max(own.in_flight), peak.1.max(held));
+                    }
+                }
                 if stopping || last_print.elapsed() >= PROGRESS_EVERY {
                     last_print = Instant::now();
                     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -681,7 +821,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The last permits are released as the gateway reads the end of the provider's streams,
     // which is before the clients see their end; give a straggler a moment all the same.
     let settle = Instant::now();
-    while bulkhead.stats().in_flight > 0 && settle.elapsed() < Duration::from_secs(2) {
+    let busy = || {
+        bulkhead.stats().in_flight > 0
+            || TENANTS
+                .iter()
+                .any(|(key, _)| tenants.stats(*key).is_some_and(|s| s.in_flight > 0))
+    };
+    while busy() && settle.elapsed() < Duration::from_secs(2) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     stop.store(true, Ordering::Release);
@@ -692,8 +838,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokens = stats.token_budget.expect("a token budget");
     let count = |f: &dyn Fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count() as u64;
     let ok = count(&|o| o.status == 200);
-    let by_code =
-        |status: u16, code: &str| count(&|o| o.status == status && o.code.as_deref() == Some(code));
     let errors: Vec<&String> = outcomes.iter().filter_map(|o| o.error.as_ref()).collect();
     let other = count(&|o| o.error.is_none() && ![200, 429, 413, 503].contains(&o.status));
 
@@ -708,30 +852,120 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         count(&|o| o.status == 200 && !o.high),
         total - high_sent
     );
+    let by = |status: u16, code: &str, scope: &str| {
+        count(&|o| {
+            o.status == status
+                && o.code.as_deref() == Some(code)
+                && o.scope.as_deref() == Some(scope)
+        })
+    };
+    let lines: [(u16, &str, &str, &str); 7] = [
+        (
+            429,
+            "concurrency_limit",
+            "tenant",
+            "the tenant's own calls at its limit",
+        ),
+        (
+            429,
+            "budget_limit",
+            "tenant",
+            "the tenant's own tokens in flight",
+        ),
+        (
+            413,
+            "budget_limit",
+            "tenant",
+            "more tokens than the tenant's whole budget",
+        ),
+        (
+            429,
+            "queue_limit",
+            "global",
+            "32 callers already waiting: refused at once",
+        ),
+        (
+            429,
+            "budget_limit",
+            "global",
+            "did not fit the global tokens in flight",
+        ),
+        (
+            429,
+            "concurrency_limit",
+            "global",
+            "no global slot and no queue",
+        ),
+        (503, "timeout", "global", "waited 1.5 s in the global queue"),
+    ];
+    for (status, code, scope, why) in lines {
+        println!(
+            "  {status} {code:<17} {scope:<6} {:>4}   ({why})",
+            by(status, code, scope)
+        );
+    }
+    let unscoped = count(&|o| o.error.is_none() && o.status != 200 && o.scope.is_none());
     println!(
-        "  429 queue_limit            {:>4}   (32 callers already waiting: refused at once)",
-        by_code(429, "queue_limit")
-    );
-    println!(
-        "  429 budget_limit           {:>4}   (the reservation did not fit the tokens in flight)",
-        by_code(429, "budget_limit")
-    );
-    println!(
-        "  429 concurrency_limit      {:>4}",
-        by_code(429, "concurrency_limit")
-    );
-    println!(
-        "  413 can never fit          {:>4}   (more tokens than the whole budget)",
-        count(&|o| o.status == 413)
-    );
-    println!(
-        "  503 timeout                {:>4}   (waited {} s in the queue without a slot)",
-        by_code(503, "timeout"),
-        QUEUE_TIMEOUT.as_secs_f64()
-    );
-    println!(
-        "  other statuses             {other:>4}   transport errors {:>4}",
+        "  other statuses             {other:>4}   transport errors {:>4}   refusals without a scope {unscoped}",
         errors.len()
+    );
+
+    // Each tenant, as its own bulkhead counted it and as its clients saw it.
+    println!("tenants (limits from the policy; the trial keys have the default)");
+    println!(
+        "  {:<10} {:>5} {:>6} {:>5} {:>4} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "tenant",
+        "slots",
+        "tokens",
+        "sent",
+        "200",
+        "429 tenant",
+        "refused ↑",
+        "admitted",
+        "peak",
+        "consumed"
+    );
+    let peak_of = peaks.tenants.lock().unwrap().clone();
+    let mut tenant_figures: Vec<TenantRow> = Vec::new();
+    for (key, _) in TENANTS {
+        let sent = count(&|o| o.tenant == key);
+        let own = tenants.stats(key);
+        let limits = policy.limits_for(key);
+        let (admitted, rejected, consumed, in_flight, held) = own.map_or((0, 0, 0, 0, 0), |s| {
+            let t = s.token_budget.expect("a budget");
+            (
+                s.admitted,
+                s.rejected,
+                t.total_consumed,
+                s.in_flight,
+                t.in_flight_tokens,
+            )
+        });
+        let ok = count(&|o| o.tenant == key && o.status == 200);
+        let own_refusals = count(&|o| o.tenant == key && o.scope.as_deref() == Some("tenant"));
+        let global_refusals = count(&|o| o.tenant == key && o.scope.as_deref() == Some("global"));
+        let peak = peak_of.get(key).copied().unwrap_or_default();
+        let budget = limits.token_budget.map_or(0, |b| b.budget);
+        println!(
+            "  {key:<10} {:>5} {budget:>6} {sent:>5} {ok:>4} {own_refusals:>11} {global_refusals:>11} {admitted:>9} {:>9} {consumed:>9}",
+            limits.max_concurrent,
+            format!("{}/{}", peak.0, limits.max_concurrent),
+        );
+        tenant_figures.push((
+            key,
+            ok,
+            own_refusals,
+            admitted,
+            rejected,
+            consumed,
+            in_flight,
+            held,
+            peak,
+            limits,
+        ));
+    }
+    println!(
+        "  (refused ↑: by the global limits; counted by the global bulkhead, not the tenant's)"
     );
 
     let (stated_in, stated_out) = (
@@ -798,8 +1032,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // ----- The scrape -----
     let scraped = scrape_metrics(gateway).await?;
-    println!("GET /metrics (the bulkhead's non-zero series, sorted; summaries as _count and _sum)");
-    let mut shown: Vec<&str> = scraped
+    println!(
+        "GET /metrics (non-zero series, sorted; summaries as _count and _sum): the global \
+         bulkhead's, and one tenant's"
+    );
+    let moved: Vec<&str> = scraped
         .lines()
         .filter(|l| {
             !l.starts_with('#')
@@ -808,10 +1045,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 && !l.ends_with(" 0")
         })
         .collect();
+    let (mut shown, others): (Vec<&str>, Vec<&str>) = moved
+        .iter()
+        .partition(|l| l.contains("scope=\"global\"") || l.contains("tenant=\"initech\""));
     shown.sort_unstable();
     for line in shown {
         println!("  {line}");
     }
+    println!(
+        "  ... and {} series of the other tenants (registered as each was created, only those \
+         that moved)",
+        others.len()
+    );
     // The sum of a series' values over its label sets (those with `label`).
     let series_with = |name: &str, label: &str| -> u64 {
         scraped
@@ -821,37 +1066,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
     };
-    let series = |name: &str| series_with(name, "");
 
     // ----- Invariants -----
     let reasons = stats.rejected_by_reason;
-    let checks: [(&str, bool); 11] = [
+    let sum = |pick: fn(&TenantRow) -> u64| tenant_figures.iter().map(pick).sum::<u64>();
+    let global_by = |status: u16, code: &str| by(status, code, "global");
+    let checks: [(&str, bool); 13] = [
         (
             "every request got an answer",
             errors.is_empty() && outcomes.len() == total,
         ),
         ("only 200, 429, 413 and 503 answers", other == 0),
         (
-            "200s == admissions == provider calls",
+            "200s == admissions at both levels == provider calls",
             ok == stats.admitted
+                && ok == sum(|t| t.3)
                 && ok == timing.admits.load(Ordering::Relaxed)
                 && ok == book.calls.load(Ordering::Relaxed),
         ),
         (
-            "refusals by code == the bulkhead's by reason",
-            by_code(429, "queue_limit") == reasons.queue_limit
-                && by_code(429, "concurrency_limit") == reasons.concurrency_limit
-                && by_code(429, "budget_limit") + count(&|o| o.status == 413)
+            "every refusal names its scope; each level counted exactly its own",
+            unscoped == 0
+                && global_by(429, "queue_limit") == reasons.queue_limit
+                && global_by(429, "concurrency_limit") == reasons.concurrency_limit
+                && global_by(429, "budget_limit") + global_by(413, "budget_limit")
                     == reasons.budget_limit
-                && by_code(503, "timeout") == reasons.timeout
-                && ok + stats.rejected == total as u64,
+                && global_by(503, "timeout") == reasons.timeout
+                && tenant_figures.iter().all(|t| t.2 == t.4)
+                && ok + stats.rejected + sum(|t| t.4) == total as u64,
         ),
         (
-            "nothing in flight, nothing queued, no tokens held",
+            "per tenant: its 200s == its admissions",
+            tenant_figures.iter().all(|t| t.1 == t.3),
+        ),
+        (
+            "nothing in flight, nothing queued, no tokens held, at either level",
             stats.in_flight == 0
                 && stats.pending == 0
                 && tokens.in_flight_tokens == 0
-                && stats.released == stats.admitted,
+                && stats.released == stats.admitted
+                && tenant_figures.iter().all(|t| t.6 == 0 && t.7 == 0),
         ),
         (
             "every 200 streamed its usage and [DONE]",
@@ -859,8 +1113,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 && book.stated_calls.load(Ordering::Relaxed) == ok,
         ),
         (
-            "consumed == the usage the provider stated == what the clients read",
+            "consumed == the usage the provider stated == what the clients read, at both levels",
             tokens.total_consumed == stated_in + stated_out
+                && sum(|t| t.5) == stated_in + stated_out
                 && (seen_in, seen_out) == (stated_in, stated_out),
         ),
         (
@@ -869,18 +1124,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 == tokens.total_consumed + tokens.total_refunded + tokens.total_returned_unreported,
         ),
         (
-            "peaks within the limits",
+            "peaks within the limits: global, and every tenant's own",
             peaks.in_flight.load(Ordering::Relaxed) <= SLOTS as u64
                 && peaks.tokens.load(Ordering::Relaxed) <= BUDGET
-                && peaks.pending.load(Ordering::Relaxed) <= u64::from(MAX_QUEUE),
+                && peaks.pending.load(Ordering::Relaxed) <= u64::from(MAX_QUEUE)
+                && tenant_figures.iter().all(|t| {
+                    t.8.0 <= u64::from(t.9.max_concurrent)
+                        && t.8.1 <= t.9.token_budget.map_or(0, |b| b.budget)
+                }),
         ),
-        ("the burst exceeded the limits", stats.rejected > 0),
         (
-            "/metrics agrees with stats()",
-            series("llm_bulkhead_admissions_total") == stats.admitted
-                && series("llm_bulkhead_rejections_total") == stats.rejected
-                && series("llm_bulkhead_tokens_consumed_total") == tokens.total_consumed
-                && series("llm_bulkhead_in_flight_calls") == 0
+            "the load exceeded both kinds of limits",
+            stats.rejected > 0 && sum(|t| t.4) > 0,
+        ),
+        (
+            "/metrics agrees with stats() at both levels",
+            series_with("llm_bulkhead_admissions_total", "scope=\"global\"") == stats.admitted
+                && series_with("llm_bulkhead_rejections_total", "scope=\"global\"")
+                    == stats.rejected
+                && series_with("llm_bulkhead_admissions_total", "scope=\"tenant\"") == sum(|t| t.3)
+                && series_with("llm_bulkhead_rejections_total", "scope=\"tenant\"") == sum(|t| t.4)
+                && series_with("llm_bulkhead_tokens_consumed_total", "scope=\"global\"")
+                    == tokens.total_consumed
+                && series_with("llm_bulkhead_in_flight_calls", "scope=\"global\"") == 0
                 && series_with(
                     "llm_bulkhead_queue_wait_seconds_count",
                     "outcome=\"admitted\"",
@@ -889,6 +1155,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "llm_bulkhead_queue_wait_seconds_count",
                     "outcome=\"timeout\"",
                 ) == reasons.timeout,
+        ),
+        (
+            "every tenant's series carries its tenant label",
+            tenant_figures.iter().filter(|t| t.3 > 0).all(|t| {
+                series_with(
+                    "llm_bulkhead_admissions_total",
+                    &format!("tenant=\"{}\"", t.0),
+                ) == t.3
+            }),
         ),
     ];
     println!("invariants");

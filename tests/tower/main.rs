@@ -26,6 +26,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 
 mod bulkhead;
+mod disconnect;
 
 /// The chunks the mock provider will stream for the next call, fed by the test.
 type Feed = Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>;

@@ -18,6 +18,20 @@ use crate::engine::timer::Sleep;
 /// What [`LlmLayer`](crate::tower::LlmLayer) does with an admitted call whose client went
 /// away before its response ended (the response body dropped mid-stream).
 ///
+/// Measured (the crate's test `tests/tower/disconnect.rs`, a real server on loopback): a limit
+/// of 8, 48 clients for 1.5 s of which half leave after 3 tokens, a provider that generates
+/// every call to its end (15-30 tokens, 10 ms apart) whether or not anyone reads it, the worst
+/// case. The provider ran at most **22 calls at once with `Release`** (137 calls served),
+/// **8 with `Hold(300 ms)`** (a hold as long as the longest generation: exact, but 89 calls
+/// served, since a slot waits out the generation its client left) and 17 with
+/// `Measured { max: 300 ms }` (108 calls: the average hold undershoots a long generation).
+///
+/// The default stays `Release`: it never holds capacity for nobody, and most gateways set
+/// their limit below what the provider allows. When the limit *is* the provider's hard limit
+/// (an account's concurrency, a self-hosted model's batch size), use `Hold` with about the
+/// provider's longest generation (its p99 time to the last token): then the provider never
+/// runs more calls than the limit.
+///
 /// # Examples
 ///
 /// ```
