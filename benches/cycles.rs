@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use async_bulkhead_llm::{
     AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, classes::AdmissionClasses,
-    classes::ClassLimits,
+    classes::ClassLimits, rate::RateLimits,
 };
 
 /// Tokens every budget case reserves (100 input + 1,000 output), as in `admission.rs`.
@@ -150,6 +150,13 @@ fn cases() -> Vec<Case> {
     // A tenant within a global bulkhead, both with a budget, and one bulkhead alone with the
     // same permit kind (owned: a tenant's permit keeps both bulkheads alive).
     let (tenant, global, alone) = (budgeted(), budgeted(), budgeted());
+    // The budget case with rate windows (requests and tokens per minute, far from binding),
+    // on the default (coarse) clock.
+    let windowed = LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .token_budget(TokenBudget::new(1 << 34))
+        .rate_limits(RateLimits::per_minute().requests(1 << 34).tokens(1 << 35))
+        .build()
+        .expect("valid");
     vec![
         ("raw_cas", Box::new(|| raw_cas(word))),
         (
@@ -282,6 +289,14 @@ fn cases() -> Vec<Case> {
                     request,
                     black_box(reservation()),
                 )))
+            }),
+        ),
+        (
+            "rate_window",
+            Box::new(move || {
+                drop(black_box(
+                    windowed.try_acquire(request, black_box(reservation())),
+                ))
             }),
         ),
         (

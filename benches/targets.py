@@ -82,6 +82,7 @@ INSTRUCTION_GOALS = [
     ("instructions_classes_vs_no_classes", "classes", "budget", 1.5),
     ("instructions_acquire_await_vs_try_acquire", "await_budget", "budget", 1.3),
     ("instructions_tenant_within_global_vs_one_bulkhead", "within", "budget_owned", 2.0),
+    ("instructions_rate_window_vs_none", "rate_window", "budget", 1.3),
 ]
 # The same ratios in ns on the plain loops, and the other single-thread goals: judged by the
 # full run (ns move with the host: its raw CAS figure is printed beside them).
@@ -90,6 +91,7 @@ PLAIN_GOALS = [
     ("plain_budget_vs_two_tokio_semaphores", "budget", "tokio_two_semaphores", 0.8),
     ("plain_classes_vs_no_classes", "classes", "budget", 1.5),
     ("plain_tenant_within_global_vs_one_bulkhead", "within", "budget_owned", 2.0),
+    ("plain_rate_window_vs_none", "rate_window", "budget", 1.3),
     ("plain_acquire_await_vs_try_acquire", "await_budget", "budget", 1.3),
     ("plain_acquire_await_vs_tokio_acquire_await", "await_budget", "tokio_acquire_await", 1.0),
 ]

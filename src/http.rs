@@ -225,7 +225,8 @@ impl RejectReason {
         match self {
             RejectReason::ConcurrencyLimit
             | RejectReason::BudgetLimit
-            | RejectReason::QueueLimit => 429,
+            | RejectReason::QueueLimit
+            | RejectReason::RateLimit => 429,
             RejectReason::Shutdown | RejectReason::Timeout => 503,
             RejectReason::Aborted => CLIENT_CLOSED_REQUEST,
         }
@@ -251,6 +252,7 @@ impl Rejection {
     pub fn http_status(&self) -> u16 {
         match self.reason() {
             RejectReason::BudgetLimit if self.detail().can_never_fit() => 413,
+            RejectReason::RateLimit if self.detail().rate_never_fits() => 413,
             reason => reason.http_status(),
         }
     }
@@ -360,9 +362,10 @@ impl BulkheadError {
 /// The error `type` of a refusal that could succeed later.
 const fn reason_type(reason: RejectReason) -> &'static str {
     match reason {
-        RejectReason::ConcurrencyLimit | RejectReason::BudgetLimit | RejectReason::QueueLimit => {
-            "rate_limit_error"
-        }
+        RejectReason::ConcurrencyLimit
+        | RejectReason::BudgetLimit
+        | RejectReason::QueueLimit
+        | RejectReason::RateLimit => "rate_limit_error",
         RejectReason::Shutdown => "unavailable_error",
         RejectReason::Timeout => "overloaded_error",
         RejectReason::Aborted => "client_closed_request",
@@ -387,6 +390,11 @@ fn never_fits(detail: &CapacityDetail) -> String {
             "request too large: it reserves {} tokens, more than admission class {:?}'s ceiling of {ceiling} tokens {ADVICE}",
             tokens.requested,
             class.class.id(),
+        );
+    }
+    if detail.rate_never_fits() {
+        return format!(
+            "request too large: it reserves more tokens than its rate window allows in a whole window {ADVICE}"
         );
     }
     // `can_never_fit` says one of the two: this line is not reached.

@@ -391,6 +391,13 @@ pub mod tenants {
     pub use crate::vocabulary::tenant_policy::{PolicyError, TenantPolicy};
 }
 
+/// Rate limits: requests and tokens per window, decided with the limits in flight
+/// ([`RateLimits`](crate::rate::RateLimits)), and the clock the windows read.
+pub mod rate {
+    pub use crate::engine::rate::{ManualClock, RateClock, RateStatus, WindowStatus};
+    pub use crate::vocabulary::limits::RateLimits;
+}
+
 /// The named futures of the crate, and where a drain with a deadline ended.
 pub mod futures {
     pub use crate::bulkhead::{BulkheadAcquire, BulkheadAcquireOwned};

@@ -413,6 +413,8 @@ pub struct RejectionCounts {
     pub timeout: u64,
     /// Cancelled while waiting in the queue.
     pub aborted: u64,
+    /// Refused by a rate window (requests or tokens per window).
+    pub rate_limit: u64,
 }
 
 impl RejectionCounts {
@@ -425,6 +427,7 @@ impl RejectionCounts {
             queue_limit,
             timeout,
             aborted,
+            rate_limit,
         ] = counts;
         RejectionCounts {
             shutdown,
@@ -433,6 +436,7 @@ impl RejectionCounts {
             queue_limit,
             timeout,
             aborted,
+            rate_limit,
         }
     }
 
@@ -453,6 +457,7 @@ impl RejectionCounts {
             RejectReason::QueueLimit => self.queue_limit,
             RejectReason::Timeout => self.timeout,
             RejectReason::Aborted => self.aborted,
+            RejectReason::RateLimit => self.rate_limit,
         }
     }
 

@@ -34,11 +34,34 @@ impl Engine {
     /// branch inside it costs that path its in-place construction of the result).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn admit(&self, ask: Ask, wait: Wait<'_>) -> Decision {
+        if self.windows.is_some() {
+            return self.admit_windowed(ask, wait);
+        }
         if ask.class.is_none() {
             self.admit_global(ask, wait)
         } else {
             self.admit_class(ask, wait)
         }
+    }
+
+    /// [`admit`](Engine::admit) on an engine with rate windows: the call charged to them
+    /// first (a window's refusal takes nothing), the charge given back if the decision
+    /// refuses; a queued call keeps it while it waits (given back if its wait ends refused).
+    #[inline(never)]
+    pub(super) fn admit_windowed(&self, ask: Ask, wait: Wait<'_>) -> Decision {
+        let charge = match self.charge_windows(ask) {
+            Ok(charge) => charge,
+            Err(rejection) => return Decision::Refused(rejection),
+        };
+        let decision = if ask.class.is_none() {
+            self.admit_global(ask, wait)
+        } else {
+            self.admit_class(ask, wait)
+        };
+        if let Decision::Refused(_) = decision {
+            self.refund_windows(charge);
+        }
+        decision
     }
 
     /// [`admit`](Engine::admit) for a call without a class.
@@ -64,6 +87,12 @@ impl Engine {
         admitted: impl FnOnce(Grant) -> T,
     ) -> Result<T, Decision> {
         debug_assert!(ask.class.is_none(), "a class call goes through admit_class");
+        if self.windows.is_some() {
+            return match self.admit_windowed(ask, wait) {
+                Decision::Admitted(grant) => Ok(admitted(grant)),
+                other => Err(other),
+            };
+        }
         match self.admit_now(ask) {
             Ok(revision) => Ok(admitted(self.grant(ask, revision, Resources::NONE))),
             Err(refused) => Err(self.queue_or_refuse(ask, wait, refused)),
@@ -114,6 +143,20 @@ impl Engine {
             ask.class.is_none(),
             "a class call goes through try_admit_class"
         );
+        if self.windows.is_some() {
+            return self.try_admit_windowed(ask, admitted, refused);
+        }
+        self.try_admit_global(ask, admitted, refused)
+    }
+
+    /// [`try_admit`](Engine::try_admit)'s decision, after the rate windows if any.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(super) fn try_admit_global<T, E>(
+        &self,
+        ask: Ask,
+        admitted: impl FnOnce(Grant) -> T,
+        refused: impl FnOnce(Rejection) -> E,
+    ) -> Result<T, E> {
         match self.admit_now(ask) {
             Ok(revision) => Ok(admitted(self.grant(ask, revision, Resources::NONE))),
             Err((refusal, state, bounds)) => {
@@ -130,9 +173,47 @@ impl Engine {
         }
     }
 
+    /// [`try_admit`](Engine::try_admit) and [`try_admit_class`](Engine::try_admit_class) on
+    /// an engine with rate windows: charged first, the charge given back on a refusal.
+    #[inline(never)]
+    pub(super) fn try_admit_windowed<T, E>(
+        &self,
+        ask: Ask,
+        admitted: impl FnOnce(Grant) -> T,
+        refused: impl FnOnce(Rejection) -> E,
+    ) -> Result<T, E> {
+        let charge = match self.charge_windows(ask) {
+            Ok(charge) => charge,
+            Err(rejection) => return Err(refused(rejection)),
+        };
+        let refused = |rejection| {
+            self.refund_windows(charge);
+            refused(rejection)
+        };
+        if ask.class.is_none() {
+            self.try_admit_global(ask, admitted, refused)
+        } else {
+            self.try_admit_class_now(ask, admitted, refused)
+        }
+    }
+
     /// [`try_admit`](Engine::try_admit) for a call of an admission class.
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit_class<T, E>(
+        &self,
+        ask: Ask,
+        admitted: impl FnOnce(Grant) -> T,
+        refused: impl FnOnce(Rejection) -> E,
+    ) -> Result<T, E> {
+        if self.windows.is_some() {
+            return self.try_admit_windowed(ask, admitted, refused);
+        }
+        self.try_admit_class_now(ask, admitted, refused)
+    }
+
+    /// [`try_admit_class`](Engine::try_admit_class)'s decision, after the rate windows if any.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(super) fn try_admit_class_now<T, E>(
         &self,
         ask: Ask,
         admitted: impl FnOnce(Grant) -> T,
@@ -263,6 +344,9 @@ impl Engine {
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit_fast(&self, ask: Ask) -> Option<Grant> {
         if ask.class.is_some() {
+            if self.windows.is_some() {
+                return None;
+            }
             return self.try_admit_class_fast(ask);
         }
         if !self.has_fast_lane() {
@@ -270,6 +354,31 @@ impl Engine {
         }
         let revision = self.admit_fast(ask)?;
         // As `grant` for a call without a class, inlined here whatever `grant`'s other callers.
+        let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
+        Some(Grant::new(
+            id,
+            revision,
+            ask.priority,
+            ask.reserved,
+            None,
+            Resources::NONE,
+        ))
+    }
+
+    /// The fast lane of an engine with rate windows and no classes (the caller's lane for a
+    /// call without a class, out of the plain lane's way): the windows charged, then the
+    /// word's fast lane; `None` (nothing charged, nothing changed) for anything else, which
+    /// the general path decides (a window's refusal included).
+    #[inline(never)]
+    pub(crate) fn try_admit_fast_windowed(&self, ask: Ask) -> Option<Grant> {
+        if ask.class.is_some() || self.classes.is_some() {
+            return None;
+        }
+        let charge = self.charge_windows_fast(ask)?;
+        let Some(revision) = self.admit_fast(ask) else {
+            self.refund_windows(Some(charge));
+            return None;
+        };
         let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
         Some(Grant::new(
             id,

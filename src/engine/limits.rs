@@ -34,12 +34,15 @@
 
 use crossbeam_utils::CachePadded;
 
+use std::time::Duration;
+
+use super::rate::RateBounds;
 use super::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::support::sync::atomic::{AtomicU64, Ordering};
 use crate::vocabulary::admission_class::ClassLimits;
 use crate::vocabulary::error::{ClassField, ClassLimitsError, LimitsError};
 use crate::vocabulary::limits::{
-    BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
+    BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, RateLimits,
 };
 use crate::vocabulary::priority::Priority;
 
@@ -111,6 +114,7 @@ impl ClassCaps {
 pub(crate) fn validate(
     next: &Limits,
     has_budget: bool,
+    has_rate: bool,
     class_ids: Option<&[&str]>,
 ) -> Result<(), LimitsError> {
     debug_assert!(next.revision <= MAX_REVISION, "checked first by the caller");
@@ -130,6 +134,12 @@ pub(crate) fn validate(
             });
         }
         _ => {}
+    }
+    match (has_rate, next.rate) {
+        (true, None) => return Err(LimitsError::RateLimitsRequired),
+        (false, Some(_)) => return Err(LimitsError::RateLimitsNotConfigured),
+        (_, Some(rate)) => validate_rate(&rate, has_budget)?,
+        (false, None) => {}
     }
     let table = match (class_ids, &next.admission_classes) {
         (None, None) => return Ok(()),
@@ -160,6 +170,40 @@ pub(crate) fn validate(
             sum: tokens,
             budget: b.budget,
         });
+    }
+    Ok(())
+}
+
+/// The shortest and the longest rate window.
+pub(crate) const MIN_RATE_WINDOW: Duration = Duration::from_millis(1);
+pub(crate) const MAX_RATE_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// Checks rate limits: a window of 1 ms to 1 day, at least one limit, each at least 1, a
+/// tokens window only with a token budget (what it counts are reservations).
+pub(crate) fn validate_rate(rate: &RateLimits, has_budget: bool) -> Result<(), LimitsError> {
+    if rate.window < MIN_RATE_WINDOW || rate.window > MAX_RATE_WINDOW {
+        return Err(LimitsError::RateWindowOutOfRange {
+            window: rate.window,
+        });
+    }
+    if rate.requests.is_none() && rate.tokens.is_none()
+        || rate.requests == Some(0)
+        || rate.tokens == Some(0)
+    {
+        return Err(LimitsError::RateLimitsEmpty);
+    }
+    if rate.tokens.is_some() && !has_budget {
+        return Err(LimitsError::RateTokensNeedBudget);
+    }
+    // At most a unit per nanosecond (a window counts time in units' shares of it).
+    let window_ns = rate.window.as_nanos();
+    for limit in [rate.requests, rate.tokens].into_iter().flatten() {
+        if u128::from(limit) > window_ns {
+            return Err(LimitsError::RateLimitTooHigh {
+                limit,
+                window: rate.window,
+            });
+        }
     }
     Ok(())
 }
@@ -273,6 +317,14 @@ struct LimitsSlot {
     protected_tokens: AtomicU64,
     /// With classes: each class's limits.
     classes: Box<[ClassSlot]>,
+    /// With rate windows: the window in nanoseconds, the requests and the tokens per window
+    /// (0: that window not configured).
+    rate_window: AtomicU64,
+    rate_requests: AtomicU64,
+    rate_tokens: AtomicU64,
+    /// Each window's ticks per nanosecond (see `rate::per_ns`).
+    rate_requests_per_ns: AtomicU64,
+    rate_tokens_per_ns: AtomicU64,
 }
 
 /// One class's published limits.
@@ -344,6 +396,16 @@ impl PublishedLimits {
             slot.reserve
                 .store(b.high_priority_reserve, Ordering::Release);
         }
+        if limits.rate.is_some() {
+            let rate = RateBounds::of(limits.rate.as_ref());
+            slot.rate_window.store(rate.window_ns, Ordering::Release);
+            slot.rate_requests.store(rate.requests, Ordering::Release);
+            slot.rate_tokens.store(rate.tokens, Ordering::Release);
+            slot.rate_requests_per_ns
+                .store(rate.requests_per_ns, Ordering::Release);
+            slot.rate_tokens_per_ns
+                .store(rate.tokens_per_ns, Ordering::Release);
+        }
         if let Some(table) = &limits.admission_classes {
             let (floors, tokens) = floor_sums(table.iter().map(|(_, limits)| limits));
             slot.protected_concurrent.store(floors, Ordering::Release);
@@ -368,6 +430,21 @@ impl PublishedLimits {
     /// Stores the full epoch (step 3 of the module docs), after the word's bits advanced.
     pub(crate) fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::Release);
+    }
+
+    /// Reads the rate windows' figures of the slot of `epoch` (as [`read`](Self::read): only
+    /// trustworthy if the epoch is still current afterwards).
+    #[inline]
+    pub(crate) fn read_rate(&self, epoch: u64) -> RateBounds {
+        let slot = &self.slots[(epoch & 1) as usize];
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
+        RateBounds {
+            window_ns: slot.rate_window.load(Ordering::Acquire),
+            requests: slot.rate_requests.load(Ordering::Acquire),
+            tokens: slot.rate_tokens.load(Ordering::Acquire),
+            requests_per_ns: slot.rate_requests_per_ns.load(Ordering::Acquire),
+            tokens_per_ns: slot.rate_tokens_per_ns.load(Ordering::Acquire),
+        }
     }
 
     /// Reads the slot of `epoch`. Only trustworthy if the epoch is still current afterwards

@@ -74,6 +74,7 @@ mod pool;
 mod provisional;
 mod queue;
 pub(crate) mod queued;
+pub(crate) mod rate;
 mod reconfigure;
 mod release;
 mod state;

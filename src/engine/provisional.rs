@@ -13,6 +13,7 @@ use super::assembly::Engine;
 use super::classes::Returned;
 use super::grant::Grant;
 use super::policy::{self, Ask, Refusal};
+use super::rate::Charge;
 use crate::vocabulary::admission_class::Resources;
 use crate::vocabulary::rejection::{RejectReason, Rejection};
 
@@ -25,17 +26,20 @@ pub(crate) struct Provisional {
     ask: Ask,
     revision: u64,
     borrowed: Resources,
+    /// What the rate windows were charged (given back if it is cancelled).
+    charge: Option<Charge>,
     #[cfg(debug_assertions)]
     settled: bool,
 }
 
 impl Provisional {
     #[inline]
-    fn new(ask: Ask, revision: u64, borrowed: Resources) -> Provisional {
+    fn new(ask: Ask, revision: u64, borrowed: Resources, charge: Option<Charge>) -> Provisional {
         Provisional {
             ask,
             revision,
             borrowed,
+            charge,
             #[cfg(debug_assertions)]
             settled: false,
         }
@@ -43,8 +47,8 @@ impl Provisional {
 
     /// The parts, marking it consumed.
     #[inline]
-    fn take(self) -> (Ask, u64, Resources) {
-        let parts = (self.ask, self.revision, self.borrowed);
+    fn take(self) -> (Ask, u64, Resources, Option<Charge>) {
+        let parts = (self.ask, self.revision, self.borrowed, self.charge);
         #[cfg(debug_assertions)]
         {
             let mut this = self;
@@ -67,14 +71,28 @@ impl Engine {
     /// Takes `ask`'s slot and tokens now, without counting an admission, or refuses it now
     /// (never queues; the refusal is counted: it is this level's decision).
     pub(crate) fn try_provisional(&self, ask: Ask) -> Result<Provisional, Rejection> {
+        let charge = self.charge_windows(ask)?;
+        let decided = self.decide_provisional(ask, charge);
+        if decided.is_err() {
+            self.refund_windows(charge);
+        }
+        decided
+    }
+
+    /// [`try_provisional`](Engine::try_provisional)'s decision, after the rate windows.
+    fn decide_provisional(
+        &self,
+        ask: Ask,
+        charge: Option<Charge>,
+    ) -> Result<Provisional, Rejection> {
         if ask.class.is_some() {
             return match self.admit_class_now(ask) {
-                Ok((revision, borrowed)) => Ok(Provisional::new(ask, revision, borrowed)),
+                Ok((revision, borrowed)) => Ok(Provisional::new(ask, revision, borrowed, charge)),
                 Err(refusal) => Err(self.refuse_class_now(ask, refusal)),
             };
         }
         match self.admit_now(ask) {
-            Ok(revision) => Ok(Provisional::new(ask, revision, Resources::NONE)),
+            Ok(revision) => Ok(Provisional::new(ask, revision, Resources::NONE, charge)),
             Err((refusal, state, bounds)) => {
                 let reason = match refusal {
                     Refusal::NoSlot => policy::queue_or_refuse(&bounds, 0)
@@ -96,21 +114,22 @@ impl Engine {
             return None;
         }
         let revision = self.admit_fast(ask)?;
-        Some(Provisional::new(ask, revision, Resources::NONE))
+        Some(Provisional::new(ask, revision, Resources::NONE, None))
     }
 
     /// Counts `provisional` as admitted now and mints its id: its grant, as an admission of
     /// the same ask under the same limits would have had it.
     #[inline]
     pub(crate) fn confirm(&self, provisional: Provisional) -> Grant {
-        let (ask, revision, borrowed) = provisional.take();
+        let (ask, revision, borrowed, _) = provisional.take();
         self.grant(ask, revision, borrowed)
     }
 
     /// Returns `provisional`'s slot and tokens, counting nothing (no admission happened), and
     /// serves the queue or the drainers as a release does.
     pub(crate) fn cancel_provisional(&self, provisional: Provisional) {
-        let (ask, _, _) = provisional.take();
+        let (ask, _, _, charge) = provisional.take();
+        self.refund_windows(charge);
         match ask.class {
             None => self.release_capacity(ask.reserved),
             // The general (locked) release, not the inlined fast one of every class permit:

@@ -8,6 +8,7 @@ use crate::vocabulary::error::LimitsError;
 use super::assembly::Engine;
 use super::limits;
 use super::queue::HandedOff;
+use super::rate::{RateBounds, tag_of};
 use super::state::State;
 use crate::vocabulary::limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION};
 
@@ -30,7 +31,12 @@ impl Engine {
             });
         }
         let ids = self.class_ids();
-        limits::validate(&next, self.has_budget, ids.as_deref())?;
+        limits::validate(
+            &next,
+            self.has_budget,
+            self.windows.is_some(),
+            ids.as_deref(),
+        )?;
         let next = limits::normalized(next, ids.as_deref());
         let (previous, handed_off) = self.install(&mut current, next.clone());
         drop(current);
@@ -53,7 +59,12 @@ impl Engine {
             });
         }
         let ids = self.class_ids();
-        limits::validate(next, self.has_budget, ids.as_deref())
+        limits::validate(
+            next,
+            self.has_budget,
+            self.windows.is_some(),
+            ids.as_deref(),
+        )
     }
 
     /// Changes only the token budget, at the next revision; returns `(previous, current)`.
@@ -124,6 +135,14 @@ impl Engine {
             None => self.state.modify(next_epoch),
         };
         self.published.set_epoch(epoch + 1);
+        if let Some(windows) = &self.windows {
+            // The windows' timestamps move to the new limits' time scale (see `rate`).
+            windows.rescale(
+                RateBounds::of(current.rate.as_ref()),
+                RateBounds::of(next.rate.as_ref()),
+                tag_of(epoch + 1),
+            );
+        }
         // The class locks go before the hand-offs, which take the queue lock then class locks.
         if self.classes.is_some() {
             self.unlock_classes(epoch + 1, after);

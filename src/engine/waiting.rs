@@ -384,7 +384,10 @@ impl Engine {
             Decided::Granted { revision, borrowed } => {
                 Ok(self.grant_handed(waiter.ask(), revision, borrowed))
             }
-            Decided::Refused(rejection) => Err(rejection),
+            Decided::Refused(rejection) => {
+                self.refund_waiter(waiter.ask());
+                Err(rejection)
+            }
         })
     }
 
@@ -410,7 +413,10 @@ impl Engine {
             Withdrawal::Granted { revision, borrowed } => {
                 Ok(self.grant(waiter.ask(), revision, borrowed))
             }
-            Withdrawal::Refused(rejection) => Err(rejection),
+            Withdrawal::Refused(rejection) => {
+                self.refund_waiter(waiter.ask());
+                Err(rejection)
+            }
         }
     }
 
@@ -419,6 +425,7 @@ impl Engine {
     /// counts as aborted too, and the slot and tokens go back (to the next waiter, if any)
     /// exactly as a release returns them. Returns the refusal to announce.
     pub(super) fn cancel(&self, waiter: &Waiter) -> Rejection {
+        self.refund_waiter(waiter.ask());
         match self.withdraw(waiter, RejectReason::Aborted) {
             Withdrawal::Granted { .. } => {
                 let ask = waiter.ask();

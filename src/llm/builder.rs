@@ -9,9 +9,12 @@ use super::bulkhead::LlmBulkhead;
 use super::dedup::Deduplication;
 use super::estimate::{Estimator, ModelAwareEstimator};
 use super::shared::LlmCore;
+use crate::engine::Engine;
 use crate::engine::limits;
+use crate::engine::rate::RateClock;
 use crate::vocabulary::admission_class::ClassLimits;
 use crate::vocabulary::error::{ClassLimitsError, ConfigError};
+use crate::vocabulary::limits::RateLimits;
 use crate::vocabulary::limits::{
     ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
 };
@@ -198,6 +201,8 @@ pub struct LlmBulkheadBuilder {
     deduplication: Option<Deduplication>,
     name: String,
     tenant: String,
+    rate: Option<RateLimits>,
+    rate_clock: RateClock,
 }
 
 /// Admission classes for [`LlmBulkheadBuilder::admission_classes`]: the class of calls that
@@ -315,6 +320,8 @@ impl LlmBulkheadBuilder {
             deduplication: None,
             name: String::new(),
             tenant: String::new(),
+            rate: None,
+            rate_clock: RateClock::system(),
         }
     }
 
@@ -519,6 +526,35 @@ impl LlmBulkheadBuilder {
         self
     }
 
+    /// Limits requests and tokens per window (rpm / tpm, as providers bill and throttle):
+    /// decided in the same admission as the limits in flight, changed through `apply_limits`
+    /// with the rest (see [`RateLimits`](crate::rate::RateLimits) and the `rate` module). A
+    /// tokens window needs a token budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, TokenBudget, rate::RateLimits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+    ///     .token_budget(TokenBudget::new(400_000))
+    ///     .rate_limits(RateLimits::per_minute().requests(5_000).tokens(2_000_000))
+    ///     .build()?;
+    /// assert_eq!(bulkhead.limits().rate.unwrap().requests, Some(5_000));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn rate_limits(mut self, rate: RateLimits) -> LlmBulkheadBuilder {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// The clock the rate windows read (default [`RateClock::system`](crate::rate::RateClock::system),
+    /// a coarse process-wide clock; a manual or tokio clock in tests).
+    pub fn rate_clock(mut self, clock: RateClock) -> LlmBulkheadBuilder {
+        self.rate_clock = clock;
+        self
+    }
+
     /// Sizes calls with `estimator` instead of the default, a [`ModelAwareEstimator`](crate::estimate::ModelAwareEstimator) seeded
     /// with the bulkhead's model and the token budget's output cap. Only a bulkhead with a token
     /// budget estimates. When an admission the estimator sized settles with usage, the
@@ -617,6 +653,11 @@ impl LlmBulkheadBuilder {
             limits = limits.with_token_budget(budget.budget, budget.high_priority_reserve);
             output_cap = budget.output_cap;
         }
+        if let Some(rate) = self.rate {
+            crate::engine::limits::validate_rate(&rate, self.token_budget.is_some())
+                .map_err(ConfigError::RateLimits)?;
+            limits = limits.with_rate(rate);
+        }
         let mut default_class = 0;
         if let Some(classes) = self.admission_classes {
             let budget = self.token_budget.map(|b| b.budget);
@@ -637,8 +678,7 @@ impl LlmBulkheadBuilder {
         Ok(LlmBulkhead {
             core: crate::support::sync::Arc::new(LlmCore::new(
                 model,
-                limits,
-                default_class,
+                Engine::with_rate_clock(limits, default_class, self.rate_clock),
                 estimator,
                 queue_timeout,
                 self.deduplication,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::engine::Ask;
 use crate::engine::drain::{Drain, DrainTimeout};
+use crate::engine::rate::RateStatus;
 use crate::events::{ALL_KINDS, Event, EventKind, Subscription, Timing, kinds_mask};
 use crate::stats::{DedupStats, Stats};
 use crate::support::sync::Arc;
@@ -168,6 +169,13 @@ impl LlmBulkhead {
             && let Ok(permit) = self
                 .core
                 .try_admit_class_fast(&options, |admission| Permit::new(&self.core, admission))
+        {
+            return Ok(permit);
+        }
+        if timing.is_none()
+            && let Ok(permit) = self
+                .core
+                .try_admit_windowed_fast(&options, |admission| Permit::new(&self.core, admission))
         {
             return Ok(permit);
         }
@@ -384,6 +392,20 @@ impl LlmBulkhead {
         let ask: Ask = self.core.resolve(request, options)?.ask();
         let (verdict, detail) = self.core.engine().advise(ask, |_| true);
         Ok((verdict, detail.expect("asked for every verdict's detail")))
+    }
+
+    /// Its rate windows now (what each would let through at once, and when it is whole
+    /// again), `None` without rate limits. One read of the clock and of each window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let bulkhead = async_bulkhead_llm::LlmBulkhead::builder("m", 4).build()?;
+    /// assert!(bulkhead.rate_status().is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn rate_status(&self) -> Option<RateStatus> {
+        self.core.engine().rate_status()
     }
 
     /// What a normal-priority call of the default class asking for nothing would be decided on

@@ -158,17 +158,18 @@ pub(crate) enum Admitted {
 }
 
 impl LlmCore {
+    /// The core of a bulkhead: `engine` (built for its limits, default class and rate clock)
+    /// with what makes it an LLM bulkhead.
     pub(crate) fn new(
         model: String,
-        limits: Limits,
-        default_class: usize,
+        engine: Engine,
         estimator: unmodeled::Arc<dyn Estimator>,
         default_timeout: Option<Duration>,
         dedup: Option<Deduplication>,
         (name, tenant): (String, String),
     ) -> LlmCore {
         LlmCore {
-            engine: Engine::new(limits, default_class),
+            engine,
             listeners: unmodeled::Arc::new(Listeners::default()),
             estimator,
             estimator_panics: unmodeled::AtomicU64::new(0),
@@ -394,6 +395,24 @@ impl LlmCore {
         }
         let (ask, ledger) = fast_ask(self.engine.has_budget(), options).ok()?;
         Some((self.engine.try_admit_fast(ask)?, ledger))
+    }
+
+    /// [`try_admit_fast`](LlmCore::try_admit_fast) on a bulkhead with rate windows (and no
+    /// classes): the windows' fast lane. `Err` (nothing changed) for anything else.
+    #[inline]
+    pub(crate) fn try_admit_windowed_fast<P>(
+        &self,
+        options: &AcquireOptions,
+        permit: impl FnOnce(Admission) -> P,
+    ) -> Result<P, ()> {
+        if options.class.is_some() || !self.engine.has_rate() {
+            return Err(());
+        }
+        let (ask, ledger) = fast_ask(self.engine.has_budget(), options)?;
+        match self.engine.try_admit_fast_windowed(ask) {
+            Some(grant) => Ok(permit(Admission::new(grant, ledger))),
+            None => Err(()),
+        }
     }
 
     /// [`try_admit_fast`](LlmCore::try_admit_fast) of a class call: within its class's

@@ -101,6 +101,13 @@ impl LlmCore {
             self.engine()
                 .count_all(admission.class(), &[(Counter::UsageReports, 1)]);
         }
+        if self.engine().has_rate() {
+            // Usage beyond the reservation is charged to the tokens window as it is reported.
+            let reserved = admission.reserved_tokens();
+            let before = admission.usage().map_or(0, |u| u.total()).max(reserved);
+            self.engine()
+                .correct_rate(before, reported.total().max(reserved).max(before));
+        }
         admission.record(reported, effective);
         let report = snapshot(admission, reported);
         if effective
@@ -190,6 +197,15 @@ impl LlmCore {
             // Nobody said what it cost: the hold goes back unbooked as consumed or refunded.
             self.engine()
                 .count_all(admission.class(), &[(Counter::ReturnedUnreported, held)]);
+        }
+        if let Some(usage) = usage
+            && self.engine().has_rate()
+        {
+            // The tokens window follows what the provider bills: from what it was charged (the
+            // reservation, or more reported beyond it) to the usage.
+            let reserved = admission.reserved_tokens();
+            let charged = admission.usage().map_or(0, |u| u.total()).max(reserved);
+            self.engine().correct_rate(charged, usage.total());
         }
         // Capacity returns before any user code runs: nothing the estimator or a listener does
         // can keep it.

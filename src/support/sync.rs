@@ -159,7 +159,7 @@ pub(crate) mod unmodeled {
     pub(crate) use std::sync::Condvar;
     #[cfg(all(not(feature = "portable-atomic"), target_has_atomic = "64"))]
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
-    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock, Weak};
 
     /// Locks `mutex`, ignoring poisoning.
     ///

@@ -99,11 +99,14 @@ pub enum ConfigError {
         /// The configured budget.
         budget: u64,
     },
+    /// The rate limits are invalid (one of the `Rate*` reasons of [`LimitsError`]).
+    RateLimits(LimitsError),
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            ConfigError::RateLimits(error) => write!(f, "rate_limits: {error}"),
             ConfigError::EmptyModel { model } => {
                 write!(f, "model must be a non-empty string (got {model:?})")
             }
@@ -223,6 +226,26 @@ pub enum LimitsError {
         /// The snapshot's budget.
         budget: u64,
     },
+    /// The bulkhead was built with rate limits, and the snapshot has none.
+    RateLimitsRequired,
+    /// The snapshot carries rate limits on a bulkhead built without them.
+    RateLimitsNotConfigured,
+    /// A rate window must be 1 ms to 1 day long.
+    RateWindowOutOfRange {
+        /// The refused window.
+        window: std::time::Duration,
+    },
+    /// Rate limits must limit requests or tokens (or both), each by at least 1.
+    RateLimitsEmpty,
+    /// A tokens window counts reservations: it needs a token budget.
+    RateTokensNeedBudget,
+    /// A rate limit may count at most one unit per nanosecond of its window.
+    RateLimitTooHigh {
+        /// The refused limit.
+        limit: u64,
+        /// Its window.
+        window: std::time::Duration,
+    },
 }
 
 impl fmt::Display for LimitsError {
@@ -267,6 +290,26 @@ impl fmt::Display for LimitsError {
             LimitsError::ProtectedTokensSumTooLarge { sum, budget } => write!(
                 f,
                 "limits.admission_classes protected_in_flight_tokens sum ({sum}) must be <= token_budget.budget ({budget})"
+            ),
+            LimitsError::RateLimitsRequired => f.write_str(
+                "limits.rate is required because rate limits were configured at construction",
+            ),
+            LimitsError::RateLimitsNotConfigured => f.write_str(
+                "limits.rate must be omitted because no rate limits were configured at construction",
+            ),
+            LimitsError::RateWindowOutOfRange { window } => write!(
+                f,
+                "limits.rate.window ({window:?}) must be from 1 ms to 1 day"
+            ),
+            LimitsError::RateLimitsEmpty => f.write_str(
+                "limits.rate must limit requests or tokens, each by at least 1",
+            ),
+            LimitsError::RateTokensNeedBudget => f.write_str(
+                "limits.rate.tokens needs a token budget (the window counts reservations)",
+            ),
+            LimitsError::RateLimitTooHigh { limit, window } => write!(
+                f,
+                "limits.rate limit ({limit}) must be at most one per nanosecond of its window ({window:?})"
             ),
         }
     }

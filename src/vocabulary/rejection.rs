@@ -2,6 +2,7 @@
 //! moment of the decision (what a gateway puts in a 429/503 body).
 
 use core::fmt;
+use std::time::Duration;
 
 use crate::vocabulary::admission_class::AdmissionClass;
 
@@ -30,6 +31,10 @@ pub enum RejectReason {
     Timeout,
     /// The waiting call was cancelled (its future dropped).
     Aborted,
+    /// A rate window (requests or tokens per window, see
+    /// [`RateLimits`](crate::rate::RateLimits)) has no room for the call now;
+    /// [`Rejection::retry_after`] says when it would.
+    RateLimit,
 }
 
 impl RejectReason {
@@ -42,6 +47,7 @@ impl RejectReason {
         RejectReason::QueueLimit,
         RejectReason::Timeout,
         RejectReason::Aborted,
+        RejectReason::RateLimit,
     ];
 
     /// The reason's wire name, as the JavaScript original spells it.
@@ -59,6 +65,7 @@ impl RejectReason {
             RejectReason::QueueLimit => "queue_limit",
             RejectReason::Timeout => "timeout",
             RejectReason::Aborted => "aborted",
+            RejectReason::RateLimit => "rate_limit",
         }
     }
 }
@@ -168,9 +175,12 @@ pub struct CapacityDetail {
     pub constraint: Option<Constraint>,
     /// The refusal's reason (a rejection's detail only; see [`Rejection`] for why it is here).
     reason: Option<RejectReason>,
-    /// The level that refused, in a tenant-within-global admission (a rejection's detail
-    /// only, in the same spare byte-sized room as `reason`).
-    scope: Option<Scope>,
+    /// A rejection's detail only, packed in one word (so that a snapshot is built with one
+    /// store for all of it): the level that refused in a tenant-within-global admission (bits
+    /// `SCOPE_SHIFT..`: 0 none, 1 tenant, 2 global); for a `rate_limit` refusal, whether the
+    /// tokens window refused (`RATE_TOKENS`) and when the call would fit, in milliseconds
+    /// rounded up (the low bits, `RETRY_NEVER`: never).
+    refusal: u32,
     /// The class and shared-pool figures of a class decision, packed (see [`ClassFacts`]);
     /// read them with [`admission_class`](CapacityDetail::admission_class) and
     /// [`shared_capacity`](CapacityDetail::shared_capacity).
@@ -197,7 +207,7 @@ impl CapacityDetail {
             token_budget,
             constraint: None,
             reason: None,
-            scope: None,
+            refusal: 0,
             class: None,
         }
     }
@@ -334,6 +344,47 @@ impl CapacityDetail {
                 .is_some_and(|tokens| tokens.can_never_fit())
     }
 }
+
+impl CapacityDetail {
+    /// The wait of a rate refusal (`None`: never fits).
+    fn retry_after(&self) -> Option<Duration> {
+        let ms = self.refusal & RETRY_NEVER;
+        (ms != RETRY_NEVER).then(|| Duration::from_millis(u64::from(ms)))
+    }
+
+    /// Whether this is the snapshot of a rate refusal that can never fit its window.
+    pub(crate) fn rate_never_fits(&self) -> bool {
+        self.reason == Some(RejectReason::RateLimit) && self.refusal & RETRY_NEVER == RETRY_NEVER
+    }
+
+    /// Whether a rate refusal came from the tokens window.
+    fn rate_tokens(&self) -> bool {
+        self.refusal & RATE_TOKENS != 0
+    }
+
+    /// The level that refused.
+    fn scope(&self) -> Option<Scope> {
+        match self.refusal >> SCOPE_SHIFT {
+            1 => Some(Scope::Tenant),
+            2 => Some(Scope::Global),
+            _ => None,
+        }
+    }
+
+    /// Marks the level that refused.
+    fn set_scope(&mut self, scope: Scope) {
+        let bits = match scope {
+            Scope::Tenant => 1,
+            Scope::Global => 2,
+        };
+        self.refusal = (self.refusal & !(3 << SCOPE_SHIFT)) | bits << SCOPE_SHIFT;
+    }
+}
+
+/// `CapacityDetail::refusal`'s fields.
+const SCOPE_SHIFT: u32 = 30;
+const RATE_TOKENS: u32 = 1 << 29;
+const RETRY_NEVER: u32 = RATE_TOKENS - 1;
 
 impl PartialEq for CapacityDetail {
     /// Compares the figures (the class figures included), not the reason.
@@ -837,12 +888,58 @@ impl Rejection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn scope(&self) -> Option<Scope> {
-        self.detail.scope
+        self.detail.scope()
+    }
+
+    /// For a `rate_limit` refusal, when the call would fit if nothing else arrived
+    /// (milliseconds, rounded up); `None` for any other refusal, and for a call that can never
+    /// fit its window (more tokens than the window allows).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+    ///
+    /// let clock = ManualClock::new();
+    /// let bulkhead = LlmBulkhead::builder("m", 8)
+    ///     .rate_limits(RateLimits::per_minute().requests(60)) // one a second, 60 at once
+    ///     .rate_clock(RateClock::manual(&clock))
+    ///     .build()?;
+    /// for _ in 0..60 {
+    ///     drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+    /// }
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().retry_after(), Some(Duration::from_secs(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn retry_after(&self) -> Option<Duration> {
+        if self.detail.reason != Some(RejectReason::RateLimit) {
+            return None;
+        }
+        self.detail.retry_after()
+    }
+
+    /// A `rate_limit` rejection: which window refused and when the call would fit.
+    pub(crate) fn rate(
+        mut detail: CapacityDetail,
+        tokens: bool,
+        retry_after: Option<Duration>,
+    ) -> Rejection {
+        let ms = match retry_after {
+            Some(wait) => u32::try_from(wait.as_nanos().div_ceil(1_000_000))
+                .map_or(RETRY_NEVER - 1, |ms| ms.min(RETRY_NEVER - 1)),
+            None => RETRY_NEVER,
+        };
+        let tokens = if tokens { RATE_TOKENS } else { 0 };
+        detail.refusal = (detail.refusal & !(RATE_TOKENS | RETRY_NEVER)) | tokens | ms;
+        Rejection::new(RejectReason::RateLimit, detail)
     }
 
     /// This rejection, named as a refusal of `scope`.
     pub(crate) fn with_scope(mut self, scope: Scope) -> Rejection {
-        self.detail.scope = Some(scope);
+        self.detail.set_scope(scope);
         self
     }
 
@@ -866,7 +963,7 @@ impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = &self.detail;
         let reason = self.reason();
-        if let Some(scope) = d.scope {
+        if let Some(scope) = d.scope() {
             write!(f, "{scope} ")?;
         }
         write!(f, "bulkhead rejected: {reason} (")?;
@@ -946,6 +1043,12 @@ impl fmt::Display for Rejection {
             }
             RejectReason::Timeout => f.write_str("no slot was granted before the queue timeout")?,
             RejectReason::Aborted => f.write_str("the waiting call was cancelled")?,
+            RejectReason::RateLimit => match (d.rate_tokens(), d.retry_after()) {
+                (true, Some(wait)) => write!(f, "the tokens window is full for {wait:?}")?,
+                (false, Some(wait)) => write!(f, "the requests window is full for {wait:?}")?,
+                (true, None) => f.write_str("more tokens than the tokens window allows")?,
+                (false, None) => f.write_str("the requests window allows none")?,
+            },
         }
         f.write_str(")")
     }
@@ -1019,12 +1122,17 @@ mod serialize {
 
     impl Serialize for Rejection {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            let fields = 3 + usize::from(self.scope().is_some());
+            let retry = self.retry_after().map(|wait| wait.as_millis() as u64);
+            let fields = 3 + usize::from(self.scope().is_some()) + usize::from(retry.is_some());
             let mut s = serializer.serialize_struct("Rejection", fields)?;
             s.serialize_field("reason", &self.reason())?;
             match self.scope() {
                 Some(scope) => s.serialize_field("scope", scope.as_str())?,
                 None => s.skip_field("scope")?,
+            }
+            match retry {
+                Some(ms) => s.serialize_field("retry_after_ms", &ms)?,
+                None => s.skip_field("retry_after_ms")?,
             }
             s.serialize_field("limit_revision", &self.limit_revision())?;
             s.serialize_field("detail", &self.detail)?;

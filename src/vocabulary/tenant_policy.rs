@@ -59,7 +59,7 @@ mod entry {
 
     use serde::{Deserialize, Deserializer};
 
-    use crate::vocabulary::limits::{BudgetLimits, ClassLimitsTable, Limits};
+    use crate::vocabulary::limits::{BudgetLimits, ClassLimitsTable, Limits, RateLimits};
 
     #[derive(Deserialize)]
     struct Entry {
@@ -72,6 +72,8 @@ mod entry {
         token_budget: Option<BudgetLimits>,
         #[serde(default)]
         admission_classes: Option<ClassLimitsTable>,
+        #[serde(default)]
+        rate: Option<RateLimits>,
     }
 
     impl From<Entry> for Limits {
@@ -82,6 +84,7 @@ mod entry {
                 max_queue: entry.max_queue,
                 token_budget: entry.token_budget,
                 admission_classes: entry.admission_classes,
+                rate: entry.rate,
             }
         }
     }

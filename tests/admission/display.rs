@@ -74,7 +74,8 @@ fn reject_reason_wire_names() {
             "budget_limit",
             "queue_limit",
             "timeout",
-            "aborted"
+            "aborted",
+            "rate_limit"
         ]
     );
     for &reason in RejectReason::ALL {

@@ -119,6 +119,7 @@ fn every_reason_has_its_status() {
             ("queue_limit", 429),
             ("timeout", 503),
             ("aborted", 499),
+            ("rate_limit", 429),
         ]
     );
 }

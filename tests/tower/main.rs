@@ -640,3 +640,67 @@ async fn tenants_within_a_global_limit_are_decided_together_through_one_layer() 
     assert_eq!(a.token_budget.unwrap().total_consumed, 12);
     assert_eq!(g.token_budget.unwrap().total_consumed, 12);
 }
+
+/// A rate window's refusal through the layer: 429 with the exact `Retry-After`, and the
+/// windows' figures in the rate-limit headers OpenAI's clients read, on a 200 and on the 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_window_refusal_carries_its_exact_retry_after_and_the_window_headers() {
+    use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+    let clock = ManualClock::new();
+    let bulkhead = LlmBulkhead::builder("gpt-4o", 8)
+        .token_budget(TokenBudget::new(100_000))
+        .rate_limits(
+            RateLimits::new(Duration::from_secs(60))
+                .requests(2)
+                .tokens(10_000),
+        )
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    let layer = LlmLayer::new(bulkhead.clone())
+        .options(|_| AcquireOptions::new().reservation(Reservation::new(1_000, 1_000).unwrap()))
+        .rate_limit_headers(true);
+    let (addr, _tx) = serve(layer).await;
+    let ok = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let headers = ok.headers().clone();
+    ok.into_body().collect().await.unwrap();
+    assert_eq!(headers["x-ratelimit-limit-requests"], "2");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "1");
+    assert_eq!(headers["x-ratelimit-reset-requests"], "30s");
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "10000");
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "8000");
+    assert_eq!(headers["x-ratelimit-reset-tokens"], "12s");
+    assert_eq!(headers["ratelimit-remaining"], "1");
+    // The JSON response settled with its usage (42 tokens): the tokens window got the rest back.
+    assert_eq!(
+        bulkhead.rate_status().unwrap().tokens.unwrap().remaining,
+        10_000 - 42
+    );
+    let second = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    second.into_body().collect().await.unwrap();
+    let refused = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    // Two requests of two per minute used: the next one's share of the minute is 30 s away.
+    assert_eq!(refused.headers()["retry-after"], "30");
+    assert_eq!(refused.headers()["x-ratelimit-remaining-requests"], "0");
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["code"], "rate_limit");
+    assert_eq!(json["error"]["type"], "rate_limit_error");
+    clock.advance(Duration::from_secs(30));
+    let again = client()
+        .request(post_to(addr, "/json", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+}

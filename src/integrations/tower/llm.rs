@@ -17,7 +17,7 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::HeaderValue;
@@ -25,6 +25,7 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 
+use crate::engine::rate::RateStatus;
 use crate::http::HttpRefusal;
 use crate::llm::bulkhead::LlmBulkhead;
 use crate::llm::options::AcquireOptions;
@@ -33,7 +34,7 @@ use crate::llm::request::LlmRequest;
 use crate::llm::tenants::{Tenants, TenantsError};
 use crate::llm::within::TenantPermit;
 use crate::vocabulary::error::AcquireError;
-use crate::vocabulary::rejection::{CapacityDetail, Scope};
+use crate::vocabulary::rejection::{CapacityDetail, Rejection, Scope};
 use crate::vocabulary::reservation::TokenUsage;
 
 use super::body::{self, HeldBody};
@@ -680,10 +681,19 @@ where
             };
             let permit = match admitted {
                 Ok(permit) => permit,
-                Err(error) => return Ok(refusal(&error, &config)),
+                Err(error) => {
+                    let rate = if config.rate_limit_headers {
+                        bulkhead.rate_status()
+                    } else {
+                        None
+                    };
+                    return Ok(refusal(&error, &config, rate));
+                }
             };
             // The figures after this call's admission, for the rate-limit headers.
-            let capacity = config.rate_limit_headers.then(|| bulkhead.capacity());
+            let capacity = config
+                .rate_limit_headers
+                .then(|| (bulkhead.capacity(), bulkhead.rate_status()));
             // The hold counts from here (a JSON call's generation happens before its head).
             let admitted_at = config.holds.as_ref().map(|_| Instant::now());
             // An inner failure drops the permit here: released at once.
@@ -692,7 +702,13 @@ where
                 .await?;
             let (mut parts, body) = response.into_parts();
             if let Some(capacity) = &capacity {
-                rate_limit_headers(&mut parts.headers, capacity, config.holds.as_deref());
+                let (capacity, rate) = capacity;
+                rate_limit_headers(
+                    &mut parts.headers,
+                    capacity,
+                    rate.as_ref(),
+                    config.holds.as_deref(),
+                );
             }
             let reader = Reader::for_response(&parts.headers);
             Ok(Response::from_parts(
@@ -707,7 +723,11 @@ where
 /// (its figures only with `expose_capacity`), with the hold-time hint as `Retry-After` on a 429
 /// when it is on and known, and the rate-limit headers on a 429 when they are on; then the
 /// layer's `on_refusal` hook.
-fn refusal<R>(error: &AcquireError, config: &Config) -> Response<LlmBody<R>> {
+fn refusal<R>(
+    error: &AcquireError,
+    config: &Config,
+    rate: Option<RateStatus>,
+) -> Response<LlmBody<R>> {
     let scoped;
     let error = match error {
         // A per-tenant layer's refusals are its tenants' own.
@@ -734,18 +754,31 @@ fn refusal<R>(error: &AcquireError, config: &Config) -> Response<LlmBody<R>> {
     }
     let holds = config.holds.as_deref();
     let too_many = status == StatusCode::TOO_MANY_REQUESTS;
-    let retry_after = if too_many && config.retry_after {
-        holds.and_then(HoldTimes::hint_seconds)
-    } else {
-        None
+    // A rate window's refusal knows its wait exactly; a capacity refusal has only the
+    // hold-time hint, when it is on.
+    let exact = error
+        .rejection()
+        .and_then(Rejection::retry_after)
+        .map(|wait| wait.as_millis().div_ceil(1000).max(1) as u64);
+    let retry_after = match exact {
+        Some(seconds) if too_many => Some(seconds),
+        _ if too_many && config.retry_after => holds.and_then(HoldTimes::hint_seconds),
+        _ => None,
     };
     let mut response = body::answer(status, Bytes::from(answer.body()), retry_after);
+    // The rate-limit headers are opted into; a global level's figures stay hidden from a
+    // tenant's client unless the layer shows them.
     if too_many
         && config.rate_limit_headers
-        && show
         && let Some(rejection) = error.rejection()
+        && (rejection.scope() != Some(Scope::Global) || config.expose_capacity)
     {
-        rate_limit_headers(response.headers_mut(), rejection.detail(), holds);
+        rate_limit_headers(
+            response.headers_mut(),
+            rejection.detail(),
+            rate.as_ref(),
+            holds,
+        );
     }
     if let Some(hook) = &config.on_refusal {
         hook(error, &mut response);
@@ -758,8 +791,12 @@ fn refusal<R>(error: &AcquireError, config: &Config) -> Response<LlmBody<R>> {
 fn rate_limit_headers(
     headers: &mut http::HeaderMap,
     capacity: &CapacityDetail,
+    rate: Option<&RateStatus>,
     holds: Option<&HoldTimes>,
 ) {
+    if let Some(rate) = rate {
+        return window_headers(headers, rate);
+    }
     let reset = holds.and_then(HoldTimes::hint_seconds).unwrap_or(1);
     let limit = u64::from(capacity.max_concurrent);
     let remaining = limit.saturating_sub(capacity.in_flight);
@@ -783,6 +820,64 @@ fn rate_limit_headers(
             HeaderValue::from(budget.available),
         );
         headers.insert("x-ratelimit-reset-tokens", seconds);
+    }
+}
+
+/// The rate-limit headers of a bulkhead with rate windows: its windows' figures (the requests
+/// window for `RateLimit-*`, else the tokens window), resets as OpenAI writes them (`"1s"`,
+/// `"250ms"`, `"6m0s"`).
+fn window_headers(headers: &mut http::HeaderMap, rate: &RateStatus) {
+    let text = |reset: Duration| {
+        HeaderValue::from_str(&go_duration(reset)).expect("digits and unit letters")
+    };
+    if let Some(first) = rate.requests.or(rate.tokens) {
+        let seconds = first.reset.as_millis().div_ceil(1000) as u64;
+        headers.insert("ratelimit-limit", HeaderValue::from(first.limit));
+        headers.insert("ratelimit-remaining", HeaderValue::from(first.remaining));
+        headers.insert("ratelimit-reset", HeaderValue::from(seconds));
+    }
+    if let Some(requests) = rate.requests {
+        headers.insert(
+            "x-ratelimit-limit-requests",
+            HeaderValue::from(requests.limit),
+        );
+        headers.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from(requests.remaining),
+        );
+        headers.insert("x-ratelimit-reset-requests", text(requests.reset));
+    }
+    if let Some(tokens) = rate.tokens {
+        headers.insert("x-ratelimit-limit-tokens", HeaderValue::from(tokens.limit));
+        headers.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from(tokens.remaining),
+        );
+        headers.insert("x-ratelimit-reset-tokens", text(tokens.reset));
+    }
+}
+
+/// A duration as Go prints one (OpenAI's reset headers): `"0s"`, `"250ms"`, `"1.5s"`, `"6m0s"`.
+fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (minutes, rest) = (ms / 60_000, ms % 60_000);
+    let seconds = if rest % 1000 == 0 {
+        format!("{}s", rest / 1000)
+    } else {
+        format!("{}.{:03}s", rest / 1000, rest % 1000)
+            .trim_end_matches('0')
+            .to_owned()
+    };
+    if minutes > 0 {
+        format!("{minutes}m{seconds}")
+    } else {
+        seconds
     }
 }
 

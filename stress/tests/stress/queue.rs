@@ -31,7 +31,7 @@ static EMPTY_REQUEST: std::sync::LazyLock<async_bulkhead_llm::LlmRequest> =
 #[derive(Default)]
 struct Tally {
     admitted: AtomicU64,
-    refused: [AtomicU64; 6],
+    refused: [AtomicU64; RejectReason::ALL.len()],
     abandoned: AtomicU64,
     consumed: AtomicU64,
     refunded: AtomicU64,

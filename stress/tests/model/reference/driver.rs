@@ -146,10 +146,12 @@ impl<'b> Driver<'b> {
         default_class: Option<usize>,
         config: Config,
     ) -> Driver<'b> {
-        // The model counts refusals by `reason as usize`, in the crate's order.
+        // The model counts refusals by `reason as usize`, in the crate's order (it has no rate
+        // windows: `rate_limit`, the last reason, is never its bulkheads' refusal).
         assert_eq!(
             RejectReason::ALL
                 .iter()
+                .filter(|&&r| r != RejectReason::RateLimit)
                 .map(|&r| reason_of(r))
                 .collect::<Vec<_>>(),
             REASONS

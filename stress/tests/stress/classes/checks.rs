@@ -163,7 +163,7 @@ impl Shared {
 
         // Each class against its callers' books, and the classes against the globals.
         let mut sums = [0u64; 12];
-        let mut rejected_sum = [0u64; 6];
+        let mut rejected_sum = [0u64; RejectReason::ALL.len()];
         for (c, s) in classes.classes.iter().enumerate() {
             let book = self.book(c);
             let at = |what: &str| format!("class {c} ({}): {what}: {s:#?}", s.class);

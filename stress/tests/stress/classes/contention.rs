@@ -75,7 +75,7 @@ fn unpack(word: u64) -> ([u64; 2], [u64; 2]) {
 #[derive(Clone, Copy, Default, Debug)]
 struct Books {
     admitted: u64,
-    refused: [u64; 6],
+    refused: [u64; RejectReason::ALL.len()],
     reserved: u64,
     consumed: u64,
     refunded: u64,

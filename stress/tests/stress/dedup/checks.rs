@@ -232,7 +232,7 @@ impl Shared {
         );
 
         // Bypasses: the bypassed runs, their events, and the observe figures.
-        let mut by_reason = [0u64; 6];
+        let mut by_reason = [0u64; RejectReason::ALL.len()];
         for r in &bypassed {
             by_reason[reason_index(r.bypass.unwrap().reason)] += 1;
         }
@@ -307,7 +307,7 @@ impl Shared {
             .iter()
             .map(|c| split(c, &by_caller[c.id as usize]))
             .collect();
-        let mut counted = [0u64; 6];
+        let mut counted = [0u64; RejectReason::ALL.len()];
         for r in &refusals {
             for &reason in r.own.iter().chain(&r.flight) {
                 counted[reason_index(reason)] += 1;

@@ -85,7 +85,7 @@ pub(crate) struct Book {
     pub(crate) decided: AtomicU64,
     pub(crate) admitted: AtomicU64,
     /// Refusals the callers saw, by reason.
-    seen: [AtomicU64; 6],
+    seen: [AtomicU64; RejectReason::ALL.len()],
     /// Calls polled (so decided) and cancelled before their result: each counted as a refusal
     /// (aborted, or whatever refused it before the caller gave up).
     pub(crate) vanished: AtomicU64,
@@ -382,7 +382,7 @@ pub(crate) struct ScopeHeard {
     pub(crate) admits: AtomicU64,
     pub(crate) releases: AtomicU64,
     pub(crate) usages: AtomicU64,
-    pub(crate) rejects: [AtomicU64; 6],
+    pub(crate) rejects: [AtomicU64; RejectReason::ALL.len()],
     /// Manual and deadline abandonments of borrowed slots.
     pub(crate) abandons: [AtomicU64; 2],
     pub(crate) reserved: AtomicU64,

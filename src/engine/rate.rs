@@ -1,0 +1,753 @@
+//! Rate windows: requests and tokens per window (see [`RateLimits`](crate::rate::RateLimits)),
+//! decided in the admission before the word, and the clock they read ([`RateClock`]).
+//!
+//! # The algorithm
+//!
+//! Each window is a GCRA (generic cell rate algorithm) kept as one timestamp, its theoretical
+//! arrival time `tat`, counted in the window's own ticks: a tick is one unit's share of the
+//! window (`window / limit`), so a call of `n` units costs exactly `n` ticks and nothing is
+//! rounded per call. A call of `n` units at tick `now` is admitted iff
+//! `max(tat, now) + n - now <= limit`, which moves `tat` there with one CAS. So the window
+//! lets `limit` units through at once after a quiet window, and at most
+//! `limit * (t + window) / window` in any span `t` (a token bucket of `limit` refilled at
+//! `limit / window`). A refused call is told exactly when it would fit if nothing else arrived:
+//! the start of tick `max(tat, now) + n - limit`. A call of more units than `limit` can never
+//! fit. (A limit counts at most one unit per nanosecond of its window, so a tick is at least a
+//! nanosecond; a change of limits moves each `tat` to the new ticks, under the writer's lock.)
+//!
+//! A call is charged to the requests window (1 unit) and then to the tokens window (its
+//! reservation) before the admission word is decided; a refusal by either takes nothing (a
+//! charge already made is given back), and a refusal by the word (no slot, no tokens, closed)
+//! gives the charges back. A call that queues keeps its charge while it waits and gets it back
+//! if the wait ends refused. A settled call's tokens charge is corrected to its reported usage
+//! (input + output, as providers bill), and a report beyond its reservation is charged when it
+//! arrives, so the window converges on what the provider bills. A permit dropped without any
+//! usage known keeps its reservation charged.
+//!
+//! A charge given back moves `tat` back by what it added: exact unless `tat` was behind `now`
+//! when it was charged (an idle window), where the give-back leaves the idle time spent
+//! (conservative: never more admitted than the limits allow). A decision racing `apply_limits`
+//! reads the window's figures of one epoch, as the word's decision does (one racing the
+//! rescaling of `tat` may charge one call on the old ticks).
+//!
+//! # The clock
+//!
+//! [`RateClock::system`] (the default) reads a process-wide coarse clock, an atomic that a
+//! thread (`bulkhead-rate-clock`, started with the first bulkhead that uses it) advances every
+//! millisecond: a decision costs one relaxed load, not a clock read. Its lag behind real time
+//! (about a millisecond, more if the thread is descheduled) makes a decision at most that much
+//! stricter, and lets at most `limit * lag / window` more through over a long run.
+//! [`RateClock::precise`] reads `Instant::now()` every decision; [`RateClock::manual`] is moved
+//! by hand (tests, simulations); with the `tokio` feature [`RateClock::tokio`] reads tokio's
+//! clock (paused-clock friendly).
+
+use core::fmt;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use super::assembly::Engine;
+use super::policy::{self, Ask};
+use crate::support::sync::atomic::{AtomicU64, Ordering};
+use crate::support::sync::{Arc, unmodeled};
+use crate::vocabulary::rejection::{RejectReason, Rejection};
+
+/// Where a bulkhead's rate windows read the time.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+/// use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+///
+/// let clock = ManualClock::new();
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 8)
+///     .rate_limits(RateLimits::new(Duration::from_secs(1)).requests(2))
+///     .rate_clock(RateClock::manual(&clock))
+///     .build()?;
+/// let call = || bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new());
+/// drop((call()?, call()?));
+/// let refused = call().unwrap_err();
+/// assert_eq!(refused.rejection().unwrap().reason(), RejectReason::RateLimit);
+/// assert_eq!(refused.rejection().unwrap().retry_after(), Some(Duration::from_millis(500)));
+/// clock.advance(Duration::from_millis(500));
+/// assert!(call().is_ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateClock {
+    source: Source,
+}
+
+#[derive(Clone)]
+enum Source {
+    /// The process-wide coarse clock.
+    System,
+    /// `Instant::now()` at every read.
+    Precise,
+    /// Moved by hand.
+    Manual(Arc<AtomicU64>),
+    /// tokio's clock, from the instant the clock was made.
+    #[cfg(feature = "tokio")]
+    Tokio(tokio::time::Instant),
+}
+
+impl RateClock {
+    /// The process-wide coarse clock (the default): one relaxed load per decision, about a
+    /// millisecond behind real time (see the `rate` module).
+    pub fn system() -> RateClock {
+        RateClock {
+            source: Source::System,
+        }
+    }
+
+    /// `Instant::now()` at every decision (exact; a clock read per decision).
+    pub fn precise() -> RateClock {
+        RateClock {
+            source: Source::Precise,
+        }
+    }
+
+    /// The time `clock` says, moved by hand: for tests and simulations.
+    pub fn manual(clock: &ManualClock) -> RateClock {
+        RateClock {
+            source: Source::Manual(Arc::clone(&clock.now)),
+        }
+    }
+
+    /// tokio's clock (`tokio::time::Instant::now()`): a paused runtime's virtual time in tests.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub fn tokio() -> RateClock {
+        RateClock {
+            source: Source::Tokio(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Starts what the clock needs (the coarse clock's thread).
+    pub(crate) fn start(&self) {
+        if let Source::System = self.source {
+            coarse::start();
+        }
+    }
+
+    /// Nanoseconds since the process's origin on this clock.
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        match &self.source {
+            Source::System => coarse::now_ns(),
+            Source::Precise => since_origin(Instant::now()),
+            Source::Manual(now) => now.load(Ordering::Acquire),
+            #[cfg(feature = "tokio")]
+            Source::Tokio(start) => {
+                let elapsed = tokio::time::Instant::now().saturating_duration_since(*start);
+                u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+            }
+        }
+    }
+}
+
+impl Default for RateClock {
+    fn default() -> RateClock {
+        RateClock::system()
+    }
+}
+
+impl fmt::Debug for RateClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self.source {
+            Source::System => "system",
+            Source::Precise => "precise",
+            Source::Manual(_) => "manual",
+            #[cfg(feature = "tokio")]
+            Source::Tokio(_) => "tokio",
+        };
+        f.debug_tuple("RateClock").field(&name).finish()
+    }
+}
+
+/// A clock moved by hand, for [`RateClock::manual`]: it starts at a day past the process's
+/// origin and moves only when told.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let clock = async_bulkhead_llm::rate::ManualClock::new();
+/// let start = clock.now();
+/// clock.advance(Duration::from_millis(250));
+/// assert_eq!(clock.now() - start, Duration::from_millis(250));
+/// ```
+#[derive(Clone)]
+pub struct ManualClock {
+    now: Arc<AtomicU64>,
+}
+
+/// Where a manual clock starts (a day): far enough that a window's idle credit is full.
+const MANUAL_START: u64 = 86_400_000_000_000;
+
+impl ManualClock {
+    /// A clock at its start.
+    pub fn new() -> ManualClock {
+        ManualClock {
+            now: Arc::new(AtomicU64::new(MANUAL_START)),
+        }
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.now.fetch_add(by, Ordering::AcqRel);
+    }
+
+    /// The time on the clock, since the process's origin.
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.now.load(Ordering::Acquire))
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> ManualClock {
+        ManualClock::new()
+    }
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManualClock")
+            .field("now", &self.now())
+            .finish()
+    }
+}
+
+/// The process's origin of every clock here.
+fn origin() -> Instant {
+    static ORIGIN: unmodeled::OnceLock<Instant> = unmodeled::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+fn since_origin(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(origin()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The coarse clock: an atomic a thread advances every millisecond (under loom, a precise read:
+/// the models use manual clocks).
+mod coarse {
+    use std::time::{Duration, Instant};
+
+    use super::{since_origin, unmodeled};
+
+    static NOW: unmodeled::AtomicU64 = unmodeled::AtomicU64::new(0);
+    static STARTED: unmodeled::Once = unmodeled::Once::new();
+
+    /// How often the thread advances the clock.
+    const TICK: Duration = Duration::from_millis(1);
+
+    pub(super) fn start() {
+        if cfg!(loom) {
+            return;
+        }
+        STARTED.call_once(|| {
+            NOW.fetch_max(since_origin(Instant::now()), unmodeled::Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("bulkhead-rate-clock".to_owned())
+                .spawn(|| {
+                    loop {
+                        std::thread::sleep(TICK);
+                        NOW.fetch_max(since_origin(Instant::now()), unmodeled::Ordering::Relaxed);
+                    }
+                });
+            // Without the thread (none can be spawned), reads fall back to the real clock.
+            if spawned.is_err() {
+                NOW.store(u64::MAX, unmodeled::Ordering::Relaxed);
+            }
+        });
+    }
+
+    #[inline]
+    pub(super) fn now_ns() -> u64 {
+        if cfg!(loom) {
+            return since_origin(Instant::now());
+        }
+        match NOW.load(unmodeled::Ordering::Relaxed) {
+            u64::MAX => since_origin(Instant::now()),
+            now => now,
+        }
+    }
+}
+
+/// The window figures a decision reads (of one epoch of the limits): 0 for a window not
+/// configured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RateBounds {
+    pub(crate) window_ns: u64,
+    pub(crate) requests: u64,
+    pub(crate) tokens: u64,
+    /// Each window's ticks per nanosecond as a 64-bit fraction (`per_ns`, see [`Scale`]).
+    pub(crate) requests_per_ns: u64,
+    pub(crate) tokens_per_ns: u64,
+}
+
+impl RateBounds {
+    fn requests(&self) -> Scale {
+        Scale {
+            window_ns: self.window_ns,
+            limit: self.requests,
+            per_ns: self.requests_per_ns,
+        }
+    }
+
+    fn tokens(&self) -> Scale {
+        Scale {
+            window_ns: self.window_ns,
+            limit: self.tokens,
+            per_ns: self.tokens_per_ns,
+        }
+    }
+
+    /// The bounds of `rate` (all 0 without).
+    pub(crate) fn of(rate: Option<&crate::vocabulary::limits::RateLimits>) -> RateBounds {
+        rate.map_or_else(RateBounds::default, |rate| {
+            let window_ns = u64::try_from(rate.window.as_nanos()).unwrap_or(u64::MAX);
+            let (requests, tokens) = (rate.requests.unwrap_or(0), rate.tokens.unwrap_or(0));
+            RateBounds {
+                window_ns,
+                requests,
+                tokens,
+                requests_per_ns: per_ns(requests, window_ns),
+                tokens_per_ns: per_ns(tokens, window_ns),
+            }
+        })
+    }
+}
+
+/// `limit / window_ns` as a 64-bit fraction, rounded down (at most `u64::MAX`: `limit` is at
+/// most `window_ns`).
+pub(crate) fn per_ns(limit: u64, window_ns: u64) -> u64 {
+    if window_ns == 0 {
+        return 0;
+    }
+    u64::try_from((u128::from(limit) << 64) / u128::from(window_ns)).unwrap_or(u64::MAX)
+}
+
+/// One window's time scale: it counts time in ticks of `window / limit` (one unit's share of
+/// the window), so that a call of `n` units costs exactly `n` ticks and the window is `limit`
+/// ticks long: no rounding accumulates, a burst after a quiet window is exactly `limit`.
+/// (`limit` is at most `window` in nanoseconds, checked by the limits' validation, so a tick is
+/// at least a nanosecond and the clock's ticks fit in 64 bits.)
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    window_ns: u64,
+    /// Units per window (0: no window).
+    limit: u64,
+    /// `limit / window_ns` as a 64-bit fraction, rounded down: ticks per nanosecond.
+    per_ns: u64,
+}
+
+impl Scale {
+    /// The tick `now_ns` falls in: `floor(now_ns * limit / window_ns)`, without a division
+    /// (the fraction's estimate is at most a tick or two short, and corrected exactly).
+    #[inline]
+    fn ticks(self, now_ns: u64) -> u64 {
+        let mut ticks = ((u128::from(now_ns) * u128::from(self.per_ns)) >> 64) as u64;
+        let reach = u128::from(now_ns) * u128::from(self.limit);
+        while u128::from(ticks + 1) * u128::from(self.window_ns) <= reach {
+            ticks += 1;
+        }
+        ticks
+    }
+
+    /// When tick `ticks` starts, in nanoseconds (rounded up).
+    #[inline]
+    fn ns(self, ticks: u64) -> u64 {
+        let ns = (u128::from(ticks) * u128::from(self.window_ns))
+            .div_ceil(u128::from(self.limit.max(1)));
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+}
+
+/// What a call was charged (units of each window: 1 request, its reservation in tokens), to
+/// give back exactly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Charge {
+    requests: u64,
+    tokens: u64,
+}
+
+/// Which window refused a call, and when it would fit (`None`: never, it asks more than the
+/// window's whole limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RateRefusal {
+    pub(crate) tokens: bool,
+    pub(crate) retry_after: Option<Duration>,
+}
+
+/// An engine's windows: each one's word (its `tat` in its ticks, tagged with the limits'
+/// epoch whose ticks they are), and the clock.
+pub(crate) struct Windows {
+    requests: CachePadded<AtomicU64>,
+    tokens: CachePadded<AtomicU64>,
+    clock: RateClock,
+}
+
+/// A window's word: the tag of the limits' epoch in the high `TAG_BITS` bits (the ticks are
+/// that epoch's), its `tat` in the rest (56 bits of ticks: at most a tick a nanosecond, so
+/// about 2.2 years of the clock).
+const TAG_BITS: u32 = 8;
+const TICK_BITS: u32 = 64 - TAG_BITS;
+const TICKS: u64 = (1 << TICK_BITS) - 1;
+
+/// The tag of `epoch`.
+#[inline]
+pub(crate) fn tag_of(epoch: u64) -> u64 {
+    epoch & ((1 << TAG_BITS) - 1)
+}
+
+#[inline]
+fn word(tag: u64, ticks: u64) -> u64 {
+    (tag << TICK_BITS) | ticks.min(TICKS)
+}
+
+/// A window's word is on another epoch's ticks than the decision's: a change of limits is
+/// being installed (or the decision read old limits); decide again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stale;
+
+impl Windows {
+    pub(crate) fn new(clock: RateClock) -> Windows {
+        clock.start();
+        Windows {
+            requests: CachePadded::new(AtomicU64::new(0)),
+            tokens: CachePadded::new(AtomicU64::new(0)),
+            clock,
+        }
+    }
+
+    /// Charges a call of `tokens` to every window of `bounds` (the limits of the epoch tagged
+    /// `tag`), or refuses it (nothing charged); `Stale` (nothing charged) when a window's word
+    /// is on another epoch's ticks.
+    pub(crate) fn charge(
+        &self,
+        tag: u64,
+        bounds: RateBounds,
+        tokens: u64,
+    ) -> Result<Result<Charge, RateRefusal>, Stale> {
+        let now = self.clock.now_ns();
+        let charge = Windows::charge_of(bounds, tokens);
+        match take(&self.requests, tag, charge.requests, bounds.requests(), now)? {
+            Ok(()) => {}
+            Err(retry_after) => {
+                return Ok(Err(RateRefusal {
+                    tokens: false,
+                    retry_after,
+                }));
+            }
+        }
+        let taken = take(&self.tokens, tag, charge.tokens, bounds.tokens(), now);
+        match taken {
+            Ok(Ok(())) => Ok(Ok(charge)),
+            other => {
+                give_back(&self.requests, charge.requests);
+                other.map(|refused| {
+                    Err(RateRefusal {
+                        tokens: true,
+                        retry_after: refused.err().flatten(),
+                    })
+                })
+            }
+        }
+    }
+
+    /// Gives `charge` back (the call was not admitted after all): units, the same on every
+    /// epoch's ticks.
+    pub(crate) fn refund(&self, charge: Charge) {
+        give_back(&self.requests, charge.requests);
+        give_back(&self.tokens, charge.tokens);
+    }
+
+    /// What a call of `tokens` is charged under `bounds`.
+    pub(crate) fn charge_of(bounds: RateBounds, tokens: u64) -> Charge {
+        Charge {
+            requests: u64::from(bounds.requests > 0),
+            tokens: if bounds.tokens > 0 { tokens } else { 0 },
+        }
+    }
+
+    /// Moves a call's tokens charge from `from` tokens to `to` (its reported usage): more is
+    /// charged now without refusing (the tokens were used), less is given back.
+    pub(crate) fn correct(
+        &self,
+        tag: u64,
+        bounds: RateBounds,
+        from: u64,
+        to: u64,
+    ) -> Result<(), Stale> {
+        let scale = bounds.tokens();
+        if scale.limit == 0 {
+            return Ok(());
+        }
+        if to <= from {
+            give_back(&self.tokens, from - to);
+            return Ok(());
+        }
+        let now = scale.ticks(self.clock.now_ns());
+        let more = to - from;
+        let mut current = self.tokens.load(Ordering::Acquire);
+        loop {
+            if current >> TICK_BITS != tag {
+                return Err(Stale);
+            }
+            let next = word(tag, (current & TICKS).max(now).saturating_add(more));
+            match self.tokens.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Moves each window's word to the epoch tagged `tag` and its limits `next` (a change of
+    /// limits): the units charged and not yet drained stay charged (so a raised limit's new
+    /// room is there at once), counted in the new ticks. Called by the writer, under the
+    /// limits' lock, once the new epoch is published: decisions that meet the old tag meanwhile
+    /// decide again.
+    pub(crate) fn rescale(&self, previous: RateBounds, next: RateBounds, tag: u64) {
+        let now_ns = self.clock.now_ns();
+        for (window, old, new) in [
+            (&self.requests, previous.requests(), next.requests()),
+            (&self.tokens, previous.tokens(), next.tokens()),
+        ] {
+            let _ = window.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let ticks = current & TICKS;
+                Some(if old.limit == 0 || new.limit == 0 {
+                    word(tag, 0)
+                } else {
+                    let behind = ticks.saturating_sub(old.ticks(now_ns)).min(new.limit);
+                    word(tag, new.ticks(now_ns) + behind)
+                })
+            });
+        }
+    }
+
+    /// What each window has left now, and when it is whole again (for rate-limit headers).
+    pub(crate) fn status(&self, tag: u64, bounds: RateBounds) -> Result<RateStatus, Stale> {
+        let now_ns = self.clock.now_ns();
+        let window = |window: &AtomicU64, scale: Scale| {
+            let current = window.load(Ordering::Acquire);
+            if current >> TICK_BITS != tag {
+                return Err(Stale);
+            }
+            let now = scale.ticks(now_ns);
+            let tat = current & TICKS;
+            let behind = tat.saturating_sub(now).min(scale.limit);
+            Ok(WindowStatus {
+                limit: scale.limit,
+                remaining: scale.limit - behind,
+                reset: Duration::from_nanos(scale.ns(tat).saturating_sub(now_ns)),
+            })
+        };
+        Ok(RateStatus {
+            requests: match bounds.requests > 0 {
+                true => Some(window(&self.requests, bounds.requests())?),
+                false => None,
+            },
+            tokens: match bounds.tokens > 0 {
+                true => Some(window(&self.tokens, bounds.tokens())?),
+                false => None,
+            },
+        })
+    }
+}
+
+/// A bulkhead's rate windows now ([`LlmBulkhead::rate_status`](crate::LlmBulkhead::rate_status)):
+/// what a gateway's rate-limit headers show.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+/// use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+///
+/// let clock = ManualClock::new();
+/// let bulkhead = LlmBulkhead::builder("m", 8)
+///     .rate_limits(RateLimits::new(Duration::from_secs(10)).requests(10))
+///     .rate_clock(RateClock::manual(&clock))
+///     .build()?;
+/// drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+/// let requests = bulkhead.rate_status().unwrap().requests.unwrap();
+/// assert_eq!((requests.limit, requests.remaining), (10, 9));
+/// assert_eq!(requests.reset, Duration::from_secs(1)); // whole again in one request's time
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateStatus {
+    /// The requests window, if configured.
+    pub requests: Option<WindowStatus>,
+    /// The tokens window, if configured.
+    pub tokens: Option<WindowStatus>,
+}
+
+/// One window's figures now: its limit, what it would let through at once, and how long until
+/// it is whole again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WindowStatus {
+    /// Units (requests or tokens) per window.
+    pub limit: u64,
+    /// Units it would let through at once now.
+    pub remaining: u64,
+    /// How long until it is whole again (nothing else arriving).
+    pub reset: Duration,
+}
+
+/// Adds `units` to the window's `tat` if they fit at `now_ns` (on the ticks of the epoch
+/// tagged `tag`); else when they would (`None`: never, more than the window's whole limit);
+/// `Stale` when the word is on another epoch's ticks.
+#[inline]
+fn take(
+    window: &AtomicU64,
+    tag: u64,
+    units: u64,
+    scale: Scale,
+    now_ns: u64,
+) -> Result<Result<(), Option<Duration>>, Stale> {
+    if units == 0 || scale.limit == 0 {
+        return Ok(Ok(()));
+    }
+    let now = scale.ticks(now_ns);
+    let mut current = window.load(Ordering::Acquire);
+    loop {
+        if current >> TICK_BITS != tag {
+            return Err(Stale);
+        }
+        if units > scale.limit {
+            return Ok(Err(None));
+        }
+        let next = (current & TICKS).max(now).saturating_add(units);
+        if next - now > scale.limit {
+            // It fits once the clock reaches the tick `next - limit`.
+            let at = scale.ns(next - scale.limit);
+            return Ok(Err(Some(Duration::from_nanos(at.saturating_sub(now_ns)))));
+        }
+        match window.compare_exchange_weak(
+            current,
+            word(tag, next),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Ok(Ok(())),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// Moves a window's `tat` back by `units` (what a charge added), keeping its tag.
+#[inline]
+fn give_back(window: &AtomicU64, units: u64) {
+    if units > 0 {
+        let _ = window.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+            Some((current & !TICKS) | (current & TICKS).saturating_sub(units))
+        });
+    }
+}
+
+// ----- the engine's side: charging at the doors, giving back, corrections -----
+
+impl Engine {
+    /// Runs `decide` with the rate windows' figures of the epoch in force (and its tag) until
+    /// it finds every window's word on that epoch's ticks.
+    fn with_rate_bounds<T>(
+        &self,
+        mut decide: impl FnMut(u64, RateBounds) -> Result<T, Stale>,
+    ) -> T {
+        let backoff = Backoff::new();
+        loop {
+            let epoch = self.published.epoch();
+            let bounds = self.published.read_rate(epoch);
+            if self.published.epoch() == epoch
+                && let Ok(out) = decide(tag_of(epoch), bounds)
+            {
+                return out;
+            }
+            crate::support::sync::spin_wait(&backoff);
+        }
+    }
+
+    /// Charges `ask` to the rate windows before its admission is decided: `Ok(None)` without
+    /// windows (or on a closed engine, which refuses `shutdown` before any limit), `Ok(charge)`
+    /// to give back if the decision refuses, or the `rate_limit` refusal (counted; nothing
+    /// charged).
+    pub(super) fn charge_windows(&self, ask: Ask) -> Result<Option<Charge>, Rejection> {
+        let Some(windows) = &self.windows else {
+            return Ok(None);
+        };
+        if self.state.load().is_closed() {
+            return Ok(None);
+        }
+        match self.with_rate_bounds(|tag, bounds| windows.charge(tag, bounds, ask.reserved)) {
+            Ok(charge) => Ok(Some(charge)),
+            Err(refusal) => Err(self.reject_rate(refusal, ask)),
+        }
+    }
+
+    /// [`charge_windows`](Engine::charge_windows) on the fast lane: `None` (nothing charged)
+    /// when a window refuses (the general path decides again and refuses, with the snapshot)
+    /// or the engine is closed.
+    #[inline]
+    pub(super) fn charge_windows_fast(&self, ask: Ask) -> Option<Charge> {
+        let windows = self.windows.as_ref()?;
+        self.with_rate_bounds(|tag, bounds| windows.charge(tag, bounds, ask.reserved))
+            .ok()
+    }
+
+    /// Counts a `rate_limit` refusal of `ask` and builds its rejection (the global figures of
+    /// this moment, which window refused, when the call would fit).
+    #[cold]
+    fn reject_rate(&self, refusal: RateRefusal, ask: Ask) -> Rejection {
+        self.count_refusal(RejectReason::RateLimit, ask.class);
+        let (state, bounds) = self.snapshot();
+        let state = self.in_flight_of(state);
+        let global = Ask { class: None, ..ask };
+        let detail = policy::global_detail(state, &bounds, self.queue.len(), global);
+        Rejection::rate(detail, refusal.tokens, refusal.retry_after)
+    }
+
+    /// Gives back a charge whose admission did not happen.
+    pub(super) fn refund_windows(&self, charge: Option<Charge>) {
+        if let (Some(windows), Some(charge)) = (&self.windows, charge) {
+            windows.refund(charge);
+        }
+    }
+
+    /// Gives back the charge of a queued call whose wait ended refused (its units: 1 request,
+    /// its reservation in tokens, on the windows configured now).
+    pub(super) fn refund_waiter(&self, ask: Ask) {
+        if let Some(windows) = &self.windows {
+            let bounds = self.with_rate_bounds(|_, bounds| Ok(bounds));
+            windows.refund(Windows::charge_of(bounds, ask.reserved));
+        }
+    }
+
+    /// Moves a call's tokens charge from `from` tokens to `to` (its usage): see
+    /// [`Windows::correct`]. Nothing without a tokens window.
+    pub(crate) fn correct_rate(&self, from: u64, to: u64) {
+        if let Some(windows) = &self.windows
+            && from != to
+        {
+            self.with_rate_bounds(|tag, bounds| windows.correct(tag, bounds, from, to));
+        }
+    }
+
+    /// Each window's figures now, for rate-limit headers (`None` without windows).
+    pub(crate) fn rate_status(&self) -> Option<RateStatus> {
+        let windows = self.windows.as_ref()?;
+        Some(self.with_rate_bounds(|tag, bounds| windows.status(tag, bounds)))
+    }
+}

@@ -1,0 +1,523 @@
+//! Rate windows (requests and tokens per window) on a manual clock: exact bursts and steady
+//! rates, exact `retry_after`, one decision with the limits in flight (a refusal by either
+//! takes nothing), give-backs on every refusal after a charge (the word's, a wait's end, a
+//! tenant's global refusal), the tokens window following reported usage, versioned changes,
+//! typed errors that change nothing, the refusal's status and body, and threads that never get
+//! more through than the window allows.
+
+// Results carrying a `Rejection` (its capacity snapshot by value) are large by design.
+#![allow(clippy::result_large_err)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_bulkhead_llm::{
+    AcquireError, AcquireOptions, Limits, LlmBulkhead, LlmRequest, RejectReason, Reservation,
+    TokenBudget, TokenUsage,
+    builder::ConfigError,
+    limits::LimitsError,
+    rate::{ManualClock, RateClock, RateLimits},
+    rejection::Scope,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn windowed(max: usize, rate: RateLimits, clock: &ManualClock) -> LlmBulkhead {
+    LlmBulkhead::builder("m", max)
+        .max_queue(4)
+        .token_budget(TokenBudget::new(1_000_000))
+        .rate_limits(rate)
+        .rate_clock(RateClock::manual(clock))
+        .build()
+        .unwrap()
+}
+
+fn tokens(n: u64) -> AcquireOptions {
+    AcquireOptions::new().reservation(Reservation::new(n, 0).unwrap())
+}
+
+fn rate_refusal(error: &AcquireError) -> (bool, Option<Duration>) {
+    let rejection = error.rejection().expect("a capacity refusal");
+    assert_eq!(rejection.reason(), RejectReason::RateLimit, "{error}");
+    (
+        error.to_string().contains("tokens window"),
+        rejection.retry_after(),
+    )
+}
+
+#[test]
+fn a_requests_window_lets_a_burst_through_then_one_per_share_of_the_window() {
+    let clock = ManualClock::new();
+    // 3 requests per second: an emission interval of 333,333,333.3 ns, not a whole number.
+    let bulkhead = windowed(16, RateLimits::new(SECOND).requests(3), &clock);
+    let request = LlmRequest::new();
+    for _ in 0..3 {
+        drop(bulkhead.try_acquire(&request, tokens(1)).unwrap());
+    }
+    let err = bulkhead.try_acquire(&request, tokens(1)).unwrap_err();
+    // The fourth fits at the start of the next share: 1/3 s (in milliseconds, rounded up).
+    assert_eq!(
+        rate_refusal(&err),
+        (false, Some(Duration::from_millis(334)))
+    );
+    assert_eq!(err.rejection().unwrap().http_status(), 429);
+    clock.advance(Duration::from_nanos(333_333_333));
+    assert!(bulkhead.try_acquire(&request, tokens(1)).is_err());
+    clock.advance(Duration::from_nanos(1));
+    drop(bulkhead.try_acquire(&request, tokens(1)).unwrap());
+    // A quiet window refills it whole: a burst of exactly 3 again, not 4.
+    clock.advance(Duration::from_secs(5));
+    for _ in 0..3 {
+        drop(bulkhead.try_acquire(&request, tokens(1)).unwrap());
+    }
+    assert!(bulkhead.try_acquire(&request, tokens(1)).is_err());
+    let stats = bulkhead.stats();
+    assert_eq!(
+        (stats.admitted, stats.rejected_by_reason.rate_limit),
+        (7, 3)
+    );
+}
+
+#[test]
+fn over_a_long_run_a_window_admits_its_rate_and_no_more() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(16, RateLimits::per_minute().requests(600), &clock);
+    let request = LlmRequest::new();
+    let mut admitted = 0u64;
+    // 10 minutes in steps of 7 ms, trying 3 calls a step (far above 10 a second).
+    for _ in 0..(600_000 / 7) {
+        for _ in 0..3 {
+            if bulkhead.try_acquire(&request, tokens(1)).is_ok() {
+                admitted += 1;
+            }
+        }
+        clock.advance(Duration::from_millis(7));
+    }
+    // The first burst (600) plus 10 a second for the 599.998 s that followed.
+    let elapsed_ms = (600_000 / 7) * 7 - 7;
+    let bound = 600 + elapsed_ms * 600 / 60_000;
+    assert!(admitted <= bound + 1, "{admitted} > {bound}");
+    assert!(admitted >= bound - 1, "{admitted} < {bound}");
+}
+
+#[test]
+fn a_tokens_window_charges_reservations_and_follows_reported_usage() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(16, RateLimits::new(SECOND).tokens(10_000), &clock);
+    let request = LlmRequest::new();
+    let a = bulkhead.try_acquire(&request, tokens(6_000)).unwrap();
+    let err = bulkhead.try_acquire(&request, tokens(6_000)).unwrap_err();
+    // 2,000 short: 2,000 tokens' share of a second.
+    assert_eq!(rate_refusal(&err), (true, Some(Duration::from_millis(200))));
+    // Nothing taken by the refusal.
+    let stats = bulkhead.stats();
+    assert_eq!(
+        (
+            stats.in_flight,
+            stats.token_budget.unwrap().in_flight_tokens
+        ),
+        (1, 6_000)
+    );
+    // The call used 1,000 of its 6,000: the window gets 5,000 back at its release.
+    a.release(Some(TokenUsage::new(600, 400).unwrap()));
+    let status = bulkhead.rate_status().unwrap().tokens.unwrap();
+    assert_eq!((status.limit, status.remaining), (10_000, 9_000));
+    drop(bulkhead.try_acquire(&request, tokens(6_000)).unwrap()); // dropped: stays charged
+    assert_eq!(
+        bulkhead.rate_status().unwrap().tokens.unwrap().remaining,
+        3_000
+    );
+    // A report beyond the reservation is charged as it arrives.
+    let mut b = bulkhead.try_acquire(&request, tokens(1_000)).unwrap();
+    b.report_usage(TokenUsage::new(1_000, 1_500).unwrap())
+        .unwrap();
+    assert_eq!(
+        bulkhead.rate_status().unwrap().tokens.unwrap().remaining,
+        500
+    );
+    b.release(None);
+    assert_eq!(
+        bulkhead.rate_status().unwrap().tokens.unwrap().remaining,
+        500
+    );
+    // More than the whole window: never, answered 413.
+    let never = bulkhead.try_acquire(&request, tokens(10_001)).unwrap_err();
+    assert_eq!(rate_refusal(&never), (true, None));
+    assert_eq!(never.rejection().unwrap().http_status(), 413);
+}
+
+#[test]
+fn a_refusal_by_the_word_or_a_closed_bulkhead_gives_the_charge_back() {
+    let clock = ManualClock::new();
+    let bulkhead = LlmBulkhead::builder("m", 1)
+        .token_budget(TokenBudget::new(1_000))
+        .rate_limits(RateLimits::new(SECOND).requests(10).tokens(5_000))
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    let request = LlmRequest::new();
+    let held = bulkhead.try_acquire(&request, tokens(100)).unwrap();
+    let full = bulkhead.try_acquire(&request, tokens(100)).unwrap_err();
+    assert_eq!(
+        full.rejection().unwrap().reason(),
+        RejectReason::ConcurrencyLimit
+    );
+    let budget = bulkhead.try_acquire(&request, tokens(2_000)).unwrap_err();
+    assert_eq!(
+        budget.rejection().unwrap().reason(),
+        RejectReason::BudgetLimit
+    );
+    let status = bulkhead.rate_status().unwrap();
+    assert_eq!(status.requests.unwrap().remaining, 9); // only the admitted call
+    assert_eq!(status.tokens.unwrap().remaining, 4_900);
+    drop(held);
+    // Closed: `shutdown` before any window, even a full one.
+    for _ in 0..9 {
+        drop(bulkhead.try_acquire(&request, tokens(1)).unwrap());
+    }
+    assert_eq!(
+        bulkhead
+            .try_acquire(&request, tokens(1))
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .reason(),
+        RejectReason::RateLimit
+    );
+    bulkhead.close();
+    assert_eq!(
+        bulkhead
+            .try_acquire(&request, tokens(1))
+            .unwrap_err()
+            .rejection()
+            .unwrap()
+            .reason(),
+        RejectReason::Shutdown
+    );
+}
+
+#[test]
+fn a_queued_call_keeps_its_charge_and_gets_it_back_when_its_wait_ends_refused() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(1, RateLimits::new(SECOND).requests(10), &clock);
+    let request = LlmRequest::new();
+    let held = bulkhead.try_acquire(&request, tokens(1)).unwrap();
+    let short = tokens(1).timeout(Duration::from_millis(20));
+    let err = bulkhead.acquire_blocking(&request, short).unwrap_err();
+    assert_eq!(err.rejection().unwrap().reason(), RejectReason::Timeout);
+    assert_eq!(
+        bulkhead.rate_status().unwrap().requests.unwrap().remaining,
+        9
+    );
+    // Handed the slot: it stays charged.
+    let waiter = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| bulkhead.acquire_blocking(&request, tokens(1)).map(drop));
+        while bulkhead.stats().pending == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            bulkhead.rate_status().unwrap().requests.unwrap().remaining,
+            8
+        );
+        drop(held);
+        waiting.join().unwrap()
+    });
+    waiter.unwrap();
+    assert_eq!(
+        bulkhead.rate_status().unwrap().requests.unwrap().remaining,
+        8
+    );
+}
+
+#[test]
+fn limits_change_the_window_through_the_versioned_path_and_bad_ones_change_nothing() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(16, RateLimits::new(SECOND).requests(2), &clock);
+    let request = LlmRequest::new();
+    drop((
+        bulkhead.try_acquire(&request, tokens(1)).unwrap(),
+        bulkhead.try_acquire(&request, tokens(1)).unwrap(),
+    ));
+    assert!(bulkhead.try_acquire(&request, tokens(1)).is_err());
+    let mut next = bulkhead.limits();
+    next.revision = 1;
+    next.rate = Some(RateLimits::new(SECOND).requests(4));
+    assert!(bulkhead.apply_limits(next.clone()).unwrap().is_applied());
+    // The same instant on the new scale: 2 of 4 used, 2 left.
+    assert_eq!(
+        bulkhead.rate_status().unwrap().requests.unwrap().remaining,
+        2
+    );
+    drop(bulkhead.try_acquire(&request, tokens(1)).unwrap());
+    for (rate, error) in [
+        (None, LimitsError::RateLimitsRequired),
+        (
+            Some(RateLimits::new(Duration::ZERO).requests(1)),
+            LimitsError::RateWindowOutOfRange {
+                window: Duration::ZERO,
+            },
+        ),
+        (Some(RateLimits::new(SECOND)), LimitsError::RateLimitsEmpty),
+        (
+            Some(RateLimits::new(SECOND).requests(0)),
+            LimitsError::RateLimitsEmpty,
+        ),
+        (
+            Some(RateLimits::new(Duration::from_millis(1)).requests(2_000_000)),
+            LimitsError::RateLimitTooHigh {
+                limit: 2_000_000,
+                window: Duration::from_millis(1),
+            },
+        ),
+    ] {
+        let mut bad = next.clone();
+        bad.revision = 2;
+        bad.rate = rate;
+        assert_eq!(bulkhead.apply_limits(bad).unwrap_err(), error);
+    }
+    assert_eq!(bulkhead.limits().revision, 1);
+    let plain = LlmBulkhead::builder("m", 1).build().unwrap();
+    let err = plain
+        .apply_limits(Limits::new(1, 1).with_rate(RateLimits::new(SECOND).requests(1)))
+        .unwrap_err();
+    assert_eq!(err, LimitsError::RateLimitsNotConfigured);
+    let err = LlmBulkhead::builder("m", 1)
+        .rate_limits(RateLimits::new(SECOND).tokens(5))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::RateLimits(LimitsError::RateTokensNeedBudget)
+    );
+}
+
+#[test]
+fn a_tenant_window_refuses_at_the_tenant_and_a_global_refusal_gives_the_tenant_charge_back() {
+    let clock = ManualClock::new();
+    let global = LlmBulkhead::builder("m", 1).build().unwrap();
+    let tenant = LlmBulkhead::builder("m", 8)
+        .rate_limits(RateLimits::new(SECOND).requests(2))
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    let request = LlmRequest::new();
+    let held = tenant
+        .try_acquire_within(&global, &request, AcquireOptions::new())
+        .unwrap();
+    // The global slot is taken: refused globally, the tenant's window charge given back.
+    let err = tenant
+        .try_acquire_within(&global, &request, AcquireOptions::new())
+        .unwrap_err();
+    assert_eq!(err.rejection().unwrap().scope(), Some(Scope::Global));
+    assert_eq!(tenant.rate_status().unwrap().requests.unwrap().remaining, 1);
+    drop(held);
+    drop(
+        tenant
+            .try_acquire_within(&global, &request, AcquireOptions::new())
+            .unwrap(),
+    );
+    let err = tenant
+        .try_acquire_within(&global, &request, AcquireOptions::new())
+        .unwrap_err();
+    assert_eq!(err.rejection().unwrap().scope(), Some(Scope::Tenant));
+    assert_eq!(err.rejection().unwrap().reason(), RejectReason::RateLimit);
+    assert_eq!(global.stats().admitted, 2);
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn rate_limits_are_data_in_limits_and_tenant_policies() {
+    use async_bulkhead_llm::tenants::TenantPolicy;
+    let limits = Limits::new(1, 8).with_rate(RateLimits::per_minute().requests(500).tokens(90_000));
+    let json = serde_json::to_string(&limits).unwrap();
+    assert!(
+        json.contains(r#""rate":{"window_ms":60000,"requests":500,"tokens":90000}"#),
+        "{json}"
+    );
+    assert_eq!(serde_json::from_str::<Limits>(&json).unwrap(), limits);
+    let policy: TenantPolicy = serde_json::from_str(
+        r#"{"revision": 1, "default": {"max_concurrent": 2, "rate": {"window_ms": 1000, "requests": 5}}}"#,
+    )
+    .unwrap();
+    assert_eq!(policy.limits_for("x").rate.unwrap().requests, Some(5));
+    // The refusal's body carries the wait.
+    let clock = ManualClock::new();
+    let bulkhead = windowed(4, RateLimits::new(SECOND).requests(1), &clock);
+    drop(bulkhead.try_acquire(&LlmRequest::new(), tokens(1)).unwrap());
+    let err = bulkhead
+        .try_acquire(&LlmRequest::new(), tokens(1))
+        .unwrap_err();
+    let json = serde_json::to_value(err.rejection().unwrap()).unwrap();
+    assert_eq!(
+        (json["reason"].as_str(), json["retry_after_ms"].as_u64()),
+        (Some("rate_limit"), Some(1000))
+    );
+    let body = async_bulkhead_llm::http::HttpRefusal::from(err).body();
+    assert!(
+        body.contains(r#""type":"rate_limit_error","code":"rate_limit""#),
+        "{body}"
+    );
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(start_paused = true)]
+async fn the_tokio_clock_follows_a_paused_runtime() {
+    let bulkhead = LlmBulkhead::builder("m", 4)
+        .rate_limits(RateLimits::new(SECOND).requests(1))
+        .rate_clock(RateClock::tokio())
+        .build()
+        .unwrap();
+    drop(
+        bulkhead
+            .try_acquire(&LlmRequest::new(), AcquireOptions::new())
+            .unwrap(),
+    );
+    let err = bulkhead
+        .try_acquire(&LlmRequest::new(), AcquireOptions::new())
+        .unwrap_err();
+    assert_eq!(err.rejection().unwrap().retry_after(), Some(SECOND));
+    tokio::time::advance(SECOND).await;
+    assert!(
+        bulkhead
+            .try_acquire(&LlmRequest::new(), AcquireOptions::new())
+            .is_ok()
+    );
+}
+
+/// Four threads hammer a frozen window of 1,000 requests and 50,000 tokens: exactly what it
+/// allows gets through, whatever the interleaving, and every refusal gave its charge back.
+#[test]
+fn under_threads_a_frozen_window_admits_exactly_its_limit() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(
+        64,
+        RateLimits::new(SECOND).requests(1_000).tokens(50_000),
+        &clock,
+    );
+    let admitted = AtomicU64::new(0);
+    let admitted_tokens = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for seed in 0..4 {
+            let (bulkhead, admitted, admitted_tokens) = (&bulkhead, &admitted, &admitted_tokens);
+            scope.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                for _ in 0..5_000 {
+                    let n = rng.u64(1..120);
+                    if let Ok(permit) = bulkhead.try_acquire(&LlmRequest::new(), tokens(n)) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        admitted_tokens.fetch_add(n, Ordering::Relaxed);
+                        drop(permit);
+                    }
+                }
+            });
+        }
+    });
+    let (calls, used) = (admitted.into_inner(), admitted_tokens.into_inner());
+    assert!(
+        calls <= 1_000 && used <= 50_000,
+        "{calls} calls, {used} tokens"
+    );
+    let status = bulkhead.rate_status().unwrap();
+    assert_eq!(status.requests.unwrap().remaining, 1_000 - calls);
+    assert_eq!(status.tokens.unwrap().remaining, 50_000 - used);
+    assert_eq!(
+        bulkhead.stats().rejected_by_reason.rate_limit,
+        20_000 - calls
+    );
+}
+
+/// A provider's own limits, as OpenAI states them: a token bucket per minute for requests and
+/// one for tokens (capacity the limit, refilled continuously), each request charged its input
+/// and `max_tokens` on arrival; a request that does not fit is answered 429. Exact arithmetic
+/// of its own (continuous time, not ticks).
+struct Provider {
+    rpm: f64,
+    tpm: f64,
+    requests: f64,
+    tokens: f64,
+    at: Duration,
+    accepted_tokens: u64,
+    too_many: u64,
+}
+
+impl Provider {
+    fn new(rpm: u64, tpm: u64) -> Provider {
+        Provider {
+            rpm: rpm as f64,
+            tpm: tpm as f64,
+            requests: rpm as f64,
+            tokens: tpm as f64,
+            at: Duration::ZERO,
+            accepted_tokens: 0,
+            too_many: 0,
+        }
+    }
+
+    fn call(&mut self, now: Duration, tokens: u64) {
+        let minutes = (now - self.at).as_secs_f64() / 60.0;
+        self.at = now;
+        self.requests = (self.requests + minutes * self.rpm).min(self.rpm);
+        self.tokens = (self.tokens + minutes * self.tpm).min(self.tpm);
+        // A millionth of a token of slack for floating point.
+        if self.requests + 1e-6 >= 1.0 && self.tokens + 1e-6 >= tokens as f64 {
+            self.requests -= 1.0;
+            self.tokens -= tokens as f64;
+            self.accepted_tokens += tokens;
+        } else {
+            self.too_many += 1;
+        }
+    }
+}
+
+/// Ten virtual minutes of demand far above a provider's 120 RPM / 100,000 TPM, through a
+/// bulkhead whose windows are set to the provider's limits: the provider answers no 429, and
+/// the bulkhead passes it at least 95% of the tokens it could take.
+#[test]
+fn windows_set_to_the_provider_s_limits_meet_no_429_and_use_its_tokens() {
+    const RPM: u64 = 120;
+    const TPM: u64 = 100_000;
+    let clock = ManualClock::new();
+    let bulkhead = LlmBulkhead::builder("m", 1_000)
+        .token_budget(TokenBudget::new(10_000_000))
+        .rate_limits(RateLimits::per_minute().requests(RPM).tokens(TPM))
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    let mut provider = Provider::new(RPM, TPM);
+    let mut rng = fastrand::Rng::with_seed(32);
+    let mut running: Vec<(Duration, async_bulkhead_llm::Permit<'_>)> = Vec::new();
+    let step = Duration::from_millis(10);
+    let mut now = Duration::ZERO;
+    let mut refused = 0u64;
+    while now < Duration::from_secs(600) {
+        // Twenty clients a step, each wanting 200-3,000 tokens.
+        for _ in 0..20 {
+            let reserved = rng.u64(200..3_000);
+            match bulkhead.try_acquire(&LlmRequest::new(), tokens(reserved)) {
+                Ok(permit) => {
+                    provider.call(now, reserved);
+                    running.push((now + Duration::from_millis(rng.u64(500..8_000)), permit));
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        // Calls that end settle with their reservation (what the provider charged).
+        running.retain_mut(|(end, _)| *end > now);
+        clock.advance(step);
+        now += step;
+    }
+    // The most the provider could take: a full bucket, then its rate, over ten minutes.
+    let most = TPM + TPM * 10;
+    let used = provider.accepted_tokens as f64 / most as f64;
+    assert_eq!(provider.too_many, 0, "provider 429s");
+    assert!(
+        used >= 0.95,
+        "used {:.1}% of the provider's tokens",
+        used * 100.0
+    );
+    assert!(refused > 100_000, "the demand was far above the limits");
+    println!(
+        "provider 429s: 0; tokens used: {:.2}% of {most}; bulkhead refusals: {refused}",
+        used * 100.0
+    );
+}
