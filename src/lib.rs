@@ -395,6 +395,7 @@ pub mod tenants {
 /// ([`RateLimits`](crate::rate::RateLimits)), and the clock the windows read.
 pub mod rate {
     pub use crate::engine::rate::{ManualClock, RateClock, RateStatus, WindowStatus};
+    pub use crate::llm::learn::{LearnBounds, LimitLearner, ProviderLimits};
     pub use crate::vocabulary::limits::RateLimits;
 }
 
@@ -416,7 +417,7 @@ pub mod tower {
     pub use crate::integrations::tower::error::{BoxError, LayerError};
     pub use crate::integrations::tower::grace::Disconnect;
     pub use crate::integrations::tower::llm::{
-        DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService,
+        DEFAULT_MAX_REQUEST_BODY, LlmBody, LlmLayer, LlmService, provider_limits,
     };
     pub use crate::integrations::tower::usage::provider_usage;
 }

@@ -16,6 +16,8 @@
 //!   the public face ([`LlmBulkhead`](crate::LlmBulkhead) and what its methods take and return).
 //! - `tenants`: [`Tenants`](crate::tenants::Tenants), a keyed family of bulkheads (one per tenant),
 //!   over the public face.
+//! - `learn`: [`LimitLearner`](crate::rate::LimitLearner), rate windows adapted to what the
+//!   provider states, over the public face (`apply_limits`).
 //! - `within`: a tenant's bulkhead within a global one, decided together
 //!   ([`TenantPermit`](crate::tenants::TenantPermit)), over the engine's provisional admissions.
 //!
@@ -30,6 +32,7 @@ mod canonical;
 pub(crate) mod context;
 pub(crate) mod dedup;
 pub(crate) mod estimate;
+pub(crate) mod learn;
 pub(crate) mod observe;
 pub(crate) mod options;
 pub(crate) mod permit;

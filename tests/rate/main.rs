@@ -521,3 +521,152 @@ fn windows_set_to_the_provider_s_limits_meet_no_429_and_use_its_tokens() {
         used * 100.0
     );
 }
+
+/// Drives `minutes` of demand far above the provider's limits through `bulkhead`, telling
+/// `learner` what each provider answer said (with the limits stated when `states` is set); at
+/// each `(at, tpm)` of `changes` the provider's tokens limit changes. Returns the bulkhead's
+/// tokens window sampled every second, and the provider's accepted tokens and 429s per second.
+fn learn_against(
+    bulkhead: &LlmBulkhead,
+    clock: &ManualClock,
+    learner: &async_bulkhead_llm::rate::LimitLearner,
+    provider: &mut Provider,
+    seconds: u64,
+    states: bool,
+    changes: &[(u64, u64)],
+) -> Vec<(u64, u64, u64)> {
+    use async_bulkhead_llm::rate::ProviderLimits;
+    let mut rng = fastrand::Rng::with_seed(7);
+    let step = Duration::from_millis(10);
+    let mut now = Duration::ZERO;
+    let mut samples = Vec::new();
+    let (mut accepted, mut throttled) = (0u64, 0u64);
+    while now < Duration::from_secs(seconds) {
+        if let Some(&(_, tpm)) = changes
+            .iter()
+            .find(|(at, _)| Duration::from_secs(*at) == now)
+        {
+            provider.tpm = tpm as f64;
+            provider.tokens = provider.tokens.min(provider.tpm);
+        }
+        for _ in 0..20 {
+            let reserved = rng.u64(200..3_000);
+            if let Ok(permit) = bulkhead.try_acquire(&LlmRequest::new(), tokens(reserved)) {
+                let (before, too_many) = (provider.accepted_tokens, provider.too_many);
+                provider.call(now, reserved);
+                accepted += provider.accepted_tokens - before;
+                throttled += provider.too_many - too_many;
+                let mut seen = if provider.too_many > too_many {
+                    ProviderLimits::throttled()
+                } else {
+                    ProviderLimits::new()
+                };
+                if states {
+                    seen = seen.limit_tokens(provider.tpm as u64);
+                }
+                learner.observe(seen);
+                drop(permit);
+            }
+        }
+        clock.advance(step);
+        now += step;
+        if now.as_millis().is_multiple_of(1000) {
+            let window = bulkhead.limits().rate.unwrap().tokens.unwrap();
+            samples.push((window, accepted, throttled));
+            (accepted, throttled) = (0, 0);
+        }
+    }
+    samples
+}
+
+fn learning_bulkhead(clock: &ManualClock) -> LlmBulkhead {
+    LlmBulkhead::builder("m", 1_000)
+        .token_budget(TokenBudget::new(10_000_000))
+        .rate_limits(RateLimits::per_minute().tokens(1_000_000))
+        .rate_clock(RateClock::manual(clock))
+        .build()
+        .unwrap()
+}
+
+/// A provider that states its limit in its headers: the learned window is its limit after the
+/// first answer, and again after the provider halves it, whatever was configured.
+#[test]
+fn a_learner_follows_the_limits_the_provider_states() {
+    use async_bulkhead_llm::rate::{LearnBounds, LimitLearner};
+    let clock = ManualClock::new();
+    let bulkhead = learning_bulkhead(&clock);
+    let learner = LimitLearner::new(bulkhead.clone()).tokens(LearnBounds::new(10_000, 2_000_000));
+    let mut provider = Provider::new(1_000_000, 100_000);
+    let samples = learn_against(
+        &bulkhead,
+        &clock,
+        &learner,
+        &mut provider,
+        120,
+        true,
+        &[(60, 50_000)],
+    );
+    let within = |window: u64, limit: u64| window.abs_diff(limit) * 10 <= limit;
+    assert!(within(samples[29].0, 100_000), "{:?}", samples[29]);
+    assert!(within(samples[89].0, 50_000), "{:?}", samples[89]);
+    // At steady state (from two seconds after the change) the provider throttles nothing.
+    let late: u64 = samples[62..120].iter().map(|s| s.2).sum();
+    assert_eq!(late, 0);
+    println!(
+        "stated limits: window {} at 30 s, {} at 90 s; provider 429s from 62 s to 120 s: {late}",
+        samples[29].0, samples[89].0
+    );
+    assert!(bulkhead.limits().revision >= 2);
+}
+
+/// A provider that states nothing, only 429s: the window comes down from ten times the
+/// provider's limit and settles around it (multiplicative decrease, additive increase).
+#[test]
+fn a_learner_settles_near_an_unstated_limit_from_429s_alone() {
+    use async_bulkhead_llm::rate::{LearnBounds, LimitLearner};
+    let clock = ManualClock::new();
+    let bulkhead = learning_bulkhead(&clock);
+    let learner = LimitLearner::new(bulkhead.clone())
+        .tokens(LearnBounds::new(10_000, 2_000_000))
+        .decrease(0.9)
+        .increase(500, 20);
+    let mut provider = Provider::new(1_000_000, 100_000);
+    let samples = learn_against(
+        &bulkhead,
+        &clock,
+        &learner,
+        &mut provider,
+        180,
+        false,
+        &[(90, 50_000)],
+    );
+    let report = |from: usize, to: usize, limit: f64| {
+        let windows: Vec<u64> = samples[from..to].iter().map(|s| s.0).collect();
+        let mean = windows.iter().sum::<u64>() as f64 / windows.len() as f64;
+        let accepted =
+            samples[from..to].iter().map(|s| s.1).sum::<u64>() as f64 / ((to - from) as f64 / 60.0);
+        let throttled = samples[from..to].iter().map(|s| s.2).sum::<u64>();
+        println!(
+            "429s alone, {from}-{to} s: window mean {mean:.0} ({:.0}% of the provider's {limit}), \
+             provider took {:.0}% of its limit, {throttled} 429s",
+            mean / limit * 100.0,
+            accepted / limit * 100.0
+        );
+        (mean / limit, accepted / limit)
+    };
+    let (window, used) = report(30, 90, 100_000.0);
+    assert!(
+        (0.7..=1.3).contains(&window),
+        "window at {window:.2} of the limit"
+    );
+    assert!(used >= 0.8, "the provider took {used:.2} of its limit");
+    let (window, used) = report(120, 180, 50_000.0);
+    assert!(
+        (0.7..=1.3).contains(&window),
+        "window at {window:.2} of the halved limit"
+    );
+    assert!(
+        used >= 0.8,
+        "the provider took {used:.2} of its halved limit"
+    );
+}

@@ -704,3 +704,60 @@ async fn a_rate_window_refusal_carries_its_exact_retry_after_and_the_window_head
         .unwrap();
     assert_eq!(again.status(), 200);
 }
+
+/// A layer learning its windows from the provider's answers, on a real server: the provider's
+/// stated tokens limit becomes the window's, and its 429 lowers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learning_layer_follows_the_provider_s_headers_and_its_429s() {
+    use async_bulkhead_llm::rate::{LearnBounds, LimitLearner, RateLimits};
+    use axum::http::StatusCode;
+    let bulkhead = LlmBulkhead::builder("gpt-4o", 8)
+        .token_budget(TokenBudget::new(1_000_000))
+        .rate_limits(RateLimits::per_minute().tokens(500_000))
+        .build()
+        .unwrap();
+    let learner = LimitLearner::new(bulkhead.clone()).tokens(LearnBounds::new(1_000, 1_000_000));
+    let layer = LlmLayer::new(bulkhead.clone())
+        .options(|_| AcquireOptions::new().reservation(Reservation::new(100, 100).unwrap()))
+        .learn_limits(Arc::new(learner));
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let provider = {
+        let calls = calls.clone();
+        move || {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let mut response = Response::new(Body::from("{}"));
+                if n == 0 {
+                    response.headers_mut().insert(
+                        "x-ratelimit-limit-tokens",
+                        HeaderValue::from_static("90000"),
+                    );
+                } else {
+                    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                }
+                response
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/v1/chat/completions", post(provider))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let window = || bulkhead.limits().rate.unwrap().tokens.unwrap();
+    let first = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    first.into_body().collect().await.unwrap();
+    assert_eq!(window(), 90_000);
+    let throttled = client()
+        .request(post_to(addr, "/v1/chat/completions", CHAT))
+        .await
+        .unwrap();
+    assert_eq!(throttled.status(), 429); // the provider's own answer, passed on
+    throttled.into_body().collect().await.unwrap();
+    assert_eq!(window(), 63_000); // lowered by 30%
+    assert_eq!(bulkhead.limits().revision, 2);
+}

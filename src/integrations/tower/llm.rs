@@ -28,6 +28,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use crate::engine::rate::RateStatus;
 use crate::http::HttpRefusal;
 use crate::llm::bulkhead::LlmBulkhead;
+use crate::llm::learn::{LimitLearner, ProviderLimits};
 use crate::llm::options::AcquireOptions;
 use crate::llm::permit::OwnedPermit;
 use crate::llm::request::LlmRequest;
@@ -137,6 +138,8 @@ struct Config {
     on_refusal: Option<Arc<OnRefusal>>,
     /// What a client gone mid-response does to its call's permit.
     disconnect: Disconnect,
+    /// Learns the rate windows from the provider's answers.
+    learner: Option<Arc<LimitLearner>>,
 }
 
 impl Config {
@@ -283,6 +286,7 @@ impl LlmLayer {
                 expose_capacity: false,
                 on_refusal: None,
                 disconnect: Disconnect::Release,
+                learner: None,
             }),
         }
     }
@@ -535,6 +539,33 @@ impl LlmLayer {
         self
     }
 
+    /// Adapts the rate windows to what the provider says: every answer of the inner service
+    /// (its status and its rate-limit headers, read by [`provider_limits`]) goes to `learner`
+    /// (see [`LimitLearner`](crate::rate::LimitLearner)), which follows the provider's stated
+    /// limits, lowers the windows on a 429 or 529 and raises them slowly while calls succeed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use async_bulkhead_llm::{LlmBulkhead, TokenBudget, tower::LlmLayer};
+    /// use async_bulkhead_llm::rate::{LearnBounds, LimitLearner, RateLimits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+    ///     .token_budget(TokenBudget::new(1_000_000))
+    ///     .rate_limits(RateLimits::per_minute().tokens(100_000))
+    ///     .build()?;
+    /// let learner = LimitLearner::new(bulkhead.clone()).tokens(LearnBounds::new(10_000, 2_000_000));
+    /// let layer = LlmLayer::new(bulkhead).learn_limits(Arc::new(learner));
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn learn_limits(mut self, learner: Arc<LimitLearner>) -> LlmLayer {
+        self.config().learner = Some(learner);
+        self
+    }
+
     /// Refuses request bodies larger than `bytes` with 413 (default 4 MiB).
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn max_request_body(mut self, bytes: usize) -> LlmLayer {
@@ -701,6 +732,9 @@ where
                 .call(Request::from_parts(head, Full::new(bytes)))
                 .await?;
             let (mut parts, body) = response.into_parts();
+            if let Some(learner) = &config.learner {
+                learner.observe(provider_limits(parts.status, &parts.headers));
+            }
             if let Some(capacity) = &capacity {
                 let (capacity, rate) = capacity;
                 rate_limit_headers(
@@ -821,6 +855,56 @@ fn rate_limit_headers(
         );
         headers.insert("x-ratelimit-reset-tokens", seconds);
     }
+}
+
+/// What a provider's answer says of its limits: the status (429, and Anthropic's 529
+/// overloaded, are throttling) and the rate-limit headers OpenAI
+/// (`x-ratelimit-{limit,remaining}-{requests,tokens}`) and Anthropic
+/// (`anthropic-ratelimit-{requests,tokens}-{limit,remaining}`) send.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::tower::provider_limits;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("x-ratelimit-limit-tokens", http::HeaderValue::from_static("90000"));
+/// headers.insert("anthropic-ratelimit-requests-remaining", http::HeaderValue::from_static("7"));
+/// let seen = provider_limits(http::StatusCode::OK, &headers);
+/// assert_eq!((seen.limit_tokens, seen.remaining_requests), (Some(90_000), Some(7)));
+/// assert!(provider_limits(http::StatusCode::TOO_MANY_REQUESTS, &headers).throttled);
+/// ```
+pub fn provider_limits(status: StatusCode, headers: &http::HeaderMap) -> ProviderLimits {
+    let number = |names: [&str; 2]| {
+        names.iter().find_map(|name| {
+            headers
+                .get(*name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+    };
+    let mut seen = if status == StatusCode::TOO_MANY_REQUESTS || status.as_u16() == 529 {
+        ProviderLimits::throttled()
+    } else {
+        ProviderLimits::new()
+    };
+    seen.limit_requests = number([
+        "x-ratelimit-limit-requests",
+        "anthropic-ratelimit-requests-limit",
+    ]);
+    seen.limit_tokens = number([
+        "x-ratelimit-limit-tokens",
+        "anthropic-ratelimit-tokens-limit",
+    ]);
+    seen.remaining_requests = number([
+        "x-ratelimit-remaining-requests",
+        "anthropic-ratelimit-requests-remaining",
+    ]);
+    seen.remaining_tokens = number([
+        "x-ratelimit-remaining-tokens",
+        "anthropic-ratelimit-tokens-remaining",
+    ]);
+    seen
 }
 
 /// The rate-limit headers of a bulkhead with rate windows: its windows' figures (the requests

@@ -1,0 +1,271 @@
+//! Rate limits learned from the provider: [`LimitLearner`] adapts a bulkhead's rate windows to
+//! what the provider states ([`ProviderLimits`]: its limit headers, its 429 and 529 answers),
+//! always within configured floors and ceilings, every change made through `apply_limits` (so
+//! versioned, announced as a reconfigure event, visible in the limits and the metrics).
+//!
+//! The rule, per window (requests, tokens):
+//!
+//! - the provider states its limit (OpenAI's `x-ratelimit-limit-*`, Anthropic's
+//!   `anthropic-ratelimit-*-limit`): follow it, clamped to the floor and the ceiling;
+//! - otherwise a throttling answer (429, 529) lowers the window multiplicatively (`decrease`,
+//!   0.7 unless set), never below its floor;
+//! - otherwise every `increase_every` successful answers raise it additively (`increase`, 1%
+//!   of its ceiling unless set), never above its ceiling.
+//!
+//! Latency is not used: an LLM call's latency grows with its output, so it says little about
+//! the provider's load unless normalized per output token; the provider's own headers and
+//! throttling answers are direct. A learner advances the limits' revision: a control plane that
+//! also pushes limits reads `limits().revision` first (a snapshot not above it is stale).
+
+use core::fmt;
+
+use crate::support::sync::unmodeled::{Mutex, lock};
+use crate::vocabulary::limits::{ApplyOutcome, Limits, RateLimits};
+
+use super::bulkhead::LlmBulkhead;
+
+/// What one provider answer said about its limits.
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::rate::ProviderLimits;
+///
+/// let seen = ProviderLimits::new().limit_tokens(90_000).remaining_tokens(12_000);
+/// assert_eq!(seen.limit_tokens, Some(90_000));
+/// assert!(!ProviderLimits::throttled().limit_tokens(1).is_success());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProviderLimits {
+    /// The requests per window the provider states.
+    pub limit_requests: Option<u64>,
+    /// The tokens per window the provider states.
+    pub limit_tokens: Option<u64>,
+    /// The requests it says are left.
+    pub remaining_requests: Option<u64>,
+    /// The tokens it says are left.
+    pub remaining_tokens: Option<u64>,
+    /// It throttled the call (429, or Anthropic's 529 overloaded).
+    pub throttled: bool,
+}
+
+impl ProviderLimits {
+    /// A successful answer that stated nothing.
+    pub fn new() -> ProviderLimits {
+        ProviderLimits::default()
+    }
+
+    /// A throttling answer (429, 529).
+    pub fn throttled() -> ProviderLimits {
+        ProviderLimits {
+            throttled: true,
+            ..ProviderLimits::default()
+        }
+    }
+
+    /// With a stated requests limit.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn limit_requests(mut self, limit: u64) -> ProviderLimits {
+        self.limit_requests = Some(limit);
+        self
+    }
+
+    /// With a stated tokens limit.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn limit_tokens(mut self, limit: u64) -> ProviderLimits {
+        self.limit_tokens = Some(limit);
+        self
+    }
+
+    /// With the stated requests left.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn remaining_requests(mut self, remaining: u64) -> ProviderLimits {
+        self.remaining_requests = Some(remaining);
+        self
+    }
+
+    /// With the stated tokens left.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn remaining_tokens(mut self, remaining: u64) -> ProviderLimits {
+        self.remaining_tokens = Some(remaining);
+        self
+    }
+
+    /// Whether the call went through (not throttled).
+    pub fn is_success(&self) -> bool {
+        !self.throttled
+    }
+}
+
+/// One window's bounds for a [`LimitLearner`]: it never goes below `floor` nor above
+/// `ceiling`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LearnBounds {
+    /// The lowest the window goes.
+    pub floor: u64,
+    /// The highest the window goes.
+    pub ceiling: u64,
+}
+
+impl LearnBounds {
+    /// A window kept within `floor..=ceiling`.
+    pub const fn new(floor: u64, ceiling: u64) -> LearnBounds {
+        LearnBounds { floor, ceiling }
+    }
+
+    fn clamp(&self, value: u64) -> u64 {
+        value.clamp(self.floor.max(1), self.ceiling.max(self.floor.max(1)))
+    }
+}
+
+/// Adapts a bulkhead's rate windows to what its provider states (see the `learn` module: the
+/// rule, and why not latency).
+///
+/// # Examples
+///
+/// ```
+/// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+/// use async_bulkhead_llm::rate::{LearnBounds, LimitLearner, ProviderLimits, RateLimits};
+///
+/// let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+///     .token_budget(TokenBudget::new(1_000_000))
+///     .rate_limits(RateLimits::per_minute().requests(1_000).tokens(400_000))
+///     .build()?;
+/// let learner = LimitLearner::new(bulkhead.clone())
+///     .requests(LearnBounds::new(10, 5_000))
+///     .tokens(LearnBounds::new(10_000, 2_000_000));
+/// // The provider states its limits: followed.
+/// learner.observe(ProviderLimits::new().limit_requests(500).limit_tokens(150_000));
+/// let rate = bulkhead.limits().rate.unwrap();
+/// assert_eq!((rate.requests, rate.tokens), (Some(500), Some(150_000)));
+/// // A 429 without limits stated: both windows lowered by 30%.
+/// learner.observe(ProviderLimits::throttled());
+/// assert_eq!(bulkhead.limits().rate.unwrap().tokens, Some(105_000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LimitLearner {
+    bulkhead: LlmBulkhead,
+    requests: Option<LearnBounds>,
+    tokens: Option<LearnBounds>,
+    decrease: f64,
+    increase: Option<u64>,
+    increase_every: u64,
+    /// Successes since the last additive increase (serialises the learner's changes too).
+    successes: Mutex<u64>,
+}
+
+impl LimitLearner {
+    /// A learner for `bulkhead` (which must have rate limits; a window it learns must be
+    /// configured): no window learned until bounds are given.
+    pub fn new(bulkhead: LlmBulkhead) -> LimitLearner {
+        LimitLearner {
+            bulkhead,
+            requests: None,
+            tokens: None,
+            decrease: 0.7,
+            increase: None,
+            increase_every: 10,
+            successes: Mutex::new(0),
+        }
+    }
+
+    /// Learns the requests window, within `bounds`.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn requests(mut self, bounds: LearnBounds) -> LimitLearner {
+        self.requests = Some(bounds);
+        self
+    }
+
+    /// Learns the tokens window, within `bounds`.
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn tokens(mut self, bounds: LearnBounds) -> LimitLearner {
+        self.tokens = Some(bounds);
+        self
+    }
+
+    /// The factor a throttling answer multiplies a window by (clamped to 0.1..=0.99).
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn decrease(mut self, factor: f64) -> LimitLearner {
+        self.decrease = factor.clamp(0.1, 0.99);
+        self
+    }
+
+    /// How much a window grows after `every` successful answers (default: 1% of its ceiling
+    /// every 10 answers).
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn increase(mut self, by: u64, every: u64) -> LimitLearner {
+        self.increase = Some(by);
+        self.increase_every = every.max(1);
+        self
+    }
+
+    /// Takes one provider answer into account; the outcome of the `apply_limits` it made, if
+    /// it changed anything (`None`: nothing to change, or the bulkhead has no rate limits).
+    pub fn observe(&self, seen: ProviderLimits) -> Option<ApplyOutcome> {
+        let mut successes = lock(&self.successes);
+        let current = self.bulkhead.limits();
+        let rate = current.rate?;
+        let stated = seen.limit_requests.is_some() || seen.limit_tokens.is_some();
+        let mut next = rate;
+        if stated {
+            if let (Some(bounds), Some(limit)) = (self.requests, seen.limit_requests) {
+                next.requests = Some(bounds.clamp(limit));
+            }
+            if let (Some(bounds), Some(limit)) = (self.tokens, seen.limit_tokens) {
+                next.tokens = Some(bounds.clamp(limit));
+            }
+        } else if seen.throttled {
+            *successes = 0;
+            next.requests = lower(rate.requests, self.requests, self.decrease);
+            next.tokens = lower(rate.tokens, self.tokens, self.decrease);
+        } else {
+            *successes += 1;
+            if *successes < self.increase_every {
+                return None;
+            }
+            *successes = 0;
+            next.requests = raise(rate.requests, self.requests, self.increase);
+            next.tokens = raise(rate.tokens, self.tokens, self.increase);
+        }
+        self.install(current, next)
+    }
+
+    /// Applies `next` as the rate of `current`'s successor, if it changes anything.
+    fn install(&self, current: Limits, next: RateLimits) -> Option<ApplyOutcome> {
+        if current.rate == Some(next) {
+            return None;
+        }
+        let mut limits = current;
+        limits.revision += 1;
+        limits.rate = Some(next);
+        self.bulkhead.apply_limits(limits).ok()
+    }
+}
+
+fn lower(limit: Option<u64>, bounds: Option<LearnBounds>, factor: f64) -> Option<u64> {
+    match (limit, bounds) {
+        (Some(limit), Some(bounds)) => Some(bounds.clamp((limit as f64 * factor).round() as u64)),
+        (limit, _) => limit,
+    }
+}
+
+fn raise(limit: Option<u64>, bounds: Option<LearnBounds>, by: Option<u64>) -> Option<u64> {
+    match (limit, bounds) {
+        (Some(limit), Some(bounds)) => {
+            let by = by.unwrap_or((bounds.ceiling / 100).max(1));
+            Some(bounds.clamp(limit.saturating_add(by)))
+        }
+        (limit, _) => limit,
+    }
+}
+
+impl fmt::Debug for LimitLearner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitLearner")
+            .field("requests", &self.requests)
+            .field("tokens", &self.tokens)
+            .field("decrease", &self.decrease)
+            .finish_non_exhaustive()
+    }
+}
