@@ -43,6 +43,7 @@
 //! - `queue`, `fifo`, `pool` and `waiting`: the wait queue's data, its slab list, recycled
 //!   waiters, and the engine's methods that arrive, hand off, withdraw and refuse; `queued`: a
 //!   queued call's side of the wait.
+//! - `rate`: the rate windows and their clock; `rate_path`: the engine's operations on them.
 //! - `grant`: what the engine records of one admission; `permit`: the permit core;
 //!   `provisional`: an admission taken but not yet counted (two-level decisions).
 //! - `counters` and `local`: cumulative counters in per-thread shards; admission ids.
@@ -75,6 +76,7 @@ mod provisional;
 mod queue;
 pub(crate) mod queued;
 pub(crate) mod rate;
+mod rate_path;
 mod reconfigure;
 mod release;
 mod state;
