@@ -138,3 +138,44 @@ fn a_window_decision_races_apply_limits() {
         }
     });
 }
+
+#[test]
+fn a_window_decision_races_a_usage_report_beyond_the_reservation() {
+    loom::model(|| {
+        // 1,000 tokens per (frozen) second; one call holds 400 and reports 700 used (300 more
+        // charged as it reports) while another asks for 400.
+        let clock = ManualClock::new();
+        let bulkhead = LlmBulkhead::builder("m", 4)
+            .token_budget(TokenBudget::new(10_000))
+            .rate_limits(RateLimits::new(SECOND).tokens(1_000))
+            .rate_clock(RateClock::manual(&clock))
+            .build()
+            .unwrap();
+        let mut held = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), tokens(400))
+            .unwrap();
+        let racer = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                bulkhead
+                    .try_acquire_owned(&LlmRequest::new(), tokens(400))
+                    .map(drop)
+                    .map_err(|e| e.rejection().unwrap().reason())
+            })
+        };
+        held.report_usage(TokenUsage::new(700, 0).unwrap()).unwrap();
+        let outcome = racer.join().unwrap();
+        held.release(None);
+        let remaining = bulkhead.rate_status().unwrap().tokens.unwrap().remaining;
+        match outcome {
+            // Admitted before the report's charge (400 + 400 fit; the overrun is charged
+            // without refusing, 1,100 of 1,000: nothing left), or refused after it
+            // (400 + 300 + 400 > 1,000).
+            Ok(()) => assert_eq!(remaining, 0),
+            Err(reason) => {
+                assert_eq!(reason, RejectReason::RateLimit);
+                assert_eq!(remaining, 1_000 - 700);
+            }
+        }
+    });
+}
