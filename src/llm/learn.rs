@@ -3,7 +3,8 @@
 //! always within configured floors and ceilings, every change made through `apply_limits` (so
 //! versioned, announced as a reconfigure event, visible in the limits and the metrics).
 //!
-//! The rule, per window (requests, tokens):
+//! The rule, per window (requests, tokens), and for the in-flight token budget when asked
+//! (which no provider states: it follows the throttling answers alone):
 //!
 //! - the provider states its limit (OpenAI's `x-ratelimit-limit-*`, Anthropic's
 //!   `anthropic-ratelimit-*-limit`): follow it, clamped to the floor and the ceiling;
@@ -148,6 +149,7 @@ pub struct LimitLearner {
     bulkhead: LlmBulkhead,
     requests: Option<LearnBounds>,
     tokens: Option<LearnBounds>,
+    budget: Option<LearnBounds>,
     decrease: f64,
     increase: Option<u64>,
     increase_every: u64,
@@ -163,6 +165,7 @@ impl LimitLearner {
             bulkhead,
             requests: None,
             tokens: None,
+            budget: None,
             decrease: 0.7,
             increase: None,
             increase_every: 10,
@@ -181,6 +184,30 @@ impl LimitLearner {
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn tokens(mut self, bounds: LearnBounds) -> LimitLearner {
         self.tokens = Some(bounds);
+        self
+    }
+
+    /// Learns the in-flight token budget too, within `bounds`: lowered on a throttling answer,
+    /// raised while calls succeed, as the windows without a stated limit are.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{LlmBulkhead, TokenBudget};
+    /// use async_bulkhead_llm::rate::{LearnBounds, LimitLearner, ProviderLimits, RateLimits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+    ///     .token_budget(TokenBudget::new(100_000))
+    ///     .rate_limits(RateLimits::per_minute().requests(1_000))
+    ///     .build()?;
+    /// let learner = LimitLearner::new(bulkhead.clone()).budget(LearnBounds::new(20_000, 200_000));
+    /// learner.observe(ProviderLimits::throttled());
+    /// assert_eq!(bulkhead.limits().token_budget.unwrap().budget, 70_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn budget(mut self, bounds: LearnBounds) -> LimitLearner {
+        self.budget = Some(bounds);
         self
     }
 
@@ -208,6 +235,8 @@ impl LimitLearner {
         let rate = current.rate?;
         let stated = seen.limit_requests.is_some() || seen.limit_tokens.is_some();
         let mut next = rate;
+        let budget = current.token_budget.map(|b| b.budget);
+        let mut next_budget = budget;
         if stated {
             if let (Some(bounds), Some(limit)) = (self.requests, seen.limit_requests) {
                 next.requests = Some(bounds.clamp(limit));
@@ -219,6 +248,7 @@ impl LimitLearner {
             *successes = 0;
             next.requests = lower(rate.requests, self.requests, self.decrease);
             next.tokens = lower(rate.tokens, self.tokens, self.decrease);
+            next_budget = lower(budget, self.budget, self.decrease);
         } else {
             *successes += 1;
             if *successes < self.increase_every {
@@ -227,18 +257,29 @@ impl LimitLearner {
             *successes = 0;
             next.requests = raise(rate.requests, self.requests, self.increase);
             next.tokens = raise(rate.tokens, self.tokens, self.increase);
+            next_budget = raise(budget, self.budget, self.increase);
         }
-        self.install(current, next)
+        self.install(current, next, next_budget)
     }
 
-    /// Applies `next` as the rate of `current`'s successor, if it changes anything.
-    fn install(&self, current: Limits, next: RateLimits) -> Option<ApplyOutcome> {
-        if current.rate == Some(next) {
+    /// Applies `next` (and the budget `next_budget`) as `current`'s successor, if it changes
+    /// anything.
+    fn install(
+        &self,
+        current: Limits,
+        next: RateLimits,
+        next_budget: Option<u64>,
+    ) -> Option<ApplyOutcome> {
+        let budget = current.token_budget.map(|b| b.budget);
+        if current.rate == Some(next) && budget == next_budget {
             return None;
         }
         let mut limits = current;
         limits.revision += 1;
         limits.rate = Some(next);
+        if let (Some(b), Some(next_budget)) = (limits.token_budget.as_mut(), next_budget) {
+            b.budget = next_budget;
+        }
         self.bulkhead.apply_limits(limits).ok()
     }
 }
@@ -265,6 +306,7 @@ impl fmt::Debug for LimitLearner {
         f.debug_struct("LimitLearner")
             .field("requests", &self.requests)
             .field("tokens", &self.tokens)
+            .field("budget", &self.budget)
             .field("decrease", &self.decrease)
             .finish_non_exhaustive()
     }

@@ -670,3 +670,30 @@ fn a_learner_settles_near_an_unstated_limit_from_429s_alone() {
         "the provider took {used:.2} of its halved limit"
     );
 }
+
+/// The in-flight budget learned from throttling answers alone, never past its bounds, each
+/// change a new revision; a window without bounds is left as configured.
+#[test]
+fn a_learned_budget_stays_within_its_bounds() {
+    use async_bulkhead_llm::rate::{LearnBounds, LimitLearner, ProviderLimits};
+    let bulkhead = LlmBulkhead::builder("m", 8)
+        .token_budget(TokenBudget::new(100_000))
+        .rate_limits(RateLimits::per_minute().requests(600))
+        .build()
+        .unwrap();
+    let learner = LimitLearner::new(bulkhead.clone())
+        .budget(LearnBounds::new(30_000, 120_000))
+        .increase(10_000, 2);
+    let budget = || bulkhead.limits().token_budget.unwrap().budget;
+    for expected in [70_000, 49_000, 34_300, 30_000, 30_000] {
+        learner.observe(ProviderLimits::throttled());
+        assert_eq!(budget(), expected);
+    }
+    let revision = bulkhead.limits().revision;
+    assert_eq!(revision, 4, "the floor reached, nothing more to change");
+    for _ in 0..40 {
+        learner.observe(ProviderLimits::new());
+    }
+    assert_eq!(budget(), 120_000);
+    assert_eq!(bulkhead.limits().rate.unwrap().requests, Some(600));
+}
