@@ -609,6 +609,12 @@ pub struct WindowStatus {
 /// Adds `units` to the window's `tat` if they fit at `now_ns` (on the ticks of the epoch
 /// tagged `tag`); else when they would (`None`: never, more than the window's whole limit);
 /// `Stale` when the word is on another epoch's ticks.
+///
+/// Orderings: a window's word publishes nothing but itself (its tag and `tat` are one value),
+/// so its read-modify-writes need no ordering among themselves; `AcqRel` / `Acquire` order them
+/// after the caller's `Acquire` reads of the epoch and the slot, so that a word carrying the
+/// tag the writer stores after publishing an epoch is never paired with that epoch's
+/// predecessor's figures unnoticed (the tag comparison catches it either way).
 #[inline]
 fn take(
     window: &AtomicU64,

@@ -20,7 +20,7 @@
 
 use core::fmt;
 
-use crate::support::sync::unmodeled::{Mutex, lock};
+use crate::support::sync::unmodeled::{AtomicU64, Ordering};
 use crate::vocabulary::limits::{ApplyOutcome, Limits, RateLimits};
 
 use super::bulkhead::LlmBulkhead;
@@ -153,8 +153,9 @@ pub struct LimitLearner {
     decrease: f64,
     increase: Option<u64>,
     increase_every: u64,
-    /// Successes since the last additive increase (serialises the learner's changes too).
-    successes: Mutex<u64>,
+    /// Successful answers since the last throttling one (an increase every `increase_every`).
+    /// A plain counter: nothing else is published through it (Relaxed).
+    successes: AtomicU64,
 }
 
 impl LimitLearner {
@@ -169,7 +170,7 @@ impl LimitLearner {
             decrease: 0.7,
             increase: None,
             increase_every: 10,
-            successes: Mutex::new(0),
+            successes: AtomicU64::new(0),
         }
     }
 
@@ -228,9 +229,11 @@ impl LimitLearner {
     }
 
     /// Takes one provider answer into account; the outcome of the `apply_limits` it made, if
-    /// it changed anything (`None`: nothing to change, or the bulkhead has no rate limits).
+    /// it changed anything (`None`: nothing to change, the bulkhead has no rate limits, or
+    /// another answer's change landed first: answers observed at once from the same limits
+    /// make one change, not one each, so a burst of 429s lowers the windows once). No lock of
+    /// the learner is held while the limits are applied (their reconfigure listeners run then).
     pub fn observe(&self, seen: ProviderLimits) -> Option<ApplyOutcome> {
-        let mut successes = lock(&self.successes);
         let current = self.bulkhead.limits();
         let rate = current.rate?;
         let stated = seen.limit_requests.is_some() || seen.limit_tokens.is_some();
@@ -245,16 +248,15 @@ impl LimitLearner {
                 next.tokens = Some(bounds.clamp(limit));
             }
         } else if seen.throttled {
-            *successes = 0;
+            self.successes.store(0, Ordering::Relaxed);
             next.requests = lower(rate.requests, self.requests, self.decrease);
             next.tokens = lower(rate.tokens, self.tokens, self.decrease);
             next_budget = lower(budget, self.budget, self.decrease);
         } else {
-            *successes += 1;
-            if *successes < self.increase_every {
+            let successes = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
+            if !successes.is_multiple_of(self.increase_every) {
                 return None;
             }
-            *successes = 0;
             next.requests = raise(rate.requests, self.requests, self.increase);
             next.tokens = raise(rate.tokens, self.tokens, self.increase);
             next_budget = raise(budget, self.budget, self.increase);
@@ -280,7 +282,10 @@ impl LimitLearner {
         if let (Some(b), Some(next_budget)) = (limits.token_budget.as_mut(), next_budget) {
             b.budget = next_budget;
         }
-        self.bulkhead.apply_limits(limits).ok()
+        self.bulkhead
+            .apply_limits(limits)
+            .ok()
+            .filter(ApplyOutcome::is_applied)
     }
 }
 

@@ -10,7 +10,6 @@
 //! (`cargo test --all-features --test tower disconnect -- --nocapture`), and recorded in
 //! `Disconnect`'s docs.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,15 +20,13 @@ use async_bulkhead_llm::{
     tower::{Disconnect, LlmLayer},
 };
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use super::{CHAT, client, post_to};
+use super::{CHAT, client, event_stream, post_to};
 
 const LIMIT: usize = 8;
 const CLIENTS: u64 = 48;
@@ -68,17 +65,7 @@ async fn provider(State(generating): State<Arc<Generating>>) -> Response {
         }
         generating.now.fetch_sub(1, Ordering::SeqCst);
     });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|chunk| (Ok::<_, Infallible>(chunk), rx))
-    });
-    let mut response = Response::new(Body::from_stream(stream));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    response
+    event_stream(rx)
 }
 
 /// Runs the load through a layer with `disconnect`; the provider's peak of calls at once, and

@@ -33,7 +33,11 @@ type Feed = Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>;
 
 /// A mock provider: streams what the test feeds (SSE), or answers JSON for `/json`.
 async fn provider(State(feed): State<Feed>) -> Response {
-    let rx = feed.lock().unwrap().take().expect("one call fed");
+    event_stream(feed.lock().unwrap().take().expect("one call fed"))
+}
+
+/// A server-sent events response streaming what `rx` receives, until its sender is dropped.
+fn event_stream(rx: mpsc::Receiver<Bytes>) -> Response {
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
