@@ -396,7 +396,8 @@ pub mod tenants {
 pub mod rate {
     pub use crate::engine::rate::{ManualClock, RateClock, RateStatus, WindowStatus};
     pub use crate::llm::learn::{LearnBounds, LimitLearner, ProviderLimits};
-    pub use crate::vocabulary::limits::RateLimits;
+    pub use crate::vocabulary::rate_limits::RateLimits;
+    pub use crate::vocabulary::rejection::RateWindow;
 }
 
 /// The named futures of the crate, and where a drain with a deadline ended.

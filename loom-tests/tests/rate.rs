@@ -1,5 +1,6 @@
 //! loom models of the rate windows: a window decision racing a refusal by the word, a release
-//! with usage (the tokens charge corrected), and `apply_limits` (the window's ticks rescaled).
+//! with usage (the tokens charge corrected), and `apply_limits` (the window's ticks rescaled),
+//! each alone and (on a class's window) all at once.
 //! No call gets through a window that had no room, a refused call's charge comes back, and the
 //! window's state adds up to the charges that stayed.
 //!
@@ -10,7 +11,8 @@
 
 use std::time::Duration;
 
-use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+use async_bulkhead_llm::classes::{AdmissionClasses, ClassLimits};
+use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits, RateWindow};
 use async_bulkhead_llm::{
     AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, Reservation, TokenBudget, TokenUsage,
 };
@@ -177,5 +179,134 @@ fn a_window_decision_races_a_usage_report_beyond_the_reservation() {
                 assert_eq!(remaining, 1_000 - 700);
             }
         }
+    });
+}
+
+/// Which of the class window decision's racers run at once with it (the others run before
+/// it, the report, or after it, the change of limits).
+#[derive(Clone, Copy)]
+struct ClassRace {
+    report: bool,
+    apply: bool,
+}
+
+/// A class's tokens window of 1,000 per (frozen) second. One batch call holds 400 and reports
+/// 700 used, then releases; another asks for 400; the control plane raises the window to
+/// 2,000. Units charged stay charged across the change (counted in the new ticks): 700 for the
+/// reporter, 400 more if the racer got in; it is refused only when the report came first and
+/// the raise last (400 + 300 + 400 > 1,000).
+fn class_race(race: ClassRace) {
+    let clock = ManualClock::new();
+    let batch_limits = ClassLimits::new().rate(RateLimits::new(SECOND).tokens(1_000));
+    let bulkhead = LlmBulkhead::builder("m", 4)
+        .token_budget(TokenBudget::new(10_000))
+        .admission_classes(
+            AdmissionClasses::new("chat")
+                .class("chat", ClassLimits::new())
+                .class("batch", batch_limits),
+        )
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    let batch = bulkhead.class("batch").unwrap();
+    let mut held = bulkhead
+        .try_acquire_owned(&LlmRequest::new(), tokens(400).class(batch))
+        .unwrap();
+    let report = move || {
+        held.report_usage(TokenUsage::new(700, 0).unwrap()).unwrap();
+        held.release(None);
+    };
+    let mut report = Some(report);
+    if !race.report {
+        report.take().unwrap()();
+    }
+    let racer = {
+        let bulkhead = bulkhead.clone();
+        thread::spawn(move || {
+            bulkhead
+                .try_acquire_owned(&LlmRequest::new(), tokens(400).class(batch))
+                .map(drop)
+                .map_err(|e| {
+                    let rejection = e.rejection().unwrap();
+                    (rejection.reason(), rejection.rate_window())
+                })
+        })
+    };
+    let reporter = report.map(thread::spawn);
+    let mut raised = bulkhead.limits();
+    raised.revision = 1;
+    let table = raised.admission_classes.as_mut().unwrap();
+    table.insert(
+        "batch".to_owned(),
+        ClassLimits::new().rate(RateLimits::new(SECOND).tokens(2_000)),
+    );
+    if race.apply {
+        assert!(bulkhead.apply_limits(raised.clone()).unwrap().is_applied());
+    }
+    let outcome = racer.join().unwrap();
+    if let Some(reporter) = reporter {
+        reporter.join().unwrap();
+    }
+    if !race.apply {
+        assert!(bulkhead.apply_limits(raised).unwrap().is_applied());
+    }
+    // Units charged stay charged across the change (counted in the new ticks): 700 for
+    // the reporter, 400 more if the racer got in. It is refused only when the report came
+    // first and the raise last (400 + 300 + 400 > 1,000).
+    let window = bulkhead.class_rate_status(batch).unwrap().tokens.unwrap();
+    assert_eq!(window.limit, 2_000);
+    match outcome {
+        Ok(()) => assert_eq!(window.remaining, 2_000 - 1_100),
+        Err(refusal) => {
+            assert_eq!(
+                refusal,
+                (RejectReason::RateLimit, Some(RateWindow::ClassTokens))
+            );
+            assert_eq!(window.remaining, 2_000 - 700);
+        }
+    }
+    let stats = bulkhead.stats();
+    assert_eq!(
+        (
+            stats.in_flight,
+            stats.token_budget.unwrap().in_flight_tokens
+        ),
+        (0, 0)
+    );
+}
+
+#[test]
+fn a_class_window_decision_races_a_usage_report_a_release_and_apply_limits_at_once() {
+    // Three racers on the class path: one preemption (every interleaving of whole steps, and
+    // one forced switch inside a step) keeps the search within seconds (with two, one
+    // execution's spin-waits exceed loom's branch budget); each pair of them is explored with
+    // the suite's bound in the two models that follow.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(1);
+    model.check(|| {
+        class_race(ClassRace {
+            report: true,
+            apply: true,
+        })
+    });
+}
+
+#[test]
+fn a_class_window_decision_races_a_usage_report_and_a_release() {
+    loom::model(|| {
+        class_race(ClassRace {
+            report: true,
+            apply: false,
+        })
+    });
+}
+
+#[test]
+fn a_class_window_decision_races_apply_limits() {
+    loom::model(|| {
+        class_race(ClassRace {
+            report: false,
+            apply: true,
+        })
     });
 }

@@ -376,7 +376,7 @@ impl Engine {
         }
         let charge = self.charge_windows_fast(ask)?;
         let Some(revision) = self.admit_fast(ask) else {
-            self.refund_windows(Some(charge));
+            self.refund_windows_fast(charge);
             return None;
         };
         let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
@@ -583,8 +583,9 @@ impl Engine {
             loop {
                 let seen = self.published.epoch();
                 let Some(epoch) = word_epoch(before, seen, current) else {
-                    // A writer finished a change between the two loads: read again.
-                    backoff.spin();
+                    // A writer is between its steps, or finished a change between the two
+                    // loads: read again (a wait loom can explore).
+                    crate::support::sync::spin_wait(&backoff);
                     continue 'start;
                 };
                 let limits = self.published.read(epoch);

@@ -76,12 +76,19 @@ impl Engine {
         clock: RateClock,
     ) -> Engine {
         let limits = normalized(limits, None);
-        let windows = limits.rate.map(|_| Box::new(Windows::new(clock)));
         let classes = limits.admission_classes.as_ref().map(|table| {
             let ids: Vec<&str> = table.iter().map(|(id, _)| id).collect();
             Classes::new(&ids, default_class)
         });
         let class_count = classes.as_ref().map_or(0, |c| c.handles().len());
+        // Windows iff rate limits are configured anywhere: the bulkhead's, or a class's (then
+        // every class has a pair, so that `apply_limits` may give any class windows).
+        let class_rates = limits
+            .admission_classes
+            .as_ref()
+            .is_some_and(|table| table.iter().any(|(_, class)| class.rate.is_some()));
+        let windows = (limits.rate.is_some() || class_rates)
+            .then(|| Box::new(Windows::new(clock, class_count)));
         let has_budget = limits.token_budget.is_some();
         let engine = Engine {
             state: if classes.is_some() {
@@ -151,7 +158,8 @@ impl Engine {
                     return (state, limits);
                 }
             }
-            backoff.spin();
+            // Waiting for a writer between its steps: a wait loom can explore.
+            crate::support::sync::spin_wait(&backoff);
         }
     }
 

@@ -42,9 +42,10 @@ use crate::support::sync::atomic::{AtomicU64, Ordering};
 use crate::vocabulary::admission_class::ClassLimits;
 use crate::vocabulary::error::{ClassField, ClassLimitsError, LimitsError};
 use crate::vocabulary::limits::{
-    BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION, RateLimits,
+    BudgetLimits, ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
 };
 use crate::vocabulary::priority::Priority;
+use crate::vocabulary::rate_limits::RateLimits;
 
 // The public ceilings are what the admission word counts.
 const _: () = assert!(crate::vocabulary::limits::MAX_CONCURRENT == MAX_SLOTS);
@@ -115,6 +116,7 @@ pub(crate) fn validate(
     next: &Limits,
     has_budget: bool,
     has_rate: bool,
+    has_windows: bool,
     class_ids: Option<&[&str]>,
 ) -> Result<(), LimitsError> {
     debug_assert!(next.revision <= MAX_REVISION, "checked first by the caller");
@@ -154,7 +156,7 @@ pub(crate) fn validate(
         }
     };
     for (id, limits) in table.iter() {
-        validate_class(id, limits, has_budget).map_err(LimitsError::Class)?;
+        validate_class(id, limits, has_budget, has_windows).map_err(LimitsError::Class)?;
     }
     let (slots, tokens) = floor_sums(table.iter().map(|(_, limits)| limits));
     if slots > u64::from(next.max_concurrent) {
@@ -209,11 +211,14 @@ pub(crate) fn validate_rate(rate: &RateLimits, has_budget: bool) -> Result<(), L
 }
 
 /// Checks one class's limits (`docs/design.md` §U6.1 step 4, after the id): each field within
-/// what the word counts, each floor at most its ceiling, token fields only with a budget.
+/// what the word counts, each floor at most its ceiling, token fields only with a budget, rate
+/// limits as the bulkhead's are checked and only on an engine that keeps windows
+/// (`has_windows`: always at build, where a class's rate limits make them).
 pub(crate) fn validate_class(
     id: &str,
     limits: &ClassLimits,
     has_budget: bool,
+    has_windows: bool,
 ) -> Result<(), ClassLimitsError> {
     let class = || id.to_owned();
     let fields = [
@@ -288,6 +293,16 @@ pub(crate) fn validate_class(
             });
         }
     }
+    if let Some(rate) = &limits.rate {
+        let refused = |error| ClassLimitsError::Rate {
+            class: class(),
+            error: Box::new(error),
+        };
+        if !has_windows {
+            return Err(refused(LimitsError::RateLimitsNotConfigured));
+        }
+        validate_rate(rate, has_budget).map_err(refused)?;
+    }
     Ok(())
 }
 
@@ -317,14 +332,46 @@ struct LimitsSlot {
     protected_tokens: AtomicU64,
     /// With classes: each class's limits.
     classes: Box<[ClassSlot]>,
-    /// With rate windows: the window in nanoseconds, the requests and the tokens per window
-    /// (0: that window not configured).
-    rate_window: AtomicU64,
-    rate_requests: AtomicU64,
-    rate_tokens: AtomicU64,
+    /// With rate windows: the bulkhead's.
+    rate: RateSlot,
+}
+
+/// One pair of windows' published figures (0: that window not configured).
+#[derive(Debug, Default)]
+struct RateSlot {
+    /// The window in nanoseconds, the requests and the tokens per window.
+    window: AtomicU64,
+    requests: AtomicU64,
+    tokens: AtomicU64,
     /// Each window's ticks per nanosecond (see `rate::per_ns`).
-    rate_requests_per_ns: AtomicU64,
-    rate_tokens_per_ns: AtomicU64,
+    requests_per_ns: AtomicU64,
+    tokens_per_ns: AtomicU64,
+}
+
+impl RateSlot {
+    fn store(&self, rate: Option<&RateLimits>) {
+        let rate = RateBounds::of(rate);
+        // Release: pairs with the Acquire loads in `read`, see the module docs.
+        self.window.store(rate.window_ns, Ordering::Release);
+        self.requests.store(rate.requests, Ordering::Release);
+        self.tokens.store(rate.tokens, Ordering::Release);
+        self.requests_per_ns
+            .store(rate.requests_per_ns, Ordering::Release);
+        self.tokens_per_ns
+            .store(rate.tokens_per_ns, Ordering::Release);
+    }
+
+    #[inline]
+    fn read(&self) -> RateBounds {
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
+        RateBounds {
+            window_ns: self.window.load(Ordering::Acquire),
+            requests: self.requests.load(Ordering::Acquire),
+            tokens: self.tokens.load(Ordering::Acquire),
+            requests_per_ns: self.requests_per_ns.load(Ordering::Acquire),
+            tokens_per_ns: self.tokens_per_ns.load(Ordering::Acquire),
+        }
+    }
 }
 
 /// One class's published limits.
@@ -336,6 +383,8 @@ struct ClassSlot {
     protected_tokens: AtomicU64,
     /// The ceiling of tokens (`u64::MAX`: none; ceilings are at most `MAX_BUDGET`).
     max_tokens: AtomicU64,
+    /// The class's rate windows (all 0 without).
+    rate: RateSlot,
 }
 
 /// How a published ceiling says "none".
@@ -396,16 +445,7 @@ impl PublishedLimits {
             slot.reserve
                 .store(b.high_priority_reserve, Ordering::Release);
         }
-        if limits.rate.is_some() {
-            let rate = RateBounds::of(limits.rate.as_ref());
-            slot.rate_window.store(rate.window_ns, Ordering::Release);
-            slot.rate_requests.store(rate.requests, Ordering::Release);
-            slot.rate_tokens.store(rate.tokens, Ordering::Release);
-            slot.rate_requests_per_ns
-                .store(rate.requests_per_ns, Ordering::Release);
-            slot.rate_tokens_per_ns
-                .store(rate.tokens_per_ns, Ordering::Release);
-        }
+        slot.rate.store(limits.rate.as_ref());
         if let Some(table) = &limits.admission_classes {
             let (floors, tokens) = floor_sums(table.iter().map(|(_, limits)| limits));
             slot.protected_concurrent.store(floors, Ordering::Release);
@@ -423,6 +463,7 @@ impl PublishedLimits {
                     caps.max_tokens.unwrap_or(NO_TOKEN_CEILING),
                     Ordering::Release,
                 );
+                class.rate.store(limits.rate.as_ref());
             }
         }
     }
@@ -436,15 +477,14 @@ impl PublishedLimits {
     /// trustworthy if the epoch is still current afterwards).
     #[inline]
     pub(crate) fn read_rate(&self, epoch: u64) -> RateBounds {
-        let slot = &self.slots[(epoch & 1) as usize];
-        // Acquire: pairs with the Release stores in `store`, see the module docs.
-        RateBounds {
-            window_ns: slot.rate_window.load(Ordering::Acquire),
-            requests: slot.rate_requests.load(Ordering::Acquire),
-            tokens: slot.rate_tokens.load(Ordering::Acquire),
-            requests_per_ns: slot.rate_requests_per_ns.load(Ordering::Acquire),
-            tokens_per_ns: slot.rate_tokens_per_ns.load(Ordering::Acquire),
-        }
+        self.slots[(epoch & 1) as usize].rate.read()
+    }
+
+    /// Reads class `index`'s rate windows' figures of the slot of `epoch` (trustworthy as
+    /// [`read_rate`](Self::read_rate) is).
+    #[inline]
+    pub(crate) fn read_class_rate(&self, epoch: u64, index: usize) -> RateBounds {
+        self.slots[(epoch & 1) as usize].classes[index].rate.read()
     }
 
     /// Reads the slot of `epoch`. Only trustworthy if the epoch is still current afterwards

@@ -13,7 +13,7 @@ use super::assembly::Engine;
 use super::classes::Returned;
 use super::grant::Grant;
 use super::policy::{self, Ask, Refusal};
-use super::rate::Charge;
+use super::rate_path::Charged;
 use crate::vocabulary::admission_class::Resources;
 use crate::vocabulary::rejection::{RejectReason, Rejection};
 
@@ -27,14 +27,14 @@ pub(crate) struct Provisional {
     revision: u64,
     borrowed: Resources,
     /// What the rate windows were charged (given back if it is cancelled).
-    charge: Option<Charge>,
+    charge: Option<Charged>,
     #[cfg(debug_assertions)]
     settled: bool,
 }
 
 impl Provisional {
     #[inline]
-    fn new(ask: Ask, revision: u64, borrowed: Resources, charge: Option<Charge>) -> Provisional {
+    fn new(ask: Ask, revision: u64, borrowed: Resources, charge: Option<Charged>) -> Provisional {
         Provisional {
             ask,
             revision,
@@ -47,7 +47,7 @@ impl Provisional {
 
     /// The parts, marking it consumed.
     #[inline]
-    fn take(self) -> (Ask, u64, Resources, Option<Charge>) {
+    fn take(self) -> (Ask, u64, Resources, Option<Charged>) {
         let parts = (self.ask, self.revision, self.borrowed, self.charge);
         #[cfg(debug_assertions)]
         {
@@ -83,7 +83,7 @@ impl Engine {
     fn decide_provisional(
         &self,
         ask: Ask,
-        charge: Option<Charge>,
+        charge: Option<Charged>,
     ) -> Result<Provisional, Rejection> {
         if ask.class.is_some() {
             return match self.admit_class_now(ask) {

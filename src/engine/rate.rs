@@ -306,7 +306,7 @@ impl RateBounds {
     }
 
     /// The bounds of `rate` (all 0 without).
-    pub(crate) fn of(rate: Option<&crate::vocabulary::limits::RateLimits>) -> RateBounds {
+    pub(crate) fn of(rate: Option<&crate::vocabulary::rate_limits::RateLimits>) -> RateBounds {
         rate.map_or_else(RateBounds::default, |rate| {
             let window_ns = u64::try_from(rate.window.as_nanos()).unwrap_or(u64::MAX);
             let (requests, tokens) = (rate.requests.unwrap_or(0), rate.tokens.unwrap_or(0));
@@ -382,12 +382,19 @@ pub(crate) struct RateRefusal {
     pub(crate) retry_after: Option<Duration>,
 }
 
-/// An engine's windows: each one's word (its `tat` in its ticks, tagged with the limits'
-/// epoch whose ticks they are), and the clock.
+/// An engine's windows: the bulkhead's pair of words, each admission class's (with classes),
+/// and the clock they read.
 pub(crate) struct Windows {
+    global: Words,
+    classes: Box<[Words]>,
+    clock: RateClock,
+}
+
+/// One pair of windows (requests, tokens): each one's word, its `tat` in its ticks tagged
+/// with the limits' epoch whose ticks they are.
+pub(crate) struct Words {
     requests: CachePadded<AtomicU64>,
     tokens: CachePadded<AtomicU64>,
-    clock: RateClock,
 }
 
 /// A window's word: the tag of the limits' epoch in the high `TAG_BITS` bits (the ticks are
@@ -414,27 +421,88 @@ fn word(tag: u64, ticks: u64) -> u64 {
 pub(crate) struct Stale;
 
 impl Windows {
-    pub(crate) fn new(clock: RateClock) -> Windows {
+    /// Windows reading `clock`: the bulkhead's, and `classes` classes' pairs.
+    pub(crate) fn new(clock: RateClock, classes: usize) -> Windows {
         clock.start();
         Windows {
-            requests: CachePadded::new(AtomicU64::new(0)),
-            tokens: CachePadded::new(AtomicU64::new(0)),
+            global: Words::new(),
+            classes: (0..classes).map(|_| Words::new()).collect(),
             clock,
         }
     }
 
-    /// Charges a call of `tokens` to every window of `bounds` (the limits of the epoch tagged
-    /// `tag`), or refuses it (nothing charged); `Stale` (nothing charged) when a window's word
-    /// is on another epoch's ticks.
+    /// The clock's time now, in nanoseconds.
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// The bulkhead's pair.
+    #[inline]
+    pub(crate) fn global(&self) -> &Words {
+        &self.global
+    }
+
+    /// Class `index`'s pair (`None` on an engine without classes).
+    #[inline]
+    pub(crate) fn class(&self, index: usize) -> Option<&Words> {
+        self.classes.get(index)
+    }
+
+    /// Every class's pair, in class order.
+    pub(crate) fn classes(&self) -> &[Words] {
+        &self.classes
+    }
+
+    /// Charges a call of `tokens` to the bulkhead's windows at the clock's time (see
+    /// [`Words::charge`]).
+    #[inline]
     pub(crate) fn charge(
         &self,
         tag: u64,
         bounds: RateBounds,
         tokens: u64,
     ) -> Result<Result<Charge, RateRefusal>, Stale> {
-        let now = self.clock.now_ns();
+        self.global.charge(tag, bounds, tokens, self.clock.now_ns())
+    }
+
+    /// What a call of `tokens` is charged under `bounds`.
+    #[inline]
+    pub(crate) fn charge_of(bounds: RateBounds, tokens: u64) -> Charge {
+        Charge {
+            requests: u64::from(bounds.requests > 0),
+            tokens: if bounds.tokens > 0 { tokens } else { 0 },
+        }
+    }
+}
+
+impl Words {
+    fn new() -> Words {
+        Words {
+            requests: CachePadded::new(AtomicU64::new(0)),
+            tokens: CachePadded::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Charges a call of `tokens` to every window of `bounds` (the limits of the epoch tagged
+    /// `tag`) at `now_ns`, or refuses it (nothing charged); `Stale` (nothing charged) when a
+    /// window's word is on another epoch's ticks.
+    #[inline]
+    pub(crate) fn charge(
+        &self,
+        tag: u64,
+        bounds: RateBounds,
+        tokens: u64,
+        now_ns: u64,
+    ) -> Result<Result<Charge, RateRefusal>, Stale> {
         let charge = Windows::charge_of(bounds, tokens);
-        match take(&self.requests, tag, charge.requests, bounds.requests(), now)? {
+        match take(
+            &self.requests,
+            tag,
+            charge.requests,
+            bounds.requests(),
+            now_ns,
+        )? {
             Ok(()) => {}
             Err(retry_after) => {
                 return Ok(Err(RateRefusal {
@@ -443,7 +511,7 @@ impl Windows {
                 }));
             }
         }
-        let taken = take(&self.tokens, tag, charge.tokens, bounds.tokens(), now);
+        let taken = take(&self.tokens, tag, charge.tokens, bounds.tokens(), now_ns);
         match taken {
             Ok(Ok(())) => Ok(Ok(charge)),
             other => {
@@ -460,27 +528,22 @@ impl Windows {
 
     /// Gives `charge` back (the call was not admitted after all): units, the same on every
     /// epoch's ticks.
+    #[inline]
     pub(crate) fn refund(&self, charge: Charge) {
         give_back(&self.requests, charge.requests);
         give_back(&self.tokens, charge.tokens);
     }
 
-    /// What a call of `tokens` is charged under `bounds`.
-    pub(crate) fn charge_of(bounds: RateBounds, tokens: u64) -> Charge {
-        Charge {
-            requests: u64::from(bounds.requests > 0),
-            tokens: if bounds.tokens > 0 { tokens } else { 0 },
-        }
-    }
-
-    /// Moves a call's tokens charge from `from` tokens to `to` (its reported usage): more is
-    /// charged now without refusing (the tokens were used), less is given back.
+    /// Moves a call's tokens charge from `from` tokens to `to` (its reported usage) at
+    /// `now_ns`: more is charged now without refusing (the tokens were used), less is given
+    /// back.
     pub(crate) fn correct(
         &self,
         tag: u64,
         bounds: RateBounds,
         from: u64,
         to: u64,
+        now_ns: u64,
     ) -> Result<(), Stale> {
         let scale = bounds.tokens();
         if scale.limit == 0 {
@@ -490,7 +553,7 @@ impl Windows {
             give_back(&self.tokens, from - to);
             return Ok(());
         }
-        let now = scale.ticks(self.clock.now_ns());
+        let now = scale.ticks(now_ns);
         let more = to - from;
         let mut current = self.tokens.load(Ordering::Acquire);
         loop {
@@ -511,12 +574,11 @@ impl Windows {
     }
 
     /// Moves each window's word to the epoch tagged `tag` and its limits `next` (a change of
-    /// limits): the units charged and not yet drained stay charged (so a raised limit's new
-    /// room is there at once), counted in the new ticks. Called by the writer, under the
-    /// limits' lock, once the new epoch is published: decisions that meet the old tag meanwhile
-    /// decide again.
-    pub(crate) fn rescale(&self, previous: RateBounds, next: RateBounds, tag: u64) {
-        let now_ns = self.clock.now_ns();
+    /// limits) at `now_ns`: the units charged and not yet drained stay charged (so a raised
+    /// limit's new room is there at once), counted in the new ticks. Called by the writer,
+    /// under the limits' lock, once the new epoch is published: decisions that meet the old
+    /// tag meanwhile decide again.
+    pub(crate) fn rescale(&self, previous: RateBounds, next: RateBounds, tag: u64, now_ns: u64) {
         for (window, old, new) in [
             (&self.requests, previous.requests(), next.requests()),
             (&self.tokens, previous.tokens(), next.tokens()),
@@ -533,9 +595,14 @@ impl Windows {
         }
     }
 
-    /// What each window has left now, and when it is whole again (for rate-limit headers).
-    pub(crate) fn status(&self, tag: u64, bounds: RateBounds) -> Result<RateStatus, Stale> {
-        let now_ns = self.clock.now_ns();
+    /// What each window has left at `now_ns`, and when it is whole again (for rate-limit
+    /// headers).
+    pub(crate) fn status(
+        &self,
+        tag: u64,
+        bounds: RateBounds,
+        now_ns: u64,
+    ) -> Result<RateStatus, Stale> {
         let window = |window: &AtomicU64, scale: Scale| {
             let current = window.load(Ordering::Acquire);
             if current >> TICK_BITS != tag {

@@ -1,17 +1,28 @@
 //! The engine's side of the rate windows (`rate`): charging a call at the doors before the
-//! word is decided, giving a charge back on a refusal or a wait that ends refused, correcting
-//! the tokens charge to the usage, and the windows' figures for headers.
+//! word is decided (to the bulkhead's windows, then to its class's), giving a charge back on a
+//! refusal or a wait that ends refused, correcting the tokens charge to the usage, and the
+//! windows' figures for headers.
 
 use crossbeam_utils::Backoff;
 
 use super::assembly::Engine;
 use super::policy::{self, Ask};
 use super::rate::{Charge, RateBounds, RateRefusal, RateStatus, Stale, Windows, tag_of};
-use crate::vocabulary::rejection::{RejectReason, Rejection};
+use crate::vocabulary::admission_class::AdmissionClass;
+use crate::vocabulary::rejection::{RateWindow, RejectReason, Rejection};
+
+/// What a call was charged: on the bulkhead's windows, and on its class's (with class
+/// windows: the class's index and its units), to give back exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Charged {
+    global: Charge,
+    class: Option<(usize, Charge)>,
+}
 
 impl Engine {
-    /// Runs `decide` with the rate windows' figures of the epoch in force (and its tag) until
-    /// it finds every window's word on that epoch's ticks.
+    /// Runs `decide` with the bulkhead's rate windows' figures of the epoch in force and its
+    /// tag until it finds every window's word on that epoch's ticks.
+    #[inline]
     fn with_rate_bounds<T>(
         &self,
         mut decide: impl FnMut(u64, RateBounds) -> Result<T, Stale>,
@@ -29,26 +40,82 @@ impl Engine {
         }
     }
 
+    /// [`with_rate_bounds`](Engine::with_rate_bounds) with class `index`'s figures of the same
+    /// epoch too.
+    fn with_class_rate_bounds<T>(
+        &self,
+        index: usize,
+        mut decide: impl FnMut(u64, RateBounds, RateBounds) -> Result<T, Stale>,
+    ) -> T {
+        let backoff = Backoff::new();
+        loop {
+            let epoch = self.published.epoch();
+            let bounds = self.published.read_rate(epoch);
+            let class = self.published.read_class_rate(epoch, index);
+            if self.published.epoch() == epoch
+                && let Ok(out) = decide(tag_of(epoch), bounds, class)
+            {
+                return out;
+            }
+            crate::support::sync::spin_wait(&backoff);
+        }
+    }
+
+    /// The index of `class`'s windows, if the engine keeps class windows.
+    #[inline]
+    fn class_windows(windows: &Windows, class: Option<AdmissionClass>) -> Option<usize> {
+        let index = usize::from(class?.index());
+        windows.class(index).map(|_| index)
+    }
+
     /// Charges `ask` to the rate windows before its admission is decided: `Ok(None)` without
     /// windows (or on a closed engine, which refuses `shutdown` before any limit), `Ok(charge)`
     /// to give back if the decision refuses, or the `rate_limit` refusal (counted; nothing
     /// charged).
-    pub(super) fn charge_windows(&self, ask: Ask) -> Result<Option<Charge>, Rejection> {
+    pub(super) fn charge_windows(&self, ask: Ask) -> Result<Option<Charged>, Rejection> {
         let Some(windows) = &self.windows else {
             return Ok(None);
         };
         if self.state.load().is_closed() {
             return Ok(None);
         }
-        match self.with_rate_bounds(|tag, bounds| windows.charge(tag, bounds, ask.reserved)) {
-            Ok(charge) => Ok(Some(charge)),
-            Err(refusal) => Err(self.reject_rate(refusal, ask)),
+        let charged = match Engine::class_windows(windows, ask.class) {
+            None => self.with_rate_bounds(|tag, bounds| {
+                let global = windows.charge(tag, bounds, ask.reserved)?;
+                Ok(global
+                    .map(|global| Charged {
+                        global,
+                        class: None,
+                    })
+                    .map_err(|refusal| (refusal, false)))
+            }),
+            Some(index) => self.with_class_rate_bounds(index, |tag, bounds, class_bounds| {
+                let now = windows.now_ns();
+                let global = match windows.global().charge(tag, bounds, ask.reserved, now)? {
+                    Ok(charge) => charge,
+                    Err(refusal) => return Ok(Err((refusal, false))),
+                };
+                match windows.classes()[index].charge(tag, class_bounds, ask.reserved, now) {
+                    Ok(Ok(charge)) => Ok(Ok(Charged {
+                        global,
+                        class: Some((index, charge)),
+                    })),
+                    other => {
+                        windows.global().refund(global);
+                        other.map(|refused| Err((refused.expect_err("not Ok(Ok)"), true)))
+                    }
+                }
+            }),
+        };
+        match charged {
+            Ok(charged) => Ok(Some(charged)),
+            Err((refusal, class)) => Err(self.reject_rate(refusal, class, ask)),
         }
     }
 
-    /// [`charge_windows`](Engine::charge_windows) on the fast lane: `None` (nothing charged)
-    /// when a window refuses (the general path decides again and refuses, with the snapshot)
-    /// or the engine is closed.
+    /// The bulkhead's windows' charge on the fast lane (a call without a class): `None`
+    /// (nothing charged) when a window refuses (the general path decides again and refuses,
+    /// with the snapshot) or the engine has no windows.
     #[inline]
     pub(super) fn charge_windows_fast(&self, ask: Ask) -> Option<Charge> {
         let windows = self.windows.as_ref()?;
@@ -56,22 +123,49 @@ impl Engine {
             .ok()
     }
 
-    /// Counts a `rate_limit` refusal of `ask` and builds its rejection (the global figures of
-    /// this moment, which window refused, when the call would fit).
+    /// Counts a `rate_limit` refusal of `ask` and builds its rejection (the figures of this
+    /// moment, the class's too when its window refused; which window; when the call would
+    /// fit).
     #[cold]
-    fn reject_rate(&self, refusal: RateRefusal, ask: Ask) -> Rejection {
+    fn reject_rate(&self, refusal: RateRefusal, class: bool, ask: Ask) -> Rejection {
         self.count_refusal(RejectReason::RateLimit, ask.class);
         let (state, bounds) = self.snapshot();
         let state = self.in_flight_of(state);
-        let global = Ask { class: None, ..ask };
-        let detail = policy::global_detail(state, &bounds, self.queue.len(), global);
-        Rejection::rate(detail, refusal.tokens, refusal.retry_after)
+        let detail = match ask.class.filter(|_| class) {
+            Some(of) => {
+                let (guard, view) = self.lock_class_view(of);
+                drop(guard);
+                policy::detail(state, &bounds, self.queue.len(), ask, Some(&view), None)
+            }
+            None => {
+                let global = Ask { class: None, ..ask };
+                policy::global_detail(state, &bounds, self.queue.len(), global)
+            }
+        };
+        let window = match (class, refusal.tokens) {
+            (false, false) => RateWindow::Requests,
+            (false, true) => RateWindow::Tokens,
+            (true, false) => RateWindow::ClassRequests,
+            (true, true) => RateWindow::ClassTokens,
+        };
+        Rejection::rate(detail, window, refusal.retry_after)
     }
 
     /// Gives back a charge whose admission did not happen.
-    pub(super) fn refund_windows(&self, charge: Option<Charge>) {
-        if let (Some(windows), Some(charge)) = (&self.windows, charge) {
-            windows.refund(charge);
+    pub(super) fn refund_windows(&self, charged: Option<Charged>) {
+        if let (Some(windows), Some(charged)) = (&self.windows, charged) {
+            windows.global().refund(charged.global);
+            if let Some((index, charge)) = charged.class {
+                windows.classes()[index].refund(charge);
+            }
+        }
+    }
+
+    /// Gives back a fast lane's charge ([`charge_windows_fast`](Engine::charge_windows_fast)).
+    #[inline]
+    pub(super) fn refund_windows_fast(&self, charge: Charge) {
+        if let Some(windows) = &self.windows {
+            windows.global().refund(charge);
         }
     }
 
@@ -79,24 +173,99 @@ impl Engine {
     /// its reservation in tokens, on the windows configured now).
     pub(super) fn refund_waiter(&self, ask: Ask) {
         if let Some(windows) = &self.windows {
-            let bounds = self.with_rate_bounds(|_, bounds| Ok(bounds));
-            windows.refund(Windows::charge_of(bounds, ask.reserved));
+            match Engine::class_windows(windows, ask.class) {
+                None => {
+                    let bounds = self.with_rate_bounds(|_, bounds| Ok(bounds));
+                    windows
+                        .global()
+                        .refund(Windows::charge_of(bounds, ask.reserved));
+                }
+                Some(index) => {
+                    let (bounds, class) = self.with_class_rate_bounds(index, |_, b, c| Ok((b, c)));
+                    windows
+                        .global()
+                        .refund(Windows::charge_of(bounds, ask.reserved));
+                    windows.classes()[index].refund(Windows::charge_of(class, ask.reserved));
+                }
+            }
         }
     }
 
-    /// Moves a call's tokens charge from `from` tokens to `to` (its usage): see
-    /// [`Windows::correct`]. Nothing without a tokens window.
-    pub(crate) fn correct_rate(&self, from: u64, to: u64) {
+    /// Moves a call's tokens charge from `from` tokens to `to` (its usage), on the bulkhead's
+    /// tokens window and its class's: see [`Words::correct`](super::rate::Words::correct). Nothing without a tokens window.
+    pub(crate) fn correct_rate(&self, class: Option<AdmissionClass>, from: u64, to: u64) {
         if let Some(windows) = &self.windows
             && from != to
         {
-            self.with_rate_bounds(|tag, bounds| windows.correct(tag, bounds, from, to));
+            // Each pair in its own loop: a stale word met by one never repeats the other's move.
+            self.with_rate_bounds(|tag, bounds| {
+                windows
+                    .global()
+                    .correct(tag, bounds, from, to, windows.now_ns())
+            });
+            if let Some(index) = Engine::class_windows(windows, class) {
+                self.correct_class_rate(windows, index, from, to);
+            }
         }
     }
 
-    /// Each window's figures now, for rate-limit headers (`None` without windows).
+    /// [`correct_rate`](Engine::correct_rate) on class `index`'s tokens window.
+    #[cold]
+    fn correct_class_rate(&self, windows: &Windows, index: usize, from: u64, to: u64) {
+        self.with_class_rate_bounds(index, |tag, _, bounds| {
+            windows.classes()[index].correct(tag, bounds, from, to, windows.now_ns())
+        });
+    }
+
+    /// Each of the bulkhead's windows' figures now, for rate-limit headers (`None` without
+    /// windows of its own).
     pub(crate) fn rate_status(&self) -> Option<RateStatus> {
         let windows = self.windows.as_ref()?;
-        Some(self.with_rate_bounds(|tag, bounds| windows.status(tag, bounds)))
+        let status = self
+            .with_rate_bounds(|tag, bounds| windows.global().status(tag, bounds, windows.now_ns()));
+        (status.requests.is_some() || status.tokens.is_some()).then_some(status)
+    }
+
+    /// Class `class`'s windows' figures now (`None` when it has no rate limits).
+    pub(crate) fn class_rate_status(&self, class: AdmissionClass) -> Option<RateStatus> {
+        let windows = self.windows.as_ref()?;
+        let index = Engine::class_windows(windows, Some(class))?;
+        let status = self.with_class_rate_bounds(index, |tag, _, bounds| {
+            windows.classes()[index].status(tag, bounds, windows.now_ns())
+        });
+        (status.requests.is_some() || status.tokens.is_some()).then_some(status)
+    }
+
+    /// Moves every window to the limits of the epoch tagged `tag` (`previous` to `next`): the
+    /// writer's step of a change of limits, under its lock, after the epoch is published.
+    pub(super) fn rescale_windows(
+        &self,
+        previous: &crate::vocabulary::limits::Limits,
+        next: &crate::vocabulary::limits::Limits,
+        tag: u64,
+    ) {
+        let Some(windows) = &self.windows else {
+            return;
+        };
+        let now = windows.now_ns();
+        windows.global().rescale(
+            RateBounds::of(previous.rate.as_ref()),
+            RateBounds::of(next.rate.as_ref()),
+            tag,
+            now,
+        );
+        if let (Some(old), Some(new)) = (&previous.admission_classes, &next.admission_classes) {
+            // Both in the engine's class order (normalized), the order of the pairs.
+            for ((words, (_, old)), (_, new)) in
+                windows.classes().iter().zip(old.iter()).zip(new.iter())
+            {
+                words.rescale(
+                    RateBounds::of(old.rate.as_ref()),
+                    RateBounds::of(new.rate.as_ref()),
+                    tag,
+                    now,
+                );
+            }
+        }
     }
 }

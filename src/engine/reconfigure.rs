@@ -8,7 +8,7 @@ use crate::vocabulary::error::LimitsError;
 use super::assembly::Engine;
 use super::limits;
 use super::queue::HandedOff;
-use super::rate::{RateBounds, tag_of};
+use super::rate::tag_of;
 use super::state::State;
 use crate::vocabulary::limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION};
 
@@ -34,6 +34,7 @@ impl Engine {
         limits::validate(
             &next,
             self.has_budget,
+            current.rate.is_some(),
             self.windows.is_some(),
             ids.as_deref(),
         )?;
@@ -59,9 +60,11 @@ impl Engine {
             });
         }
         let ids = self.class_ids();
+        let has_rate = lock(&self.writer).rate.is_some();
         limits::validate(
             next,
             self.has_budget,
+            has_rate,
             self.windows.is_some(),
             ids.as_deref(),
         )
@@ -135,14 +138,8 @@ impl Engine {
             None => self.state.modify(next_epoch),
         };
         self.published.set_epoch(epoch + 1);
-        if let Some(windows) = &self.windows {
-            // The windows' timestamps move to the new limits' time scale (see `rate`).
-            windows.rescale(
-                RateBounds::of(current.rate.as_ref()),
-                RateBounds::of(next.rate.as_ref()),
-                tag_of(epoch + 1),
-            );
-        }
+        // The windows' timestamps move to the new limits' time scale (see `rate`).
+        self.rescale_windows(current, &next, tag_of(epoch + 1));
         // The class locks go before the hand-offs, which take the queue lock then class locks.
         if self.classes.is_some() {
             self.unlock_classes(epoch + 1, after);

@@ -14,10 +14,10 @@ use crate::engine::limits;
 use crate::engine::rate::RateClock;
 use crate::vocabulary::admission_class::ClassLimits;
 use crate::vocabulary::error::{ClassLimitsError, ConfigError};
-use crate::vocabulary::limits::RateLimits;
 use crate::vocabulary::limits::{
     ClassLimitsTable, Limits, MAX_BUDGET, MAX_CONCURRENT, MAX_REVISION,
 };
+use crate::vocabulary::rate_limits::RateLimits;
 use crate::vocabulary::reservation::DEFAULT_OUTPUT_CAP;
 
 /// Token-budget configuration: the budget, the output cap the estimator assumes when a request
@@ -278,7 +278,8 @@ impl AdmissionClasses {
                     class: id.clone(),
                 }));
             }
-            limits::validate_class(id, class, budget.is_some()).map_err(ConfigError::Class)?;
+            limits::validate_class(id, class, budget.is_some(), true)
+                .map_err(ConfigError::Class)?;
             table.insert(id.clone(), *class);
         }
         let Some(default) = table.iter().position(|(id, _)| id == self.default_class) else {

@@ -408,6 +408,33 @@ impl LlmBulkhead {
         self.core.engine().rate_status()
     }
 
+    /// Its admission class `class`'s rate windows now ([`ClassLimits::rate`](crate::classes::ClassLimits::rate)),
+    /// `None` when that class has no rate limits (or the bulkhead has no classes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::classes::{AdmissionClasses, ClassLimits};
+    /// use async_bulkhead_llm::rate::RateLimits;
+    ///
+    /// let batch = ClassLimits::new().rate(RateLimits::per_minute().requests(100));
+    /// let bulkhead = LlmBulkhead::builder("m", 8)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("chat").class("chat", ClassLimits::new()).class("batch", batch),
+    ///     )
+    ///     .build()?;
+    /// let (chat, batch) = (bulkhead.class("chat").unwrap(), bulkhead.class("batch").unwrap());
+    /// drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new().class(batch))?);
+    /// assert_eq!(bulkhead.class_rate_status(batch).unwrap().requests.unwrap().remaining, 99);
+    /// assert!(bulkhead.class_rate_status(chat).is_none());
+    /// assert!(bulkhead.rate_status().is_none()); // no windows of its own
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn class_rate_status(&self, class: AdmissionClass) -> Option<RateStatus> {
+        self.core.engine().class_rate_status(class)
+    }
+
     /// What a normal-priority call of the default class asking for nothing would be decided on
     /// now: calls and tokens
     /// in flight against the limits, the queue, the budget such a call may use. One read of the

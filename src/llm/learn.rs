@@ -21,7 +21,8 @@
 use core::fmt;
 
 use crate::support::sync::unmodeled::{AtomicU64, Ordering};
-use crate::vocabulary::limits::{ApplyOutcome, Limits, RateLimits};
+use crate::vocabulary::limits::{ApplyOutcome, Limits};
+use crate::vocabulary::rate_limits::RateLimits;
 
 use super::bulkhead::LlmBulkhead;
 

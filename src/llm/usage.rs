@@ -105,8 +105,11 @@ impl LlmCore {
             // Usage beyond the reservation is charged to the tokens window as it is reported.
             let reserved = admission.reserved_tokens();
             let before = admission.usage().map_or(0, |u| u.total()).max(reserved);
-            self.engine()
-                .correct_rate(before, reported.total().max(reserved).max(before));
+            self.engine().correct_rate(
+                admission.class(),
+                before,
+                reported.total().max(reserved).max(before),
+            );
         }
         admission.record(reported, effective);
         let report = snapshot(admission, reported);
@@ -205,7 +208,8 @@ impl LlmCore {
             // reservation, or more reported beyond it) to the usage.
             let reserved = admission.reserved_tokens();
             let charged = admission.usage().map_or(0, |u| u.total()).max(reserved);
-            self.engine().correct_rate(charged, usage.total());
+            self.engine()
+                .correct_rate(admission.class(), charged, usage.total());
         }
         // Capacity returns before any user code runs: nothing the estimator or a listener does
         // can keep it.

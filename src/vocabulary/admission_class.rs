@@ -3,6 +3,7 @@
 //! borrowed from the shared pool) and [`AbandonCause`](crate::classes::AbandonCause).
 
 use crate::support::sync::unmodeled::{Mutex, OnceLock};
+use crate::vocabulary::rate_limits::RateLimits;
 use core::fmt;
 use std::collections::HashMap;
 
@@ -164,6 +165,11 @@ pub struct ClassLimits {
     /// Most tokens this class may hold in flight at once (needs a token budget).
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub max_in_flight_tokens: Option<u64>,
+    /// Requests and tokens per window for this class's calls, on top of the bulkhead's own
+    /// windows (a call is admitted only when it fits both). Needs rate windows on the
+    /// bulkhead's builder (globally or on a class) for the engine to keep them.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub rate: Option<RateLimits>,
 }
 
 impl ClassLimits {
@@ -174,6 +180,7 @@ impl ClassLimits {
             max_concurrent: None,
             protected_in_flight_tokens: None,
             max_in_flight_tokens: None,
+            rate: None,
         }
     }
 
@@ -204,6 +211,42 @@ impl ClassLimits {
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub const fn max_in_flight_tokens(mut self, tokens: u64) -> ClassLimits {
         self.max_in_flight_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets the class's rate limits (requests and tokens per window), counted on windows of its
+    /// own beside the bulkhead's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason};
+    /// use async_bulkhead_llm::classes::{AdmissionClasses, ClassLimits};
+    /// use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+    ///
+    /// let clock = ManualClock::new();
+    /// let batch = ClassLimits::new().rate(RateLimits::new(Duration::from_secs(1)).requests(2));
+    /// let bulkhead = LlmBulkhead::builder("gpt-4o", 8)
+    ///     .admission_classes(
+    ///         AdmissionClasses::new("interactive")
+    ///             .class("interactive", ClassLimits::new())
+    ///             .class("batch", batch),
+    ///     )
+    ///     .rate_clock(RateClock::manual(&clock))
+    ///     .build()?;
+    /// let batch = bulkhead.class("batch").unwrap();
+    /// let call = |options: AcquireOptions| bulkhead.try_acquire(&LlmRequest::new(), options);
+    /// drop((call(AcquireOptions::new().class(batch))?, call(AcquireOptions::new().class(batch))?));
+    /// let refused = call(AcquireOptions::new().class(batch)).unwrap_err();
+    /// assert_eq!(refused.rejection().unwrap().reason(), RejectReason::RateLimit);
+    /// assert_eq!(refused.rejection().unwrap().retry_after(), Some(Duration::from_millis(500)));
+    /// assert!(call(AcquireOptions::new()).is_ok()); // the other class has no window
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub const fn rate(mut self, rate: RateLimits) -> ClassLimits {
+        self.rate = Some(rate);
         self
     }
 

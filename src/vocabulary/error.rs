@@ -748,6 +748,15 @@ pub enum ClassLimitsError {
         /// The field (`ProtectedInFlightTokens` or `MaxInFlightTokens`).
         field: ClassField,
     },
+    /// The class's rate limits are invalid (the same checks as the bulkhead's own: a window of
+    /// 1 ms to 1 day, at least one limit, each from 1 to one per nanosecond of the window, a
+    /// tokens window only with a token budget), or the bulkhead keeps no rate windows.
+    Rate {
+        /// The class.
+        class: String,
+        /// What is wrong with them (a `LimitsError::Rate*`).
+        error: Box<LimitsError>,
+    },
 }
 
 impl ClassLimitsError {
@@ -796,6 +805,9 @@ impl ClassLimitsError {
                 "{label}[{class:?}].{} requires a token budget to be configured",
                 field.as_str()
             ),
+            ClassLimitsError::Rate { class, error } => {
+                write!(f, "{label}[{class:?}].rate: {error}")
+            }
         }
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! - `priority`: [`Priority`](priority::Priority).
 //! - `admission_id`: admission and shadow ids.
+//! - `rate_limits`: requests and tokens per window.
 //! - `admission_class`: class handles, a class's limits, what an admission borrowed.
 //! - `rejection`: capacity refusals and their snapshot.
 //! - `error`: the typed errors of input that can never succeed (and `AcquireError`, which
@@ -19,6 +20,7 @@ pub(crate) mod drain_report;
 pub(crate) mod error;
 pub(crate) mod limits;
 pub(crate) mod priority;
+pub(crate) mod rate_limits;
 pub(crate) mod rejection;
 pub(crate) mod reservation;
 pub(crate) mod tenant_policy;

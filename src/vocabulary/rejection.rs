@@ -76,6 +76,40 @@ impl fmt::Display for RejectReason {
     }
 }
 
+/// Which rate window refused a `rate_limit` refusal ([`Rejection::rate_window`]): the
+/// bulkhead's own windows, or those of the call's admission class
+/// ([`ClassLimits::rate`](crate::classes::ClassLimits::rate)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RateWindow {
+    /// The bulkhead's requests window.
+    Requests,
+    /// The bulkhead's tokens window.
+    Tokens,
+    /// The call's admission class's requests window.
+    ClassRequests,
+    /// The call's admission class's tokens window.
+    ClassTokens,
+}
+
+impl RateWindow {
+    /// The window's wire name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(async_bulkhead_llm::rate::RateWindow::ClassTokens.as_str(), "class_tokens");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RateWindow::Requests => "requests",
+            RateWindow::Tokens => "tokens",
+            RateWindow::ClassRequests => "class_requests",
+            RateWindow::ClassTokens => "class_tokens",
+        }
+    }
+}
+
 /// Which level of a tenant-within-global admission refused a call: the tenant's own limits or
 /// the global ones above every tenant (see
 /// [`LlmBulkhead::try_acquire_within`](crate::LlmBulkhead::try_acquire_within)). A refusal
@@ -362,6 +396,11 @@ impl CapacityDetail {
         self.refusal & RATE_TOKENS != 0
     }
 
+    /// Whether a rate refusal came from the call's admission class's windows.
+    fn rate_class(&self) -> bool {
+        self.refusal & RATE_CLASS != 0
+    }
+
     /// The level that refused.
     fn scope(&self) -> Option<Scope> {
         match self.refusal >> SCOPE_SHIFT {
@@ -384,7 +423,9 @@ impl CapacityDetail {
 /// `CapacityDetail::refusal`'s fields.
 const SCOPE_SHIFT: u32 = 30;
 const RATE_TOKENS: u32 = 1 << 29;
-const RETRY_NEVER: u32 = RATE_TOKENS - 1;
+const RATE_CLASS: u32 = 1 << 28;
+/// 28 bits of milliseconds: about 3.1 days, beyond the longest window (a day).
+const RETRY_NEVER: u32 = RATE_CLASS - 1;
 
 impl PartialEq for CapacityDetail {
     /// Compares the figures (the class figures included), not the reason.
@@ -921,10 +962,42 @@ impl Rejection {
         self.detail.retry_after()
     }
 
+    /// Which window refused a `rate_limit` refusal (`None` for any other refusal).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits, RateWindow};
+    ///
+    /// let clock = ManualClock::new();
+    /// let bulkhead = LlmBulkhead::builder("m", 8)
+    ///     .rate_limits(RateLimits::per_minute().requests(1))
+    ///     .rate_clock(RateClock::manual(&clock))
+    ///     .build()?;
+    /// drop(bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new())?);
+    /// let err = bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()).unwrap_err();
+    /// assert_eq!(err.rejection().unwrap().rate_window(), Some(RateWindow::Requests));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn rate_window(&self) -> Option<RateWindow> {
+        if self.detail.reason != Some(RejectReason::RateLimit) {
+            return None;
+        }
+        Some(
+            match (self.detail.rate_class(), self.detail.rate_tokens()) {
+                (false, false) => RateWindow::Requests,
+                (false, true) => RateWindow::Tokens,
+                (true, false) => RateWindow::ClassRequests,
+                (true, true) => RateWindow::ClassTokens,
+            },
+        )
+    }
+
     /// A `rate_limit` rejection: which window refused and when the call would fit.
     pub(crate) fn rate(
         mut detail: CapacityDetail,
-        tokens: bool,
+        window: RateWindow,
         retry_after: Option<Duration>,
     ) -> Rejection {
         let ms = match retry_after {
@@ -932,8 +1005,13 @@ impl Rejection {
                 .map_or(RETRY_NEVER - 1, |ms| ms.min(RETRY_NEVER - 1)),
             None => RETRY_NEVER,
         };
-        let tokens = if tokens { RATE_TOKENS } else { 0 };
-        detail.refusal = (detail.refusal & !(RATE_TOKENS | RETRY_NEVER)) | tokens | ms;
+        let bits = match window {
+            RateWindow::Requests => 0,
+            RateWindow::Tokens => RATE_TOKENS,
+            RateWindow::ClassRequests => RATE_CLASS,
+            RateWindow::ClassTokens => RATE_CLASS | RATE_TOKENS,
+        };
+        detail.refusal = (detail.refusal & !(RATE_CLASS | RATE_TOKENS | RETRY_NEVER)) | bits | ms;
         Rejection::new(RejectReason::RateLimit, detail)
     }
 
@@ -1043,12 +1121,19 @@ impl fmt::Display for Rejection {
             }
             RejectReason::Timeout => f.write_str("no slot was granted before the queue timeout")?,
             RejectReason::Aborted => f.write_str("the waiting call was cancelled")?,
-            RejectReason::RateLimit => match (d.rate_tokens(), d.retry_after()) {
-                (true, Some(wait)) => write!(f, "the tokens window is full for {wait:?}")?,
-                (false, Some(wait)) => write!(f, "the requests window is full for {wait:?}")?,
-                (true, None) => f.write_str("more tokens than the tokens window allows")?,
-                (false, None) => f.write_str("the requests window allows none")?,
-            },
+            RejectReason::RateLimit => {
+                if d.rate_class() {
+                    f.write_str("its admission class's ")?;
+                } else {
+                    f.write_str("the ")?;
+                }
+                match (d.rate_tokens(), d.retry_after()) {
+                    (true, Some(wait)) => write!(f, "tokens window is full for {wait:?}")?,
+                    (false, Some(wait)) => write!(f, "requests window is full for {wait:?}")?,
+                    (true, None) => f.write_str("tokens window allows fewer tokens")?,
+                    (false, None) => f.write_str("requests window allows none")?,
+                }
+            }
         }
         f.write_str(")")
     }
@@ -1123,12 +1208,20 @@ mod serialize {
     impl Serialize for Rejection {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
             let retry = self.retry_after().map(|wait| wait.as_millis() as u64);
-            let fields = 3 + usize::from(self.scope().is_some()) + usize::from(retry.is_some());
+            let window = self.rate_window();
+            let fields = 3
+                + usize::from(self.scope().is_some())
+                + usize::from(retry.is_some())
+                + usize::from(window.is_some());
             let mut s = serializer.serialize_struct("Rejection", fields)?;
             s.serialize_field("reason", &self.reason())?;
             match self.scope() {
                 Some(scope) => s.serialize_field("scope", scope.as_str())?,
                 None => s.skip_field("scope")?,
+            }
+            match window {
+                Some(window) => s.serialize_field("rate_window", window.as_str())?,
+                None => s.skip_field("rate_window")?,
             }
             match retry {
                 Some(ms) => s.serialize_field("retry_after_ms", &ms)?,

@@ -59,7 +59,8 @@ mod entry {
 
     use serde::{Deserialize, Deserializer};
 
-    use crate::vocabulary::limits::{BudgetLimits, ClassLimitsTable, Limits, RateLimits};
+    use crate::vocabulary::limits::{BudgetLimits, ClassLimitsTable, Limits};
+    use crate::vocabulary::rate_limits::RateLimits;
 
     #[derive(Deserialize)]
     struct Entry {

@@ -20,6 +20,8 @@ use async_bulkhead_llm::{
     rejection::Scope,
 };
 
+mod classes;
+
 const SECOND: Duration = Duration::from_secs(1);
 
 fn windowed(max: usize, rate: RateLimits, clock: &ManualClock) -> LlmBulkhead {
@@ -349,8 +351,22 @@ fn rate_limits_are_data_in_limits_and_tenant_policies() {
         .unwrap_err();
     let json = serde_json::to_value(err.rejection().unwrap()).unwrap();
     assert_eq!(
-        (json["reason"].as_str(), json["retry_after_ms"].as_u64()),
-        (Some("rate_limit"), Some(1000))
+        (
+            json["reason"].as_str(),
+            json["retry_after_ms"].as_u64(),
+            json["rate_window"].as_str()
+        ),
+        (Some("rate_limit"), Some(1000), Some("requests"))
+    );
+    // A class's windows are data too.
+    let class: async_bulkhead_llm::classes::ClassLimits = serde_json::from_str(
+        r#"{"max_concurrent": 4, "rate": {"window_ms": 60000, "tokens": 40000}}"#,
+    )
+    .unwrap();
+    assert_eq!(class.rate, Some(RateLimits::per_minute().tokens(40_000)));
+    assert_eq!(
+        serde_json::to_string(&class).unwrap(),
+        r#"{"max_concurrent":4,"rate":{"window_ms":60000,"requests":null,"tokens":40000}}"#
     );
     let body = async_bulkhead_llm::http::HttpRefusal::from(err).body();
     assert!(
@@ -628,7 +644,7 @@ fn a_learner_settles_near_an_unstated_limit_from_429s_alone() {
     let bulkhead = learning_bulkhead(&clock);
     let learner = LimitLearner::new(bulkhead.clone())
         .tokens(LearnBounds::new(10_000, 2_000_000))
-        .decrease(0.9)
+        .decrease(0.95)
         .increase(500, 20);
     let mut provider = Provider::new(1_000_000, 100_000);
     let samples = learn_against(
@@ -654,19 +670,22 @@ fn a_learner_settles_near_an_unstated_limit_from_429s_alone() {
         );
         (mean / limit, accepted / limit)
     };
+    // Measured: window means 90% and 91% of the limit, the provider's whole limit used, 2
+    // and 3 provider 429s a minute (a window's room after a raise is there at once, so the
+    // window's mean sits below the limit the provider's throughput reaches).
     let (window, used) = report(30, 90, 100_000.0);
     assert!(
-        (0.7..=1.3).contains(&window),
+        (0.85..=1.1).contains(&window),
         "window at {window:.2} of the limit"
     );
-    assert!(used >= 0.8, "the provider took {used:.2} of its limit");
+    assert!(used >= 0.95, "the provider took {used:.2} of its limit");
     let (window, used) = report(120, 180, 50_000.0);
     assert!(
-        (0.7..=1.3).contains(&window),
+        (0.85..=1.1).contains(&window),
         "window at {window:.2} of the halved limit"
     );
     assert!(
-        used >= 0.8,
+        used >= 0.95,
         "the provider took {used:.2} of its halved limit"
     );
 }
