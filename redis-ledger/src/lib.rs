@@ -34,11 +34,12 @@ pub mod scripts;
 mod stats;
 mod store;
 
-pub use config::{FailurePolicy, LedgerConfig};
+pub use config::{FailurePolicy, LedgerConfig, max_rate_limit};
 pub use error::{
-    ConfigError, GlobalRejection, LedgerError, LedgerRefusal, StoreError, UnavailableRejection,
+    ConfigError, GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, RateWindow,
+    StoreError, UnavailableRejection,
 };
 pub use exact::{ExactLedger, GlobalPermit};
 pub use leased::LeasedLedger;
 pub use stats::LedgerStats;
-pub use store::GlobalSnapshot;
+pub use store::{GlobalRateStatus, GlobalSnapshot, GlobalWindow};
