@@ -21,7 +21,9 @@ pub enum FailurePolicy {
     /// Admit locally within a fixed floor of tokens in flight per replica (never the
     /// replica's full local budget): an outage can exceed the global budget by at most
     /// `replicas x tokens`. In leased mode the replica first keeps the slice it leased until
-    /// that lease expires, then drops to the floor.
+    /// that lease expires, then drops to the floor. Calls admitted on the floor charge no
+    /// global rate window (Redis is out of reach): only the floor and the local bulkhead's
+    /// own windows, if any, bound them (see the crate's "Rate windows across replicas").
     LocalFloor {
         /// The tokens this replica may hold in flight without the ledger.
         tokens: u64,
