@@ -54,7 +54,7 @@ fn requests_tat(c: &mut redis::Connection, ns: &str) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_a_second_admits_five_at_once_then_refuses_for_exactly_200_ms() {
+async fn five_a_second_admits_five_at_once_then_refuses_until_200_ms_after_the_first() {
     let server = RedisServer::start();
     let ns = "{burst}";
     let rate = RateLimits::new(Duration::from_secs(1)).requests(5);
