@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use async_bulkhead_llm::limits::MAX_BUDGET;
+use async_bulkhead_llm::rate::RateLimits;
 
 use crate::error::ConfigError;
 
@@ -20,7 +21,9 @@ pub enum FailurePolicy {
     /// Admit locally within a fixed floor of tokens in flight per replica (never the
     /// replica's full local budget): an outage can exceed the global budget by at most
     /// `replicas x tokens`. In leased mode the replica first keeps the slice it leased until
-    /// that lease expires, then drops to the floor.
+    /// that lease expires, then drops to the floor. Calls admitted on the floor charge no
+    /// global rate window (Redis is out of reach): only the floor and the local bulkhead's
+    /// own windows, if any, bound them (see the crate's "Rate windows across replicas").
     LocalFloor {
         /// The tokens this replica may hold in flight without the ledger.
         tokens: u64,
@@ -55,6 +58,64 @@ pub struct LedgerConfig {
     pub(crate) timeout: Duration,
     pub(crate) retry_every: Duration,
     pub(crate) failure: FailurePolicy,
+    pub(crate) rate: Option<RateLimits>,
+}
+
+/// The shortest and the longest rate window (the core crate's bounds).
+const MIN_RATE_WINDOW: Duration = Duration::from_millis(1);
+const MAX_RATE_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// The largest `window_us * limit` the scripts count exactly (Lua numbers are doubles).
+const MAX_WINDOW_UNITS: u128 = 1 << 53;
+
+/// Rate limits as the scripts take them: the window in microseconds, each limit (0: none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RateSpec {
+    pub(crate) window_us: u64,
+    pub(crate) requests: u64,
+    pub(crate) tokens: u64,
+}
+
+impl RateSpec {
+    pub(crate) fn of(rate: &RateLimits) -> RateSpec {
+        RateSpec {
+            window_us: u64::try_from(rate.window.as_micros()).unwrap_or(u64::MAX),
+            requests: rate.requests.unwrap_or(0),
+            tokens: rate.tokens.unwrap_or(0),
+        }
+    }
+
+    /// The limits these figures stand for (`None` for `0 0 0`: no limits).
+    pub(crate) fn limits(self) -> Option<RateLimits> {
+        if self.window_us == 0 {
+            return None;
+        }
+        let mut rate = RateLimits::new(Duration::from_micros(self.window_us));
+        if self.requests > 0 {
+            rate = rate.requests(self.requests);
+        }
+        if self.tokens > 0 {
+            rate = rate.tokens(self.tokens);
+        }
+        Some(rate)
+    }
+}
+
+/// The largest limit a ledger's window of `window` can count: `2^53 / window_us` (the
+/// scripts multiply microseconds below one window by the limit in Lua doubles).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use async_bulkhead_llm_redis::max_rate_limit;
+///
+/// assert_eq!(max_rate_limit(Duration::from_secs(60)), 150_119_987); // tokens per minute
+/// assert_eq!(max_rate_limit(Duration::from_secs(1)), 9_007_199_254);
+/// ```
+pub fn max_rate_limit(window: Duration) -> u64 {
+    let window_us = window.as_micros().max(1);
+    u64::try_from(MAX_WINDOW_UNITS / window_us).unwrap_or(u64::MAX)
 }
 
 impl LedgerConfig {
@@ -73,7 +134,42 @@ impl LedgerConfig {
             timeout: Duration::from_millis(250),
             retry_every: Duration::from_millis(500),
             failure: FailurePolicy::FailClosed,
+            rate: None,
         }
+    }
+
+    /// Requests and tokens per window shared by every replica (exact mode only): each
+    /// admission is also charged to the global windows, in the reservation's script, on
+    /// Redis's clock (see the crate's "Rate windows across replicas"). Every replica of the
+    /// deployment must use the same limits: the first replica to connect stores them in Redis
+    /// (`ns:rate:limits`) and a replica whose limits differ (or that has none while some are
+    /// stored) is refused at [`ExactLedger::connect`](crate::ExactLedger::connect) with
+    /// [`ConfigError::RateLimitsMismatch`]. The window is counted in whole microseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::rate::RateLimits;
+    /// use async_bulkhead_llm_redis::{ConfigError, LedgerConfig};
+    ///
+    /// let rpm = RateLimits::per_minute().requests(500).tokens(200_000);
+    /// let config = LedgerConfig::new("redis://127.0.0.1:6379/", "{gpt-4o}", 200_000).rate_limits(rpm);
+    /// assert!(config.validate().is_ok());
+    /// assert_eq!(config.rate_limits_value(), Some(rpm));
+    ///
+    /// let empty = RateLimits::new(Duration::from_secs(1));
+    /// let config = config.rate_limits(empty);
+    /// assert_eq!(config.validate(), Err(ConfigError::RateLimitsEmpty));
+    /// ```
+    pub fn rate_limits(mut self, rate: RateLimits) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// The rate limits in use, if any.
+    pub fn rate_limits_value(&self) -> Option<RateLimits> {
+        self.rate
     }
 
     /// This replica's id, unique in the deployment (no whitespace, no `|`).
@@ -125,7 +221,9 @@ impl LedgerConfig {
         self.renew_every.unwrap_or(self.lease / 3)
     }
 
-    /// Checks the configuration, in this order: budget, namespace, replica id, timeout, lease.
+    /// Checks the configuration, in this order: budget, namespace, replica id, timeout, lease,
+    /// rate limits (a window of 1 ms to 1 day, at least one limit, each at least 1 and at most
+    /// [`max_rate_limit`] of the window).
     ///
     /// # Errors
     ///
@@ -160,8 +258,36 @@ impl LedgerConfig {
                 renew_every,
             });
         }
+        if let Some(rate) = &self.rate {
+            validate_rate(rate)?;
+        }
         Ok(())
     }
+}
+
+fn validate_rate(rate: &RateLimits) -> Result<(), ConfigError> {
+    if rate.window < MIN_RATE_WINDOW || rate.window > MAX_RATE_WINDOW {
+        return Err(ConfigError::RateWindowOutOfRange {
+            window: rate.window,
+        });
+    }
+    if rate.requests.is_none() && rate.tokens.is_none()
+        || rate.requests == Some(0)
+        || rate.tokens == Some(0)
+    {
+        return Err(ConfigError::RateLimitsEmpty);
+    }
+    let max = max_rate_limit(rate.window);
+    for limit in [rate.requests, rate.tokens].into_iter().flatten() {
+        if limit > max {
+            return Err(ConfigError::RateLimitTooHigh {
+                limit,
+                window: rate.window,
+                max,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `<host>-<pid>-<random>`: unique across processes and restarts.

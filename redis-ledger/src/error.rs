@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use async_bulkhead_llm::rate::RateLimits;
 use async_bulkhead_llm::{AcquireError, RejectReason, stats::TokenBudgetStats};
 
 /// Why a call to Redis failed.
@@ -13,6 +14,9 @@ pub enum StoreError {
     Redis(redis::RedisError),
     /// No answer within the ledger's timeout.
     Timeout(Duration),
+    /// The rate limits stored in Redis differ from this replica's (another replica stored
+    /// others after Redis lost them): the reservation changed nothing.
+    RateLimitsMismatch,
 }
 
 impl fmt::Display for StoreError {
@@ -20,6 +24,9 @@ impl fmt::Display for StoreError {
         match self {
             StoreError::Redis(e) => write!(f, "redis: {e}"),
             StoreError::Timeout(t) => write!(f, "redis: no answer within {t:?}"),
+            StoreError::RateLimitsMismatch => {
+                write!(f, "redis: the namespace's stored rate limits differ")
+            }
         }
     }
 }
@@ -53,6 +60,36 @@ pub enum ConfigError {
     ZeroTimeout,
     /// The local bulkhead has no token budget (the ledger shares tokens).
     NoTokenBudget,
+    /// A rate window must be 1 ms to 1 day long.
+    RateWindowOutOfRange {
+        /// The refused window.
+        window: Duration,
+    },
+    /// Rate limits must limit requests or tokens (or both), each by at least 1.
+    RateLimitsEmpty,
+    /// A limit above what the ledger's scripts count exactly in its window
+    /// ([`max_rate_limit`](crate::max_rate_limit): `window_us * limit` at most 2^53).
+    RateLimitTooHigh {
+        /// The refused limit.
+        limit: u64,
+        /// Its window.
+        window: Duration,
+        /// The largest limit of that window.
+        max: u64,
+    },
+    /// The namespace's rate limits stored in Redis (by the first replica that connected)
+    /// differ from this replica's: every replica of a deployment must enforce the same windows.
+    /// Nothing was changed. To change the limits, stop every replica and delete
+    /// `ns:rate:limits` and `ns:rate`.
+    RateLimitsMismatch {
+        /// The limits stored in Redis (`None`: none stored).
+        stored: Option<RateLimits>,
+        /// This replica's (`None`: it has none).
+        configured: Option<RateLimits>,
+    },
+    /// Leased mode does not enforce global rate windows (yet): a [`LeasedLedger`](crate::LeasedLedger)
+    /// refuses a configuration with rate limits rather than ignore them.
+    RateLimitsNotSupported,
 }
 
 impl fmt::Display for ConfigError {
@@ -75,6 +112,25 @@ impl fmt::Display for ConfigError {
             ConfigError::NoTokenBudget => {
                 write!(f, "the local bulkhead must be built with a token budget")
             }
+            ConfigError::RateWindowOutOfRange { window } => {
+                write!(f, "rate window {window:?} must be from 1 ms to 1 day")
+            }
+            ConfigError::RateLimitsEmpty => write!(
+                f,
+                "rate limits must limit requests or tokens, each by at least 1"
+            ),
+            ConfigError::RateLimitTooHigh { limit, window, max } => write!(
+                f,
+                "rate limit {limit} per {window:?} exceeds the largest the ledger counts, {max}"
+            ),
+            ConfigError::RateLimitsMismatch { stored, configured } => write!(
+                f,
+                "rate limits {configured:?} differ from those the namespace enforces, {stored:?}"
+            ),
+            ConfigError::RateLimitsNotSupported => write!(
+                f,
+                "leased mode does not enforce global rate windows; use the exact mode"
+            ),
         }
     }
 }
@@ -130,6 +186,34 @@ pub struct GlobalRejection {
     pub local: Option<TokenBudgetStats>,
 }
 
+/// Which global rate window refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RateWindow {
+    /// Requests per window (the call asked 1).
+    Requests,
+    /// Tokens per window (the call asked its reservation).
+    Tokens,
+}
+
+/// A global rate window (shared by every replica) had no room for the call: it took nothing
+/// (no hold, no charge). The local bulkhead's admission was returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GlobalRateRejection {
+    /// The window that refused (requests are judged first).
+    pub window: RateWindow,
+    /// The units the call asked of it (1 request, or its reservation in tokens).
+    pub requested: u64,
+    /// The window's limit.
+    pub limit: u64,
+    /// The window's length.
+    pub period: Duration,
+    /// When the call would fit if nothing else arrived, on Redis's clock (milliseconds,
+    /// rounded up); `None`: never (more tokens than the window's whole limit).
+    pub retry_after: Option<Duration>,
+    /// The local bulkhead's token figures just after its admission was returned.
+    pub local: Option<TokenBudgetStats>,
+}
+
 /// Redis was out of reach (or slower than the timeout) and the failure policy refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnavailableRejection {
@@ -148,19 +232,34 @@ pub enum LedgerRefusal {
     Local(AcquireError),
     /// The global ledger refused.
     Global(GlobalRejection),
+    /// A global rate window refused.
+    GlobalRate(GlobalRateRejection),
     /// Redis was unavailable and the failure policy refused.
     Unavailable(UnavailableRejection),
 }
 
 impl LedgerRefusal {
     /// The reason, in the local bulkhead's terms: a global refusal is a
-    /// [`RejectReason::BudgetLimit`]; `None` for an invalid request or an unavailable ledger.
+    /// [`RejectReason::BudgetLimit`], a global window's a [`RejectReason::RateLimit`]; `None`
+    /// for an invalid request or an unavailable ledger.
     pub fn reason(&self) -> Option<RejectReason> {
         match self {
             LedgerRefusal::Local(AcquireError::Rejected(r)) => Some(r.reason()),
             LedgerRefusal::Local(_) => None,
             LedgerRefusal::Global(_) => Some(RejectReason::BudgetLimit),
+            LedgerRefusal::GlobalRate(_) => Some(RejectReason::RateLimit),
             LedgerRefusal::Unavailable(_) => None,
+        }
+    }
+
+    /// For a `rate_limit` refusal (a local or a global window), when the call would fit if
+    /// nothing else arrived (milliseconds, rounded up: a gateway's `Retry-After`); `None` for
+    /// any other refusal and for a call that can never fit its window.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LedgerRefusal::Local(AcquireError::Rejected(r)) => r.retry_after(),
+            LedgerRefusal::GlobalRate(g) => g.retry_after,
+            _ => None,
         }
     }
 
@@ -173,7 +272,7 @@ impl LedgerRefusal {
                 _ => 429,
             },
             LedgerRefusal::Local(_) => 400,
-            LedgerRefusal::Global(_) => 429,
+            LedgerRefusal::Global(_) | LedgerRefusal::GlobalRate(_) => 429,
             LedgerRefusal::Unavailable(_) => 503,
         }
     }
@@ -188,6 +287,21 @@ impl fmt::Display for LedgerRefusal {
                 "global budget: {} requested, {} of {} held by every replica",
                 g.requested, g.global_in_flight, g.global_budget
             ),
+            LedgerRefusal::GlobalRate(g) => {
+                let window = match g.window {
+                    RateWindow::Requests => "requests",
+                    RateWindow::Tokens => "tokens",
+                };
+                write!(
+                    f,
+                    "global {window} window: {} asked of {} per {:?}",
+                    g.requested, g.limit, g.period
+                )?;
+                match g.retry_after {
+                    Some(wait) => write!(f, ", retry after {wait:?}"),
+                    None => write!(f, ", can never fit"),
+                }
+            }
             LedgerRefusal::Unavailable(u) => write!(f, "ledger unavailable: {}", u.cause),
         }
     }

@@ -11,11 +11,14 @@ use async_bulkhead_llm::{
     usage::UsageError, usage::UsageReport,
 };
 
-use crate::config::{FailurePolicy, LedgerConfig};
-use crate::error::{GlobalRejection, LedgerError, LedgerRefusal, StoreError, UnavailableRejection};
+use crate::config::{FailurePolicy, LedgerConfig, RateSpec};
+use crate::error::{
+    GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, RateWindow, StoreError,
+    UnavailableRejection,
+};
 use crate::health::Health;
 use crate::stats::{Counters, LedgerStats, bump};
-use crate::store::{GlobalSnapshot, Moved, Reserved, Store};
+use crate::store::{GlobalRateStatus, GlobalSnapshot, Moved, Reserved, Store};
 
 /// A replica's exact share of one global token budget: the local bulkhead decides first (in
 /// nanoseconds, lock-free), then one Redis script reserves the admission's tokens globally.
@@ -50,9 +53,12 @@ struct Inner {
     bulkhead: LlmBulkhead,
     store: Store,
     config: LedgerConfig,
+    /// The global rate windows every reservation is charged to, if configured.
+    rate: Option<RateSpec>,
     health: Health,
     counters: Counters,
-    /// Ids whose global hold must still be released: they ride on this replica's next
+    /// Ids whose global hold must still be released (`id`, or `id=<used>` to correct the
+    /// tokens window to the call's final usage): they ride on this replica's next
     /// reservation, or go from the background task after `RIDE_WINDOW`.
     pending: std::sync::Mutex<Vec<String>>,
     /// Wakes the background task when `pending` stops being empty.
@@ -75,6 +81,7 @@ impl ExactLedger {
         let inner = Arc::new(Inner {
             bulkhead,
             store,
+            rate: config.rate.as_ref().map(RateSpec::of),
             health: Health::new(config.retry_every),
             config,
             counters: Counters::default(),
@@ -143,6 +150,7 @@ impl ExactLedger {
                 tokens,
                 inner.config.global_budget,
                 inner.config.lease,
+                inner.rate,
                 &riders,
             )
             .await;
@@ -173,6 +181,29 @@ impl ExactLedger {
                     requested: tokens,
                     global_in_flight: total,
                     global_budget: budget,
+                    local: inner.bulkhead.stats().token_budget,
+                }))
+            }
+            Ok(Some(Reserved::RateLimited {
+                tokens: by_tokens,
+                retry_after,
+            })) => {
+                inner.health.up();
+                bump(&inner.counters.refused_rate);
+                drop(permit);
+                let spec = inner
+                    .rate
+                    .expect("only a rated reservation is rate limited");
+                let (window, requested, limit) = match by_tokens {
+                    true => (RateWindow::Tokens, tokens, spec.tokens),
+                    false => (RateWindow::Requests, 1, spec.requests),
+                };
+                Err(LedgerRefusal::GlobalRate(GlobalRateRejection {
+                    window,
+                    requested,
+                    limit,
+                    period: std::time::Duration::from_micros(spec.window_us),
+                    retry_after,
                     local: inner.bulkhead.stats().token_budget,
                 }))
             }
@@ -246,6 +277,16 @@ impl ExactLedger {
     /// [`StoreError`] when Redis cannot be reached.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.inner.store.ping().await
+    }
+
+    /// The global rate windows now, read from Redis (`None` when the namespace enforces
+    /// none): limit, what each would let through at once, and when it is whole again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when Redis cannot be reached.
+    pub async fn global_rate(&self) -> Result<Option<GlobalRateStatus>, StoreError> {
+        self.inner.store.rate_status().await
     }
 
     /// The global figures, read from Redis.
@@ -448,11 +489,16 @@ impl GlobalPermit {
         let permit = self.permit.as_mut().expect("held until release");
         let before = permit.usage_sequence();
         let report = permit.report_usage(usage)?;
+        let used = self
+            .ledger
+            .charges_tokens()
+            .then(|| permit.usage())
+            .flatten();
         if let Hold::Global(id) = &self.hold
             && report.sequence > before
         {
             self.ledger
-                .apply_usage(id, report.sequence, report.held)
+                .apply_usage(id, report.sequence, report.held, used.map(|u| u.total()))
                 .await;
         }
         Ok(report)
@@ -462,11 +508,17 @@ impl GlobalPermit {
     /// (one script releases what waits, then reserves), or from the background task if no
     /// reservation comes within 2 ms (one script per batch). Until then the global ledger
     /// still counts the tokens: a release can only be late, never early.
+    ///
+    /// With a global tokens window, the call's final usage (`usage`, else the last reported)
+    /// corrects the window with the release: what it was charged beyond the usage is given
+    /// back, usage beyond it is charged. Without any usage the charge stays (as the core
+    /// crate keeps a dropped permit's).
     pub fn release(mut self, usage: Option<TokenUsage>) -> ReleaseReport {
         let permit = self.permit.take().expect("held until release");
+        let used = usage.or(permit.usage()).map(|u| u.total());
         let report = permit.release(usage);
         let hold = std::mem::replace(&mut self.hold, Hold::Floor(0));
-        self.ledger.settle(hold);
+        self.ledger.settle(hold, used);
         report
     }
 }
@@ -475,12 +527,12 @@ impl Inner {
     /// Moves a global hold to `held` (the local usage sequence `sequence`). While Redis is
     /// down the update is skipped (counted), as every call skips Redis then but one per retry
     /// period: a report must not wait for a timeout each time.
-    async fn apply_usage(&self, id: &str, sequence: u64, held: u64) {
+    async fn apply_usage(&self, id: &str, sequence: u64, held: u64, used: Option<u64>) {
         if !self.health.should_try() {
             bump(&self.counters.usage_skipped);
             return;
         }
-        match self.store.usage(id, sequence, held).await {
+        match self.store.usage(id, sequence, held, used).await {
             Ok(moved) => {
                 self.health.up();
                 match moved {
@@ -492,15 +544,24 @@ impl Inner {
         }
     }
 
-    /// Returns `hold`: the floor at once, a global hold from the background task.
-    fn settle(&self, hold: Hold) {
+    /// Whether reservations are charged to a global tokens window.
+    fn charges_tokens(&self) -> bool {
+        self.rate.is_some_and(|spec| spec.tokens > 0)
+    }
+
+    /// Returns `hold`: the floor at once, a global hold from the background task (with the
+    /// call's final usage `used`, to correct the tokens window, if it has one).
+    fn settle(&self, hold: Hold, used: Option<u64>) {
         match hold {
             Hold::Floor(tokens) => {
                 self.counters
                     .floor_in_flight
                     .fetch_sub(tokens, Ordering::AcqRel);
             }
-            Hold::Global(id) => self.defer(id),
+            Hold::Global(id) => match used.filter(|_| self.charges_tokens()) {
+                Some(used) => self.defer(format!("{id}={used}")),
+                None => self.defer(id),
+            },
         }
     }
 }
@@ -510,8 +571,9 @@ impl Drop for GlobalPermit {
         let Some(permit) = self.permit.take() else {
             return;
         };
+        let used = permit.usage().map(|u| u.total());
         drop(permit);
         let hold = std::mem::replace(&mut self.hold, Hold::Floor(0));
-        self.ledger.settle(hold);
+        self.ledger.settle(hold, used);
     }
 }

@@ -83,9 +83,16 @@ impl LeasedLedger {
     /// # Errors
     ///
     /// [`LedgerError::Config`] for an invalid configuration or a bulkhead without a token
-    /// budget, [`LedgerError::Store`] when Redis cannot be reached (the local budget is then
+    /// budget, and [`ConfigError::RateLimitsNotSupported`](crate::ConfigError::RateLimitsNotSupported)
+    /// for a configuration with rate limits (leased mode does not enforce global windows: it
+    /// refuses them rather than ignore them; nothing is started or written),
+    /// [`LedgerError::Store`] when Redis cannot be reached (the local budget is then
     /// the failure policy's), [`LedgerError::Limits`] if the local budget cannot be set.
     pub async fn start(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
+        if config.rate.is_some() {
+            config.validate()?;
+            return Err(crate::error::ConfigError::RateLimitsNotSupported.into());
+        }
         let store = match Store::open(&bulkhead, &config).await {
             Ok(store) => store,
             Err(LedgerError::Store(error)) => {

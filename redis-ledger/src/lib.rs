@@ -20,6 +20,90 @@
 //! operator. While Redis is unreachable or slower than the timeout, the [`FailurePolicy`]
 //! decides: refuse (fail closed) or admit within a fixed local floor, never the replica's
 //! full budget. Recovery is automatic.
+//!
+//! # Rate windows across replicas
+//!
+//! A provider's per-minute limits (requests and tokens per minute) hold for the whole
+//! deployment, not per replica. With [`LedgerConfig::rate_limits`] (the core crate's
+//! [`RateLimits`](async_bulkhead_llm::rate::RateLimits)), [`ExactLedger`] charges every
+//! admission to global windows in the same script that reserves its tokens, atomically:
+//!
+//! - **Semantics**: those of the core crate's windows (its `rate` module): each window is a
+//!   GCRA kept as one timestamp (`tat`) counted in ticks of `window / limit`, so a call of `n`
+//!   units costs exactly `n` ticks; `limit` units pass at once after a quiet window, and at
+//!   most `limit * (t + window) / window` (plus one for the tick a span starts in) in any span
+//!   `t`: a token bucket of `limit` refilled at `limit / window`, not a fixed or sliding
+//!   window (right after a quiet window, one window can see up to twice the limit: the burst,
+//!   then the refill). A call is charged 1 unit of the requests window and its reservation
+//!   (input + maximum output) of the tokens window.
+//! - **Clock**: Redis's (`TIME`, microseconds), so the replicas' clocks never matter. An idle
+//!   window is anchored at the next call's own instant: a burst after a quiet window starts
+//!   there, and the retry-after of the call that does not fit is exact on Redis's clock (five a
+//!   second: the sixth is told 200 ms after the first call, less what Redis's clock moved
+//!   since, in milliseconds rounded up).
+//! - **Refusals**: the requests window is judged first, then the tokens window, then the
+//!   budget; the windows are charged (and the hold taken) only when all three agree, so a
+//!   refusal takes nothing: no hold, no charge. A window's refusal is
+//!   [`LedgerRefusal::GlobalRate`] ([`RejectReason::RateLimit`](async_bulkhead_llm::RejectReason::RateLimit),
+//!   HTTP 429, [`LedgerRefusal::retry_after`]: the wait until the call would fit if nothing else
+//!   arrived; `None` for a call larger than the tokens window's limit, which never fits).
+//! - **Usage**: a usage report beyond what the tokens window was charged for the call charges
+//!   the overrun (without refusal: the tokens were used); the release (or drop) with the call's
+//!   final usage (the usage given to [`GlobalPermit::release`], else the last reported) gives
+//!   back what was charged beyond it, moving `tat` back by at most that, never below Redis's
+//!   now. A call released without any usage keeps its reservation charged, as in the core
+//!   crate. The give-back rides on the release, so it reaches Redis with it (within a few ms).
+//! - **Agreement**: every replica of a namespace must enforce the same limits. The first
+//!   replica to connect stores them (`ns:rate:limits`); a replica whose limits differ, or that
+//!   has none while some are stored, is refused at connect with
+//!   [`ConfigError::RateLimitsMismatch`] (nothing is written). If Redis loses them (a restart
+//!   without persistence), the next reservation stores them again; a reservation that finds
+//!   other limits stored changes nothing and fails as a store error
+//!   ([`StoreError::RateLimitsMismatch`]: the failure policy applies). To change the limits,
+//!   stop every replica and delete `ns:rate:limits` and `ns:rate`.
+//! - **Keys**: `ns:rate` holds the windows (see [`scripts`]); its TTL is the time until every
+//!   window is whole again plus one window, so an idle namespace costs nothing.
+//! - **Bounds**: `window_us * limit` must be at most 2^53 (Lua numbers are doubles; see
+//!   [`max_rate_limit`]): 150,119,987 per minute, 104,249 per day.
+//! - **Redis unavailable**: the global windows cannot be charged. [`FailurePolicy::FailClosed`]
+//!   refuses, as for the budget. [`FailurePolicy::LocalFloor`] admits within its floor of
+//!   tokens in flight and charges no global window, during the outage or after it: what a
+//!   replica lets through meanwhile is bounded only by its floor (its tokens in flight, so its
+//!   rate is the floor over the calls' duration) and by the local bulkhead's own windows, if it
+//!   has any (give each replica windows of its share of the provider's limits to bound an
+//!   outage's rate). A reservation whose answer was lost (a timeout) keeps whatever it charged.
+//! - **Leased mode** does not enforce global windows yet: [`LeasedLedger::start`] refuses a
+//!   configuration with rate limits ([`ConfigError::RateLimitsNotSupported`]) rather than
+//!   ignore them.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use async_bulkhead_llm::rate::RateLimits;
+//! use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, RejectReason, TokenBudget};
+//! use async_bulkhead_llm_redis::{ExactLedger, LedgerConfig, LedgerRefusal};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let bulkhead = LlmBulkhead::builder("gpt-4o", 64)
+//!     .token_budget(TokenBudget::new(100_000))
+//!     .build()?;
+//! let limits = RateLimits::per_minute().requests(500).tokens(200_000);
+//! let config = LedgerConfig::new("redis://127.0.0.1:6379/", "{gpt-4o}", 200_000)
+//!     .rate_limits(limits);
+//! let ledger = ExactLedger::connect(bulkhead, config).await?;
+//! let request = LlmRequest::new().max_tokens(500);
+//! match ledger.try_acquire(&request, AcquireOptions::new()).await {
+//!     Ok(permit) => drop(permit.release(None)),
+//!     Err(refused) if refused.reason() == Some(RejectReason::RateLimit) => {
+//!         // 429 with `Retry-After`, for every replica's windows at once.
+//!         let _wait: Option<Duration> = refused.retry_after();
+//!     }
+//!     Err(other) => return Err(other.into()),
+//! };
+//! if let Some(status) = ledger.global_rate().await? {
+//!     let _remaining = status.requests.map(|w| w.remaining);
+//! }
+//! # Ok(()) }
+//! ```
 
 // Refusals carry their capacity snapshot by value, as the core crate's `AcquireError` does:
 // boxing it would allocate on every refusal.
@@ -34,11 +118,12 @@ pub mod scripts;
 mod stats;
 mod store;
 
-pub use config::{FailurePolicy, LedgerConfig};
+pub use config::{FailurePolicy, LedgerConfig, max_rate_limit};
 pub use error::{
-    ConfigError, GlobalRejection, LedgerError, LedgerRefusal, StoreError, UnavailableRejection,
+    ConfigError, GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, RateWindow,
+    StoreError, UnavailableRejection,
 };
 pub use exact::{ExactLedger, GlobalPermit};
 pub use leased::LeasedLedger;
 pub use stats::LedgerStats;
-pub use store::GlobalSnapshot;
+pub use store::{GlobalRateStatus, GlobalSnapshot, GlobalWindow};

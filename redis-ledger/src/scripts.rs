@@ -20,20 +20,166 @@
 //! purge reads Redis's clock and the lease set: a third of a reservation's cost). The holds hash of a purged
 //! replica is named from the namespace inside the script (the same hash tag, so the same slot).
 //!
+//! Rate windows (exact mode with [`LedgerConfig::rate_limits`](crate::LedgerConfig::rate_limits)):
+//!
+//! - `ns:rate:limits`: hash `window_us`, `requests`, `tokens` (0: no such window), the limits
+//!   every replica of the namespace enforces. Written by the first replica that connects (or by
+//!   the first reservation after Redis lost it); a replica whose limits differ is refused
+//!   ([`CONFIGURE`], [`RESERVE_RATED`]). No TTL: delete it (with `ns:rate`) to change the limits.
+//! - `ns:rate`: hash, per window (`r` requests, `t` tokens) its anchor `<w>o` (microseconds of
+//!   Redis's clock) and its theoretical arrival time `<w>tat`, in the window's ticks (a tick is
+//!   one unit's share of the window, `window / limit`) since the anchor: the GCRA of the core
+//!   crate's `rate` module, on Redis's clock. Its TTL is the time until every window is whole
+//!   again plus one window, so an idle window costs nothing (a missing key is a whole window).
+//! - A hold of a rated reservation is `"<held>|<seq>|<charged>"`: `charged` is what the
+//!   tokens window was charged for it (the reservation, or more once usage beyond it was
+//!   reported), so that its release can give back (or charge) the difference to the usage.
+//!
+//! A window's ticks are counted from its anchor, which moves by whole windows (and to `now`
+//! when the window is whole), so `now - anchor` stays below one window: a tick computation
+//! multiplies microseconds below the window by the limit, exact while `window_us * limit` is at
+//! most 2^53 (what [`LedgerConfig::validate`](crate::LedgerConfig::validate) checks).
+//!
 //! Numbers are Lua doubles: exact below 2^53, far above what a budget can hold
 //! (`async_bulkhead_llm::limits::MAX_BUDGET` is 2^35 - 1).
 
 /// Shared by every script: the keys, Redis's clock, and the purge of lapsed replicas.
 pub const PRELUDE: &str = r#"
 local T, L, H, S, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local R, C = KEYS[6], KEYS[7]
 local ns, replica = ARGV[1], ARGV[2]
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- A hold: its tokens, its last usage sequence, what the tokens window was charged for it.
 local function hold_of(v)
-  local tokens, seq = string.match(v, '^(%d+)|(%d+)$')
-  return tonumber(tokens), tonumber(seq)
+  local tokens, seq, charged = string.match(v, '^(%d+)|(%d+)|?(%d*)$')
+  return tonumber(tokens), tonumber(seq), tonumber(charged) or 0
+end
+local function hold_value(tokens, seq, charged)
+  if charged > 0 then
+    return tokens .. '|' .. seq .. '|' .. string.format('%.0f', charged)
+  end
+  return tokens .. '|' .. seq
+end
+local function int(x)
+  return string.format('%.0f', x)
+end
+-- The limits stored for the namespace: window (us), requests, tokens (0: none); nil if none.
+local function stored_limits()
+  if not C then
+    return nil
+  end
+  local v = redis.call('HMGET', C, 'window_us', 'requests', 'tokens')
+  if not v[1] then
+    return nil
+  end
+  return tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+end
+-- A window of `limit` units per `window_us`, read at `now` (us): its anchor `o`, its tat and
+-- the tick `n` now (ticks of window_us / limit since the anchor; now - o < window_us).
+local function window(p, limit, window_us, now)
+  local v = redis.call('HMGET', R, p .. 'o', p .. 'tat')
+  local o, tat = tonumber(v[1]), tonumber(v[2])
+  if not o then
+    o, tat = now, 0
+  end
+  local e = math.max(now - o, 0)
+  if e >= window_us then
+    local k = math.floor(e / window_us)
+    o = o + k * window_us
+    tat = math.max(tat - k * limit, 0)
+    e = e - k * window_us
+  end
+  local n = math.floor(e * limit / window_us)
+  if tat <= n then
+    -- Whole: anchored at now, so a burst starts on the call's own instant.
+    o, tat, e, n = now, 0, 0, 0
+  end
+  return {p = p, limit = limit, window_us = window_us, o = o, tat = tat, e = e, n = n}
+end
+-- Microseconds after the anchor at which tick x starts: ceil(x * window_us / limit).
+local function tick_us(w, x)
+  local a = math.floor(x / w.limit)
+  local b = x - a * w.limit
+  return a * w.window_us + math.ceil(b * w.window_us / w.limit)
+end
+-- nil if `units` fit the window now, else the wait in microseconds until they would (-1: never).
+local function refusal(w, units)
+  if units > w.limit then
+    return -1
+  end
+  local after = math.max(w.tat, w.n) + units
+  if after - w.n <= w.limit then
+    return nil
+  end
+  return tick_us(w, after - w.limit) - w.e
+end
+local function charge(w, units)
+  w.tat = math.max(w.tat, w.n) + units
+end
+-- Moves tat back by `units` (what a charge added), never below now.
+local function give_back(w, units)
+  w.tat = math.max(w.tat - units, w.n)
+end
+-- Writes the windows and sets the key's TTL: until each is whole again, plus one window.
+local function save(ws)
+  local ttl = 0
+  for _, w in ipairs(ws) do
+    redis.call('HSET', R, w.p .. 'o', int(w.o), w.p .. 'tat', int(w.tat))
+    ttl = math.max(ttl, tick_us(w, w.tat) - w.e + w.window_us)
+  end
+  if ttl > 0 then
+    redis.call('PEXPIRE', R, int(math.ceil(ttl / 1000)))
+  end
+end
+-- Moves the tokens window by `delta` units (usage against what was charged): more is charged
+-- without refusal (the tokens were used), less is given back. Nothing without a tokens window.
+local function correct(delta)
+  if delta == 0 then
+    return
+  end
+  local window_us, _, tokens = stored_limits()
+  if not window_us or tokens == 0 then
+    return
+  end
+  local w = window('t', tokens, window_us, now_us())
+  if delta > 0 then
+    charge(w, delta)
+  else
+    give_back(w, -delta)
+  end
+  save({w})
+end
+-- Releases the holds named in ARGV[from..]: `id`, or `id=<used>` (the call's final usage,
+-- input + output: its tokens window charge is corrected to it). Returns {released, freed}.
+local function release_ids(from)
+  local released, freed = 0, 0
+  for i = from, #ARGV do
+    local id, used = string.match(ARGV[i], '^(.-)=(%d+)$')
+    if not id then
+      id = ARGV[i]
+    end
+    local v = redis.call('HGET', H, id)
+    if v then
+      local old, _, charged = hold_of(v)
+      redis.call('HDEL', H, id)
+      released = released + 1
+      freed = freed + old
+      if used then
+        correct(tonumber(used) - charged)
+      end
+    end
+  end
+  if freed > 0 then
+    redis.call('DECRBY', T, freed)
+  end
+  return released, freed
 end
 local function total()
   return tonumber(redis.call('GET', T) or '0')
@@ -62,23 +208,15 @@ end
 
 /// Reserves `tokens` for admission `id` if the total stays within `budget`, after releasing
 /// the holds named in `riders` (releases waiting on this replica ride on its next
-/// reservation: no round trip of their own).
+/// reservation: no round trip of their own; a rider `id=<used>` also corrects the tokens
+/// window to the call's usage, see [`RELEASE`]).
 /// ARGV: ns, replica, id, tokens, budget, lease_ms, riders....
 /// Returns `{outcome, total, budget, purged, released}`: outcome 1 reserved, 0 refused (the
 /// total unchanged but for the riders and the purge), -1 the id already holds (nothing
 /// changed but for the riders and the purge); purged is the number of lapsed replicas purged
 /// (only a reservation that did not fit purges); released the number of riders that held.
 pub const RESERVE: &str = r#"
-local released = 0
-for i = 7, #ARGV do
-  local v = redis.call('HGET', H, ARGV[i])
-  if v then
-    local old = hold_of(v)
-    redis.call('HDEL', H, ARGV[i])
-    redis.call('DECRBY', T, old)
-    released = released + 1
-  end
-end
+local released = release_ids(7)
 local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = total()
 local purged = 0
@@ -101,7 +239,10 @@ return {1, t, budget, purged, released}
 "#;
 
 /// Moves admission `id`'s hold to `held` if `seq` is newer than the last applied sequence.
-/// ARGV: ns, replica, id, seq, held.
+/// With `used` (the call's cumulative usage, input + output) and a tokens window, usage beyond
+/// what the window was charged for the call is charged now (without refusal: the tokens were
+/// used), as the core crate charges a report beyond the reservation.
+/// ARGV: ns, replica, id, seq, held[, used].
 /// Returns `{outcome, total, previous hold}`: 1 applied, 0 stale or duplicate (nothing
 /// changed), -1 no such hold (released, or purged with its replica's lease).
 pub const USAGE: &str = r#"
@@ -109,34 +250,143 @@ local v = redis.call('HGET', H, ARGV[3])
 if not v then
   return {-1, total(), 0}
 end
-local old, oldseq = hold_of(v)
+local old, oldseq, charged = hold_of(v)
 if tonumber(ARGV[4]) <= oldseq then
   return {0, total(), old}
 end
-redis.call('HSET', H, ARGV[3], ARGV[5] .. '|' .. ARGV[4])
+local used = tonumber(ARGV[6] or '0')
+if used > charged then
+  correct(used - charged)
+  charged = used
+end
+redis.call('HSET', H, ARGV[3], hold_value(ARGV[5], ARGV[4], charged))
 local t = redis.call('INCRBY', T, tonumber(ARGV[5]) - old)
 return {1, t, old}
 "#;
 
 /// Removes the holds of the admissions named (one or many: a batch of releases is one
-/// script). ARGV: ns, replica, id....
+/// script). An entry `id=<used>` also corrects the tokens window (if the namespace has one) from
+/// what it was charged for the call to `used` (its final usage, input + output): less is given
+/// back (`tat` moves back by the difference, never below Redis's now), more is charged.
+/// ARGV: ns, replica, id....
 /// Returns `{released, total, tokens freed}`: how many of them held (so 1 or 0 for one id).
 pub const RELEASE: &str = r#"
-local released, freed = 0, 0
-for i = 3, #ARGV do
-  local v = redis.call('HGET', H, ARGV[i])
-  if v then
-    local old = hold_of(v)
-    redis.call('HDEL', H, ARGV[i])
-    released = released + 1
-    freed = freed + old
+local released, freed = release_ids(3)
+return {released, total(), freed}
+"#;
+
+/// Checks (or first stores) the namespace's rate limits, when a replica connects.
+/// ARGV: ns, replica, window_us, requests, tokens (`0 0 0`: the replica has no rate limits).
+/// Returns `{1}` when they agree (stored now if there were none and the replica has some), or
+/// `{0, window_us, requests, tokens}`: the limits stored, which differ (nothing changed).
+pub const CONFIGURE: &str = r#"
+local window_us, requests, tokens = stored_limits()
+local want = {tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
+if not window_us then
+  if want[1] > 0 then
+    redis.call('HSET', C, 'window_us', ARGV[3], 'requests', ARGV[4], 'tokens', ARGV[5])
+  end
+  return {1}
+end
+if window_us ~= want[1] or requests ~= want[2] or tokens ~= want[3] then
+  return {0, window_us, requests, tokens}
+end
+return {1}
+"#;
+
+/// [`RESERVE`] with rate windows, in the same atomic script: after the riders, the call must
+/// fit the requests window (1 unit) and the tokens window (`tokens` units), then the budget;
+/// only then are the windows charged and the hold taken. A refusal by a window or by the budget
+/// takes nothing (no hold, no charge), so there is nothing to give back. The windows run on
+/// Redis's clock (`TIME`, microseconds).
+/// ARGV: ns, replica, id, tokens, budget, lease_ms, window_us, requests, tokens_limit
+/// (0: no such window), riders....
+/// Returns `{outcome, total, budget, purged, released, window, retry_ms}`: the outcomes of
+/// [`RESERVE`], or 2 refused by a window (`window` 1 requests, 2 tokens; `retry_ms` the wait
+/// until the call would fit if nothing else arrived, in milliseconds rounded up, -1 never:
+/// more tokens than the window's limit), or -2 the namespace's stored limits differ from
+/// these (nothing changed but for the riders). The limits are stored if Redis lost them.
+pub const RESERVE_RATED: &str = r#"
+local released = release_ids(10)
+local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+local window_us, lr, lt = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local sw, sr, st = stored_limits()
+if not sw then
+  redis.call('HSET', C, 'window_us', ARGV[7], 'requests', ARGV[8], 'tokens', ARGV[9])
+elseif sw ~= window_us or sr ~= lr or st ~= lt then
+  return {-2, total(), budget, 0, released, 0, 0}
+end
+local now = now_us()
+local ws = {}
+local asks = {{'r', lr, 1, 1}, {'t', lt, tokens, 2}}
+for _, a in ipairs(asks) do
+  if a[2] > 0 then
+    local w = window(a[1], a[2], window_us, now)
+    local wait = refusal(w, a[3])
+    if wait then
+      if wait >= 0 then
+        wait = math.ceil(wait / 1000)
+      end
+      return {2, total(), budget, 0, released, a[4], wait}
+    end
+    ws[#ws + 1] = {w, a[3]}
   end
 end
 local t = total()
-if freed > 0 then
-  t = redis.call('DECRBY', T, freed)
+local purged = 0
+if t + tokens > budget then
+  purged = purge(math.floor(now / 1000))
+  t = total()
+  if t + tokens > budget then
+    return {0, t, budget, purged, released, 0, 0}
+  end
 end
-return {released, t, freed}
+local charged = 0
+if lt > 0 then
+  charged = tokens
+end
+if redis.call('HSETNX', H, ARGV[3], hold_value(ARGV[4], '0', charged)) == 0 then
+  return {-1, t, budget, purged, released, 0, 0}
+end
+local saved = {}
+for _, x in ipairs(ws) do
+  charge(x[1], x[2])
+  saved[#saved + 1] = x[1]
+end
+save(saved)
+if not redis.call('ZSCORE', L, replica) then
+  redis.call('ZADD', L, math.floor(now / 1000) + tonumber(ARGV[6]), replica)
+end
+t = redis.call('INCRBY', T, tokens)
+return {1, t, budget, purged, released, 0, 0}
+"#;
+
+/// Reads the rate windows now: `{window_us, requests limit, requests remaining, requests reset
+/// (us), tokens limit, tokens remaining, tokens reset (us)}` (a limit 0: no such window;
+/// `window_us` 0: the namespace has no stored limits). Remaining is what the window would let
+/// through at once; reset the time until it is whole again. Changes nothing.
+pub const RATE_STATUS: &str = r#"
+local window_us, lr, lt = stored_limits()
+if not window_us then
+  return {0, 0, 0, 0, 0, 0, 0}
+end
+local now = now_us()
+local out = {window_us}
+for _, a in ipairs({{'r', lr}, {'t', lt}}) do
+  if a[2] > 0 then
+    local w = window(a[1], a[2], window_us, now)
+    local behind = math.min(math.max(w.tat - w.n, 0), a[2])
+    local reset = math.max(tick_us(w, w.tat) - w.e, 0)
+    out[#out + 1] = a[2]
+    out[#out + 1] = a[2] - behind
+    out[#out + 1] = reset
+  else
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+  end
+end
+return out
 "#;
 
 /// Renews the replica's lease. ARGV: ns, replica, lease_ms.
@@ -237,8 +487,10 @@ return {total(), redis.call('ZCARD', L), redis.call('HLEN', W)}
 "#;
 
 /// A script's full source: [`PRELUDE`] followed by its body. Every script takes the same
-/// five keys, in this order: `ns:total`, `ns:leases`, `ns:holds:<replica>`, `ns:slices`,
-/// `ns:wants`; and `ARGV[1]` = `ns`, `ARGV[2]` = the replica id, then its own arguments.
+/// seven keys, in this order: `ns:total`, `ns:leases`, `ns:holds:<replica>`, `ns:slices`,
+/// `ns:wants`, `ns:rate`, `ns:rate:limits` (the last two are read only by the scripts that
+/// touch rate windows, so a caller without them may pass the first five); and `ARGV[1]` =
+/// `ns`, `ARGV[2]` = the replica id, then its own arguments.
 pub fn source(body: &str) -> String {
     format!("{PRELUDE}{body}")
 }
@@ -254,6 +506,9 @@ pub(crate) struct Scripts {
     pub(crate) plan: redis::Script,
     pub(crate) shrink: redis::Script,
     pub(crate) snapshot: redis::Script,
+    pub(crate) configure: redis::Script,
+    pub(crate) reserve_rated: redis::Script,
+    pub(crate) rate_status: redis::Script,
 }
 
 impl Scripts {
@@ -268,6 +523,9 @@ impl Scripts {
             plan: script(PLAN),
             shrink: script(SHRINK),
             snapshot: script(SNAPSHOT),
+            configure: script(CONFIGURE),
+            reserve_rated: script(RESERVE_RATED),
+            rate_status: script(RATE_STATUS),
         }
     }
 }

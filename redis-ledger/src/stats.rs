@@ -9,6 +9,8 @@ pub struct LedgerStats {
     pub reserved: u64,
     /// Calls the global ledger refused (exact mode).
     pub refused_global: u64,
+    /// Calls a global rate window refused (exact mode).
+    pub refused_rate: u64,
     /// Calls admitted on the local floor while Redis was unavailable.
     pub admitted_on_floor: u64,
     /// Calls refused because Redis was unavailable.
@@ -44,6 +46,7 @@ pub struct LedgerStats {
 pub(crate) struct Counters {
     pub(crate) reserved: AtomicU64,
     pub(crate) refused_global: AtomicU64,
+    pub(crate) refused_rate: AtomicU64,
     pub(crate) admitted_on_floor: AtomicU64,
     pub(crate) refused_unavailable: AtomicU64,
     pub(crate) usage_applied: AtomicU64,
@@ -69,6 +72,7 @@ impl Counters {
         LedgerStats {
             reserved: load(&self.reserved),
             refused_global: load(&self.refused_global),
+            refused_rate: load(&self.refused_rate),
             admitted_on_floor: load(&self.admitted_on_floor),
             refused_unavailable: load(&self.refused_unavailable),
             usage_applied: load(&self.usage_applied),

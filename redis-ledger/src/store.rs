@@ -7,7 +7,7 @@ use redis::aio::ConnectionManager;
 
 use async_bulkhead_llm::LlmBulkhead;
 
-use crate::config::LedgerConfig;
+use crate::config::{LedgerConfig, RateSpec};
 use crate::error::{ConfigError, LedgerError, StoreError};
 use crate::scripts::Scripts;
 
@@ -18,6 +18,12 @@ pub(crate) enum Reserved {
     Yes { total: u64 },
     /// Refused: the total and the budget it was judged against.
     No { total: u64, budget: u64 },
+    /// Refused by a rate window (`tokens`: the tokens window, else the requests window): the
+    /// wait until the call would fit (`None`: never).
+    RateLimited {
+        tokens: bool,
+        retry_after: Option<Duration>,
+    },
 }
 
 /// The outcome of a usage update.
@@ -52,6 +58,30 @@ pub struct GlobalSnapshot {
     pub leased_replicas: u64,
 }
 
+/// The global rate windows now, read from Redis
+/// ([`ExactLedger::global_rate`](crate::ExactLedger::global_rate)): what a gateway's rate-limit
+/// headers show for the whole deployment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalRateStatus {
+    /// The windows' length.
+    pub window: Duration,
+    /// The requests window, if configured.
+    pub requests: Option<GlobalWindow>,
+    /// The tokens window, if configured.
+    pub tokens: Option<GlobalWindow>,
+}
+
+/// One global window's figures now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalWindow {
+    /// Units (requests or tokens) per window.
+    pub limit: u64,
+    /// Units it would let through at once now.
+    pub remaining: u64,
+    /// How long until it is whole again, nothing else arriving (microseconds of Redis's clock).
+    pub reset: Duration,
+}
+
 /// One replica's handle on one ledger.
 #[derive(Clone)]
 pub(crate) struct Store {
@@ -59,7 +89,7 @@ pub(crate) struct Store {
     scripts: std::sync::Arc<Scripts>,
     namespace: String,
     replica: String,
-    keys: [String; 5],
+    keys: [String; 7],
     timeout: Duration,
 }
 
@@ -81,7 +111,47 @@ impl Store {
             config.timeout,
         )
         .await?;
+        let spec = config.rate.as_ref().map(RateSpec::of);
+        if let Err(stored) = store.configure(spec).await? {
+            return Err(ConfigError::RateLimitsMismatch {
+                stored,
+                configured: config.rate,
+            }
+            .into());
+        }
         Ok(store)
+    }
+
+    /// Checks (or first stores) the namespace's rate limits: `Err` with the limits stored
+    /// when they differ from `spec` (nothing changed).
+    async fn configure(
+        &self,
+        spec: Option<RateSpec>,
+    ) -> Result<Result<(), Option<async_bulkhead_llm::rate::RateLimits>>, StoreError> {
+        let spec = spec.unwrap_or(RateSpec {
+            window_us: 0,
+            requests: 0,
+            tokens: 0,
+        });
+        let reply = self
+            .run(
+                &self.scripts.configure,
+                &[
+                    &spec.window_us.to_string(),
+                    &spec.requests.to_string(),
+                    &spec.tokens.to_string(),
+                ],
+            )
+            .await?;
+        if reply.first() == Some(&1) {
+            return Ok(Ok(()));
+        }
+        let stored = RateSpec {
+            window_us: unsigned(&reply, 1),
+            requests: unsigned(&reply, 2),
+            tokens: unsigned(&reply, 3),
+        };
+        Ok(Err(stored.limits()))
     }
 
     async fn connect(
@@ -113,6 +183,8 @@ impl Store {
                 format!("{namespace}:holds:{replica}"),
                 format!("{namespace}:slices"),
                 format!("{namespace}:wants"),
+                format!("{namespace}:rate"),
+                format!("{namespace}:rate:limits"),
             ],
             timeout,
         })
@@ -140,13 +212,15 @@ impl Store {
         Ok(reply)
     }
 
-    /// Reserves `tokens` for `id`, releasing the holds of `riders` first.
+    /// Reserves `tokens` for `id` (charging the rate windows of `rate` too, in the same
+    /// script), releasing the holds of `riders` first.
     pub(crate) async fn reserve(
         &self,
         id: &str,
         tokens: u64,
         budget: u64,
         lease: Duration,
+        rate: Option<RateSpec>,
         riders: &[String],
     ) -> Result<Option<Reserved>, StoreError> {
         let (tokens, budget, lease) = (
@@ -155,8 +229,21 @@ impl Store {
             millis(lease).to_string(),
         );
         let mut args: Vec<&str> = vec![id, &tokens, &budget, &lease];
+        let figures;
+        let script = match rate {
+            None => &self.scripts.reserve,
+            Some(spec) => {
+                figures = [
+                    spec.window_us.to_string(),
+                    spec.requests.to_string(),
+                    spec.tokens.to_string(),
+                ];
+                args.extend(figures.iter().map(String::as_str));
+                &self.scripts.reserve_rated
+            }
+        };
         args.extend(riders.iter().map(String::as_str));
-        let reply = self.run(&self.scripts.reserve, &args).await?;
+        let reply = self.run(script, &args).await?;
         Ok(match reply.first() {
             Some(1) => Some(Reserved::Yes {
                 total: unsigned(&reply, 1),
@@ -165,23 +252,55 @@ impl Store {
                 total: unsigned(&reply, 1),
                 budget: unsigned(&reply, 2),
             }),
+            Some(2) => Some(Reserved::RateLimited {
+                tokens: reply.get(5) == Some(&2),
+                retry_after: reply
+                    .get(6)
+                    .and_then(|&ms| u64::try_from(ms).ok())
+                    .map(Duration::from_millis),
+            }),
+            Some(-2) => return Err(StoreError::RateLimitsMismatch),
             // The id already holds: the caller's ids are unique, so this never happens.
             _ => None,
         })
     }
 
+    /// The global rate windows now (`None`: the namespace stores no rate limits).
+    pub(crate) async fn rate_status(&self) -> Result<Option<GlobalRateStatus>, StoreError> {
+        let reply = self.run(&self.scripts.rate_status, &[]).await?;
+        let window_us = unsigned(&reply, 0);
+        if window_us == 0 {
+            return Ok(None);
+        }
+        let window = |at: usize| {
+            let limit = unsigned(&reply, at);
+            (limit > 0).then(|| GlobalWindow {
+                limit,
+                remaining: unsigned(&reply, at + 1),
+                reset: Duration::from_micros(unsigned(&reply, at + 2)),
+            })
+        };
+        Ok(Some(GlobalRateStatus {
+            window: Duration::from_micros(window_us),
+            requests: window(1),
+            tokens: window(4),
+        }))
+    }
+
+    /// Moves `id`'s hold to `held` (sequence `sequence`); with `used` (the call's cumulative
+    /// usage), usage beyond what the tokens window was charged for it is charged.
     pub(crate) async fn usage(
         &self,
         id: &str,
         sequence: u64,
         held: u64,
+        used: Option<u64>,
     ) -> Result<Moved, StoreError> {
-        let reply = self
-            .run(
-                &self.scripts.usage,
-                &[id, &sequence.to_string(), &held.to_string()],
-            )
-            .await?;
+        let (sequence, held) = (sequence.to_string(), held.to_string());
+        let used = used.map(|u| u.to_string());
+        let mut args: Vec<&str> = vec![id, &sequence, &held];
+        args.extend(used.as_deref());
+        let reply = self.run(&self.scripts.usage, &args).await?;
         Ok(match reply.first() {
             Some(1) => Moved::Applied,
             Some(0) => Moved::Stale,

@@ -558,3 +558,241 @@ fn plan_grows_toward_the_fair_target_and_shrink_makes_room() {
     );
     check(&mut c, 10_000, 10_000, 2);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rate windows: RESERVE_RATED, USAGE's and RELEASE's corrections, RATE_STATUS, CONFIGURE.
+
+/// Runs `body` with the seven keys (the rate windows' too).
+fn call_rated(
+    conn: &mut redis::Connection,
+    body: &str,
+    ns: &str,
+    replica: &str,
+    args: &[String],
+) -> Vec<i64> {
+    let script = redis::Script::new(&scripts::source(body));
+    let mut invocation = script.prepare_invoke();
+    for key in ["total", "leases"] {
+        invocation.key(format!("{ns}:{key}"));
+    }
+    invocation
+        .key(format!("{ns}:holds:{replica}"))
+        .key(format!("{ns}:slices"))
+        .key(format!("{ns}:wants"))
+        .key(format!("{ns}:rate"))
+        .key(format!("{ns}:rate:limits"))
+        .arg(ns)
+        .arg(replica);
+    for a in args {
+        invocation.arg(a);
+    }
+    invocation
+        .invoke::<Vec<i64>>(conn)
+        .unwrap_or_else(|e| panic!("rated script by {replica} in {ns} with {args:?}: {e}"))
+}
+
+/// Redis's clock, in microseconds.
+fn redis_now_us(c: &mut redis::Connection) -> u64 {
+    let t: Vec<u64> = redis::cmd("TIME").query(c).unwrap();
+    t[0] * 1_000_000 + t[1]
+}
+
+#[test]
+fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let ns = "{rated}";
+    // 4 requests and 1,000 tokens per second: a requests tick is 250 ms, a tokens tick 1 ms.
+    let limits = ["1000000", "4", "1000"];
+    let reserve = |c: &mut redis::Connection, id: &str, tokens: u64, riders: &[&str]| {
+        let mut a = args(&[&id, &tokens, &10_000, &LONG_LEASE_MS]);
+        a.extend(limits.iter().map(|s| s.to_string()));
+        a.extend(riders.iter().map(|s| s.to_string()));
+        call_rated(c, scripts::RESERVE_RATED, ns, "a", &a)
+    };
+    let hash = |c: &mut redis::Connection| -> BTreeMap<String, u64> {
+        redis::cmd("HGETALL")
+            .arg(format!("{ns}:rate"))
+            .query(c)
+            .unwrap()
+    };
+
+    let before = redis_now_us(&mut c);
+    assert_eq!(
+        reserve(&mut c, "1", 100, &[]),
+        vec![1, 100, 10_000, 0, 0, 0, 0]
+    );
+    let after = redis_now_us(&mut c);
+    let state = hash(&mut c);
+    // Anchored at the call's own instant, charged 1 request and 100 tokens.
+    let anchor = state["ro"];
+    assert!((before..=after).contains(&anchor), "{state:?}");
+    assert_eq!(
+        (state["rtat"], state["to"], state["ttat"]),
+        (1, anchor, 100)
+    );
+    // The hold carries the tokens window's charge.
+    let hold: String = redis::cmd("HGET")
+        .arg(format!("{ns}:holds:a"))
+        .arg("1")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(hold, "100|0|100");
+    // The key lives until the windows are whole again plus a window: the requests window is
+    // whole 250 ms after the anchor (one tick), so 1.25 s (less the ms since).
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{ns}:rate"))
+        .query(&mut c)
+        .unwrap();
+    assert!((1_200..=1_250).contains(&ttl), "{ttl}");
+
+    // The tokens window refuses 950 more (100 + 950 > 1,000 within the first tick): it would
+    // fit once 50 ticks (50 ms) past the anchor have drained; nothing is taken.
+    let sent = redis_now_us(&mut c);
+    let refused = reserve(&mut c, "2", 950, &[]);
+    let (e_min, e_max) = (sent - anchor, redis_now_us(&mut c) - anchor);
+    assert_eq!(&refused[..6], &[2, 100, 10_000, 0, 0, 2]);
+    let wait = refused[6] as u64;
+    assert!(
+        (50_000 - e_max.min(50_000)).div_ceil(1_000) <= wait
+            && wait <= (50_000 - e_min.min(50_000)).div_ceil(1_000),
+        "{refused:?} between {e_min} and {e_max} us after the anchor"
+    );
+    assert_eq!(hash(&mut c), state);
+    // More tokens than the window's limit: never (-1).
+    assert_eq!(
+        reserve(&mut c, "2", 1_001, &[]),
+        vec![2, 100, 10_000, 0, 0, 2, -1]
+    );
+
+    // Three more requests fit, the fifth is refused by the requests window (judged first).
+    for id in ["3", "4", "5"] {
+        assert_eq!(reserve(&mut c, id, 10, &[])[0], 1);
+    }
+    // It fits at the start of tick 1: 250 ms after the anchor, exactly, on Redis's clock.
+    let sent = redis_now_us(&mut c);
+    let refused = reserve(&mut c, "6", 10, &[]);
+    let (e_min, e_max) = (sent - anchor, redis_now_us(&mut c) - anchor);
+    assert_eq!(&refused[..6], &[2, 130, 10_000, 0, 0, 1]);
+    let wait = refused[6] as u64;
+    assert!(
+        (250_000 - e_max).div_ceil(1_000) <= wait && wait <= (250_000 - e_min).div_ceil(1_000),
+        "{refused:?} between {e_min} and {e_max} us after the anchor"
+    );
+    let state = hash(&mut c);
+    assert_eq!((state["rtat"], state["ttat"]), (4, 130));
+
+    // Usage beyond the charge is charged (no refusal), a stale update changes nothing.
+    let usage = |c: &mut redis::Connection, seq: u64, held: u64, used: u64| {
+        call_rated(
+            c,
+            scripts::USAGE,
+            ns,
+            "a",
+            &args(&[&"3", &seq, &held, &used]),
+        )
+    };
+    assert_eq!(usage(&mut c, 1, 25, 25), vec![1, 145, 10]);
+    assert_eq!(hash(&mut c)["ttat"], 145);
+    assert_eq!(usage(&mut c, 1, 40, 40), vec![0, 145, 25]);
+    assert_eq!(hash(&mut c)["ttat"], 145);
+    // A report below the charge gives nothing back (the release does).
+    assert_eq!(usage(&mut c, 2, 25, 5), vec![1, 145, 25]);
+    assert_eq!(hash(&mut c)["ttat"], 145);
+    // Releases: `id=used` corrects from the charge (25 for "3": 20 back; 100 for "1": 60
+    // back), a plain id keeps it, riding on a reservation too.
+    let released = call_rated(&mut c, scripts::RELEASE, ns, "a", &args(&[&"3=5", &"4"]));
+    assert_eq!(released, vec![2, 110, 35]);
+    assert_eq!(hash(&mut c)["ttat"], 125);
+    // The requests window refuses this one, so only the rider acts.
+    let refused = reserve(&mut c, "7", 10, &["1=40"]);
+    assert_eq!(&refused[..6], &[2, 10, 10_000, 0, 1, 1]);
+    assert_eq!(hash(&mut c)["ttat"], 65);
+    let released = call_rated(&mut c, scripts::RELEASE, ns, "a", &args(&[&"5=0"]));
+    assert_eq!(released, vec![1, 0, 10]);
+    let status = call_rated(&mut c, scripts::RATE_STATUS, ns, "a", &[]);
+    let now_ticks = (redis_now_us(&mut c) - anchor) / 1_000;
+    assert_eq!(&status[..3], &[1_000_000, 4, 0]);
+    assert_eq!(status[4], 1_000);
+    // 55 ticks ahead of the anchor, less what drained (a tick a millisecond).
+    let remaining = status[5] as u64;
+    assert!(
+        remaining >= 945 && remaining <= 945 + now_ticks + 1,
+        "{status:?} at tick {now_ticks}"
+    );
+
+    // CONFIGURE: the same limits agree; others are refused with what is stored.
+    let configure = |c: &mut redis::Connection, l: [&str; 3]| {
+        call_rated(
+            c,
+            scripts::CONFIGURE,
+            ns,
+            "b",
+            &args(&[&l[0], &l[1], &l[2]]),
+        )
+    };
+    assert_eq!(configure(&mut c, limits), vec![1]);
+    assert_eq!(
+        configure(&mut c, ["1000000", "5", "1000"]),
+        vec![0, 1_000_000, 4, 1_000]
+    );
+    assert_eq!(
+        configure(&mut c, ["0", "0", "0"]),
+        vec![0, 1_000_000, 4, 1_000]
+    );
+    // RESERVE_RATED with other limits changes nothing (-2).
+    let mut a = args(&[&"8", &10, &10_000, &LONG_LEASE_MS]);
+    a.extend(["1000000", "4", "999"].map(String::from));
+    let before = (observe(&mut c, ns), hash(&mut c));
+    assert_eq!(
+        call_rated(&mut c, scripts::RESERVE_RATED, ns, "a", &a),
+        vec![-2, 0, 10_000, 0, 0, 0, 0]
+    );
+    assert_eq!((observe(&mut c, ns), hash(&mut c)), before);
+
+    // Never below Redis's now: with the window idle (a tokens window of a day, its tick 86.4
+    // ms), a give-back larger than the window's lead stops at now and does not go negative.
+    let ns = "{rated-floor}";
+    let day = ["86400000000", "0", "1000"];
+    let mut a = args(&[&"1", &300, &10_000, &LONG_LEASE_MS]);
+    a.extend(day.iter().map(|s| s.to_string()));
+    assert_eq!(
+        call_rated(&mut c, scripts::RESERVE_RATED, ns, "a", &a)[0],
+        1
+    );
+    let mut a = args(&[&"2", &200, &10_000, &LONG_LEASE_MS]);
+    a.extend(day.iter().map(|s| s.to_string()));
+    assert_eq!(
+        call_rated(&mut c, scripts::RESERVE_RATED, ns, "a", &a)[0],
+        1
+    );
+    let ttat = |c: &mut redis::Connection| -> u64 {
+        redis::cmd("HGET")
+            .arg(format!("{ns}:rate"))
+            .arg("ttat")
+            .query(c)
+            .unwrap()
+    };
+    assert_eq!(ttat(&mut c), 500);
+    // "1" used nothing: 300 back; "2" reported 200 (its charge): nothing.
+    let released = call_rated(
+        &mut c,
+        scripts::RELEASE,
+        ns,
+        "a",
+        &args(&[&"1=0", &"2=200"]),
+    );
+    assert_eq!(released, vec![2, 0, 500]);
+    assert_eq!(ttat(&mut c), 200);
+    // A give-back beyond the lead (the hold of "3" claims a charge of 900, more than the
+    // window's 200 ahead) stops at now: tick 0 (the anchor's) here.
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{ns}:holds:a"))
+        .arg("3")
+        .arg("0|0|900")
+        .query(&mut c)
+        .unwrap();
+    let released = call_rated(&mut c, scripts::RELEASE, ns, "a", &args(&[&"3=0"]));
+    assert_eq!(released, vec![1, 0, 0]);
+    assert_eq!(ttat(&mut c), 0);
+}
