@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use async_bulkhead_llm::rate::RateLimits;
+use async_bulkhead_llm::rate::{RateLimits, RateWindow};
 use async_bulkhead_llm::{AcquireError, RejectReason, stats::TokenBudgetStats};
 
 /// Why a call to Redis failed.
@@ -186,20 +186,13 @@ pub struct GlobalRejection {
     pub local: Option<TokenBudgetStats>,
 }
 
-/// Which global rate window refused a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RateWindow {
-    /// Requests per window (the call asked 1).
-    Requests,
-    /// Tokens per window (the call asked its reservation).
-    Tokens,
-}
-
 /// A global rate window (shared by every replica) had no room for the call: it took nothing
 /// (no hold, no charge). The local bulkhead's admission was returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GlobalRateRejection {
-    /// The window that refused (requests are judged first).
+    /// The window that refused (requests are judged first): the core crate's
+    /// [`RateWindow`], here always the bulkhead-level `Requests` or `Tokens` (the ledger keeps
+    /// no class windows).
     pub window: RateWindow,
     /// The units the call asked of it (1 request, or its reservation in tokens).
     pub requested: u64,
@@ -288,10 +281,7 @@ impl fmt::Display for LedgerRefusal {
                 g.requested, g.global_in_flight, g.global_budget
             ),
             LedgerRefusal::GlobalRate(g) => {
-                let window = match g.window {
-                    RateWindow::Requests => "requests",
-                    RateWindow::Tokens => "tokens",
-                };
+                let window = g.window.as_str();
                 write!(
                     f,
                     "global {window} window: {} asked of {} per {:?}",

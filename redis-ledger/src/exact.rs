@@ -11,9 +11,11 @@ use async_bulkhead_llm::{
     usage::UsageError, usage::UsageReport,
 };
 
+use async_bulkhead_llm::rate::RateWindow;
+
 use crate::config::{FailurePolicy, LedgerConfig, RateSpec};
 use crate::error::{
-    GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, RateWindow, StoreError,
+    GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, StoreError,
     UnavailableRejection,
 };
 use crate::health::Health;

@@ -120,8 +120,8 @@ mod store;
 
 pub use config::{FailurePolicy, LedgerConfig, max_rate_limit};
 pub use error::{
-    ConfigError, GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, RateWindow,
-    StoreError, UnavailableRejection,
+    ConfigError, GlobalRateRejection, GlobalRejection, LedgerError, LedgerRefusal, StoreError,
+    UnavailableRejection,
 };
 pub use exact::{ExactLedger, GlobalPermit};
 pub use leased::LeasedLedger;

@@ -7,11 +7,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_bulkhead_llm::rate::RateLimits;
+use async_bulkhead_llm::rate::{RateLimits, RateWindow};
 use async_bulkhead_llm::{LlmRequest, RejectReason, TokenUsage};
 use async_bulkhead_llm_redis::{
     ConfigError, ExactLedger, FailurePolicy, LeasedLedger, LedgerConfig, LedgerError,
-    LedgerRefusal, RateWindow, max_rate_limit,
+    LedgerRefusal, max_rate_limit,
 };
 use common::{RedisServer, bulkhead, observe, reserve};
 
