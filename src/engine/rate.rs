@@ -18,7 +18,9 @@
 //! nanosecond; a change of limits moves each `tat` to the new ticks, under the writer's lock.)
 //!
 //! A call is charged to the requests window (1 unit) and then to the tokens window (its
-//! reservation) before the admission word is decided; a refusal by either takes nothing (a
+//! reservation) before the admission word is decided (a call of a class with windows of its
+//! own: to the bulkhead's pair, then to its class's, each pair on its own words, a refusal by
+//! the class's giving the bulkhead's charge back); a refusal by either takes nothing (a
 //! charge already made is given back), and a refusal by the word (no slot, no tokens, closed)
 //! gives the charges back. A call that queues keeps its charge while it waits and gets it back
 //! if the wait ends refused. A settled call's tokens charge is corrected to its reported usage
