@@ -111,8 +111,8 @@ enum Signal {
 /// How a latency limiter moves its concurrency limit on a sample.
 #[derive(Clone, Copy)]
 enum Rule {
-    /// Gradient: `limit * clamp(2 * min / ewma, 0.5, 1) + 4`, smoothed by 0.2 (Netflix's
-    /// Gradient with its tolerance of 2 and a queue allowance of 4, as Gradient2's).
+    /// Gradient: `limit * clamp(2 * min / ewma, 0.5, 1) + 4`, smoothed by 0.2 (a tolerance of
+    /// 2 and a fixed queue allowance of 4, in the manner of Gradient and Gradient2).
     Gradient,
     /// AIMD: times 0.9 when the sample is above twice the smallest seen, else + 1.
     Aimd,
@@ -120,8 +120,8 @@ enum Rule {
 
 /// A concurrency limit driven by latency samples, applied to its bulkhead as `max_concurrent`
 /// through `apply_limits` (a new revision whenever the rounded limit changes). A 429 is not a
-/// sample: it has no latency to speak of and no output (what Gradient2 does with a drop's
-/// latency is to count it as no queueing, which would only raise the limit).
+/// sample: it has no output, and its near-zero latency, counted, would read as no queueing at
+/// all.
 struct LatencyLimiter {
     bulkhead: LlmBulkhead,
     signal: Signal,
@@ -132,7 +132,7 @@ struct LatencyLimiter {
 }
 
 impl LatencyLimiter {
-    /// Starts at 20 calls, Gradient2's initial limit; bounded to 1..=256.
+    /// Starts at 20 calls; bounded to 1..=256.
     fn new(bulkhead: LlmBulkhead, signal: Signal, rule: Rule) -> LatencyLimiter {
         let limiter = LatencyLimiter {
             bulkhead,
@@ -399,9 +399,9 @@ fn learner_run(name: &'static str, refund: bool) -> Run {
 }
 
 /// The crate's `LimitLearner` and four latency-driven limiters against a provider of 100,000
-/// tokens per minute that halves its limit after three minutes, demand about 200 times what it
+/// tokens per minute that halves its limit after five minutes, demand about 200 times what it
 /// allows: the learner uses the provider's limit with a few 429s a minute and follows the
-/// halving; the limiters on latency either cause hundreds of 429s a minute (they never see the
+/// halving; the limiters on latency either cause thousands of 429s a minute (they never see the
 /// rate limit: a 429 is instant and the provider is never loaded) or, on raw latency, shrink
 /// with the outputs' length (using part of the limit, then throttled once the limit halves).
 #[test]
