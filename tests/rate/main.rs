@@ -21,6 +21,7 @@ use async_bulkhead_llm::{
 };
 
 mod classes;
+mod latency;
 
 const SECOND: Duration = Duration::from_secs(1);
 
