@@ -70,12 +70,18 @@ async fn burst(runtime: &Runtime) -> Result<(), Box<dyn std::error::Error>> {
     let stats = bulkhead.stats();
     assert_eq!((stats.admitted, stats.in_flight, stats.pending), (24, 0, 0));
     let budget = stats.token_budget.expect("a budget");
-    assert_eq!((budget.in_flight_tokens, budget.total_consumed), (0, consumed));
+    assert_eq!(
+        (budget.in_flight_tokens, budget.total_consumed),
+        (0, consumed)
+    );
     let (calls, tokens) = (
         peak_calls.load(Ordering::Relaxed),
         peak_tokens.load(Ordering::Relaxed),
     );
-    assert!(calls <= 4 && tokens <= 10_000, "{calls} calls, {tokens} tokens");
+    assert!(
+        calls <= 4 && tokens <= 10_000,
+        "{calls} calls, {tokens} tokens"
+    );
 
     // A full bulkhead and a short wait: refused by the crate's own timer, on this runtime.
     let small = || AcquireOptions::new().reservation(Reservation::new(10, 10).unwrap());

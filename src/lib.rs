@@ -7,6 +7,47 @@
 //! control plane, typed lifecycle events, and a graceful close/drain. Refusals are immediate,
 //! typed, and carry a capacity snapshot for a 429/503 body.
 //!
+//! # Two minutes
+//!
+//! ```
+//! use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest, TokenBudget, TokenUsage};
+//!
+//! // 10 calls in flight, 200,000 tokens in flight (40,000 only for high-priority calls),
+//! // and up to 20 calls waiting for a slot.
+//! let bulkhead = LlmBulkhead::builder("claude-sonnet-4", 10)
+//!     .token_budget(TokenBudget::new(200_000).high_priority_reserve(40_000))
+//!     .max_queue(20)
+//!     .build()?;
+//! let request = LlmRequest::new().user("Summarise this thread.").max_tokens(512);
+//!
+//! // Fail fast: admitted now, or refused now with a reason and a capacity snapshot.
+//! match bulkhead.try_acquire(&request, AcquireOptions::new()) {
+//!     // Call the provider, then settle with the usage it reported.
+//!     Ok(permit) => {
+//!         permit.release(Some(TokenUsage::new(9, 230)?));
+//!     }
+//!     // Answer 429/503, with `refused.rejection()`'s capacity detail in the body.
+//!     Err(refused) => eprintln!("{refused}"),
+//! }
+//!
+//! // Or wait in the FIFO queue for a slot, on any executor.
+//! futures::executor::block_on(async {
+//!     let mut permit = bulkhead.acquire(&request, AcquireOptions::new()).await?;
+//!     permit.report_usage(TokenUsage::new(9, 40)?)?; // as the response streams
+//!     drop(permit); // settles with the last reported usage
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })?;
+//! assert_eq!(bulkhead.stats().in_flight, 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! In the repository, `cargo run --release --example gateway --features tower,metrics` runs a
+//! real gateway on loopback (`LlmLayer` over an axum proxy to a streaming mock provider, eight
+//! tenants within one global limit, its `/metrics`), `cargo run --example runtimes` the same
+//! admission code under smol and async-std, and `bash scripts/test.sh` every test.
+//!
+//! # The crate
+//!
 //! - [`LlmBulkhead`]: the bulkhead; built by [`LlmBulkhead::builder`], with a queueing
 //!   [`Profile`].
 //! - [`try_acquire`](LlmBulkhead::try_acquire) (never waits), [`acquire`](LlmBulkhead::acquire)
