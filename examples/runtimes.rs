@@ -11,6 +11,9 @@
 //!
 //! Run: `cargo run --example runtimes`.
 
+// Refusals carry their capacity snapshot by value (boxing it would allocate on every refusal).
+#![allow(clippy::result_large_err)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
