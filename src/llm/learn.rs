@@ -9,7 +9,10 @@
 //! - the provider states its limit (OpenAI's `x-ratelimit-limit-*`, Anthropic's
 //!   `anthropic-ratelimit-*-limit`): follow it, clamped to the floor and the ceiling;
 //! - otherwise a throttling answer (429, 529) lowers the window multiplicatively (`decrease`,
-//!   0.7 unless set), never below its floor;
+//!   0.7 unless set), never below its floor; once per round of calls when the answer says
+//!   which limits its call was admitted under ([`ProviderLimits::admitted_under`]): a 429 for a
+//!   call admitted before the last decrease says nothing about the lowered limits (TCP's rule
+//!   of one decrease per window of data), so a burst of 429s does not compound;
 //! - otherwise every `increase_every` successful answers raise it additively (`increase`, 1%
 //!   of its ceiling unless set), never above its ceiling.
 //!
@@ -50,6 +53,9 @@ pub struct ProviderLimits {
     pub remaining_tokens: Option<u64>,
     /// It throttled the call (429, or Anthropic's 529 overloaded).
     pub throttled: bool,
+    /// The limits' revision the call was admitted under (its permit's `limit_revision()`,
+    /// from the bulkhead the learner learns), if known.
+    pub admitted_under: Option<u64>,
 }
 
 impl ProviderLimits {
@@ -91,6 +97,36 @@ impl ProviderLimits {
     #[must_use = "a builder method returns the changed value; it does not change the receiver"]
     pub fn remaining_tokens(mut self, remaining: u64) -> ProviderLimits {
         self.remaining_tokens = Some(remaining);
+        self
+    }
+
+    /// For a call admitted under the limits' revision `revision` (its permit's
+    /// `limit_revision()`): a throttling answer for a call admitted before the learner's last
+    /// decrease is then ignored (it was sent under the limits already lowered for it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{AcquireOptions, LlmBulkhead, LlmRequest};
+    /// use async_bulkhead_llm::rate::{LearnBounds, LimitLearner, ProviderLimits, RateLimits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 64)
+    ///     .rate_limits(RateLimits::per_minute().requests(1_000))
+    ///     .build()?;
+    /// let learner = LimitLearner::new(bulkhead.clone()).requests(LearnBounds::new(10, 2_000));
+    /// let calls: Vec<_> = (0..3)
+    ///     .map(|_| bulkhead.try_acquire(&LlmRequest::new(), AcquireOptions::new()))
+    ///     .collect::<Result<_, _>>()?;
+    /// // Three 429s for calls sent under the same limits: one decrease, not three.
+    /// for call in &calls {
+    ///     learner.observe(ProviderLimits::throttled().admitted_under(call.limit_revision()));
+    /// }
+    /// assert_eq!(bulkhead.limits().rate.unwrap().requests, Some(700));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a builder method returns the changed value; it does not change the receiver"]
+    pub fn admitted_under(mut self, revision: u64) -> ProviderLimits {
+        self.admitted_under = Some(revision);
         self
     }
 
@@ -157,6 +193,9 @@ pub struct LimitLearner {
     /// Successful answers since the last throttling one (an increase every `increase_every`).
     /// A plain counter: nothing else is published through it (Relaxed).
     successes: AtomicU64,
+    /// The revision the last decrease installed (0: none yet). Relaxed as `successes`: a stale
+    /// read lets one more decrease through, never a wrong one.
+    lowered_at: AtomicU64,
 }
 
 impl LimitLearner {
@@ -172,6 +211,7 @@ impl LimitLearner {
             increase: None,
             increase_every: 10,
             successes: AtomicU64::new(0),
+            lowered_at: AtomicU64::new(0),
         }
     }
 
@@ -249,10 +289,23 @@ impl LimitLearner {
                 next.tokens = Some(bounds.clamp(limit));
             }
         } else if seen.throttled {
+            if seen
+                .admitted_under
+                .is_some_and(|revision| revision < self.lowered_at.load(Ordering::Relaxed))
+            {
+                // Sent under limits already lowered for this round: nothing new.
+                return None;
+            }
             self.successes.store(0, Ordering::Relaxed);
             next.requests = lower(rate.requests, self.requests, self.decrease);
             next.tokens = lower(rate.tokens, self.tokens, self.decrease);
             next_budget = lower(budget, self.budget, self.decrease);
+            let outcome = self.install(current, next, next_budget);
+            if let Some(ApplyOutcome::Applied { current, .. }) = &outcome {
+                self.lowered_at
+                    .fetch_max(current.revision, Ordering::Relaxed);
+            }
+            return outcome;
         } else {
             let successes = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
             if !successes.is_multiple_of(self.increase_every) {
@@ -263,6 +316,27 @@ impl LimitLearner {
             next_budget = raise(budget, self.budget, self.increase);
         }
         self.install(current, next, next_budget)
+    }
+
+    /// Whether this learner learns `bulkhead`'s limits (so its permits' revisions are the ones
+    /// [`ProviderLimits::admitted_under`] compares).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::LlmBulkhead;
+    /// use async_bulkhead_llm::rate::{LimitLearner, RateLimits};
+    ///
+    /// let bulkhead = LlmBulkhead::builder("m", 8)
+    ///     .rate_limits(RateLimits::per_minute().requests(100))
+    ///     .build()?;
+    /// let learner = LimitLearner::new(bulkhead.clone());
+    /// assert!(learner.learns(&bulkhead));
+    /// assert!(!learner.learns(&LlmBulkhead::builder("m", 8).build()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn learns(&self, bulkhead: &LlmBulkhead) -> bool {
+        crate::support::sync::Arc::ptr_eq(&self.bulkhead.core, &bulkhead.core)
     }
 
     /// Applies `next` (and the budget `next_budget`) as `current`'s successor, if it changes

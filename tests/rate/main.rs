@@ -577,7 +577,8 @@ fn learn_against(
                     ProviderLimits::throttled()
                 } else {
                     ProviderLimits::new()
-                };
+                }
+                .admitted_under(permit.limit_revision());
                 if states {
                     seen = seen.limit_tokens(provider.tpm as u64);
                 }

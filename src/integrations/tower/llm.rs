@@ -733,7 +733,22 @@ where
                 .await?;
             let (mut parts, body) = response.into_parts();
             if let Some(learner) = &config.learner {
-                learner.observe(provider_limits(parts.status, &parts.headers));
+                // The revision the call was admitted under, on the learner's bulkhead: one
+                // decrease per round of calls.
+                let admitted_under = match &permit {
+                    Held::One(permit) => learner.learns(&bulkhead).then(|| permit.limit_revision()),
+                    Held::Within(permit) => match &config.global {
+                        Some(global) if learner.learns(global) => {
+                            Some(permit.global().limit_revision())
+                        }
+                        _ => learner
+                            .learns(&bulkhead)
+                            .then(|| permit.tenant().limit_revision()),
+                    },
+                };
+                let mut seen = provider_limits(parts.status, &parts.headers);
+                seen.admitted_under = admitted_under;
+                learner.observe(seen);
             }
             if let Some(capacity) = &capacity {
                 let (capacity, rate) = capacity;
