@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use async_bulkhead_llm::http::HttpRefusal;
 use async_bulkhead_llm::rate::{RateLimits, RateWindow};
+use async_bulkhead_llm::rejection::{CapacityDetail, Rejection, Scope, TokenBudgetDetail};
 use async_bulkhead_llm::{AcquireError, RejectReason, stats::TokenBudgetStats};
 
 /// Why a call to Redis failed.
@@ -184,6 +186,36 @@ pub struct GlobalRejection {
     pub global_budget: u64,
     /// The local bulkhead's token figures just after its admission was returned.
     pub local: Option<TokenBudgetStats>,
+    /// The local bulkhead's capacity snapshot just after its admission was returned (its
+    /// slots, queue and revision: what [`rejection`](Self::rejection) shows beside the global
+    /// figures).
+    pub local_capacity: CapacityDetail,
+}
+
+impl GlobalRejection {
+    /// This refusal as the core crate's [`Rejection`]: `budget_limit`, scoped `global`, its
+    /// token figures the ledger's (the global budget, every replica's holds, the call's
+    /// request), the rest the local bulkhead's; answered as a local refusal is (429, or 413
+    /// for a request larger than the whole global budget).
+    pub fn rejection(&self) -> Rejection {
+        let c = self.local_capacity;
+        let tokens = TokenBudgetDetail::compute(
+            self.global_budget,
+            0,
+            false,
+            self.global_in_flight,
+            self.requested,
+        );
+        let detail = CapacityDetail::new(
+            c.limit_revision,
+            c.in_flight,
+            c.max_concurrent,
+            c.pending,
+            c.max_queue,
+            Some(tokens),
+        );
+        Rejection::budget_limit(detail).scoped(Scope::Global)
+    }
 }
 
 /// A global rate window (shared by every replica) had no room for the call: it took nothing
@@ -205,6 +237,18 @@ pub struct GlobalRateRejection {
     pub retry_after: Option<Duration>,
     /// The local bulkhead's token figures just after its admission was returned.
     pub local: Option<TokenBudgetStats>,
+    /// The local bulkhead's capacity snapshot just after its admission was returned.
+    pub local_capacity: CapacityDetail,
+}
+
+impl GlobalRateRejection {
+    /// This refusal as the core crate's [`Rejection`]: `rate_limit`, scoped `global`, with
+    /// the window and the exact wait, the figures the local bulkhead's; answered as a local
+    /// window's refusal is (429 with `Retry-After`, or 413 for a call larger than the window).
+    pub fn rejection(&self) -> Rejection {
+        Rejection::rate_limit(self.local_capacity, self.window, self.retry_after)
+            .scoped(Scope::Global)
+    }
 }
 
 /// Redis was out of reach (or slower than the timeout) and the failure policy refused.
@@ -256,17 +300,39 @@ impl LedgerRefusal {
         }
     }
 
-    /// The HTTP status a gateway answers with: 429 for capacity (local or global), 503 for a
-    /// closed bulkhead or an unavailable ledger, 400 for an invalid request.
+    /// A capacity refusal, local or global, as the core crate's [`Rejection`] (a global one
+    /// scoped `global`, with the ledger's figures): one type for both, so a gateway answers
+    /// them alike; `None` for an invalid request or an unavailable ledger.
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            LedgerRefusal::Local(AcquireError::Rejected(r)) => Some(*r),
+            LedgerRefusal::Global(g) => Some(g.rejection()),
+            LedgerRefusal::GlobalRate(g) => Some(g.rejection()),
+            LedgerRefusal::Local(_) | LedgerRefusal::Unavailable(_) => None,
+        }
+    }
+
+    /// The answer a gateway sends, as the core crate builds it for a local refusal (status,
+    /// provider-shaped JSON body, `scope`): the same mapping for local and global refusals and
+    /// invalid requests; `None` for an unavailable ledger (answer 503: see
+    /// [`http_status`](Self::http_status)).
+    pub fn http_refusal(&self) -> Option<HttpRefusal> {
+        match self {
+            LedgerRefusal::Local(error) => Some(HttpRefusal::from(error)),
+            LedgerRefusal::Global(_) | LedgerRefusal::GlobalRate(_) => {
+                self.rejection().map(HttpRefusal::from)
+            }
+            LedgerRefusal::Unavailable(_) => None,
+        }
+    }
+
+    /// The HTTP status a gateway answers with: the core crate's mapping for every capacity
+    /// refusal, local or global (429; 413 for a call that can never fit; 503 for a closed
+    /// bulkhead), 503 for an unavailable ledger, 400 for an invalid request.
     pub fn http_status(&self) -> u16 {
         match self {
-            LedgerRefusal::Local(AcquireError::Rejected(r)) => match r.reason() {
-                RejectReason::Shutdown => 503,
-                _ => 429,
-            },
-            LedgerRefusal::Local(_) => 400,
-            LedgerRefusal::Global(_) | LedgerRefusal::GlobalRate(_) => 429,
             LedgerRefusal::Unavailable(_) => 503,
+            other => other.http_refusal().map_or(503, |refusal| refusal.status),
         }
     }
 }

@@ -184,6 +184,7 @@ impl ExactLedger {
                     global_in_flight: total,
                     global_budget: budget,
                     local: inner.bulkhead.stats().token_budget,
+                    local_capacity: inner.bulkhead.capacity(),
                 }))
             }
             Ok(Some(Reserved::RateLimited {
@@ -207,6 +208,7 @@ impl ExactLedger {
                     period: std::time::Duration::from_micros(spec.window_us),
                     retry_after,
                     local: inner.bulkhead.stats().token_budget,
+                    local_capacity: inner.bulkhead.capacity(),
                 }))
             }
             // Admission ids are unique: a hold under this id cannot exist already.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use async_bulkhead_llm::rejection::Scope;
 use async_bulkhead_llm::{LlmRequest, RejectReason, TokenUsage};
 use async_bulkhead_llm_redis::{ExactLedger, LedgerConfig, LedgerRefusal};
 use common::{Observer, RedisServer, bulkhead, observe, reserve};
@@ -51,12 +52,45 @@ async fn a_global_refusal_carries_the_global_and_local_figures() {
     assert_eq!(refused.reason(), Some(RejectReason::BudgetLimit));
     assert_eq!(refused.http_status(), 429);
     assert_eq!(b.stats().refused_global, 1);
+    // It is the core crate's refusal too, scoped `global`, answered as a local one.
+    let rejection = refused.rejection().unwrap();
+    assert_eq!(rejection.reason(), RejectReason::BudgetLimit);
+    assert_eq!(rejection.scope(), Some(Scope::Global));
+    let tokens = rejection.detail().token_budget.unwrap();
+    assert_eq!(
+        (
+            tokens.budget,
+            tokens.in_flight_tokens,
+            tokens.available,
+            tokens.requested
+        ),
+        (1_000, 600, 400, 600)
+    );
+    assert_eq!(
+        (
+            rejection.detail().in_flight,
+            rejection.detail().max_concurrent
+        ),
+        (0, 64)
+    );
+    let answer = refused.http_refusal().unwrap();
+    assert_eq!(
+        (answer.status, answer.code, answer.scope),
+        (429, "budget_limit", Some(Scope::Global))
+    );
+    assert!(
+        answer.message.contains("global bulkhead rejected"),
+        "{}",
+        answer.message
+    );
     // A local refusal stays local, and changes nothing in Redis.
     let too_big = a
         .try_acquire(&LlmRequest::new(), reserve(100, 900))
         .await
         .unwrap_err();
     assert!(matches!(too_big, LedgerRefusal::Local(_)), "{too_big:?}");
+    let answer = too_big.http_refusal().unwrap();
+    assert_eq!((answer.status, answer.scope), (429, None)); // as the core crate answers it
     let mut c = server.connection().unwrap();
     assert_eq!(observe(&mut c, "{refusal}").total, 600);
     held.release(None);

@@ -92,6 +92,26 @@ async fn five_a_second_admits_five_at_once_then_refuses_until_200_ms_after_the_f
     // whole millisecond (which the bound below allows, and no more).
     let retry = refused.retry_after().unwrap();
     assert_eq!(Some(retry), why.retry_after);
+    // The core crate's refusal too: the same window, wait, status and body as a local one's.
+    let rejection = refused.rejection().unwrap();
+    assert_eq!(
+        (
+            rejection.reason(),
+            rejection.rate_window(),
+            rejection.retry_after()
+        ),
+        (
+            RejectReason::RateLimit,
+            Some(RateWindow::Requests),
+            Some(retry)
+        )
+    );
+    let answer = refused.http_refusal().unwrap();
+    assert_eq!((answer.status, answer.code), (429, "rate_limit"));
+    assert_eq!(
+        answer.scope,
+        Some(async_bulkhead_llm::rejection::Scope::Global)
+    );
     let moved_ms = elapsed.as_millis() as u64;
     assert!(
         retry <= Duration::from_millis(200) && retry >= Duration::from_millis(200 - moved_ms),

@@ -222,6 +222,40 @@ pub struct CapacityDetail {
 }
 
 impl CapacityDetail {
+    /// A snapshot of figures decided elsewhere (a ledger shared by replicas, another process),
+    /// in this crate's vocabulary: the limits' revision, calls in flight and their cap, calls
+    /// waiting and the queue's cap, and the token figures if there is a budget. With
+    /// [`Rejection::budget_limit`] or [`Rejection::rate_limit`] it makes a refusal a gateway
+    /// answers exactly as it answers its own bulkhead's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::rejection::{CapacityDetail, TokenBudgetDetail};
+    ///
+    /// let tokens = TokenBudgetDetail::compute(200_000, 0, false, 199_500, 1_200);
+    /// let detail = CapacityDetail::new(7, 3, 64, 0, 0, Some(tokens));
+    /// assert_eq!((detail.limit_revision, detail.in_flight), (7, 3));
+    /// assert_eq!(detail.token_budget.unwrap().available, 500);
+    /// ```
+    pub const fn new(
+        limit_revision: u64,
+        in_flight: u64,
+        max_concurrent: u32,
+        pending: u64,
+        max_queue: u32,
+        token_budget: Option<TokenBudgetDetail>,
+    ) -> CapacityDetail {
+        CapacityDetail::global(
+            limit_revision,
+            in_flight,
+            max_concurrent,
+            pending,
+            max_queue,
+            token_budget,
+        )
+    }
+
     /// The global part of a snapshot (no class figures, no constraint).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) const fn global(
@@ -992,6 +1026,56 @@ impl Rejection {
                 (true, true) => RateWindow::ClassTokens,
             },
         )
+    }
+
+    /// A `budget_limit` refusal decided elsewhere (see [`CapacityDetail::new`]): answered as
+    /// the bulkhead's own (429, or 413 when the reservation exceeds the budget it may use).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use async_bulkhead_llm::{RejectReason, http::HttpRefusal};
+    /// use async_bulkhead_llm::rejection::{CapacityDetail, Rejection, Scope, TokenBudgetDetail};
+    ///
+    /// let tokens = TokenBudgetDetail::compute(200_000, 0, false, 199_500, 1_200);
+    /// let refused = Rejection::budget_limit(CapacityDetail::new(0, 3, 64, 0, 0, Some(tokens)))
+    ///     .scoped(Scope::Global);
+    /// assert_eq!((refused.reason(), refused.http_status()), (RejectReason::BudgetLimit, 429));
+    /// assert_eq!(HttpRefusal::from(refused).status, 429);
+    /// ```
+    pub fn budget_limit(detail: CapacityDetail) -> Rejection {
+        Rejection::new(RejectReason::BudgetLimit, detail)
+    }
+
+    /// A `rate_limit` refusal decided elsewhere (see [`CapacityDetail::new`]): the window that
+    /// refused and when the call would fit if nothing else arrived (`None`: never, it asks more
+    /// than the window's whole limit: 413), answered as the bulkhead's own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm::rate::RateWindow;
+    /// use async_bulkhead_llm::rejection::{CapacityDetail, Rejection};
+    ///
+    /// let detail = CapacityDetail::new(0, 1, 64, 0, 0, None);
+    /// let refused = Rejection::rate_limit(detail, RateWindow::Requests, Some(Duration::from_millis(1_500)));
+    /// assert_eq!(refused.retry_after(), Some(Duration::from_millis(1_500)));
+    /// assert_eq!(refused.rate_window(), Some(RateWindow::Requests));
+    /// assert_eq!(refused.http_status(), 429);
+    /// ```
+    pub fn rate_limit(
+        detail: CapacityDetail,
+        window: RateWindow,
+        retry_after: Option<Duration>,
+    ) -> Rejection {
+        Rejection::rate(detail, window, retry_after)
+    }
+
+    /// This refusal, named as a refusal of `scope` (a tenant's, or a global level's such as a
+    /// ledger shared by replicas): shown in its message, its JSON body and metrics.
+    pub fn scoped(self, scope: Scope) -> Rejection {
+        self.with_scope(scope)
     }
 
     /// A `rate_limit` rejection: which window refused and when the call would fit.
