@@ -186,7 +186,13 @@ impl LedgerConfig {
     }
 
     /// How often the lease is renewed (exact mode) or the slice rebalanced (leased mode);
-    /// a third of the lease unless set.
+    /// a third of the lease unless set. Every replica of a namespace should use the same.
+    ///
+    /// A stall of Redis itself (a `DEBUG SLEEP`, a slow fork, a paused process) does not lapse
+    /// a live replica's lease, however long it lasts, while the lease is at least twice this
+    /// period plus 100 ms (the default, three periods, is): the scripts move every lease
+    /// deadline by the part of a gap between their runs beyond this period plus 100 ms (see
+    /// the `ns:clock` key in [`scripts`](crate::scripts)).
     pub fn renew_every(mut self, period: Duration) -> Self {
         self.renew_every = Some(period);
         self

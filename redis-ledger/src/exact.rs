@@ -79,7 +79,9 @@ impl ExactLedger {
     /// budget, [`LedgerError::Store`] when Redis cannot be reached; nothing is left running.
     pub async fn connect(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
         let store = Store::open(&bulkhead, &config).await?;
-        store.renew(config.lease).await?;
+        store
+            .renew(config.lease, config.renew_every_value())
+            .await?;
         let inner = Arc::new(Inner {
             bulkhead,
             store,
@@ -417,7 +419,11 @@ async fn background(ledger: Weak<Inner>) {
             () = inner.stop.notified() => return,
         };
         if renew {
-            match inner.store.renew(inner.config.lease).await {
+            match inner
+                .store
+                .renew(inner.config.lease, inner.config.renew_every_value())
+                .await
+            {
                 Ok(lost) => {
                     inner.health.up();
                     if lost {

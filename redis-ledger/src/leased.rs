@@ -251,7 +251,13 @@ impl Inner {
         let sent = Instant::now();
         let plan = match self
             .store
-            .plan(want, floor, self.config.global_budget, self.config.lease)
+            .plan(
+                want,
+                floor,
+                self.config.global_budget,
+                self.config.lease,
+                self.config.renew_every_value(),
+            )
             .await
         {
             Ok(plan) => plan,

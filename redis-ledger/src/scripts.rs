@@ -31,6 +31,12 @@
 //!   one unit's share of the window, `window / limit`) since the anchor: the GCRA of the core
 //!   crate's `rate` module, on Redis's clock. Its TTL is the time until every window is whole
 //!   again plus one window, so an idle window costs nothing (a missing key is a whole window).
+//! - `ns:clock`: hash `at` (Redis's time, ms, of the last script that judged the ledger) and
+//!   `grace` (the replicas' renewal period plus 100 ms, written by every renewal): a gap
+//!   longer than `grace` between two such scripts is time Redis itself did not run (a stall,
+//!   a paused process), and every lease deadline moves by the excess before the purge, so a
+//!   stall of any length does not lapse a live replica's lease (with a lease of at least
+//!   twice the renewal period plus 100 ms: the configuration's default is three periods).
 //! - A hold of a rated reservation is `"<held>|<seq>|<charged>"`: `charged` is what the
 //!   tokens window was charged for it (the reservation, or more once usage beyond it was
 //!   reported), so that its release can give back (or charge) the difference to the usage.
@@ -184,7 +190,29 @@ end
 local function total()
   return tonumber(redis.call('GET', T) or '0')
 end
+-- Time Redis itself did not run (a stall such as DEBUG SLEEP or a slow fork, a pause of its
+-- process) must not lapse leases: their replicas could not renew. Every script that judges the
+-- ledger records when it ran (`ns:clock` `at`); a gap since the last one beyond `grace` (the
+-- replicas' renewal period plus 100 ms, written by every renewal) moves every lease deadline
+-- by the excess. A live replica renews within its period, so in ordinary running no gap
+-- exceeds `grace` and lapsed leases age as ever.
+local function heal(now)
+  local clock = ns .. ':clock'
+  local v = redis.call('HMGET', clock, 'at', 'grace')
+  local at, grace = tonumber(v[1]), tonumber(v[2])
+  redis.call('HSET', clock, 'at', now)
+  if not at or not grace or now - at <= grace then
+    return 0
+  end
+  local shift = now - at - grace
+  local leases = redis.call('ZRANGE', L, 0, -1, 'WITHSCORES')
+  for i = 1, #leases, 2 do
+    redis.call('ZADD', L, tonumber(leases[i + 1]) + shift, leases[i])
+  end
+  return shift
+end
 local function purge(now)
+  heal(now)
   local dead = redis.call('ZRANGEBYSCORE', L, '-inf', '(' .. now, 'LIMIT', 0, 32)
   local freed = 0
   for _, r in ipairs(dead) do
@@ -394,6 +422,9 @@ return out
 /// slice were purged, by this call or an earlier one) and the replica joins again with none.
 pub const RENEW: &str = r#"
 local now = now_ms()
+if ARGV[4] then
+  redis.call('HSET', ns .. ':clock', 'grace', tonumber(ARGV[4]) + 100)
+end
 purge(now)
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
 return {lost, total(), redis.call('ZCARD', L)}
@@ -422,6 +453,9 @@ return {before - t, t}
 /// Returns `{slice, target, total, live leased replicas, lost}`.
 pub const PLAN: &str = r#"
 local now = now_ms()
+if ARGV[7] then
+  redis.call('HSET', ns .. ':clock', 'grace', tonumber(ARGV[7]) + 100)
+end
 purge(now)
 local want, floor, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[6]), replica)

@@ -315,10 +315,18 @@ impl Store {
         Ok(unsigned(&reply, 0))
     }
 
-    /// Renews the lease; `true` when it had lapsed (the replica's holds were purged).
-    pub(crate) async fn renew(&self, lease: Duration) -> Result<bool, StoreError> {
+    /// Renews the lease (renewed every `renew_every`); `true` when it had lapsed (the
+    /// replica's holds were purged).
+    pub(crate) async fn renew(
+        &self,
+        lease: Duration,
+        renew_every: Duration,
+    ) -> Result<bool, StoreError> {
         let reply = self
-            .run(&self.scripts.renew, &[&millis(lease).to_string()])
+            .run(
+                &self.scripts.renew,
+                &[&millis(lease).to_string(), &millis(renew_every).to_string()],
+            )
             .await?;
         Ok(reply.first() == Some(&1))
     }
@@ -335,6 +343,7 @@ impl Store {
         floor: u64,
         budget: u64,
         lease: Duration,
+        renew_every: Duration,
     ) -> Result<Plan, StoreError> {
         let reply = self
             .run(
@@ -344,6 +353,7 @@ impl Store {
                     &floor.to_string(),
                     &budget.to_string(),
                     &millis(lease).to_string(),
+                    &millis(renew_every).to_string(),
                 ],
             )
             .await?;

@@ -313,3 +313,77 @@ async fn a_leased_replica_that_cannot_start_runs_on_the_floor() {
 fn config_closed(server: &RedisServer) -> LedgerConfig {
     config(server, "{no-start}", FailurePolicy::FailClosed)
 }
+
+/// A Redis stall longer than the lease (`DEBUG SLEEP`): the replicas could not renew while
+/// Redis itself stood still, and their leases do not lapse for it. Before the scripts healed
+/// the gap, the first script after the stall purged every live replica's holds and the budget
+/// was given out twice (measured on a 50,000-token budget: 99,865 tokens in flight; here,
+/// without the healing, b is admitted the 600 tokens a still holds).
+async fn stall_longer_than_the_lease(ns: &str, lease: Duration, renew: Duration, stall: Duration) {
+    let server = RedisServer::start();
+    let replica = |id: &str| {
+        LedgerConfig::new(server.url(), ns, 1_000)
+            .replica_id(id)
+            .lease(lease)
+            .renew_every(renew)
+            .timeout(Duration::from_millis(100))
+            .retry_every(Duration::from_millis(100))
+            .failure(FailurePolicy::FailClosed)
+    };
+    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
+        .await
+        .unwrap();
+    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
+        .await
+        .unwrap();
+    let held = a
+        .try_acquire(&LlmRequest::new(), reserve(100, 500))
+        .await
+        .unwrap();
+    assert!(held.is_global());
+    // Let both renew at least once, so the clock knows their period.
+    tokio::time::sleep(renew + Duration::from_millis(100)).await;
+    server.pause(stall).join().unwrap();
+    // Redis answers again. b asks for what a still holds, until the ledger judges it (b may
+    // first refuse on its own, as unavailable, until it has heard from Redis again).
+    let started = Instant::now();
+    let judged = loop {
+        match b.try_acquire(&LlmRequest::new(), reserve(100, 500)).await {
+            Err(LedgerRefusal::Unavailable(_)) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "never recovered"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other,
+        }
+    };
+    let refused = judged.expect_err("a's call still holds 600 of the 1,000");
+    assert!(matches!(refused, LedgerRefusal::Global(ref g) if g.global_in_flight == 600));
+    // Across a's renewals after the stall, its hold stays (never purged, never lost).
+    tokio::time::sleep(lease + renew).await;
+    let mut c = server.connection().unwrap();
+    let seen = observe(&mut c, ns);
+    assert_eq!((seen.total, seen.hold_count, seen.replicas), (600, 1, 2));
+    assert_eq!(a.stats().leases_lost, 0);
+    held.release(None);
+    assert!(a.settled(Duration::from_secs(2)).await);
+    let permit = b
+        .try_acquire(&LlmRequest::new(), reserve(100, 500))
+        .await
+        .unwrap();
+    permit.release(None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_of_three_leases_lapses_no_live_lease() {
+    let (lease, renew) = (Duration::from_millis(900), Duration::from_millis(300));
+    stall_longer_than_the_lease("{stall-3}", lease, renew, lease * 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_of_ten_leases_lapses_no_live_lease() {
+    let (lease, renew) = (Duration::from_millis(400), Duration::from_millis(120));
+    stall_longer_than_the_lease("{stall-10}", lease, renew, lease * 10).await;
+}
