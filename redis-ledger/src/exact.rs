@@ -67,6 +67,10 @@ struct Inner {
     wake: tokio::sync::Notify,
     /// Stops the background task at once (`close`).
     stop: tokio::sync::Notify,
+    /// This replica's live global holds (`id` -> held tokens, usage sequence): what it
+    /// re-registers when Redis no longer knows it (a restart without its data, a lapsed
+    /// lease). One short lock per reservation, usage report and release, beside a round trip.
+    live: std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>,
 }
 
 impl ExactLedger {
@@ -92,6 +96,7 @@ impl ExactLedger {
             pending: std::sync::Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
             stop: tokio::sync::Notify::new(),
+            live: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         tokio::spawn(background(Arc::downgrade(&inner)));
         Ok(ExactLedger { inner })
@@ -147,17 +152,24 @@ impl ExactLedger {
             return self.fallback(permit, "waiting before trying Redis again".into());
         }
         let riders = inner.take_pending(RIDERS);
-        let reserved = inner
+        let (budget, lease) = (inner.config.global_budget, inner.config.lease);
+        let mut reserved = inner
             .store
-            .reserve(
-                &id,
-                tokens,
-                inner.config.global_budget,
-                inner.config.lease,
-                inner.rate,
-                &riders,
-            )
+            .reserve(&id, tokens, budget, lease, inner.rate, &riders)
             .await;
+        if let Ok(Some(Reserved::Unregistered)) = reserved {
+            // Redis lost this replica: its live holds go back first, then the call is judged
+            // against them (the riders were released by the first try).
+            reserved = match inner.register().await {
+                Ok(()) => {
+                    inner
+                        .store
+                        .reserve(&id, tokens, budget, lease, inner.rate, &[])
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+        }
         if reserved.is_ok() {
             inner.released(riders.len());
             inner
@@ -171,6 +183,7 @@ impl ExactLedger {
             Ok(Some(Reserved::Yes { .. })) => {
                 inner.health.up();
                 bump(&inner.counters.reserved);
+                inner.live().insert(id.clone(), (tokens, 0));
                 Ok(GlobalPermit {
                     permit: Some(permit),
                     hold: Hold::Global(id),
@@ -213,8 +226,11 @@ impl ExactLedger {
                     local_capacity: inner.bulkhead.capacity(),
                 }))
             }
-            // Admission ids are unique: a hold under this id cannot exist already.
-            Ok(None) => unreachable!("admission ids are unique"),
+            // Admission ids are unique: a hold under this id cannot exist already; and a
+            // replica just registered is known.
+            Ok(None | Some(Reserved::Unregistered)) => {
+                unreachable!("admission ids are unique, and the replica was just registered")
+            }
             Err(error) => {
                 inner.failed();
                 // A timed-out reservation may have been applied: release it once Redis
@@ -428,6 +444,10 @@ async fn background(ledger: Weak<Inner>) {
                     inner.health.up();
                     if lost {
                         bump(&inner.counters.leases_lost);
+                        // Redis had forgotten this replica: its live holds go back at once.
+                        if inner.register().await.is_err() {
+                            inner.failed();
+                        }
                     }
                     inner.flush().await;
                 }
@@ -538,6 +558,9 @@ impl Inner {
     /// down the update is skipped (counted), as every call skips Redis then but one per retry
     /// period: a report must not wait for a timeout each time.
     async fn apply_usage(&self, id: &str, sequence: u64, held: u64, used: Option<u64>) {
+        if let Some(hold) = self.live().get_mut(id) {
+            *hold = (held, sequence);
+        }
         if !self.health.should_try() {
             bump(&self.counters.usage_skipped);
             return;
@@ -554,6 +577,29 @@ impl Inner {
         }
     }
 
+    /// The live holds (a poisoned lock's data is still whole: every update is one insert,
+    /// assignment or removal).
+    fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (u64, u64)>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Re-registers this replica and its live holds (Redis no longer knew it).
+    async fn register(&self) -> Result<(), StoreError> {
+        let holds: Vec<(String, u64, u64)> = self
+            .live()
+            .iter()
+            .map(|(id, &(held, sequence))| (id.clone(), held, sequence))
+            .collect();
+        let added = self.store.register(self.config.lease, &holds).await?;
+        bump(&self.counters.reregistrations);
+        self.counters
+            .reregistered_tokens
+            .fetch_add(added, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Whether reservations are charged to a global tokens window.
     fn charges_tokens(&self) -> bool {
         self.rate.is_some_and(|spec| spec.tokens > 0)
@@ -568,10 +614,13 @@ impl Inner {
                     .floor_in_flight
                     .fetch_sub(tokens, Ordering::AcqRel);
             }
-            Hold::Global(id) => match used.filter(|_| self.charges_tokens()) {
-                Some(used) => self.defer(format!("{id}={used}")),
-                None => self.defer(id),
-            },
+            Hold::Global(id) => {
+                self.live().remove(&id);
+                match used.filter(|_| self.charges_tokens()) {
+                    Some(used) => self.defer(format!("{id}={used}")),
+                    None => self.defer(id),
+                }
+            }
         }
     }
 }

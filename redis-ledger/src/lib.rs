@@ -21,6 +21,15 @@
 //! decides: refuse (fail closed) or admit within a fixed local floor, never the replica's
 //! full budget. Recovery is automatic.
 //!
+//! Redis's own faults, in exact mode: a stall of Redis itself (`DEBUG SLEEP`, a paused
+//! process), however long, lapses no live replica's lease (the scripts move lease deadlines by
+//! the time Redis did not run: the `ns:clock` key in [`scripts`]); and when Redis no longer
+//! knows a replica (restarted without its data, or its lease purged), the replica puts its live
+//! holds back ([`scripts::REGISTER`]) at its next renewal or before its next reservation, so
+//! the ledger counts what is really in flight again within one renewal period (until then,
+//! another replica's reservation can be judged without them: that window is not closed yet).
+//! [`LedgerStats::reregistrations`] counts them.
+//!
 //! # Rate windows across replicas
 //!
 //! A provider's per-minute limits (requests and tokens per minute) hold for the whole

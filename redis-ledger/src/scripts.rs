@@ -246,6 +246,11 @@ end
 pub const RESERVE: &str = r#"
 local released = release_ids(7)
 local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not redis.call('ZSCORE', L, replica) then
+  -- Redis does not know this replica (it restarted without its data, or purged the lease):
+  -- nothing new before it re-registers what it still holds (`REGISTER`).
+  return {-3, total(), budget, 0, released}
+end
 local t = total()
 local purged = 0
 if t + tokens > budget then
@@ -337,6 +342,9 @@ return {1}
 pub const RESERVE_RATED: &str = r#"
 local released = release_ids(10)
 local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not redis.call('ZSCORE', L, replica) then
+  return {-3, total(), budget, 0, released, 0, 0}
+end
 local window_us, lr, lt = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local sw, sr, st = stored_limits()
 if not sw then
@@ -428,6 +436,24 @@ end
 purge(now)
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
 return {lost, total(), redis.call('ZCARD', L)}
+"#;
+
+/// Re-registers this replica after Redis lost it (a restart without persistence, a lease that
+/// lapsed): its lease, and every hold it still has. `ARGV[3]`: the lease (ms); then pairs of an
+/// admission id and its hold (`"<held>|<seq>"`). A hold Redis still has is left as it is.
+/// Replies `{tokens added, total}`.
+pub const REGISTER: &str = r#"
+redis.call('ZADD', L, now_ms() + tonumber(ARGV[3]), replica)
+local added = 0
+for i = 4, #ARGV - 1, 2 do
+  if redis.call('HSETNX', H, ARGV[i], ARGV[i + 1]) == 1 then
+    added = added + hold_of(ARGV[i + 1])
+  end
+end
+if added > 0 then
+  redis.call('INCRBY', T, added)
+end
+return {added, total()}
 "#;
 
 /// Removes the replica at once: its lease, holds and slice (a graceful shutdown).
@@ -543,6 +569,7 @@ pub(crate) struct Scripts {
     pub(crate) configure: redis::Script,
     pub(crate) reserve_rated: redis::Script,
     pub(crate) rate_status: redis::Script,
+    pub(crate) register: redis::Script,
 }
 
 impl Scripts {
@@ -560,6 +587,7 @@ impl Scripts {
             configure: script(CONFIGURE),
             reserve_rated: script(RESERVE_RATED),
             rate_status: script(RATE_STATUS),
+            register: script(REGISTER),
         }
     }
 }

@@ -26,6 +26,11 @@ pub struct LedgerStats {
     pub store_errors: u64,
     /// Renewals that found the lease lapsed (the replica's holds or slice had been purged).
     pub leases_lost: u64,
+    /// Times this replica re-registered its live holds because Redis no longer knew it (a
+    /// restart without its data, or a lapsed lease), before reserving anything new.
+    pub reregistrations: u64,
+    /// Tokens those re-registrations put back in the global total.
+    pub reregistered_tokens: u64,
     /// Global releases made (every release and drop of a permit held globally, and every
     /// reservation that timed out): each rides on a later reservation or is sent by the
     /// background task.
@@ -54,6 +59,8 @@ pub(crate) struct Counters {
     pub(crate) usage_skipped: AtomicU64,
     pub(crate) store_errors: AtomicU64,
     pub(crate) leases_lost: AtomicU64,
+    pub(crate) reregistrations: AtomicU64,
+    pub(crate) reregistered_tokens: AtomicU64,
     pub(crate) releases_deferred: AtomicU64,
     pub(crate) releases_on_reservations: AtomicU64,
     pub(crate) releases_pending: AtomicU64,
@@ -80,6 +87,8 @@ impl Counters {
             usage_skipped: load(&self.usage_skipped),
             store_errors: load(&self.store_errors),
             leases_lost: load(&self.leases_lost),
+            reregistrations: load(&self.reregistrations),
+            reregistered_tokens: load(&self.reregistered_tokens),
             releases_deferred: load(&self.releases_deferred),
             releases_on_reservations: load(&self.releases_on_reservations),
             releases_pending: load(&self.releases_pending),

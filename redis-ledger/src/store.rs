@@ -24,6 +24,9 @@ pub(crate) enum Reserved {
         tokens: bool,
         retry_after: Option<Duration>,
     },
+    /// Redis does not know this replica (restarted without its data, or the lease purged):
+    /// nothing reserved; the replica re-registers its holds first.
+    Unregistered,
 }
 
 /// The outcome of a usage update.
@@ -260,6 +263,7 @@ impl Store {
                     .map(Duration::from_millis),
             }),
             Some(-2) => return Err(StoreError::RateLimitsMismatch),
+            Some(-3) => Some(Reserved::Unregistered),
             // The id already holds: the caller's ids are unique, so this never happens.
             _ => None,
         })
@@ -329,6 +333,27 @@ impl Store {
             )
             .await?;
         Ok(reply.first() == Some(&1))
+    }
+
+    /// Re-registers the replica (its lease) and its live `holds` (`(id, held, sequence)`):
+    /// the tokens added (holds Redis still had are left as they are).
+    pub(crate) async fn register(
+        &self,
+        lease: Duration,
+        holds: &[(String, u64, u64)],
+    ) -> Result<u64, StoreError> {
+        let values: Vec<String> = holds
+            .iter()
+            .map(|(_, held, sequence)| format!("{held}|{sequence}"))
+            .collect();
+        let lease = millis(lease).to_string();
+        let mut args: Vec<&str> = vec![&lease];
+        for ((id, _, _), value) in holds.iter().zip(&values) {
+            args.push(id);
+            args.push(value);
+        }
+        let reply = self.run(&self.scripts.register, &args).await?;
+        Ok(unsigned(&reply, 0))
     }
 
     /// Removes the replica, its holds and its slice; the tokens freed.

@@ -239,6 +239,13 @@ fn run_case(
         "fresh namespace {}",
         ns
     );
+    // Every replica joins first (its lease): a reservation of a replica Redis does not know
+    // is refused until it registers (`-3`, see `an_unknown_replica_reserves_nothing`).
+    for (replica, name) in REPLICAS.iter().enumerate() {
+        let got = call(conn, &s.renew, ns, name, &args(&[&LONG_LEASE_MS]));
+        prop_assert_eq!(got[0], 1, "{} joins {}", name, ns);
+        model.joined[replica] = true;
+    }
     for (step, op) in ops.iter().enumerate() {
         let ctx = format!("{ns} step {step}: {op:?}");
         match op.clone() {
@@ -431,6 +438,9 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
     let s = Scripts::new();
     let ns = "{expiry}";
     let budget = 10_000u64;
+    // "a" joins with a lease of 200 ms, "b" with a minute.
+    assert_eq!(call(&mut c, &s.renew, ns, "a", &args(&[&200]))[0], 1);
+    assert_eq!(call(&mut c, &s.renew, ns, "b", &args(&[&60_000]))[0], 1);
 
     let r = call(
         &mut c,
@@ -617,6 +627,11 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
             .unwrap()
     };
 
+    let renew = Scripts::new().renew;
+    assert_eq!(
+        call(&mut c, &renew, ns, "a", &args(&[&LONG_LEASE_MS]))[0],
+        1
+    );
     let before = redis_now_us(&mut c);
     assert_eq!(
         reserve(&mut c, "1", 100, &[]),
@@ -753,6 +768,10 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
     // Never below Redis's now: with the window idle (a tokens window of a day, its tick 86.4
     // ms), a give-back larger than the window's lead stops at now and does not go negative.
     let ns = "{rated-floor}";
+    assert_eq!(
+        call(&mut c, &renew, ns, "a", &args(&[&LONG_LEASE_MS]))[0],
+        1
+    );
     let day = ["86400000000", "0", "1000"];
     let mut a = args(&[&"1", &300, &10_000, &LONG_LEASE_MS]);
     a.extend(day.iter().map(|s| s.to_string()));
@@ -795,4 +814,62 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
     let released = call_rated(&mut c, scripts::RELEASE, ns, "a", &args(&[&"3=0"]));
     assert_eq!(released, vec![1, 0, 0]);
     assert_eq!(ttat(&mut c), 0);
+}
+
+/// A replica Redis does not know (it restarted without its data, or purged the lease) reserves
+/// nothing, though its riders are released; `REGISTER` puts its lease and its live holds back
+/// (a hold Redis still has is left as it is), and then it reserves as before.
+#[test]
+fn an_unknown_replica_reserves_nothing_until_it_registers_its_holds() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let s = Scripts::new();
+    let ns = "{unknown}";
+    let budget = 1_000u64;
+    let register = |c: &mut redis::Connection, holds: &[(&str, &str)]| {
+        let mut a = args(&[&LONG_LEASE_MS]);
+        for (id, value) in holds {
+            a.push(id.to_string());
+            a.push(value.to_string());
+        }
+        call_rated(c, scripts::REGISTER, ns, "a", &a)
+    };
+    let r = call(
+        &mut c,
+        &s.reserve,
+        ns,
+        "a",
+        &args(&[&"1", &300, &budget, &LONG_LEASE_MS]),
+    );
+    assert_eq!(r, vec![-3, 0, 1_000, 0, 0]);
+    assert_eq!(observe(&mut c, ns).replicas, 0);
+    // Two live holds back (one at its third usage update), the lease with them.
+    assert_eq!(
+        register(&mut c, &[("7", "400|3"), ("8", "200|0")]),
+        vec![600, 600]
+    );
+    let o = observe(&mut c, ns);
+    assert_eq!((o.total, o.hold_count, o.replicas), (600, 2, 1));
+    // Registering again adds nothing (the holds are there).
+    assert_eq!(register(&mut c, &[("7", "400|3")]), vec![0, 600]);
+    // Judged against them now: 600 + 500 > 1,000.
+    let r = call(
+        &mut c,
+        &s.reserve,
+        ns,
+        "a",
+        &args(&[&"1", &500, &budget, &LONG_LEASE_MS]),
+    );
+    assert_eq!(r, vec![0, 600, 1_000, 0, 0]);
+    // The usage sequence carried over: an older update is stale.
+    let r = call(&mut c, &s.usage, ns, "a", &args(&[&"7", &2, &100]));
+    assert_eq!(r[0], 0);
+    let r = call(
+        &mut c,
+        &s.reserve,
+        ns,
+        "a",
+        &args(&[&"1", &400, &budget, &LONG_LEASE_MS]),
+    );
+    assert_eq!(r, vec![1, 1_000, 1_000, 0, 0]);
 }
