@@ -45,6 +45,7 @@ pub(crate) fn with_classes(
             caps: classes.to_vec(),
         }),
         dedup: None,
+        rate: None,
     }
 }
 

@@ -11,7 +11,9 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestRunner};
 
-use crate::reference::{Call, ClassCaps, Classes, Config, Harness, MAX_CHARS, Op};
+use std::time::Duration;
+
+use crate::reference::{Call, ClassCaps, Classes, Config, Harness, MAX_CHARS, Op, Rate};
 
 /// Token counts: mostly small (against budgets of a few thousand), sometimes at the edges of
 /// what the crate can count or represent.
@@ -42,6 +44,37 @@ fn budget() -> impl Strategy<Value = (u64, u64)> {
     )
 }
 
+/// Rate windows (valid ones: at most a unit per nanosecond of the window): a window of a
+/// second, a tenth, or any length from a millisecond to two seconds (ticks then rarely fall on
+/// whole nanoseconds or milliseconds); a few requests, a few thousand tokens, or both.
+pub(crate) fn rate() -> impl Strategy<Value = Rate> {
+    (
+        prop_oneof![
+            2 => Just(1_000_000_000u64),
+            1 => Just(100_000_000u64),
+            2 => 1_000_000..=2_000_000_000u64,
+        ],
+        prop::option::weighted(0.7, 1..=6u64),
+        prop::option::weighted(0.5, prop_oneof![3 => 200..3000u64, 1 => 1..200u64]),
+    )
+        .prop_map(|(window_ns, requests, tokens)| Rate {
+            window_ns,
+            requests: requests.or(tokens.is_none().then_some(2)),
+            tokens,
+        })
+}
+
+/// A move of the rate windows' clock: within a window mostly, sometimes whole milliseconds.
+pub(crate) fn advance() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => 0..1_500_000_000u64,
+        1 => (0..2000u64).prop_map(|ms| ms * 1_000_000),
+    ]
+    .prop_map(|ns| Op::Advance {
+        by: Duration::from_nanos(ns),
+    })
+}
+
 fn any_config() -> impl Strategy<Value = Config> {
     (
         prop_oneof![
@@ -56,15 +89,17 @@ fn any_config() -> impl Strategy<Value = Config> {
             1 => (MAX_REVISION - 2)..=MAX_REVISION,
             1 => prop_oneof![Just(MAX_REVISION + 1), Just(u64::MAX)],
         ],
+        prop::option::weighted(0.25, rate()),
     )
         .prop_map(
-            |(max_concurrent, max_queue, budget, initial_revision)| Config {
+            |(max_concurrent, max_queue, budget, initial_revision, rate)| Config {
                 max_concurrent,
                 max_queue,
                 budget,
                 initial_revision,
                 classes: None,
                 dedup: None,
+                rate,
             },
         )
 }
@@ -181,6 +216,7 @@ pub(crate) fn op_using<C: Strategy<Value = Call> + 'static>(
         1 => Just(Op::Close),
         2 => any::<bool>().prop_map(|zero_timeout| Op::Drain { zero_timeout }),
         1 => prop::bool::weighted(0.7).prop_map(|on| Op::Listen { on }),
+        3 => advance(),
     ]
 }
 
@@ -299,6 +335,7 @@ fn class_config() -> BoxedStrategy<Config> {
                     initial_revision,
                     classes: (kind > 0).then_some(Classes { default, caps }),
                     dedup: None,
+                    rate: None,
                 }
             },
         )
@@ -339,6 +376,7 @@ fn busy_class_config() -> BoxedStrategy<Config> {
                     initial_revision: 0,
                     classes: Some(Classes { default, caps }),
                     dedup: None,
+                    rate: None,
                 }
             },
         )
@@ -548,6 +586,7 @@ proptest! {
         max_queue in 1..=4u32,
         budget in 500..3000u64,
         reserve in prop_oneof![Just(0u64), 0..500u64],
+        rate in prop::option::weighted(0.3, rate()),
         ops in vec(op(), 20..=60),
     ) {
         let config = Config {
@@ -557,6 +596,7 @@ proptest! {
             initial_revision: 0,
             classes: None,
             dedup: None,
+            rate,
         };
         run(config, &ops);
     }
@@ -633,6 +673,38 @@ fn random_class_sequences_reach_the_class_cases() {
     ];
     assert_reached(strategy, 400, &EVERY_CLASS_CASE);
 }
+
+/// Configurations that always have rate windows.
+fn rate_config() -> impl Strategy<Value = Config> {
+    (any_config(), rate()).prop_map(|(config, rate)| Config {
+        rate: Some(rate),
+        ..config
+    })
+}
+
+/// The random sequences with rate windows reach every way a window refuses, gives a charge
+/// back and corrects it.
+#[test]
+fn random_rate_sequences_reach_the_rate_cases() {
+    assert_reached((rate_config(), vec(op(), 1..=60)), 200, &EVERY_RATE_CASE);
+}
+
+const EVERY_RATE_CASE: [&str; 14] = [
+    "clock advanced",
+    "queued with a rate charge",
+    "rate charge given back",
+    "rate charge given back: refused now",
+    "rate charge given back: wait cancelled",
+    "rate charge given back: wait ended refused",
+    "rate usage charged beyond",
+    "rate usage given back",
+    "rate window partly spent",
+    "rate window spent",
+    "refused: rate_limit",
+    "refused: requests window",
+    "refused: tokens window",
+    "refused: tokens window, never fits",
+];
 
 const EVERY_CLASS_CASE: [&str; 35] = [
     "abandon refused: already abandoned",

@@ -2,19 +2,22 @@
 
 use std::sync::Once;
 
+use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits, RateWindow};
 use async_bulkhead_llm::{
     AcquireOptions, Limits, LlmBulkhead, LlmRequest, Priority, RejectReason, Rejection,
     Reservation, RunContext, Stats, TokenBudget, TokenUsage, admission::Admission,
     admission::AdmissionId, builder::ConfigError, classes::AbandonCause, classes::AdmissionClass,
     classes::AdmissionClasses, classes::ClassLimits, classes::ClassLimitsTable, classes::Resources,
-    dedup::Deduplication, events::Event, limits::MAX_BUDGET, limits::MAX_CONCURRENT,
-    limits::MAX_REVISION, observe::ShadowId, observe::ShadowReasons, rejection::CapacityDetail,
-    rejection::Constraint as CrateConstraint, rejection::SharedPool, request::RequestError,
+    dedup::Deduplication, events::Event, limits::LimitsError, limits::MAX_BUDGET,
+    limits::MAX_CONCURRENT, limits::MAX_REVISION, observe::ShadowId, observe::ShadowReasons,
+    rejection::CapacityDetail, rejection::Constraint as CrateConstraint, rejection::SharedPool,
+    request::RequestError,
 };
 
 use super::flights::{DedupKind, PANICKING_MODEL};
 use super::harness::{Call, Config, MAX_CHARS};
 use super::limits::check_class;
+use super::rate::{Rate, WindowRefusal};
 use super::values::{
     Borrowed, CLASS_IDS, Cause, ClassCaps, ClassDetail, ClassStats, ClassTable, ClassTokenDetail,
     ClassesStats, Constraint, Detail, MAX_CLASSES, MODEL_NAME, ModelBypass, ModelLimits,
@@ -72,12 +75,19 @@ pub(crate) const NOT_OURS: usize = usize::MAX;
 /// must refuse in its documented order (crate config.rs `build`; classes design §U6.1), then
 /// the clamped global values with the raw classes, then everything repaired. Answers the
 /// bulkhead, its limits, its default class, and whether the builder refused the classes.
-pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>, bool) {
+pub(crate) fn build(
+    config: &Config,
+    clock: &ManualClock,
+) -> (LlmBulkhead, ModelLimits, Option<usize>, bool) {
     let classes = config
         .classes
         .as_ref()
         .map(|c| (c.default, &c.caps[..c.caps.len().min(MAX_CLASSES)]));
-    let builder = |max_concurrent: u32, initial_revision, budget: Option<(u64, u64)>, classes| {
+    let builder = |max_concurrent: u32,
+                   initial_revision,
+                   budget: Option<(u64, u64)>,
+                   classes,
+                   rate: Option<Rate>| {
         let mut builder = LlmBulkhead::builder(MODEL_NAME, max_concurrent as usize)
             .max_queue(config.max_queue as usize)
             .initial_revision(initial_revision);
@@ -86,6 +96,11 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         }
         if let Some((default, caps)) = classes {
             builder = builder.admission_classes(admission_classes(default, caps));
+        }
+        if let Some(rate) = rate {
+            builder = builder
+                .rate_limits(rate_limits(rate))
+                .rate_clock(RateClock::manual(clock));
         }
         match config.dedup {
             None => {}
@@ -128,18 +143,30 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
             (budget, reserve.min(budget))
         }),
         classes: None,
+        // A tokens window needs a token budget (crate engine/limits.rs `validate_rate`, after
+        // the global values, before the classes): without one, the tokens window is dropped.
+        rate: config.rate.and_then(|rate| {
+            let tokens = rate.tokens.filter(|_| config.budget.is_some());
+            (rate.requests.is_some() || tokens.is_some()).then_some(Rate { tokens, ..rate })
+        }),
     };
+    let rate_error = config
+        .rate
+        .filter(|rate| rate.tokens.is_some() && config.budget.is_none())
+        .map(|_| ConfigError::RateLimits(LimitsError::RateTokensNeedBudget));
     let budget = limits.budget.map(|(budget, _)| budget);
     let raw = builder(
         config.max_concurrent,
         config.initial_revision,
         config.budget,
         classes,
+        config.rate,
     );
     let class_error = classes.and_then(|(_, caps)| class_config_error(caps, limits, budget));
+    let later_error = rate_error.or(class_error.clone());
     assert_eq!(
         raw.as_ref().err(),
-        global.as_ref().or(class_error.as_ref()),
+        global.as_ref().or(later_error.as_ref()),
         "the builder's verdict on {config:?}"
     );
     if global.is_some() {
@@ -148,11 +175,12 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
             limits.revision,
             limits.budget,
             classes,
+            config.rate,
         );
         assert_eq!(
             clamped.as_ref().err(),
-            class_error.as_ref(),
-            "the builder's verdict on the classes of {config:?}"
+            later_error.as_ref(),
+            "the builder's verdict on the classes and rate limits of {config:?}"
         );
     }
     let repaired = classes.map(|(default, caps)| {
@@ -160,12 +188,13 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         (default % caps.len(), caps)
     });
     let bulkhead = match raw {
-        Ok(bulkhead) if class_error.is_none() => bulkhead,
+        Ok(bulkhead) if later_error.is_none() => bulkhead,
         _ => builder(
             limits.max_concurrent,
             limits.revision,
             limits.budget,
             repaired.as_ref().map(|(d, caps)| (*d, &caps[..])),
+            limits.rate,
         )
         .expect("a clamped and repaired configuration builds"),
     };
@@ -299,6 +328,27 @@ pub(crate) fn class_index(class: AdmissionClass, handles: &[AdmissionClass]) -> 
     }
 }
 
+/// The crate's rate limits of the model's.
+pub(crate) fn rate_limits(rate: Rate) -> RateLimits {
+    let mut limits = RateLimits::new(std::time::Duration::from_nanos(rate.window_ns));
+    if let Some(requests) = rate.requests {
+        limits = limits.requests(requests);
+    }
+    if let Some(tokens) = rate.tokens {
+        limits = limits.tokens(tokens);
+    }
+    limits
+}
+
+/// The model's rate limits of the crate's.
+pub(crate) fn rate_of(rate: &RateLimits) -> Rate {
+    Rate {
+        window_ns: u64::try_from(rate.window.as_nanos()).expect("a window in range"),
+        requests: rate.requests,
+        tokens: rate.tokens,
+    }
+}
+
 pub(crate) fn reason_of(reason: RejectReason) -> Reason {
     match reason {
         RejectReason::Shutdown => Reason::Shutdown,
@@ -307,6 +357,7 @@ pub(crate) fn reason_of(reason: RejectReason) -> Reason {
         RejectReason::QueueLimit => Reason::QueueLimit,
         RejectReason::Timeout => Reason::Timeout,
         RejectReason::Aborted => Reason::Aborted,
+        RejectReason::RateLimit => Reason::RateLimit,
         other => panic!("a reason the model does not know: {other:?}"),
     }
 }
@@ -329,6 +380,7 @@ pub(crate) fn limits_of(limits: &Limits) -> ModelLimits {
                 .collect();
             ClassTable::new(&entries[..entries.len().min(MAX_CLASSES)])
         }),
+        rate: limits.rate.as_ref().map(rate_of),
     }
 }
 
@@ -346,6 +398,9 @@ pub(crate) fn limits_from(limits: &Snapshot) -> Limits {
                     table.with(*id, class_limits(caps))
                 }),
         );
+    }
+    if let Some(rate) = limits.rate {
+        next = next.with_rate(rate_limits(rate));
     }
     next
 }
@@ -416,7 +471,32 @@ pub(crate) fn refused_of(rejection: &Rejection, handles: &[AdmissionClass]) -> R
     let refused = Refused {
         reason: reason_of(rejection.reason()),
         detail: detail_of(rejection.detail(), handles),
+        rate: rejection.rate_window().map(|window| WindowRefusal {
+            tokens: match window {
+                RateWindow::Requests => false,
+                RateWindow::Tokens => true,
+                other => {
+                    panic!("a class window refused a call of a bulkhead without them: {other:?}")
+                }
+            },
+            retry_after_ms: rejection.retry_after().map(|wait| {
+                let ms = wait.as_millis();
+                assert_eq!(
+                    wait,
+                    std::time::Duration::from_millis(ms as u64),
+                    "whole milliseconds"
+                );
+                ms as u64
+            }),
+        }),
     };
+    assert_eq!(
+        rejection.retry_after().is_some(),
+        refused
+            .rate
+            .is_some_and(|rate| rate.retry_after_ms.is_some()),
+        "a retry-after only for a rate refusal that may fit"
+    );
     assert_eq!(
         rejection.limit_revision(),
         refused.detail.limit_revision,
@@ -691,6 +771,7 @@ pub(crate) fn observe(event: &Event<'_>, handles: &[AdmissionClass]) -> Observed
             refused: Refused {
                 reason: reason_of(e.reason),
                 detail: detail_of(&e.detail, handles),
+                rate: None,
             },
         },
         Event::Usage(e) => Observed::Usage {

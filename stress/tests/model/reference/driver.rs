@@ -9,6 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::futures::{Acquire, AcquireOwned, Drain};
+use async_bulkhead_llm::rate::{ManualClock, WindowStatus};
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Permit, RejectReason,
     TokenUsage, admission::Admission, admission::AdmissionId, admission::Verdict,
@@ -23,6 +24,7 @@ use super::convert::{
 };
 use super::flights::SharedScript;
 use super::harness::{Call, Config, Op};
+use super::rate::{CLOCK_START_NS, Status};
 use super::runs::LiveRun;
 use super::shared::SharedCalls;
 use super::state::Model;
@@ -137,6 +139,8 @@ pub(crate) struct Driver<'b> {
     step: usize,
     /// The operation being checked, for messages.
     op: String,
+    /// The rate windows' clock (`RateClock::manual`), moved by `Op::Advance`.
+    clock: ManualClock,
 }
 
 impl<'b> Driver<'b> {
@@ -145,17 +149,18 @@ impl<'b> Driver<'b> {
         limits: ModelLimits,
         default_class: Option<usize>,
         config: Config,
+        clock: ManualClock,
     ) -> Driver<'b> {
-        // The model counts refusals by `reason as usize`, in the crate's order (it has no rate
-        // windows: `rate_limit`, the last reason, is never its bulkheads' refusal).
+        // The model counts refusals by `reason as usize`, in the crate's order.
         assert_eq!(
             RejectReason::ALL
                 .iter()
-                .filter(|&&r| r != RejectReason::RateLimit)
                 .map(|&r| reason_of(r))
                 .collect::<Vec<_>>(),
             REASONS
         );
+        // The manual clock starts where the crate's docs say (a day past the origin).
+        assert_eq!(clock.now(), Duration::from_nanos(CLOCK_START_NS));
         // Another bulkhead's classes: other ids (a handle names an id at a position, so the
         // same ids at the same positions would be the same classes, design §U6.2).
         let foreign = LlmBulkhead::builder("other", 1)
@@ -183,6 +188,7 @@ impl<'b> Driver<'b> {
             ids: HashSet::new(),
             step: 0,
             op: "building the bulkhead".into(),
+            clock,
         };
         driver.check_handles(default_class);
         driver
@@ -203,7 +209,31 @@ impl<'b> Driver<'b> {
     pub(crate) fn apply(&mut self, op: Op) {
         self.step += 1;
         self.op = format!("{op:?}");
+        if self.config.rate.is_some()
+            && matches!(
+                op,
+                Op::Run { .. }
+                    | Op::RunReport { .. }
+                    | Op::RunAbandon { .. }
+                    | Op::RunFinish { .. }
+                    | Op::DropRun { .. }
+                    | Op::Shared { .. }
+                    | Op::SharedStep { .. }
+                    | Op::DropShared { .. }
+                    | Op::PollShared { .. }
+            )
+        {
+            panic!("the model does not cover `run` nor `run_shared` with rate windows: {op:?}");
+        }
         match op {
+            Op::Advance { by } => {
+                // The model's clock moves with the crate's (crate rate.rs `ManualClock`).
+                self.clock.advance(by);
+                self.model.now_ns += u64::try_from(by.as_nanos()).expect("a short advance");
+                if self.model.windows.is_some() {
+                    self.model.note("clock advanced");
+                }
+            }
             Op::TryAcquire { owned, call } => self.try_acquire(owned, &call),
             Op::Acquire {
                 owned,
@@ -282,6 +312,8 @@ impl<'b> Driver<'b> {
                     max_queue,
                     budget: (self.model.has_budget != flip_budget).then_some((budget, reserve)),
                     classes: self.class_part(class_shape, class_order, &classes),
+                    // The rate windows in force are kept.
+                    rate: self.model.limits.rate,
                 };
                 let real = self
                     .bulkhead
@@ -792,6 +824,7 @@ impl<'b> Driver<'b> {
             limits_of(&self.bulkhead.limits()),
             self.model.limits,
         );
+        self.check_rate_status();
         let mut events = std::mem::take(&mut *self.recorded.lock().expect("the recorder"));
         for event in &mut events {
             if let Observed::Bypass { shadow, .. }
@@ -817,6 +850,39 @@ impl<'b> Driver<'b> {
         }
         self.check_runs();
         self.check_shared();
+    }
+
+    /// `rate_status()` field by field against the model's windows (crate rate.rs
+    /// `Words::status`: remaining = limit - min(limit, tat - now) in ticks, reset = when tick
+    /// `tat` starts, from now); `None` without windows.
+    fn check_rate_status(&mut self) {
+        let real = self.bulkhead.rate_status().map(|status| {
+            let window = |w: Option<WindowStatus>| {
+                w.map(|w| Status {
+                    limit: w.limit,
+                    remaining: w.remaining,
+                    reset_ns: u64::try_from(w.reset.as_nanos()).expect("a short reset"),
+                })
+            };
+            (window(status.requests), window(status.tokens))
+        });
+        let model = self
+            .model
+            .windows
+            .map(|windows| windows.status(self.model.now_ns));
+        if let Some((requests, tokens)) = model {
+            if requests.is_some_and(|s| s.remaining < s.limit)
+                || tokens.is_some_and(|s| s.remaining < s.limit)
+            {
+                self.model.note("rate window partly spent");
+            }
+            if requests.is_some_and(|s| s.remaining == 0)
+                || tokens.is_some_and(|s| s.remaining == 0)
+            {
+                self.model.note("rate window spent");
+            }
+        }
+        self.agree("rate_status()", real, model);
     }
 
     /// Cancels every waiter, drops every permit (oldest first), and checks the end

@@ -145,6 +145,7 @@ impl Model {
             max_queue: next.max_queue,
             budget: next.budget,
             classes,
+            rate: next.rate,
         })
     }
 

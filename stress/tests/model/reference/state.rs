@@ -8,6 +8,7 @@ use async_bulkhead_llm::{classes::AdmissionClass, limits::LimitsError};
 
 use super::flights::{DedupKind, Flights};
 use super::harness::{Call, MAX_CHARS};
+use super::rate::{CLOCK_START_NS, Windows};
 use super::values::{
     Ask, Borrowed, ClassCaps, ClassDetail, ClassTokenDetail, Constraint, DEFAULT_OUTPUT_CAP,
     Detail, ModelLimits, ModelPermit, ModelWaiter, ObserveFigures, Observed, Pool, Reason, Refusal,
@@ -36,7 +37,7 @@ pub(crate) struct ClassState {
     pub(crate) released: u64,
     /// By cause, in `Cause` order.
     pub(crate) abandoned: [u64; 2],
-    pub(crate) rejected: [u64; 6],
+    pub(crate) rejected: [u64; 7],
     pub(crate) reserved: u128,
     pub(crate) consumed: u128,
     pub(crate) refunded: u128,
@@ -70,7 +71,7 @@ pub(crate) struct Model {
     pub(crate) next_key: u64,
     pub(crate) admitted: u64,
     pub(crate) released: u64,
-    pub(crate) rejected: [u64; 6],
+    pub(crate) rejected: [u64; 7],
     // Exact cumulative token totals; `stats()` saturates them like the crate.
     pub(crate) reserved: u128,
     pub(crate) consumed: u128,
@@ -99,6 +100,10 @@ pub(crate) struct Model {
     pub(crate) observe: ObserveFigures,
     /// The number the next bypass gets.
     pub(crate) next_shadow: u128,
+    /// The rate windows, iff the bulkhead was built with rate limits (crate rate.rs).
+    pub(crate) windows: Option<Windows>,
+    /// The manual clock's time, nanoseconds (moved by `Op::Advance` with the harness's clock).
+    pub(crate) now_ns: u64,
 }
 
 impl Model {
@@ -122,7 +127,7 @@ impl Model {
             next_key: 0,
             admitted: 0,
             released: 0,
-            rejected: [0; 6],
+            rejected: [0; 7],
             reserved: 0,
             consumed: 0,
             refunded: 0,
@@ -142,6 +147,8 @@ impl Model {
             },
             observe: ObserveFigures::default(),
             next_shadow: 0,
+            windows: limits.rate.map(Windows::new),
+            now_ns: CLOCK_START_NS,
         }
     }
 
@@ -521,6 +528,7 @@ impl Model {
         Refused {
             reason,
             detail: self.detail(ask, constraint),
+            rate: None,
         }
     }
 
@@ -531,6 +539,11 @@ impl Model {
     pub(crate) fn announce_reject(&mut self, class: Option<usize>, refused: Refused) {
         self.last_refused = Some((class, refused));
         if self.listening {
+            // A reject event carries no window nor retry-after of its own.
+            let refused = Refused {
+                rate: None,
+                ..refused
+            };
             self.events.push(Observed::Reject { class, refused });
         }
     }
