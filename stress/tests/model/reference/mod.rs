@@ -139,6 +139,8 @@ pub use flights::DedupKind;
 pub use harness::{Call, Classes, Config, Harness, MAX_CHARS, Op, Step};
 #[allow(unused_imports)]
 pub use rate::Rate;
+#[allow(unused_imports)]
+pub(crate) use rate::Status;
 pub use values::ClassCaps;
 #[allow(unused_imports)]
 pub(crate) use values::{Constraint, Pool, Reason, Refused};
