@@ -64,6 +64,24 @@ pub(crate) fn rate() -> impl Strategy<Value = Rate> {
         })
 }
 
+/// Rate limits, sometimes ones the builder and `apply_limits` refuse (a window out of range,
+/// no limit, a zero limit, more than a unit per nanosecond).
+pub(crate) fn any_rate() -> impl Strategy<Value = Rate> {
+    prop_oneof![
+        12 => rate(),
+        1 => (rate(), 0..8u8).prop_map(|(rate, how)| match how {
+            0 => Rate { window_ns: 0, ..rate },
+            1 => Rate { window_ns: 999_999, ..rate },
+            2 => Rate { window_ns: 86_400_000_000_001, ..rate },
+            3 => Rate { requests: Some(0), ..rate },
+            4 => Rate { tokens: Some(0), ..rate },
+            5 => Rate { requests: None, tokens: None, ..rate },
+            6 => Rate { window_ns: 1_000_000, requests: Some(1_000_001), ..rate },
+            _ => Rate { window_ns: 86_400_000_000_000, ..rate },
+        }),
+    ]
+}
+
 /// A move of the rate windows' clock: within a window mostly, sometimes whole milliseconds.
 pub(crate) fn advance() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -73,6 +91,28 @@ pub(crate) fn advance() -> impl Strategy<Value = Op> {
     .prop_map(|ns| Op::Advance {
         by: Duration::from_nanos(ns),
     })
+}
+
+/// A small bulkhead with a queue and a budget (and sometimes rate windows).
+fn busy_config() -> impl Strategy<Value = Config> {
+    (
+        1..=2u32,
+        1..=4u32,
+        500..3000u64,
+        prop_oneof![Just(0u64), 0..500u64],
+        prop::option::weighted(0.3, any_rate()),
+    )
+        .prop_map(
+            |(max_concurrent, max_queue, budget, reserve, rate)| Config {
+                max_concurrent,
+                max_queue,
+                budget: Some((budget, reserve)),
+                initial_revision: 0,
+                classes: None,
+                dedup: None,
+                rate,
+            },
+        )
 }
 
 fn any_config() -> impl Strategy<Value = Config> {
@@ -89,7 +129,7 @@ fn any_config() -> impl Strategy<Value = Config> {
             1 => (MAX_REVISION - 2)..=MAX_REVISION,
             1 => prop_oneof![Just(MAX_REVISION + 1), Just(u64::MAX)],
         ],
-        prop::option::weighted(0.25, rate()),
+        prop::option::weighted(0.25, any_rate()),
     )
         .prop_map(
             |(max_concurrent, max_queue, budget, initial_revision, rate)| Config {
@@ -217,6 +257,11 @@ pub(crate) fn op_using<C: Strategy<Value = Call> + 'static>(
         2 => any::<bool>().prop_map(|zero_timeout| Op::Drain { zero_timeout }),
         1 => prop::bool::weighted(0.7).prop_map(|on| Op::Listen { on }),
         3 => advance(),
+        1 => (
+            prop_oneof![8 => Just(1i64), 1 => Just(0i64)],
+            prop::option::weighted(0.9, any_rate()),
+        )
+            .prop_map(|(revision_delta, rate)| Op::ApplyRate { revision_delta, rate }),
     ]
 }
 
@@ -582,22 +627,9 @@ proptest! {
     /// the head's turn are frequent.
     #[test]
     fn the_crate_agrees_with_the_model_on_a_busy_queue(
-        max_concurrent in 1..=2u32,
-        max_queue in 1..=4u32,
-        budget in 500..3000u64,
-        reserve in prop_oneof![Just(0u64), 0..500u64],
-        rate in prop::option::weighted(0.3, rate()),
+        config in busy_config(),
         ops in vec(op(), 20..=60),
     ) {
-        let config = Config {
-            max_concurrent,
-            max_queue,
-            budget: Some((budget, reserve)),
-            initial_revision: 0,
-            classes: None,
-            dedup: None,
-            rate,
-        };
         run(config, &ops);
     }
 }
@@ -658,10 +690,15 @@ pub(crate) fn assert_reached(
     );
 }
 
-/// The random sequences above do reach every situation the scenarios below pin.
+/// The random sequences of the two families above do reach every situation the scenarios
+/// pin.
 #[test]
 fn random_sequences_reach_the_interesting_cases() {
-    assert_reached((any_config(), vec(op(), 1..=60)), 300, &EVERY_CASE);
+    let strategy = prop_oneof![
+        1 => (any_config(), vec(op(), 1..=60)),
+        1 => (busy_config(), vec(op(), 20..=60)),
+    ];
+    assert_reached(strategy, 300, &EVERY_CASE);
 }
 
 /// The random class sequences reach every class reason and every way of abandoning.
@@ -676,7 +713,7 @@ fn random_class_sequences_reach_the_class_cases() {
 
 /// Configurations that always have rate windows.
 fn rate_config() -> impl Strategy<Value = Config> {
-    (any_config(), rate()).prop_map(|(config, rate)| Config {
+    (any_config(), any_rate()).prop_map(|(config, rate)| Config {
         rate: Some(rate),
         ..config
     })
@@ -689,8 +726,11 @@ fn random_rate_sequences_reach_the_rate_cases() {
     assert_reached((rate_config(), vec(op(), 1..=60)), 200, &EVERY_RATE_CASE);
 }
 
-const EVERY_RATE_CASE: [&str; 14] = [
+const EVERY_RATE_CASE: [&str; 17] = [
     "clock advanced",
+    "rate limits changed",
+    "rate limits changed with units charged",
+    "rate limits refused",
     "queued with a rate charge",
     "rate charge given back",
     "rate charge given back: refused now",

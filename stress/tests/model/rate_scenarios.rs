@@ -212,3 +212,48 @@ fn the_tokens_charge_follows_the_usage() {
     assert_eq!(tally.get("rate usage given back"), Some(&1));
     assert_eq!(tally.get("rate usage charged beyond"), Some(&1));
 }
+
+#[test]
+fn new_rate_limits_keep_what_is_charged_and_refusals_change_nothing() {
+    let requests = |n| Rate {
+        window_ns: SECOND,
+        requests: Some(n),
+        tokens: None,
+    };
+    let apply = |rate| Op::ApplyRate {
+        revision_delta: 1,
+        rate,
+    };
+    let mut h = Harness::new(config(8, 0, None, requests(4)));
+    for _ in 0..3 {
+        h.apply(&try_acquire(ask(1, 1)));
+    }
+    assert_eq!(windows(&mut h).0, Some((4, 1, 3 * SECOND / 4)));
+    // Lowered to 2: the 3 charged stay charged, at most the new limit (crate rate.rs
+    // `Words::rescale`).
+    h.apply(&apply(Some(requests(2))));
+    assert_eq!(windows(&mut h).0, Some((2, 0, SECOND)));
+    // Raised to 10, in a window of 2 s: the 2 still charged are there, the new room at once.
+    h.apply(&apply(Some(Rate {
+        window_ns: 2 * SECOND,
+        ..requests(10)
+    })));
+    assert_eq!(windows(&mut h).0, Some((10, 8, 2 * SECOND / 5)));
+    // Refused (no limit; none at all; a tokens window without a budget; a window too short):
+    // nothing changes.
+    h.apply(&apply(Some(requests(0))));
+    h.apply(&apply(None));
+    h.apply(&apply(Some(Rate {
+        tokens: Some(100),
+        ..requests(3)
+    })));
+    h.apply(&apply(Some(Rate {
+        window_ns: 999_999,
+        ..requests(3)
+    })));
+    assert_eq!(windows(&mut h).0, Some((10, 8, 2 * SECOND / 5)));
+    assert_eq!(h.inspect(|m| m.limits.revision), 2);
+    let tally = h.finish_with_tally();
+    assert_eq!(tally.get("rate limits refused"), Some(&4));
+    assert_eq!(tally.get("rate limits changed"), Some(&2));
+}

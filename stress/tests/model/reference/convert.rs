@@ -8,16 +8,15 @@ use async_bulkhead_llm::{
     Reservation, RunContext, Stats, TokenBudget, TokenUsage, admission::Admission,
     admission::AdmissionId, builder::ConfigError, classes::AbandonCause, classes::AdmissionClass,
     classes::AdmissionClasses, classes::ClassLimits, classes::ClassLimitsTable, classes::Resources,
-    dedup::Deduplication, events::Event, limits::LimitsError, limits::MAX_BUDGET,
-    limits::MAX_CONCURRENT, limits::MAX_REVISION, observe::ShadowId, observe::ShadowReasons,
-    rejection::CapacityDetail, rejection::Constraint as CrateConstraint, rejection::SharedPool,
-    request::RequestError,
+    dedup::Deduplication, events::Event, limits::MAX_BUDGET, limits::MAX_CONCURRENT,
+    limits::MAX_REVISION, observe::ShadowId, observe::ShadowReasons, rejection::CapacityDetail,
+    rejection::Constraint as CrateConstraint, rejection::SharedPool, request::RequestError,
 };
 
 use super::flights::{DedupKind, PANICKING_MODEL};
 use super::harness::{Call, Config, MAX_CHARS};
 use super::limits::check_class;
-use super::rate::{Rate, WindowRefusal};
+use super::rate::{Rate, WindowRefusal, check_rate, repair_rate};
 use super::values::{
     Borrowed, CLASS_IDS, Cause, ClassCaps, ClassDetail, ClassStats, ClassTable, ClassTokenDetail,
     ClassesStats, Constraint, Detail, MAX_CLASSES, MODEL_NAME, ModelBypass, ModelLimits,
@@ -143,17 +142,16 @@ pub(crate) fn build(
             (budget, reserve.min(budget))
         }),
         classes: None,
-        // A tokens window needs a token budget (crate engine/limits.rs `validate_rate`, after
-        // the global values, before the classes): without one, the tokens window is dropped.
-        rate: config.rate.and_then(|rate| {
-            let tokens = rate.tokens.filter(|_| config.budget.is_some());
-            (rate.requests.is_some() || tokens.is_some()).then_some(Rate { tokens, ..rate })
-        }),
+        // Rate limits are checked after the global values, before the classes (crate
+        // builder.rs `build`, engine/limits.rs `validate_rate`); refused ones are repaired.
+        rate: config
+            .rate
+            .and_then(|rate| repair_rate(rate, config.budget.is_some())),
     };
     let rate_error = config
         .rate
-        .filter(|rate| rate.tokens.is_some() && config.budget.is_none())
-        .map(|_| ConfigError::RateLimits(LimitsError::RateTokensNeedBudget));
+        .and_then(|rate| check_rate(rate, config.budget.is_some()).err())
+        .map(ConfigError::RateLimits);
     let budget = limits.budget.map(|(budget, _)| budget);
     let raw = builder(
         config.max_concurrent,

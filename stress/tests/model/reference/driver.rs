@@ -315,21 +315,38 @@ impl<'b> Driver<'b> {
                     // The rate windows in force are kept.
                     rate: self.model.limits.rate,
                 };
-                let real = self
-                    .bulkhead
-                    .apply_limits(limits_from(&next))
-                    .map(|outcome| match outcome {
-                        ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
-                            previous: limits_of(&previous),
-                            current: limits_of(&current),
-                        },
-                        ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
-                            current: limits_of(&current),
-                        },
-                        other => panic!("an outcome the model does not know: {other:?}"),
-                    });
-                let model = self.model.apply_limits(&next);
-                self.agree("apply_limits", real, model);
+                self.apply_snapshot(&next);
+            }
+            Op::ApplyRate {
+                revision_delta,
+                rate,
+            } => {
+                // The limits in force with other rate limits (or none).
+                let limits = self.model.limits;
+                let next = Snapshot {
+                    revision: (i128::from(limits.revision) + i128::from(revision_delta))
+                        .clamp(0, i128::from(u64::MAX)) as u64,
+                    max_concurrent: limits.max_concurrent,
+                    max_queue: limits.max_queue,
+                    budget: limits.budget,
+                    classes: self.class_part(0, 0, &Default::default()),
+                    rate,
+                };
+                // Units charged and not yet drained, in either window.
+                let charged = self.model.windows.is_some_and(|w| {
+                    let (requests, tokens) = w.status(self.model.now_ns);
+                    [requests, tokens]
+                        .into_iter()
+                        .flatten()
+                        .any(|s| s.remaining < s.limit)
+                });
+                self.apply_snapshot(&next);
+                if self.model.limits.rate != limits.rate {
+                    self.model.note("rate limits changed");
+                    if charged {
+                        self.model.note("rate limits changed with units charged");
+                    }
+                }
             }
             Op::SetBudget { tokens } => {
                 let real = self.bulkhead.set_budget(tokens).map(|l| limits_of(&l));
@@ -411,6 +428,25 @@ impl<'b> Driver<'b> {
             self.poll_all();
             self.check_all();
         }
+    }
+
+    /// `apply_limits(next)` on the crate and the model.
+    fn apply_snapshot(&mut self, next: &Snapshot) {
+        let real = self
+            .bulkhead
+            .apply_limits(limits_from(next))
+            .map(|outcome| match outcome {
+                ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
+                    previous: limits_of(&previous),
+                    current: limits_of(&current),
+                },
+                ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
+                    current: limits_of(&current),
+                },
+                other => panic!("an outcome the model does not know: {other:?}"),
+            });
+        let model = self.model.apply_limits(next);
+        self.agree("apply_limits", real, model);
     }
 
     /// A permit the crate granted, checked against the model's, and kept.

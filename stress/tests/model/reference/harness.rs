@@ -141,6 +141,12 @@ pub enum Op {
         class_order: u8,
         classes: [ClassCaps; 4],
     },
+    /// `apply_limits` of the limits in force at `current revision + revision_delta` (clamped
+    /// as for [`Op::ApplyLimits`]) with `rate` as the rate limits (none: without any).
+    ApplyRate {
+        revision_delta: i64,
+        rate: Option<Rate>,
+    },
     /// `set_budget`.
     SetBudget { tokens: u64 },
     /// `close`.

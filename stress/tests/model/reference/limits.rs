@@ -6,6 +6,7 @@ use async_bulkhead_llm::{
     limits::MAX_CONCURRENT, limits::MAX_REVISION,
 };
 
+use super::rate::check_rate;
 use super::state::Model;
 use super::values::{ClassCaps, ClassTable, LimitsOutcome, ModelLimits, Snapshot};
 
@@ -61,6 +62,15 @@ impl Model {
                     LimitsError::ProtectedTokensSumTooLarge { .. } => {
                         "class limits refused: token floor sum"
                     }
+                    LimitsError::RateLimitsRequired
+                    | LimitsError::RateLimitsNotConfigured
+                    | LimitsError::RateWindowOutOfRange { .. }
+                    | LimitsError::RateLimitsEmpty
+                    | LimitsError::RateTokensNeedBudget
+                    | LimitsError::RateLimitTooHigh { .. } => {
+                        self.note("rate limits refused");
+                        ""
+                    }
                     _ => "",
                 };
                 if !class_error.is_empty() {
@@ -102,6 +112,14 @@ impl Model {
                 });
             }
             _ => {}
+        }
+        // Rate limits after the budget, before the classes (crate engine/limits.rs `validate`):
+        // required iff the bulkhead was built with them, and valid.
+        match (self.windows.is_some(), next.rate) {
+            (true, None) => return Err(LimitsError::RateLimitsRequired),
+            (false, Some(_)) => return Err(LimitsError::RateLimitsNotConfigured),
+            (_, Some(rate)) => check_rate(rate, self.has_budget)?,
+            (false, None) => {}
         }
         let classes = match (self.limits.classes, &next.classes) {
             (None, None) => None,

@@ -33,12 +33,17 @@
 //! tokens window refuses after the requests window charged; the tokens charge corrected at
 //! settlement to the usage, and charged beyond the reservation as reports arrive; a permit
 //! dropped without usage keeping its charge; `rate_status()` field by field and `limits().rate`
-//! after every step; `apply_limits` and `set_budget` keeping the windows in force (each `tat`
-//! rescaled to the same limits). Not covered: class windows (`ClassLimits::rate`), changing the
-//! rate limits with `apply_limits` (and the `LimitsError::Rate*` refusals), the other builder
-//! refusals of rate limits (window out of range, empty, a limit above one per nanosecond), the
-//! other clocks, and windows with `run`, `run_shared` or observe mode (the driver refuses
-//! those operations on a bulkhead with windows rather than check them wrongly).
+//! after every step; the builder's refusals of rate limits (`ConfigError::RateLimits`, in
+//! their order, then built repaired); `apply_limits` with other rate limits (`Op::ApplyRate`:
+//! the units charged and not yet drained stay charged, at most the new limit, in the new
+//! ticks; a window added or removed starts empty) or none, and its `LimitsError::Rate*`
+//! refusals, which change nothing; `apply_limits` and `set_budget` keeping the windows in force.
+//! The crate caps `retry_after` at 28 bits of milliseconds (about 3.1 days): reachable only
+//! through usage charged far beyond a window's limit; the model mirrors the cap (see
+//! `rate.rs`). Not covered: class windows (`ClassLimits::rate`, `class_rate_status`), the
+//! system, precise and tokio clocks, a decision racing `apply_limits`, and windows with `run`,
+//! `run_shared` or observe mode (the driver refuses those operations on a bulkhead with
+//! windows rather than check them wrongly).
 //!
 //! # What the harness checks
 //!

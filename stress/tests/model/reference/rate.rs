@@ -15,6 +15,10 @@
 //! start of the current tick); since the crate's docs specify ticks, the model follows them,
 //! and the clock is moved by arbitrary amounts (not only whole ticks), so the floor is tested.
 
+use std::time::Duration;
+
+use async_bulkhead_llm::limits::LimitsError;
+
 use super::state::Model;
 use super::values::{Ask, Reason, Refused};
 
@@ -32,6 +36,50 @@ pub struct Rate {
     pub window_ns: u64,
     pub requests: Option<u64>,
     pub tokens: Option<u64>,
+}
+
+/// The shortest and the longest window (crate engine/limits.rs: "a window of 1 ms to 1 day").
+const MIN_WINDOW_NS: u64 = 1_000_000;
+const MAX_WINDOW_NS: u64 = 86_400 * 1_000_000_000;
+
+/// Checks rate limits (crate engine/limits.rs `validate_rate`: "a window of 1 ms to 1 day, at
+/// least one limit, each at least 1, a tokens window only with a token budget"; error.rs
+/// `RateLimitTooHigh`: "at most one unit per nanosecond of its window"), in that order.
+pub(crate) fn check_rate(rate: Rate, has_budget: bool) -> Result<(), LimitsError> {
+    let window = Duration::from_nanos(rate.window_ns);
+    if !(MIN_WINDOW_NS..=MAX_WINDOW_NS).contains(&rate.window_ns) {
+        return Err(LimitsError::RateWindowOutOfRange { window });
+    }
+    if rate.requests.is_none() && rate.tokens.is_none()
+        || rate.requests == Some(0)
+        || rate.tokens == Some(0)
+    {
+        return Err(LimitsError::RateLimitsEmpty);
+    }
+    if rate.tokens.is_some() && !has_budget {
+        return Err(LimitsError::RateTokensNeedBudget);
+    }
+    for limit in [rate.requests, rate.tokens].into_iter().flatten() {
+        if limit > rate.window_ns {
+            return Err(LimitsError::RateLimitTooHigh { limit, window });
+        }
+    }
+    Ok(())
+}
+
+/// Rate limits the builder and `apply_limits` accept, made of `rate`: the window clamped into
+/// range, a zero limit dropped, the tokens window dropped without a budget, each limit at most
+/// one per nanosecond; none if no limit is left.
+pub(crate) fn repair_rate(rate: Rate, has_budget: bool) -> Option<Rate> {
+    let window_ns = rate.window_ns.clamp(MIN_WINDOW_NS, MAX_WINDOW_NS);
+    let limit = |limit: Option<u64>| limit.filter(|&l| l > 0).map(|l| l.min(window_ns));
+    let requests = limit(rate.requests);
+    let tokens = limit(rate.tokens).filter(|_| has_budget);
+    (requests.is_some() || tokens.is_some()).then_some(Rate {
+        window_ns,
+        requests,
+        tokens,
+    })
 }
 
 /// One window: its limit (0: not configured) and its `tat` in its ticks.
