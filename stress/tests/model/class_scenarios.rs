@@ -20,6 +20,7 @@ pub(crate) fn caps(
         max_concurrent: max,
         protected_tokens: token_floor,
         max_tokens,
+        rate: None,
     }
 }
 

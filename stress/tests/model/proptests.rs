@@ -291,6 +291,7 @@ fn class_caps() -> BoxedStrategy<ClassCaps> {
                 max_concurrent,
                 protected_tokens,
                 max_tokens,
+                rate: None,
             };
             match huge {
                 Some(0) => caps.protected_concurrent = Some(MAX_CONCURRENT + 1),
@@ -657,6 +658,119 @@ proptest! {
         run(config, &ops);
     }
 }
+
+/// Classes with rate windows: the bulkhead's sometimes, each class's often (a class's own
+/// windows beside the bulkhead's, crate rate.rs).
+fn class_rate_config() -> BoxedStrategy<Config> {
+    (
+        class_config(),
+        prop::option::weighted(0.4, any_rate()),
+        [0; MAX_CLASS_RATES].map(|_| prop::option::weighted(0.6, any_rate())),
+    )
+        .prop_map(|(config, rate, rates)| {
+            let mut config = Config { rate, ..config };
+            if let Some(classes) = &mut config.classes {
+                for (caps, rate) in classes.caps.iter_mut().zip(rates) {
+                    caps.rate = rate;
+                }
+            }
+            config
+        })
+        .boxed()
+}
+
+/// As many classes as a configuration has at most.
+const MAX_CLASS_RATES: usize = 4;
+
+/// New class limits with rate windows of their own (or none), or other rate limits for the
+/// bulkhead.
+fn class_rate_limits_op() -> BoxedStrategy<Op> {
+    (
+        class_limits_op(),
+        [0; MAX_CLASS_RATES].map(|_| prop::option::weighted(0.6, any_rate())),
+    )
+        .prop_map(|(op, rates)| match op {
+            Op::ApplyLimits {
+                revision_delta,
+                max_concurrent,
+                max_queue,
+                flip_budget,
+                budget,
+                reserve,
+                class_shape,
+                class_order,
+                mut classes,
+            } => {
+                for (caps, rate) in classes.iter_mut().zip(rates) {
+                    caps.rate = rate;
+                }
+                Op::ApplyLimits {
+                    revision_delta,
+                    max_concurrent,
+                    max_queue,
+                    flip_budget,
+                    budget,
+                    reserve,
+                    class_shape,
+                    class_order,
+                    classes,
+                }
+            }
+            other => other,
+        })
+        .boxed()
+}
+
+/// The class operations without `run` (not modelled with windows), with the clock moving.
+fn class_rate_op() -> BoxedStrategy<Op> {
+    prop_oneof![
+        60 => op_using(class_call).boxed(),
+        6 => any::<u32>().prop_map(|permit| Op::Abandon { permit }),
+        4 => class_rate_limits_op(),
+        4 => advance().boxed(),
+    ]
+    .boxed()
+}
+
+/// Cases of the class family with rate windows.
+const CLASS_RATE_CASES: u32 = 300;
+
+proptest! {
+    #![proptest_config(proptest_config(CLASS_RATE_CASES))]
+
+    /// Admission classes with rate windows of their own and the bulkhead's.
+    #[test]
+    fn the_crate_agrees_with_the_model_with_class_windows(
+        config in class_rate_config(),
+        ops in vec(class_rate_op(), 1..=60),
+    ) {
+        run(config, &ops);
+    }
+}
+
+/// The random class sequences with windows reach every class window's refusal and
+/// correction.
+#[test]
+fn random_class_rate_sequences_reach_the_class_rate_cases() {
+    assert_reached(
+        (class_rate_config(), vec(class_rate_op(), 1..=60)),
+        150,
+        &EVERY_CLASS_RATE_CASE,
+    );
+}
+
+const EVERY_CLASS_RATE_CASE: [&str; 10] = [
+    "class limits refused: rate",
+    "class rate limits changed",
+    "class rate limits changed with units charged",
+    "class rate window spent",
+    "rate charge given back: refused now",
+    "rate usage corrected on a class window",
+    "refused: class requests window",
+    "refused: class tokens window",
+    "refused: requests window",
+    "refused: tokens window",
+];
 
 /// Cases of each class family.
 const CLASS_CASES: u32 = 2000;

@@ -40,14 +40,22 @@ fn windows(harness: &mut Harness) -> (Figures, Figures) {
     })
 }
 
-/// The last refusal announced: its reason, and for a window's, `(tokens window, retry after
+/// The last refusal announced: its reason, and for a window's, `(which window, retry after
 /// in ms)`.
-fn last_refusal(harness: &mut Harness) -> (Reason, Option<(bool, Option<u64>)>) {
+fn last_refusal(harness: &mut Harness) -> (Reason, Option<(&'static str, Option<u64>)>) {
     harness.inspect(|m| {
         let (_, refused) = m.last_refused.expect("a refusal");
+        let window = |class, tokens| match (class, tokens) {
+            (false, false) => "requests",
+            (false, true) => "tokens",
+            (true, false) => "class requests",
+            (true, true) => "class tokens",
+        };
         (
             refused.reason,
-            refused.rate.map(|r| (r.tokens, r.retry_after_ms)),
+            refused
+                .rate
+                .map(|r| (window(r.class, r.tokens), r.retry_after_ms)),
         )
     })
 }
@@ -74,13 +82,13 @@ fn a_burst_then_a_refusal_with_its_exact_retry_after() {
     // 334 ms as `retry_after` reports it.
     assert_eq!(
         last_refusal(&mut h),
-        (Reason::RateLimit, Some((false, Some(334))))
+        (Reason::RateLimit, Some(("requests", Some(334))))
     );
     h.apply(&advance(333));
     h.apply(&try_acquire(ask(1, 1)));
     assert_eq!(
         last_refusal(&mut h),
-        (Reason::RateLimit, Some((false, Some(1))))
+        (Reason::RateLimit, Some(("requests", Some(1))))
     );
     h.apply(&advance(1));
     h.apply(&try_acquire(ask(1, 1)));
@@ -116,14 +124,14 @@ fn a_refusal_by_the_word_or_the_tokens_window_gives_the_charge_back() {
     h.apply(&try_acquire(ask(0, 600)));
     assert_eq!(
         last_refusal(&mut h),
-        (Reason::RateLimit, Some((true, Some(100))))
+        (Reason::RateLimit, Some(("tokens", Some(100))))
     );
     assert_eq!(windows(&mut h).0, Some((3, 2, SECOND / 3 + 1)));
     // More than the whole limit never fits: no retry-after.
     h.apply(&try_acquire(ask(1, 1000)));
     assert_eq!(
         last_refusal(&mut h),
-        (Reason::RateLimit, Some((true, None)))
+        (Reason::RateLimit, Some(("tokens", None)))
     );
     assert_eq!(windows(&mut h).1.map(|w| w.1), Some(500));
     assert_eq!(rejected(&mut h), [0, 1, 0, 0, 0, 0, 2]);
@@ -256,4 +264,65 @@ fn new_rate_limits_keep_what_is_charged_and_refusals_change_nothing() {
     let tally = h.finish_with_tally();
     assert_eq!(tally.get("rate limits refused"), Some(&4));
     assert_eq!(tally.get("rate limits changed"), Some(&2));
+}
+
+#[test]
+fn a_class_window_refuses_and_gives_the_bulkheads_charge_back() {
+    use crate::reference::{ClassCaps, Classes};
+    // `premium` has a window of one request a second of its own; `standard` none; the
+    // bulkhead three a second.
+    let premium = ClassCaps {
+        rate: Some(Rate {
+            window_ns: SECOND,
+            requests: Some(1),
+            tokens: None,
+        }),
+        ..ClassCaps::default()
+    };
+    let mut config = config(
+        4,
+        0,
+        None,
+        Rate {
+            window_ns: SECOND,
+            requests: Some(3),
+            tokens: None,
+        },
+    );
+    config.classes = Some(Classes {
+        default: 1,
+        caps: vec![premium, ClassCaps::default()],
+    });
+    let of = |class, call| crate::reference::Call { class, ..call };
+    let remaining = |h: &mut Harness| {
+        h.inspect(|m| {
+            let left = |w: Option<(Option<crate::reference::Status>, _)>| {
+                w.and_then(|(requests, _)| requests).map(|s| s.remaining)
+            };
+            (
+                left(m.windows.and_then(|w| w.report(m.now_ns))),
+                left(m.class_windows[0].report(m.now_ns)),
+                m.class_windows[1].report(m.now_ns).is_none(),
+            )
+        })
+    };
+    let mut h = Harness::new(config);
+    h.apply(&try_acquire(of(1, ask(1, 1))));
+    assert_eq!(remaining(&mut h), (Some(2), Some(0), true));
+    // The class's window refuses: the bulkhead's charge goes back; the call counts against
+    // its class.
+    h.apply(&try_acquire(of(1, ask(1, 1))));
+    assert_eq!(
+        last_refusal(&mut h),
+        (Reason::RateLimit, Some(("class requests", Some(1000))))
+    );
+    assert_eq!(remaining(&mut h), (Some(2), Some(0), true));
+    assert_eq!(
+        h.inspect(|m| m.classes[0].rejected[Reason::RateLimit as usize]),
+        1
+    );
+    // The default class (`standard`) has no window of its own.
+    h.apply(&try_acquire(ask(1, 1)));
+    assert_eq!(remaining(&mut h), (Some(1), Some(0), true));
+    h.finish();
 }

@@ -96,10 +96,10 @@ pub(crate) fn build(
         if let Some((default, caps)) = classes {
             builder = builder.admission_classes(admission_classes(default, caps));
         }
+        // Every bulkhead reads the harness's clock (class windows too).
+        builder = builder.rate_clock(RateClock::manual(clock));
         if let Some(rate) = rate {
-            builder = builder
-                .rate_limits(rate_limits(rate))
-                .rate_clock(RateClock::manual(clock));
+            builder = builder.rate_limits(rate_limits(rate));
         }
         match config.dedup {
             None => {}
@@ -241,7 +241,7 @@ fn class_config_error(
         return Some(ConfigError::NoClasses);
     }
     for (i, caps) in caps.iter().enumerate() {
-        if let Err(error) = check_class(CLASS_IDS[i], caps, budget.is_some()) {
+        if let Err(error) = check_class(CLASS_IDS[i], caps, budget.is_some(), true) {
             return Some(ConfigError::Class(error));
         }
     }
@@ -282,6 +282,7 @@ fn repair(caps: &[ClassCaps], max_concurrent: u32, budget: Option<u64>) -> Vec<C
                 max_concurrent,
                 protected_tokens: token_floor.filter(|_| budget.is_some()),
                 max_tokens: max_tokens.filter(|_| budget.is_some()),
+                rate: c.rate.and_then(|rate| repair_rate(rate, budget.is_some())),
             }
         })
         .collect();
@@ -305,6 +306,7 @@ pub(crate) fn class_limits(caps: &ClassCaps) -> ClassLimits {
     limits.max_concurrent = caps.max_concurrent;
     limits.protected_in_flight_tokens = caps.protected_tokens;
     limits.max_in_flight_tokens = caps.max_tokens;
+    limits.rate = caps.rate.map(rate_limits);
     limits
 }
 
@@ -314,6 +316,7 @@ fn caps_of(limits: &ClassLimits) -> ClassCaps {
         max_concurrent: limits.max_concurrent,
         protected_tokens: limits.protected_in_flight_tokens,
         max_tokens: limits.max_in_flight_tokens,
+        rate: limits.rate.as_ref().map(rate_of),
     }
 }
 
@@ -470,13 +473,8 @@ pub(crate) fn refused_of(rejection: &Rejection, handles: &[AdmissionClass]) -> R
         reason: reason_of(rejection.reason()),
         detail: detail_of(rejection.detail(), handles),
         rate: rejection.rate_window().map(|window| WindowRefusal {
-            tokens: match window {
-                RateWindow::Requests => false,
-                RateWindow::Tokens => true,
-                other => {
-                    panic!("a class window refused a call of a bulkhead without them: {other:?}")
-                }
-            },
+            class: matches!(window, RateWindow::ClassRequests | RateWindow::ClassTokens),
+            tokens: matches!(window, RateWindow::Tokens | RateWindow::ClassTokens),
             retry_after_ms: rejection.retry_after().map(|wait| {
                 let ms = wait.as_millis();
                 assert_eq!(

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::futures::{Acquire, AcquireOwned, Drain};
-use async_bulkhead_llm::rate::{ManualClock, WindowStatus};
+use async_bulkhead_llm::rate::{ManualClock, RateStatus, WindowStatus};
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Permit, RejectReason,
     TokenUsage, admission::Admission, admission::AdmissionId, admission::Verdict,
@@ -209,7 +209,7 @@ impl<'b> Driver<'b> {
     pub(crate) fn apply(&mut self, op: Op) {
         self.step += 1;
         self.op = format!("{op:?}");
-        if self.config.rate.is_some()
+        if self.model.windows.is_some()
             && matches!(
                 op,
                 Op::Run { .. }
@@ -892,33 +892,61 @@ impl<'b> Driver<'b> {
     /// `Words::status`: remaining = limit - min(limit, tat - now) in ticks, reset = when tick
     /// `tat` starts, from now); `None` without windows.
     fn check_rate_status(&mut self) {
-        let real = self.bulkhead.rate_status().map(|status| {
-            let window = |w: Option<WindowStatus>| {
-                w.map(|w| Status {
-                    limit: w.limit,
-                    remaining: w.remaining,
-                    reset_ns: u64::try_from(w.reset.as_nanos()).expect("a short reset"),
-                })
-            };
-            (window(status.requests), window(status.tokens))
-        });
-        let model = self
-            .model
-            .windows
-            .map(|windows| windows.status(self.model.now_ns));
-        if let Some((requests, tokens)) = model {
-            if requests.is_some_and(|s| s.remaining < s.limit)
-                || tokens.is_some_and(|s| s.remaining < s.limit)
-            {
-                self.model.note("rate window partly spent");
-            }
-            if requests.is_some_and(|s| s.remaining == 0)
-                || tokens.is_some_and(|s| s.remaining == 0)
-            {
-                self.model.note("rate window spent");
-            }
+        let figures = |status: Option<RateStatus>| {
+            status.map(|status| {
+                let window = |w: Option<WindowStatus>| {
+                    w.map(|w| Status {
+                        limit: w.limit,
+                        remaining: w.remaining,
+                        reset_ns: u64::try_from(w.reset.as_nanos()).expect("a short reset"),
+                    })
+                };
+                (window(status.requests), window(status.tokens))
+            })
+        };
+        let now_ns = self.model.now_ns;
+        let model = self.model.windows.and_then(|w| w.report(now_ns));
+        self.note_spent(model, "");
+        self.agree("rate_status()", figures(self.bulkhead.rate_status()), model);
+        // Each class's pair (crate `class_rate_status`: none without windows of its own).
+        for (i, handle) in self.handles.clone().into_iter().enumerate() {
+            let model = self
+                .model
+                .class_windows
+                .get(i)
+                .and_then(|w| w.report(now_ns));
+            self.note_spent(model, "class ");
+            self.agree(
+                "class_rate_status()",
+                figures(self.bulkhead.class_rate_status(handle)),
+                model,
+            );
         }
-        self.agree("rate_status()", real, model);
+    }
+
+    /// Notes a window partly or wholly spent.
+    fn note_spent(&mut self, windows: Option<(Option<Status>, Option<Status>)>, class: &str) {
+        let Some((requests, tokens)) = windows else {
+            return;
+        };
+        let [requests, tokens] = [requests, tokens].map(|s| s.map(|s| (s.remaining, s.limit)));
+        let any = |test: fn(u64, u64) -> bool| {
+            requests.is_some_and(|(r, l)| test(r, l)) || tokens.is_some_and(|(r, l)| test(r, l))
+        };
+        if any(|remaining, limit| remaining < limit) {
+            self.model.note(if class.is_empty() {
+                "rate window partly spent"
+            } else {
+                "class rate window partly spent"
+            });
+        }
+        if any(|remaining, _| remaining == 0) {
+            self.model.note(if class.is_empty() {
+                "rate window spent"
+            } else {
+                "class rate window spent"
+            });
+        }
     }
 
     /// Cancels every waiter, drops every permit (oldest first), and checks the end

@@ -62,6 +62,9 @@ impl Model {
                     LimitsError::ProtectedTokensSumTooLarge { .. } => {
                         "class limits refused: token floor sum"
                     }
+                    LimitsError::Class(ClassLimitsError::Rate { .. }) => {
+                        "class limits refused: rate"
+                    }
                     LimitsError::RateLimitsRequired
                     | LimitsError::RateLimitsNotConfigured
                     | LimitsError::RateWindowOutOfRange { .. }
@@ -115,7 +118,7 @@ impl Model {
         }
         // Rate limits after the budget, before the classes (crate engine/limits.rs `validate`):
         // required iff the bulkhead was built with them, and valid.
-        match (self.windows.is_some(), next.rate) {
+        match (self.limits.rate.is_some(), next.rate) {
             (true, None) => return Err(LimitsError::RateLimitsRequired),
             (false, Some(_)) => return Err(LimitsError::RateLimitsNotConfigured),
             (_, Some(rate)) => check_rate(rate, self.has_budget)?,
@@ -131,7 +134,8 @@ impl Model {
                     return Err(LimitsError::ClassIdsMismatch);
                 }
                 for (id, caps) in given {
-                    check_class(id, caps, self.has_budget).map_err(LimitsError::Class)?;
+                    check_class(id, caps, self.has_budget, self.windows.is_some())
+                        .map_err(LimitsError::Class)?;
                 }
                 let (slots, tokens) = given.iter().fold((0u64, 0u64), |(s, t), (_, caps)| {
                     (s + caps.floor(), t + caps.token_floor())
@@ -219,6 +223,7 @@ pub(crate) fn check_class(
     id: &str,
     caps: &ClassCaps,
     has_budget: bool,
+    has_windows: bool,
 ) -> Result<(), ClassLimitsError> {
     let class = id.to_owned();
     let slots = u64::from(MAX_CONCURRENT);
@@ -284,6 +289,19 @@ pub(crate) fn check_class(
                 field: ClassField::MaxInFlightTokens,
             });
         }
+    }
+    // Its rate limits last: only on a bulkhead that keeps windows (always at build, where
+    // they make them), checked as the bulkhead's are (crate engine/limits.rs
+    // `validate_class`).
+    if let Some(rate) = caps.rate {
+        let refused = |error| ClassLimitsError::Rate {
+            class: id.to_owned(),
+            error: Box::new(error),
+        };
+        if !has_windows {
+            return Err(refused(LimitsError::RateLimitsNotConfigured));
+        }
+        check_rate(rate, has_budget).map_err(refused)?;
     }
     Ok(())
 }

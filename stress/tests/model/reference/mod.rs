@@ -20,29 +20,32 @@
 //!
 //! # Rate windows
 //!
-//! The bulkhead's own pair of windows (`RateLimits`: requests, tokens or both per window), after
-//! the crate's src/engine/rate.rs module docs (`rate.rs` here): a GCRA per window in the
-//! crate's ticks, modelled exactly (see `rate.rs` for why ticks and not rational time), on a
-//! `ManualClock` the harness owns and moves with `Op::Advance`. Covered: the builder's refusal
-//! of a tokens window without a budget; the judging order (a closed bulkhead refuses
-//! `shutdown` before any window; requests then tokens, before the in-flight decision); a
-//! window's refusal (`rate_limit`, counted globally and per class, announced, with the global
-//! detail, the window and the exact `retry_after` in whole milliseconds, or none for a call
-//! larger than the limit); the charge given back when the in-flight decision refuses, when a
-//! queued call's wait ends refused (picked up, zero timeout, cancelled, closed) and when the
-//! tokens window refuses after the requests window charged; the tokens charge corrected at
-//! settlement to the usage, and charged beyond the reservation as reports arrive; a permit
-//! dropped without usage keeping its charge; `rate_status()` field by field and `limits().rate`
-//! after every step; the builder's refusals of rate limits (`ConfigError::RateLimits`, in
-//! their order, then built repaired); `apply_limits` with other rate limits (`Op::ApplyRate`:
-//! the units charged and not yet drained stay charged, at most the new limit, in the new
-//! ticks; a window added or removed starts empty) or none, and its `LimitsError::Rate*`
-//! refusals, which change nothing; `apply_limits` and `set_budget` keeping the windows in force.
-//! The crate caps `retry_after` at 28 bits of milliseconds (about 3.1 days): reachable only
+//! The bulkhead's pair of windows (`RateLimits`: requests, tokens or both per window) and each
+//! admission class's (`ClassLimits::rate`), after the crate's src/engine/rate.rs module docs
+//! (`rate.rs` here): a GCRA per window in the crate's ticks, modelled exactly (see `rate.rs`
+//! for why ticks and not rational time), on a `ManualClock` the harness owns and moves with
+//! `Op::Advance`. Covered: the builder's refusals of rate limits (the bulkhead's after the
+//! global values, a class's last among its limits; then built repaired); the judging order (a
+//! closed bulkhead refuses `shutdown` before any window; the bulkhead's requests then tokens
+//! window, then the class's, before the in-flight decision); a window's refusal (`rate_limit`,
+//! counted globally and for the call's class, announced, with the global detail for the
+//! bulkhead's windows and the class's figures for a class's, the window, and the exact
+//! `retry_after` in whole milliseconds, or none for a call larger than the limit); the charge
+//! given back when a later window refuses (the class's after the bulkhead's, tokens after
+//! requests), when the in-flight decision refuses, and when a queued call's wait ends refused
+//! (picked up, zero timeout, cancelled, closed; on the windows configured then); the tokens
+//! charge corrected at settlement to the usage and charged beyond the reservation as reports
+//! arrive, on both pairs; a permit dropped without usage keeping its charge; `rate_status()`,
+//! every class's `class_rate_status()` and `limits().rate` (the classes' too) after every
+//! step; `apply_limits` with other rate limits for the bulkhead (`Op::ApplyRate`) or its
+//! classes (class limits carrying rates), the units charged and not yet drained staying
+//! charged (at most the new limit, in the new ticks; a window added or removed starts empty),
+//! and its `LimitsError::Rate*` and `ClassLimitsError::Rate` refusals, which change nothing.
+//! The crate caps `retry_after` at 28 bits of milliseconds (about 3.1 days), reachable only
 //! through usage charged far beyond a window's limit; the model mirrors the cap (see
-//! `rate.rs`). Not covered: class windows (`ClassLimits::rate`, `class_rate_status`), the
-//! system, precise and tokio clocks, a decision racing `apply_limits`, and windows with `run`,
-//! `run_shared` or observe mode (the driver refuses those operations on a bulkhead with
+//! `rate.rs`). Not covered: the system, precise and tokio clocks, a decision racing
+//! `apply_limits`, the fast lane as such (its outcome is the general path's), and windows with
+//! `run`, `run_shared` or observe mode (the driver refuses those operations on a bulkhead with
 //! windows rather than check them wrongly).
 //!
 //! # What the harness checks

@@ -312,7 +312,11 @@ impl Model {
             .reported
             .map_or(0, |(input, output)| input + output)
             .max(reserved);
-        self.correct_windows(before, (reported.0 + reported.1).max(reserved).max(before));
+        self.correct_windows(
+            permit.class,
+            before,
+            (reported.0 + reported.1).max(reserved).max(before),
+        );
         let usage_changed = permit.reported != Some(reported);
         permit.held = hold;
         permit.reported = Some(reported);
@@ -393,7 +397,7 @@ impl Model {
                     .reported
                     .map_or(0, |(input, output)| input + output)
                     .max(permit.reserved());
-                self.correct_windows(charged, total);
+                self.correct_windows(permit.class, charged, total);
                 self.consumed += u128::from(total);
                 if let Some(class) = permit.class {
                     self.classes[class].consumed += u128::from(total);
@@ -489,13 +493,10 @@ impl Model {
     /// Installs new limits (design §U8.2): shrink by attrition, raised limits serve
     /// the queue at once.
     pub(crate) fn install(&mut self, next: ModelLimits) -> ModelLimits {
+        // The windows move to the new limits' ticks (crate rate.rs `Words::rescale`).
+        self.rescale_windows(&next);
         let previous = self.limits;
         self.limits = next;
-        // The windows move to the new limits' ticks (crate rate.rs `Words::rescale`).
-        let now_ns = self.now_ns;
-        if let (Some(windows), Some(rate)) = (&mut self.windows, next.rate) {
-            windows.rescale(rate, now_ns);
-        }
         if !self.queue.is_empty() {
             self.note("limits changed while calls wait");
             self.pump();

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_bulkhead_llm::limits::LimitsError;
 
 use super::state::Model;
-use super::values::{Ask, Reason, Refused};
+use super::values::{Ask, ModelLimits, Reason, Refused};
 
 /// Where a manual clock starts (crate rate.rs `ManualClock`: "a day past the process's
 /// origin").
@@ -162,6 +162,8 @@ pub(crate) struct Windows {
 /// asks more than the window's whole limit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WindowRefusal {
+    /// A window of the call's class (not the bulkhead's).
+    pub(crate) class: bool,
     pub(crate) tokens: bool,
     pub(crate) retry_after_ms: Option<u64>,
 }
@@ -179,6 +181,19 @@ fn ms(retry_after_ns: Option<u64>) -> Option<u64> {
 }
 
 impl Windows {
+    /// A pair of `rate`, or a pair that counts nothing (a bulkhead's pair without rate limits
+    /// of its own, or a class's, on an engine that keeps windows).
+    pub(crate) fn of(rate: Option<Rate>) -> Windows {
+        rate.map_or(
+            Windows {
+                window_ns: 0,
+                requests: Window::default(),
+                tokens: Window::default(),
+            },
+            Windows::new,
+        )
+    }
+
     pub(crate) fn new(rate: Rate) -> Windows {
         Windows {
             window_ns: rate.window_ns,
@@ -201,12 +216,14 @@ impl Windows {
         self.requests
             .take(window_ns, 1, now_ns)
             .map_err(|retry_after_ns| WindowRefusal {
+                class: false,
                 tokens: false,
                 retry_after_ms: ms(retry_after_ns),
             })?;
         if let Err(retry_after_ns) = self.tokens.take(window_ns, tokens, now_ns) {
             self.requests.give_back(1);
             return Err(WindowRefusal {
+                class: false,
                 tokens: true,
                 retry_after_ms: ms(retry_after_ns),
             });
@@ -243,7 +260,12 @@ impl Windows {
     /// the new ticks"; `Words::rescale`): the units charged and not yet drained stay charged
     /// (at most the new limit), counted from the new ticks of now; a window added or removed
     /// starts over.
-    pub(crate) fn rescale(&mut self, next: Rate, now_ns: u64) {
+    pub(crate) fn rescale(&mut self, next: Option<Rate>, now_ns: u64) {
+        let next = next.unwrap_or(Rate {
+            window_ns: 0,
+            requests: None,
+            tokens: None,
+        });
         let old_ns = self.window_ns;
         for (window, limit) in [
             (&mut self.requests, next.requests.unwrap_or(0)),
@@ -271,6 +293,11 @@ impl Windows {
             self.tokens.status(self.window_ns, now_ns),
         )
     }
+
+    /// What `rate_status()` / `class_rate_status()` report: none without any window.
+    pub(crate) fn report(&self, now_ns: u64) -> Option<(Option<Status>, Option<Status>)> {
+        Some(self.status(now_ns)).filter(|(r, t)| r.is_some() || t.is_some())
+    }
 }
 
 impl Model {
@@ -286,20 +313,48 @@ impl Model {
         let Some(windows) = self.windows.as_mut().filter(|_| !self.closed) else {
             return Ok(false);
         };
-        let refusal = match windows.charge(ask.reserved(), now_ns) {
-            Ok(()) => return Ok(true),
-            Err(refusal) => refusal,
+        // The bulkhead's pair, then the class's (crate rate.rs: "to the bulkhead's pair, then
+        // to its class's, each pair on its own words, a refusal by the class's giving the
+        // bulkhead's charge back").
+        let mut refusal = windows.charge(ask.reserved(), now_ns);
+        if refusal.is_ok()
+            && let Some(class) = ask.class.and_then(|c| self.class_windows.get_mut(c))
+        {
+            refusal = class
+                .charge(ask.reserved(), now_ns)
+                .map_err(|refusal| WindowRefusal {
+                    class: true,
+                    ..refusal
+                });
+            if refusal.is_err() {
+                windows.refund(ask.reserved());
+            }
+        }
+        let Err(refusal) = refusal else {
+            return Ok(true);
         };
         self.note("refused: rate_limit");
-        self.note(match (refusal.tokens, refusal.retry_after_ms) {
-            (false, _) => "refused: requests window",
-            (true, Some(_)) => "refused: tokens window",
-            (true, None) => "refused: tokens window, never fits",
-        });
-        let mut refused = self.refuse(Reason::RateLimit, None, Ask { class: None, ..ask });
-        if let Some(class) = ask.class {
-            self.classes[class].rejected[Reason::RateLimit as usize] += 1;
-        }
+        self.note(
+            match (refusal.class, refusal.tokens, refusal.retry_after_ms) {
+                (false, false, _) => "refused: requests window",
+                (false, true, Some(_)) => "refused: tokens window",
+                (false, true, None) => "refused: tokens window, never fits",
+                (true, false, _) => "refused: class requests window",
+                (true, true, _) => "refused: class tokens window",
+            },
+        );
+        // A class window's refusal carries the class's figures (no constraint), the
+        // bulkhead's the global detail (crate rate_path.rs `reject_rate`); both count against
+        // the call's class.
+        let mut refused = if refusal.class {
+            self.refuse(Reason::RateLimit, None, ask)
+        } else {
+            let refused = self.refuse(Reason::RateLimit, None, Ask { class: None, ..ask });
+            if let Some(class) = ask.class {
+                self.classes[class].rejected[Reason::RateLimit as usize] += 1;
+            }
+            refused
+        };
         refused.rate = Some(refusal);
         self.announce_reject(ask.class, refused);
         Err(refused)
@@ -311,6 +366,9 @@ impl Model {
     pub(crate) fn refund_windows(&mut self, ask: Ask, why: &'static str) {
         if let Some(windows) = &mut self.windows {
             windows.refund(ask.reserved());
+            if let Some(class) = ask.class.and_then(|c| self.class_windows.get_mut(c)) {
+                class.refund(ask.reserved());
+            }
             self.note("rate charge given back");
             self.note(why);
         }
@@ -318,18 +376,60 @@ impl Model {
 
     /// Moves a settled or reporting call's tokens charge from `from` to `to` (crate usage.rs,
     /// rate.rs "the window converges on what the provider bills").
-    pub(crate) fn correct_windows(&mut self, from: u64, to: u64) {
+    pub(crate) fn correct_windows(&mut self, class: Option<usize>, from: u64, to: u64) {
         let now_ns = self.now_ns;
+        if from == to {
+            return;
+        }
+        let what = if to < from {
+            "rate usage given back"
+        } else {
+            "rate usage charged beyond"
+        };
         if let Some(windows) = &mut self.windows
             && windows.tokens.limit > 0
-            && from != to
         {
             windows.correct(from, to, now_ns);
-            self.note(if to < from {
-                "rate usage given back"
-            } else {
-                "rate usage charged beyond"
+            self.note(what);
+        }
+        if let Some(windows) = class.and_then(|c| self.class_windows.get_mut(c))
+            && windows.tokens.limit > 0
+        {
+            windows.correct(from, to, now_ns);
+            self.note("rate usage corrected on a class window");
+        }
+    }
+
+    /// Every pair to the limits `next` (crate rate.rs: "a change of limits moves each `tat` to
+    /// the new ticks"; rate_path.rs `rescale_windows`: the bulkhead's pair, then each class's).
+    pub(crate) fn rescale_windows(&mut self, next: &ModelLimits) {
+        let now_ns = self.now_ns;
+        let rates = |limits: &ModelLimits| {
+            limits
+                .classes
+                .map(|table| table.iter().map(|(_, caps)| caps.rate).collect::<Vec<_>>())
+        };
+        if self.windows.is_some() && rates(&self.limits) != rates(next) {
+            let spent = self.class_windows.iter().any(|w| {
+                let (requests, tokens) = w.status(now_ns);
+                [requests, tokens]
+                    .into_iter()
+                    .flatten()
+                    .any(|s| s.remaining < s.limit)
             });
+            self.note(if spent {
+                "class rate limits changed with units charged"
+            } else {
+                "class rate limits changed"
+            });
+        }
+        if let Some(windows) = &mut self.windows {
+            windows.rescale(next.rate, now_ns);
+            if let Some(table) = next.classes {
+                for (windows, (_, caps)) in self.class_windows.iter_mut().zip(table.iter()) {
+                    windows.rescale(caps.rate, now_ns);
+                }
+            }
         }
     }
 }

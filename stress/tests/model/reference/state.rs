@@ -100,10 +100,22 @@ pub(crate) struct Model {
     pub(crate) observe: ObserveFigures,
     /// The number the next bypass gets.
     pub(crate) next_shadow: u128,
-    /// The rate windows, iff the bulkhead was built with rate limits (crate rate.rs).
+    /// The bulkhead's pair of rate windows, iff it keeps windows: built with rate limits of
+    /// its own or of a class (crate assembly.rs: "Windows iff rate limits are configured
+    /// anywhere"); a pair that counts nothing without rate limits of its own.
     pub(crate) windows: Option<Windows>,
+    /// Each class's pair, in class order, iff the bulkhead keeps windows and has classes.
+    pub(crate) class_windows: Vec<Windows>,
     /// The manual clock's time, nanoseconds (moved by `Op::Advance` with the harness's clock).
     pub(crate) now_ns: u64,
+}
+
+/// Whether a bulkhead built with `limits` keeps rate windows (crate assembly.rs).
+fn keeps_windows(limits: &ModelLimits) -> bool {
+    limits.rate.is_some()
+        || limits
+            .classes
+            .is_some_and(|table| table.iter().any(|(_, caps)| caps.rate.is_some()))
 }
 
 impl Model {
@@ -147,7 +159,14 @@ impl Model {
             },
             observe: ObserveFigures::default(),
             next_shadow: 0,
-            windows: limits.rate.map(Windows::new),
+            windows: keeps_windows(&limits).then(|| Windows::of(limits.rate)),
+            class_windows: match (keeps_windows(&limits), limits.classes) {
+                (true, Some(table)) => table
+                    .iter()
+                    .map(|(_, caps)| Windows::of(caps.rate))
+                    .collect(),
+                _ => Vec::new(),
+            },
             now_ns: CLOCK_START_NS,
         }
     }

@@ -66,6 +66,8 @@ pub struct ClassCaps {
     pub max_concurrent: Option<u32>,
     pub protected_tokens: Option<u64>,
     pub max_tokens: Option<u64>,
+    /// The class's own rate windows (`ClassLimits::rate`).
+    pub rate: Option<Rate>,
 }
 
 impl ClassCaps {
