@@ -493,6 +493,19 @@ pub(crate) fn refused_of(rejection: &Rejection, handles: &[AdmissionClass]) -> R
             .is_some_and(|rate| rate.retry_after_ms.is_some()),
         "a retry-after only for a rate refusal that may fit"
     );
+    if let Some(rate) = refused.rate {
+        // A window's refusal is answered 429, or 413 for a call that can never fit (crate
+        // http.rs `Rejection::http_status`).
+        assert_eq!(
+            rejection.http_status(),
+            if rate.retry_after_ms.is_some() {
+                429
+            } else {
+                413
+            },
+            "the HTTP status of {rejection:?}"
+        );
+    }
     assert_eq!(
         rejection.limit_revision(),
         refused.detail.limit_revision,

@@ -52,7 +52,8 @@
 //!
 //! After every operation: every result (permit, rejection with reason and full capacity
 //! detail including the constraint, the shared pools and the class's figures, and its
-//! `rate_window()` and `retry_after()` (none for every refusal but a window's), usage report,
+//! `rate_window()` and `retry_after()` (none for every refusal but a window's; a window's
+//! `http_status()` 429, or 413 when it never fits), usage report,
 //! release report, verdict, limits outcome, error value), every live permit's and every
 //! running `run` context's accessors (id, hold, reservation, revision, priority, class,
 //! resources, whether it holds its slot, usage, sequence; for a bypassed call its bypass),
