@@ -220,6 +220,7 @@ impl FuzzConfig {
             initial_revision,
             classes: None,
             dedup: None,
+            rate: None,
         }
     }
 }

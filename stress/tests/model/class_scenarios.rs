@@ -20,6 +20,7 @@ pub(crate) fn caps(
         max_concurrent: max,
         protected_tokens: token_floor,
         max_tokens,
+        rate: None,
     }
 }
 
@@ -45,6 +46,7 @@ pub(crate) fn with_classes(
             caps: classes.to_vec(),
         }),
         dedup: None,
+        rate: None,
     }
 }
 

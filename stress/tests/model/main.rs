@@ -14,6 +14,7 @@ mod reference;
 mod class_limits;
 mod class_scenarios;
 mod proptests;
+mod rate_scenarios;
 mod scenarios;
 mod shared_proptests;
 mod shared_scenarios;

@@ -11,7 +11,9 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestRunner};
 
-use crate::reference::{Call, ClassCaps, Classes, Config, Harness, MAX_CHARS, Op};
+use std::time::Duration;
+
+use crate::reference::{Call, ClassCaps, Classes, Config, Harness, MAX_CHARS, Op, Rate};
 
 /// Token counts: mostly small (against budgets of a few thousand), sometimes at the edges of
 /// what the crate can count or represent.
@@ -42,6 +44,77 @@ fn budget() -> impl Strategy<Value = (u64, u64)> {
     )
 }
 
+/// Rate windows (valid ones: at most a unit per nanosecond of the window): a window of a
+/// second, a tenth, or any length from a millisecond to two seconds (ticks then rarely fall on
+/// whole nanoseconds or milliseconds); a few requests, a few thousand tokens, or both.
+pub(crate) fn rate() -> impl Strategy<Value = Rate> {
+    (
+        prop_oneof![
+            2 => Just(1_000_000_000u64),
+            1 => Just(100_000_000u64),
+            2 => 1_000_000..=2_000_000_000u64,
+        ],
+        prop::option::weighted(0.7, 1..=6u64),
+        prop::option::weighted(0.5, prop_oneof![3 => 200..3000u64, 1 => 1..200u64]),
+    )
+        .prop_map(|(window_ns, requests, tokens)| Rate {
+            window_ns,
+            requests: requests.or(tokens.is_none().then_some(2)),
+            tokens,
+        })
+}
+
+/// Rate limits, sometimes ones the builder and `apply_limits` refuse (a window out of range,
+/// no limit, a zero limit, more than a unit per nanosecond).
+pub(crate) fn any_rate() -> impl Strategy<Value = Rate> {
+    prop_oneof![
+        12 => rate(),
+        1 => (rate(), 0..8u8).prop_map(|(rate, how)| match how {
+            0 => Rate { window_ns: 0, ..rate },
+            1 => Rate { window_ns: 999_999, ..rate },
+            2 => Rate { window_ns: 86_400_000_000_001, ..rate },
+            3 => Rate { requests: Some(0), ..rate },
+            4 => Rate { tokens: Some(0), ..rate },
+            5 => Rate { requests: None, tokens: None, ..rate },
+            6 => Rate { window_ns: 1_000_000, requests: Some(1_000_001), ..rate },
+            _ => Rate { window_ns: 86_400_000_000_000, ..rate },
+        }),
+    ]
+}
+
+/// A move of the rate windows' clock: within a window mostly, sometimes whole milliseconds.
+pub(crate) fn advance() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => 0..1_500_000_000u64,
+        1 => (0..2000u64).prop_map(|ms| ms * 1_000_000),
+    ]
+    .prop_map(|ns| Op::Advance {
+        by: Duration::from_nanos(ns),
+    })
+}
+
+/// A small bulkhead with a queue and a budget (and sometimes rate windows).
+fn busy_config() -> impl Strategy<Value = Config> {
+    (
+        1..=2u32,
+        1..=4u32,
+        500..3000u64,
+        prop_oneof![Just(0u64), 0..500u64],
+        prop::option::weighted(0.3, any_rate()),
+    )
+        .prop_map(
+            |(max_concurrent, max_queue, budget, reserve, rate)| Config {
+                max_concurrent,
+                max_queue,
+                budget: Some((budget, reserve)),
+                initial_revision: 0,
+                classes: None,
+                dedup: None,
+                rate,
+            },
+        )
+}
+
 fn any_config() -> impl Strategy<Value = Config> {
     (
         prop_oneof![
@@ -56,15 +129,17 @@ fn any_config() -> impl Strategy<Value = Config> {
             1 => (MAX_REVISION - 2)..=MAX_REVISION,
             1 => prop_oneof![Just(MAX_REVISION + 1), Just(u64::MAX)],
         ],
+        prop::option::weighted(0.25, any_rate()),
     )
         .prop_map(
-            |(max_concurrent, max_queue, budget, initial_revision)| Config {
+            |(max_concurrent, max_queue, budget, initial_revision, rate)| Config {
                 max_concurrent,
                 max_queue,
                 budget,
                 initial_revision,
                 classes: None,
                 dedup: None,
+                rate,
             },
         )
 }
@@ -181,6 +256,12 @@ pub(crate) fn op_using<C: Strategy<Value = Call> + 'static>(
         1 => Just(Op::Close),
         2 => any::<bool>().prop_map(|zero_timeout| Op::Drain { zero_timeout }),
         1 => prop::bool::weighted(0.7).prop_map(|on| Op::Listen { on }),
+        3 => advance(),
+        1 => (
+            prop_oneof![8 => Just(1i64), 1 => Just(0i64)],
+            prop::option::weighted(0.9, any_rate()),
+        )
+            .prop_map(|(revision_delta, rate)| Op::ApplyRate { revision_delta, rate }),
     ]
 }
 
@@ -210,6 +291,7 @@ fn class_caps() -> BoxedStrategy<ClassCaps> {
                 max_concurrent,
                 protected_tokens,
                 max_tokens,
+                rate: None,
             };
             match huge {
                 Some(0) => caps.protected_concurrent = Some(MAX_CONCURRENT + 1),
@@ -299,6 +381,7 @@ fn class_config() -> BoxedStrategy<Config> {
                     initial_revision,
                     classes: (kind > 0).then_some(Classes { default, caps }),
                     dedup: None,
+                    rate: None,
                 }
             },
         )
@@ -339,6 +422,7 @@ fn busy_class_config() -> BoxedStrategy<Config> {
                     initial_revision: 0,
                     classes: Some(Classes { default, caps }),
                     dedup: None,
+                    rate: None,
                 }
             },
         )
@@ -544,20 +628,9 @@ proptest! {
     /// the head's turn are frequent.
     #[test]
     fn the_crate_agrees_with_the_model_on_a_busy_queue(
-        max_concurrent in 1..=2u32,
-        max_queue in 1..=4u32,
-        budget in 500..3000u64,
-        reserve in prop_oneof![Just(0u64), 0..500u64],
+        config in busy_config(),
         ops in vec(op(), 20..=60),
     ) {
-        let config = Config {
-            max_concurrent,
-            max_queue,
-            budget: Some((budget, reserve)),
-            initial_revision: 0,
-            classes: None,
-            dedup: None,
-        };
         run(config, &ops);
     }
 }
@@ -585,6 +658,119 @@ proptest! {
         run(config, &ops);
     }
 }
+
+/// Classes with rate windows: the bulkhead's sometimes, each class's often (a class's own
+/// windows beside the bulkhead's, crate rate.rs).
+fn class_rate_config() -> BoxedStrategy<Config> {
+    (
+        class_config(),
+        prop::option::weighted(0.4, any_rate()),
+        [0; MAX_CLASS_RATES].map(|_| prop::option::weighted(0.6, any_rate())),
+    )
+        .prop_map(|(config, rate, rates)| {
+            let mut config = Config { rate, ..config };
+            if let Some(classes) = &mut config.classes {
+                for (caps, rate) in classes.caps.iter_mut().zip(rates) {
+                    caps.rate = rate;
+                }
+            }
+            config
+        })
+        .boxed()
+}
+
+/// As many classes as a configuration has at most.
+const MAX_CLASS_RATES: usize = 4;
+
+/// New class limits with rate windows of their own (or none), or other rate limits for the
+/// bulkhead.
+fn class_rate_limits_op() -> BoxedStrategy<Op> {
+    (
+        class_limits_op(),
+        [0; MAX_CLASS_RATES].map(|_| prop::option::weighted(0.6, any_rate())),
+    )
+        .prop_map(|(op, rates)| match op {
+            Op::ApplyLimits {
+                revision_delta,
+                max_concurrent,
+                max_queue,
+                flip_budget,
+                budget,
+                reserve,
+                class_shape,
+                class_order,
+                mut classes,
+            } => {
+                for (caps, rate) in classes.iter_mut().zip(rates) {
+                    caps.rate = rate;
+                }
+                Op::ApplyLimits {
+                    revision_delta,
+                    max_concurrent,
+                    max_queue,
+                    flip_budget,
+                    budget,
+                    reserve,
+                    class_shape,
+                    class_order,
+                    classes,
+                }
+            }
+            other => other,
+        })
+        .boxed()
+}
+
+/// The class operations without `run` (not modelled with windows), with the clock moving.
+fn class_rate_op() -> BoxedStrategy<Op> {
+    prop_oneof![
+        60 => op_using(class_call).boxed(),
+        6 => any::<u32>().prop_map(|permit| Op::Abandon { permit }),
+        4 => class_rate_limits_op(),
+        4 => advance().boxed(),
+    ]
+    .boxed()
+}
+
+/// Cases of the class family with rate windows.
+const CLASS_RATE_CASES: u32 = 300;
+
+proptest! {
+    #![proptest_config(proptest_config(CLASS_RATE_CASES))]
+
+    /// Admission classes with rate windows of their own and the bulkhead's.
+    #[test]
+    fn the_crate_agrees_with_the_model_with_class_windows(
+        config in class_rate_config(),
+        ops in vec(class_rate_op(), 1..=60),
+    ) {
+        run(config, &ops);
+    }
+}
+
+/// The random class sequences with windows reach every class window's refusal and
+/// correction.
+#[test]
+fn random_class_rate_sequences_reach_the_class_rate_cases() {
+    assert_reached(
+        (class_rate_config(), vec(class_rate_op(), 1..=60)),
+        150,
+        &EVERY_CLASS_RATE_CASE,
+    );
+}
+
+const EVERY_CLASS_RATE_CASE: [&str; 10] = [
+    "class limits refused: rate",
+    "class rate limits changed",
+    "class rate limits changed with units charged",
+    "class rate window spent",
+    "rate charge given back: refused now",
+    "rate usage corrected on a class window",
+    "refused: class requests window",
+    "refused: class tokens window",
+    "refused: requests window",
+    "refused: tokens window",
+];
 
 /// Cases of each class family.
 const CLASS_CASES: u32 = 2000;
@@ -618,10 +804,15 @@ pub(crate) fn assert_reached(
     );
 }
 
-/// The random sequences above do reach every situation the scenarios below pin.
+/// The random sequences of the two families above do reach every situation the scenarios
+/// pin.
 #[test]
 fn random_sequences_reach_the_interesting_cases() {
-    assert_reached((any_config(), vec(op(), 1..=60)), 300, &EVERY_CASE);
+    let strategy = prop_oneof![
+        1 => (any_config(), vec(op(), 1..=60)),
+        1 => (busy_config(), vec(op(), 20..=60)),
+    ];
+    assert_reached(strategy, 300, &EVERY_CASE);
 }
 
 /// The random class sequences reach every class reason and every way of abandoning.
@@ -633,6 +824,41 @@ fn random_class_sequences_reach_the_class_cases() {
     ];
     assert_reached(strategy, 400, &EVERY_CLASS_CASE);
 }
+
+/// Configurations that always have rate windows.
+fn rate_config() -> impl Strategy<Value = Config> {
+    (any_config(), any_rate()).prop_map(|(config, rate)| Config {
+        rate: Some(rate),
+        ..config
+    })
+}
+
+/// The random sequences with rate windows reach every way a window refuses, gives a charge
+/// back and corrects it.
+#[test]
+fn random_rate_sequences_reach_the_rate_cases() {
+    assert_reached((rate_config(), vec(op(), 1..=60)), 200, &EVERY_RATE_CASE);
+}
+
+const EVERY_RATE_CASE: [&str; 17] = [
+    "clock advanced",
+    "rate limits changed",
+    "rate limits changed with units charged",
+    "rate limits refused",
+    "queued with a rate charge",
+    "rate charge given back",
+    "rate charge given back: refused now",
+    "rate charge given back: wait cancelled",
+    "rate charge given back: wait ended refused",
+    "rate usage charged beyond",
+    "rate usage given back",
+    "rate window partly spent",
+    "rate window spent",
+    "refused: rate_limit",
+    "refused: requests window",
+    "refused: tokens window",
+    "refused: tokens window, never fits",
+];
 
 const EVERY_CLASS_CASE: [&str; 35] = [
     "abandon refused: already abandoned",

@@ -76,6 +76,7 @@ pub(crate) fn config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u
         initial_revision: 0,
         classes: None,
         dedup: None,
+        rate: None,
     }
 }
 
@@ -150,6 +151,7 @@ fn the_upstream_example_of_limits_refusing_a_queued_call() {
             initial_revision: 7,
             classes: None,
             dedup: None,
+            rate: None,
         },
         &[
             try_acquire(ask(0, 400)),
@@ -500,6 +502,7 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             initial_revision: u64::MAX,
             classes: None,
             dedup: None,
+            rate: None,
         },
         Config {
             max_concurrent: 1,
@@ -508,6 +511,7 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             initial_revision: MAX_REVISION,
             classes: None,
             dedup: None,
+            rate: None,
         },
         Config {
             max_concurrent: 1,
@@ -516,6 +520,7 @@ fn out_of_range_configurations_are_refused_then_clamped() {
             initial_revision: 0,
             classes: None,
             dedup: None,
+            rate: None,
         },
     ] {
         run(

@@ -46,6 +46,7 @@ fn dedup_config() -> BoxedStrategy<Config> {
                 initial_revision: 0,
                 classes,
                 dedup,
+                rate: None,
             },
         )
         .boxed()

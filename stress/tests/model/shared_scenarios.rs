@@ -18,7 +18,7 @@ use crate::scenarios::{ask, release, try_acquire};
 struct Figures {
     admitted: u64,
     /// By reason, in the crate's order: shutdown, concurrency, budget, queue, timeout, aborted.
-    rejected: [u64; 6],
+    rejected: [u64; 7],
     /// `(active, hits)`.
     dedup: (u64, u64),
     /// `(bypassed, race_bypassed, usage_reported, input tokens, output tokens)`.
@@ -61,6 +61,7 @@ fn dedup_config(max_concurrent: u32, max_queue: u32, budget: Option<(u64, u64)>)
         initial_revision: 0,
         classes: None,
         dedup: Some(DedupKind::ByRequest),
+        rate: None,
     }
 }
 
@@ -114,7 +115,7 @@ fn observed(call: Call, observe: u8, timeout: u8) -> Op {
     }
 }
 
-const NONE: [u64; 6] = [0; 6];
+const NONE: [u64; 7] = [0; 7];
 
 #[test]
 fn followers_share_the_leaders_admission_and_value() {
@@ -180,7 +181,7 @@ fn a_follower_that_times_out_leaves_the_call_going() {
         ],
     );
     assert_eq!(figures.admitted, 1);
-    assert_eq!(figures.rejected, [0, 0, 0, 0, 1, 0]);
+    assert_eq!(figures.rejected, [0, 0, 0, 0, 1, 0, 0]);
     assert_eq!(figures.dedup, (1, 1));
     assert_eq!(tally["shared: follower timed out"], 1);
     // `finish` dropped the leader, the last waiter: its call settled.
@@ -231,7 +232,7 @@ fn the_last_waiter_leaving_drops_the_call() {
         ],
     );
     assert_eq!(figures.admitted, 2);
-    assert_eq!(figures.rejected, [0, 0, 0, 0, 0, 3]);
+    assert_eq!(figures.rejected, [0, 0, 0, 0, 0, 3, 0]);
     assert_eq!(figures.dedup, (0, 2));
     assert_eq!(tally["shared: last waiter left a queued call"], 1);
     assert_eq!(tally["shared: last waiter left a running call"], 1);
@@ -265,7 +266,7 @@ fn scopes_no_dedup_and_close_keep_identical_calls_apart() {
         ],
     );
     assert_eq!(figures.admitted, 3);
-    assert_eq!(figures.rejected, [1, 0, 0, 0, 0, 0]);
+    assert_eq!(figures.rejected, [1, 0, 0, 0, 0, 0, 0]);
     assert_eq!(figures.dedup, (2, 0));
     assert_eq!(tally["shared: the same request led apart by its scope"], 1);
     assert_eq!(tally["shared: no_dedup"], 1);
@@ -315,7 +316,7 @@ fn a_refusal_after_the_advisory_said_queue_is_counted_then_bypassed() {
         ],
     );
     assert_eq!(figures.admitted, 1);
-    assert_eq!(figures.rejected, [0, 0, 1, 0, 1, 0]);
+    assert_eq!(figures.rejected, [0, 0, 1, 0, 1, 0, 0]);
     assert_eq!(figures.observe, (2, 2, 0, 0, 0));
     assert_eq!(tally["observe: race bypass"], 2);
     assert_eq!(tally["observe: bypass after a queue timeout"], 1);
@@ -333,7 +334,7 @@ fn shutdown_and_reasons_outside_the_set_are_never_bypassed() {
             observed(ask(0, 0), 1, 0),
         ],
     );
-    assert_eq!(figures.rejected, [1, 1, 0, 0, 0, 0]);
+    assert_eq!(figures.rejected, [1, 1, 0, 0, 0, 0, 0]);
     assert_eq!(figures.observe, (0, 0, 0, 0, 0));
     assert_eq!(tally["observe: refusal outside the set"], 1);
     assert_eq!(tally["observe: shutdown not bypassed"], 1);
@@ -359,7 +360,7 @@ fn a_follower_in_observe_mode_runs_its_own_bypass_after_its_timeout() {
         ],
     );
     assert_eq!(figures.admitted, 1);
-    assert_eq!(figures.rejected, [0, 0, 0, 0, 1, 0]);
+    assert_eq!(figures.rejected, [0, 0, 0, 0, 1, 0, 0]);
     assert_eq!(figures.dedup, (1, 1));
     assert_eq!(figures.observe, (1, 0, 1, 4, 5));
     assert_eq!(tally["shared: follower timed out into a bypass"], 1);
@@ -371,6 +372,7 @@ fn keys_by_a_key_function_opt_out_when_empty_or_panicking() {
     // empty key) and the model the function panics on run alone, the panic counted.
     let config = Config {
         dedup: Some(DedupKind::ByModel),
+        rate: None,
         ..dedup_config(4, 0, None)
     };
     let with_model = |model, chars| Call {

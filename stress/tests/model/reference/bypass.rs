@@ -259,6 +259,7 @@ impl Model {
         let refused = Refused {
             reason,
             detail: self.detail(global, None),
+            rate: None,
         };
         self.announce_reject(class, refused);
         refused

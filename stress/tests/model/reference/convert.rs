@@ -2,6 +2,7 @@
 
 use std::sync::Once;
 
+use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits, RateWindow};
 use async_bulkhead_llm::{
     AcquireOptions, Limits, LlmBulkhead, LlmRequest, Priority, RejectReason, Rejection,
     Reservation, RunContext, Stats, TokenBudget, TokenUsage, admission::Admission,
@@ -15,6 +16,7 @@ use async_bulkhead_llm::{
 use super::flights::{DedupKind, PANICKING_MODEL};
 use super::harness::{Call, Config, MAX_CHARS};
 use super::limits::check_class;
+use super::rate::{Rate, WindowRefusal, check_rate, repair_rate};
 use super::values::{
     Borrowed, CLASS_IDS, Cause, ClassCaps, ClassDetail, ClassStats, ClassTable, ClassTokenDetail,
     ClassesStats, Constraint, Detail, MAX_CLASSES, MODEL_NAME, ModelBypass, ModelLimits,
@@ -72,12 +74,19 @@ pub(crate) const NOT_OURS: usize = usize::MAX;
 /// must refuse in its documented order (crate config.rs `build`; classes design §U6.1), then
 /// the clamped global values with the raw classes, then everything repaired. Answers the
 /// bulkhead, its limits, its default class, and whether the builder refused the classes.
-pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>, bool) {
+pub(crate) fn build(
+    config: &Config,
+    clock: &ManualClock,
+) -> (LlmBulkhead, ModelLimits, Option<usize>, bool) {
     let classes = config
         .classes
         .as_ref()
         .map(|c| (c.default, &c.caps[..c.caps.len().min(MAX_CLASSES)]));
-    let builder = |max_concurrent: u32, initial_revision, budget: Option<(u64, u64)>, classes| {
+    let builder = |max_concurrent: u32,
+                   initial_revision,
+                   budget: Option<(u64, u64)>,
+                   classes,
+                   rate: Option<Rate>| {
         let mut builder = LlmBulkhead::builder(MODEL_NAME, max_concurrent as usize)
             .max_queue(config.max_queue as usize)
             .initial_revision(initial_revision);
@@ -86,6 +95,11 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         }
         if let Some((default, caps)) = classes {
             builder = builder.admission_classes(admission_classes(default, caps));
+        }
+        // Every bulkhead reads the harness's clock (class windows too).
+        builder = builder.rate_clock(RateClock::manual(clock));
+        if let Some(rate) = rate {
+            builder = builder.rate_limits(rate_limits(rate));
         }
         match config.dedup {
             None => {}
@@ -128,18 +142,29 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
             (budget, reserve.min(budget))
         }),
         classes: None,
+        // Rate limits are checked after the global values, before the classes (crate
+        // builder.rs `build`, engine/limits.rs `validate_rate`); refused ones are repaired.
+        rate: config
+            .rate
+            .and_then(|rate| repair_rate(rate, config.budget.is_some())),
     };
+    let rate_error = config
+        .rate
+        .and_then(|rate| check_rate(rate, config.budget.is_some()).err())
+        .map(ConfigError::RateLimits);
     let budget = limits.budget.map(|(budget, _)| budget);
     let raw = builder(
         config.max_concurrent,
         config.initial_revision,
         config.budget,
         classes,
+        config.rate,
     );
     let class_error = classes.and_then(|(_, caps)| class_config_error(caps, limits, budget));
+    let later_error = rate_error.or(class_error.clone());
     assert_eq!(
         raw.as_ref().err(),
-        global.as_ref().or(class_error.as_ref()),
+        global.as_ref().or(later_error.as_ref()),
         "the builder's verdict on {config:?}"
     );
     if global.is_some() {
@@ -148,11 +173,12 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
             limits.revision,
             limits.budget,
             classes,
+            config.rate,
         );
         assert_eq!(
             clamped.as_ref().err(),
-            class_error.as_ref(),
-            "the builder's verdict on the classes of {config:?}"
+            later_error.as_ref(),
+            "the builder's verdict on the classes and rate limits of {config:?}"
         );
     }
     let repaired = classes.map(|(default, caps)| {
@@ -160,12 +186,13 @@ pub(crate) fn build(config: &Config) -> (LlmBulkhead, ModelLimits, Option<usize>
         (default % caps.len(), caps)
     });
     let bulkhead = match raw {
-        Ok(bulkhead) if class_error.is_none() => bulkhead,
+        Ok(bulkhead) if later_error.is_none() => bulkhead,
         _ => builder(
             limits.max_concurrent,
             limits.revision,
             limits.budget,
             repaired.as_ref().map(|(d, caps)| (*d, &caps[..])),
+            limits.rate,
         )
         .expect("a clamped and repaired configuration builds"),
     };
@@ -214,7 +241,7 @@ fn class_config_error(
         return Some(ConfigError::NoClasses);
     }
     for (i, caps) in caps.iter().enumerate() {
-        if let Err(error) = check_class(CLASS_IDS[i], caps, budget.is_some()) {
+        if let Err(error) = check_class(CLASS_IDS[i], caps, budget.is_some(), true) {
             return Some(ConfigError::Class(error));
         }
     }
@@ -255,6 +282,7 @@ fn repair(caps: &[ClassCaps], max_concurrent: u32, budget: Option<u64>) -> Vec<C
                 max_concurrent,
                 protected_tokens: token_floor.filter(|_| budget.is_some()),
                 max_tokens: max_tokens.filter(|_| budget.is_some()),
+                rate: c.rate.and_then(|rate| repair_rate(rate, budget.is_some())),
             }
         })
         .collect();
@@ -278,6 +306,7 @@ pub(crate) fn class_limits(caps: &ClassCaps) -> ClassLimits {
     limits.max_concurrent = caps.max_concurrent;
     limits.protected_in_flight_tokens = caps.protected_tokens;
     limits.max_in_flight_tokens = caps.max_tokens;
+    limits.rate = caps.rate.map(rate_limits);
     limits
 }
 
@@ -287,6 +316,7 @@ fn caps_of(limits: &ClassLimits) -> ClassCaps {
         max_concurrent: limits.max_concurrent,
         protected_tokens: limits.protected_in_flight_tokens,
         max_tokens: limits.max_in_flight_tokens,
+        rate: limits.rate.as_ref().map(rate_of),
     }
 }
 
@@ -299,6 +329,27 @@ pub(crate) fn class_index(class: AdmissionClass, handles: &[AdmissionClass]) -> 
     }
 }
 
+/// The crate's rate limits of the model's.
+pub(crate) fn rate_limits(rate: Rate) -> RateLimits {
+    let mut limits = RateLimits::new(std::time::Duration::from_nanos(rate.window_ns));
+    if let Some(requests) = rate.requests {
+        limits = limits.requests(requests);
+    }
+    if let Some(tokens) = rate.tokens {
+        limits = limits.tokens(tokens);
+    }
+    limits
+}
+
+/// The model's rate limits of the crate's.
+pub(crate) fn rate_of(rate: &RateLimits) -> Rate {
+    Rate {
+        window_ns: u64::try_from(rate.window.as_nanos()).expect("a window in range"),
+        requests: rate.requests,
+        tokens: rate.tokens,
+    }
+}
+
 pub(crate) fn reason_of(reason: RejectReason) -> Reason {
     match reason {
         RejectReason::Shutdown => Reason::Shutdown,
@@ -307,6 +358,7 @@ pub(crate) fn reason_of(reason: RejectReason) -> Reason {
         RejectReason::QueueLimit => Reason::QueueLimit,
         RejectReason::Timeout => Reason::Timeout,
         RejectReason::Aborted => Reason::Aborted,
+        RejectReason::RateLimit => Reason::RateLimit,
         other => panic!("a reason the model does not know: {other:?}"),
     }
 }
@@ -329,6 +381,7 @@ pub(crate) fn limits_of(limits: &Limits) -> ModelLimits {
                 .collect();
             ClassTable::new(&entries[..entries.len().min(MAX_CLASSES)])
         }),
+        rate: limits.rate.as_ref().map(rate_of),
     }
 }
 
@@ -346,6 +399,9 @@ pub(crate) fn limits_from(limits: &Snapshot) -> Limits {
                     table.with(*id, class_limits(caps))
                 }),
         );
+    }
+    if let Some(rate) = limits.rate {
+        next = next.with_rate(rate_limits(rate));
     }
     next
 }
@@ -416,7 +472,40 @@ pub(crate) fn refused_of(rejection: &Rejection, handles: &[AdmissionClass]) -> R
     let refused = Refused {
         reason: reason_of(rejection.reason()),
         detail: detail_of(rejection.detail(), handles),
+        rate: rejection.rate_window().map(|window| WindowRefusal {
+            class: matches!(window, RateWindow::ClassRequests | RateWindow::ClassTokens),
+            tokens: matches!(window, RateWindow::Tokens | RateWindow::ClassTokens),
+            retry_after_ms: rejection.retry_after().map(|wait| {
+                let ms = wait.as_millis();
+                assert_eq!(
+                    wait,
+                    std::time::Duration::from_millis(ms as u64),
+                    "whole milliseconds"
+                );
+                ms as u64
+            }),
+        }),
     };
+    assert_eq!(
+        rejection.retry_after().is_some(),
+        refused
+            .rate
+            .is_some_and(|rate| rate.retry_after_ms.is_some()),
+        "a retry-after only for a rate refusal that may fit"
+    );
+    if let Some(rate) = refused.rate {
+        // A window's refusal is answered 429, or 413 for a call that can never fit (crate
+        // http.rs `Rejection::http_status`).
+        assert_eq!(
+            rejection.http_status(),
+            if rate.retry_after_ms.is_some() {
+                429
+            } else {
+                413
+            },
+            "the HTTP status of {rejection:?}"
+        );
+    }
     assert_eq!(
         rejection.limit_revision(),
         refused.detail.limit_revision,
@@ -691,6 +780,7 @@ pub(crate) fn observe(event: &Event<'_>, handles: &[AdmissionClass]) -> Observed
             refused: Refused {
                 reason: reason_of(e.reason),
                 detail: detail_of(&e.detail, handles),
+                rate: None,
             },
         },
         Event::Usage(e) => Observed::Usage {

@@ -9,6 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_bulkhead_llm::futures::{Acquire, AcquireOwned, Drain};
+use async_bulkhead_llm::rate::{ManualClock, RateStatus, WindowStatus};
 use async_bulkhead_llm::{
     AcquireError, AcquireOptions, LlmBulkhead, LlmRequest, OwnedPermit, Permit, RejectReason,
     TokenUsage, admission::Admission, admission::AdmissionId, admission::Verdict,
@@ -23,6 +24,7 @@ use super::convert::{
 };
 use super::flights::SharedScript;
 use super::harness::{Call, Config, Op};
+use super::rate::{CLOCK_START_NS, Status};
 use super::runs::LiveRun;
 use super::shared::SharedCalls;
 use super::state::Model;
@@ -137,6 +139,8 @@ pub(crate) struct Driver<'b> {
     step: usize,
     /// The operation being checked, for messages.
     op: String,
+    /// The rate windows' clock (`RateClock::manual`), moved by `Op::Advance`.
+    clock: ManualClock,
 }
 
 impl<'b> Driver<'b> {
@@ -145,17 +149,18 @@ impl<'b> Driver<'b> {
         limits: ModelLimits,
         default_class: Option<usize>,
         config: Config,
+        clock: ManualClock,
     ) -> Driver<'b> {
-        // The model counts refusals by `reason as usize`, in the crate's order (it has no rate
-        // windows: `rate_limit`, the last reason, is never its bulkheads' refusal).
+        // The model counts refusals by `reason as usize`, in the crate's order.
         assert_eq!(
             RejectReason::ALL
                 .iter()
-                .filter(|&&r| r != RejectReason::RateLimit)
                 .map(|&r| reason_of(r))
                 .collect::<Vec<_>>(),
             REASONS
         );
+        // The manual clock starts where the crate's docs say (a day past the origin).
+        assert_eq!(clock.now(), Duration::from_nanos(CLOCK_START_NS));
         // Another bulkhead's classes: other ids (a handle names an id at a position, so the
         // same ids at the same positions would be the same classes, design §U6.2).
         let foreign = LlmBulkhead::builder("other", 1)
@@ -183,6 +188,7 @@ impl<'b> Driver<'b> {
             ids: HashSet::new(),
             step: 0,
             op: "building the bulkhead".into(),
+            clock,
         };
         driver.check_handles(default_class);
         driver
@@ -203,7 +209,31 @@ impl<'b> Driver<'b> {
     pub(crate) fn apply(&mut self, op: Op) {
         self.step += 1;
         self.op = format!("{op:?}");
+        if self.model.windows.is_some()
+            && matches!(
+                op,
+                Op::Run { .. }
+                    | Op::RunReport { .. }
+                    | Op::RunAbandon { .. }
+                    | Op::RunFinish { .. }
+                    | Op::DropRun { .. }
+                    | Op::Shared { .. }
+                    | Op::SharedStep { .. }
+                    | Op::DropShared { .. }
+                    | Op::PollShared { .. }
+            )
+        {
+            panic!("the model does not cover `run` nor `run_shared` with rate windows: {op:?}");
+        }
         match op {
+            Op::Advance { by } => {
+                // The model's clock moves with the crate's (crate rate.rs `ManualClock`).
+                self.clock.advance(by);
+                self.model.now_ns += u64::try_from(by.as_nanos()).expect("a short advance");
+                if self.model.windows.is_some() {
+                    self.model.note("clock advanced");
+                }
+            }
             Op::TryAcquire { owned, call } => self.try_acquire(owned, &call),
             Op::Acquire {
                 owned,
@@ -282,22 +312,41 @@ impl<'b> Driver<'b> {
                     max_queue,
                     budget: (self.model.has_budget != flip_budget).then_some((budget, reserve)),
                     classes: self.class_part(class_shape, class_order, &classes),
+                    // The rate windows in force are kept.
+                    rate: self.model.limits.rate,
                 };
-                let real = self
-                    .bulkhead
-                    .apply_limits(limits_from(&next))
-                    .map(|outcome| match outcome {
-                        ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
-                            previous: limits_of(&previous),
-                            current: limits_of(&current),
-                        },
-                        ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
-                            current: limits_of(&current),
-                        },
-                        other => panic!("an outcome the model does not know: {other:?}"),
-                    });
-                let model = self.model.apply_limits(&next);
-                self.agree("apply_limits", real, model);
+                self.apply_snapshot(&next);
+            }
+            Op::ApplyRate {
+                revision_delta,
+                rate,
+            } => {
+                // The limits in force with other rate limits (or none).
+                let limits = self.model.limits;
+                let next = Snapshot {
+                    revision: (i128::from(limits.revision) + i128::from(revision_delta))
+                        .clamp(0, i128::from(u64::MAX)) as u64,
+                    max_concurrent: limits.max_concurrent,
+                    max_queue: limits.max_queue,
+                    budget: limits.budget,
+                    classes: self.class_part(0, 0, &Default::default()),
+                    rate,
+                };
+                // Units charged and not yet drained, in either window.
+                let charged = self.model.windows.is_some_and(|w| {
+                    let (requests, tokens) = w.status(self.model.now_ns);
+                    [requests, tokens]
+                        .into_iter()
+                        .flatten()
+                        .any(|s| s.remaining < s.limit)
+                });
+                self.apply_snapshot(&next);
+                if self.model.limits.rate != limits.rate {
+                    self.model.note("rate limits changed");
+                    if charged {
+                        self.model.note("rate limits changed with units charged");
+                    }
+                }
             }
             Op::SetBudget { tokens } => {
                 let real = self.bulkhead.set_budget(tokens).map(|l| limits_of(&l));
@@ -379,6 +428,25 @@ impl<'b> Driver<'b> {
             self.poll_all();
             self.check_all();
         }
+    }
+
+    /// `apply_limits(next)` on the crate and the model.
+    fn apply_snapshot(&mut self, next: &Snapshot) {
+        let real = self
+            .bulkhead
+            .apply_limits(limits_from(next))
+            .map(|outcome| match outcome {
+                ApplyOutcome::Applied { previous, current } => LimitsOutcome::Applied {
+                    previous: limits_of(&previous),
+                    current: limits_of(&current),
+                },
+                ApplyOutcome::Stale { current } => LimitsOutcome::Stale {
+                    current: limits_of(&current),
+                },
+                other => panic!("an outcome the model does not know: {other:?}"),
+            });
+        let model = self.model.apply_limits(next);
+        self.agree("apply_limits", real, model);
     }
 
     /// A permit the crate granted, checked against the model's, and kept.
@@ -792,6 +860,7 @@ impl<'b> Driver<'b> {
             limits_of(&self.bulkhead.limits()),
             self.model.limits,
         );
+        self.check_rate_status();
         let mut events = std::mem::take(&mut *self.recorded.lock().expect("the recorder"));
         for event in &mut events {
             if let Observed::Bypass { shadow, .. }
@@ -817,6 +886,67 @@ impl<'b> Driver<'b> {
         }
         self.check_runs();
         self.check_shared();
+    }
+
+    /// `rate_status()` field by field against the model's windows (crate rate.rs
+    /// `Words::status`: remaining = limit - min(limit, tat - now) in ticks, reset = when tick
+    /// `tat` starts, from now); `None` without windows.
+    fn check_rate_status(&mut self) {
+        let figures = |status: Option<RateStatus>| {
+            status.map(|status| {
+                let window = |w: Option<WindowStatus>| {
+                    w.map(|w| Status {
+                        limit: w.limit,
+                        remaining: w.remaining,
+                        reset_ns: u64::try_from(w.reset.as_nanos()).expect("a short reset"),
+                    })
+                };
+                (window(status.requests), window(status.tokens))
+            })
+        };
+        let now_ns = self.model.now_ns;
+        let model = self.model.windows.and_then(|w| w.report(now_ns));
+        self.note_spent(model, "");
+        self.agree("rate_status()", figures(self.bulkhead.rate_status()), model);
+        // Each class's pair (crate `class_rate_status`: none without windows of its own).
+        for (i, handle) in self.handles.clone().into_iter().enumerate() {
+            let model = self
+                .model
+                .class_windows
+                .get(i)
+                .and_then(|w| w.report(now_ns));
+            self.note_spent(model, "class ");
+            self.agree(
+                "class_rate_status()",
+                figures(self.bulkhead.class_rate_status(handle)),
+                model,
+            );
+        }
+    }
+
+    /// Notes a window partly or wholly spent.
+    fn note_spent(&mut self, windows: Option<(Option<Status>, Option<Status>)>, class: &str) {
+        let Some((requests, tokens)) = windows else {
+            return;
+        };
+        let [requests, tokens] = [requests, tokens].map(|s| s.map(|s| (s.remaining, s.limit)));
+        let any = |test: fn(u64, u64) -> bool| {
+            requests.is_some_and(|(r, l)| test(r, l)) || tokens.is_some_and(|(r, l)| test(r, l))
+        };
+        if any(|remaining, limit| remaining < limit) {
+            self.model.note(if class.is_empty() {
+                "rate window partly spent"
+            } else {
+                "class rate window partly spent"
+            });
+        }
+        if any(|remaining, _| remaining == 0) {
+            self.model.note(if class.is_empty() {
+                "rate window spent"
+            } else {
+                "class rate window spent"
+            });
+        }
     }
 
     /// Cancels every waiter, drops every permit (oldest first), and checks the end

@@ -8,11 +8,15 @@ use std::fmt::Debug;
 use std::sync::mpsc;
 use std::thread;
 
+use std::time::Duration;
+
 use async_bulkhead_llm::limits::MAX_CONCURRENT;
+use async_bulkhead_llm::rate::ManualClock;
 
 use super::convert::build;
 use super::driver::Driver;
 use super::flights::DedupKind;
+use super::rate::Rate;
 use super::state::Model;
 use super::values::ClassCaps;
 
@@ -29,6 +33,9 @@ pub struct Config {
     pub classes: Option<Classes>,
     /// In-flight deduplication, if any.
     pub dedup: Option<DedupKind>,
+    /// The bulkhead's rate windows, if any (valid values only: the builder's refusals of rate
+    /// limits are not checked), read on a manual clock the harness owns.
+    pub rate: Option<Rate>,
 }
 
 /// Admission classes to build with: each class's limits, in order (the ids are the first of
@@ -70,6 +77,8 @@ pub struct Call {
 /// ones (an operation on none does nothing); token counts are used as they are.
 #[derive(Clone, Debug)]
 pub enum Op {
+    /// Moves the rate windows' manual clock (and the model's) forward.
+    Advance { by: Duration },
     /// `try_acquire` (or `try_acquire_owned`).
     TryAcquire { owned: bool, call: Call },
     /// `acquire` (or `acquire_owned`), polled once; kept as a waiter if pending. `timeout`
@@ -131,6 +140,12 @@ pub enum Op {
         class_shape: u8,
         class_order: u8,
         classes: [ClassCaps; 4],
+    },
+    /// `apply_limits` of the limits in force at `current revision + revision_delta` (clamped
+    /// as for [`Op::ApplyLimits`]) with `rate` as the rate limits (none: without any).
+    ApplyRate {
+        revision_delta: i64,
+        rate: Option<Rate>,
     },
     /// `set_budget`.
     SetBudget { tokens: u64 },
@@ -354,8 +369,9 @@ enum Reply {
 
 /// The worker: owns the bulkhead and everything that borrows it.
 fn serve(config: Config, inbox: mpsc::Receiver<Command>, outbox: mpsc::Sender<Reply>) {
-    let (bulkhead, limits, default_class, classes_refused) = build(&config);
-    let mut driver = Driver::new(&bulkhead, limits, default_class, config);
+    let clock = ManualClock::new();
+    let (bulkhead, limits, default_class, classes_refused) = build(&config, &clock);
+    let mut driver = Driver::new(&bulkhead, limits, default_class, config, clock);
     if classes_refused {
         driver.model.note("classes refused by the builder");
     }

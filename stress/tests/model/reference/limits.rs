@@ -6,6 +6,7 @@ use async_bulkhead_llm::{
     limits::MAX_CONCURRENT, limits::MAX_REVISION,
 };
 
+use super::rate::check_rate;
 use super::state::Model;
 use super::values::{ClassCaps, ClassTable, LimitsOutcome, ModelLimits, Snapshot};
 
@@ -61,6 +62,18 @@ impl Model {
                     LimitsError::ProtectedTokensSumTooLarge { .. } => {
                         "class limits refused: token floor sum"
                     }
+                    LimitsError::Class(ClassLimitsError::Rate { .. }) => {
+                        "class limits refused: rate"
+                    }
+                    LimitsError::RateLimitsRequired
+                    | LimitsError::RateLimitsNotConfigured
+                    | LimitsError::RateWindowOutOfRange { .. }
+                    | LimitsError::RateLimitsEmpty
+                    | LimitsError::RateTokensNeedBudget
+                    | LimitsError::RateLimitTooHigh { .. } => {
+                        self.note("rate limits refused");
+                        ""
+                    }
                     _ => "",
                 };
                 if !class_error.is_empty() {
@@ -103,6 +116,14 @@ impl Model {
             }
             _ => {}
         }
+        // Rate limits after the budget, before the classes (crate engine/limits.rs `validate`):
+        // required iff the bulkhead was built with them, and valid.
+        match (self.limits.rate.is_some(), next.rate) {
+            (true, None) => return Err(LimitsError::RateLimitsRequired),
+            (false, Some(_)) => return Err(LimitsError::RateLimitsNotConfigured),
+            (_, Some(rate)) => check_rate(rate, self.has_budget)?,
+            (false, None) => {}
+        }
         let classes = match (self.limits.classes, &next.classes) {
             (None, None) => None,
             (Some(_), None) => return Err(LimitsError::AdmissionClassesRequired),
@@ -113,7 +134,8 @@ impl Model {
                     return Err(LimitsError::ClassIdsMismatch);
                 }
                 for (id, caps) in given {
-                    check_class(id, caps, self.has_budget).map_err(LimitsError::Class)?;
+                    check_class(id, caps, self.has_budget, self.windows.is_some())
+                        .map_err(LimitsError::Class)?;
                 }
                 let (slots, tokens) = given.iter().fold((0u64, 0u64), |(s, t), (_, caps)| {
                     (s + caps.floor(), t + caps.token_floor())
@@ -145,6 +167,7 @@ impl Model {
             max_queue: next.max_queue,
             budget: next.budget,
             classes,
+            rate: next.rate,
         })
     }
 
@@ -200,6 +223,7 @@ pub(crate) fn check_class(
     id: &str,
     caps: &ClassCaps,
     has_budget: bool,
+    has_windows: bool,
 ) -> Result<(), ClassLimitsError> {
     let class = id.to_owned();
     let slots = u64::from(MAX_CONCURRENT);
@@ -265,6 +289,19 @@ pub(crate) fn check_class(
                 field: ClassField::MaxInFlightTokens,
             });
         }
+    }
+    // Its rate limits last: only on a bulkhead that keeps windows (always at build, where
+    // they make them), checked as the bulkhead's are (crate engine/limits.rs
+    // `validate_class`).
+    if let Some(rate) = caps.rate {
+        let refused = |error| ClassLimitsError::Rate {
+            class: id.to_owned(),
+            error: Box::new(error),
+        };
+        if !has_windows {
+            return Err(refused(LimitsError::RateLimitsNotConfigured));
+        }
+        check_rate(rate, has_budget).map_err(refused)?;
     }
     Ok(())
 }

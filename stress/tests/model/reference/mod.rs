@@ -2,7 +2,8 @@
 //! the model side by side, failing on the first disagreement.
 //!
 //! The model is the specification: plain integers, a `VecDeque` for the queue, no atomics, no
-//! clock. Every rule cites where it comes from: `design §Un` is the original's behaviour and
+//! clock of its own (the rate windows' manual clock moves only by `Op::Advance`, in step with
+//! the model's). Every rule cites where it comes from: `design §Un` is the original's behaviour and
 //! `Qn` a deliberate difference from it (design §D4), both in `docs/design.md`, and a few rules
 //! are the crate's own documented design (named with their source file).
 //!
@@ -17,15 +18,47 @@
 //! observe mode (`bypass.rs`), after the crate's documentation of them (run_shared.rs, run.rs,
 //! options.rs, observe.rs).
 //!
+//! # Rate windows
+//!
+//! The bulkhead's pair of windows (`RateLimits`: requests, tokens or both per window) and each
+//! admission class's (`ClassLimits::rate`), after the crate's src/engine/rate.rs module docs
+//! (`rate.rs` here): a GCRA per window in the crate's ticks, modelled exactly (see `rate.rs`
+//! for why ticks and not rational time), on a `ManualClock` the harness owns and moves with
+//! `Op::Advance`. Covered: the builder's refusals of rate limits (the bulkhead's after the
+//! global values, a class's last among its limits; then built repaired); the judging order (a
+//! closed bulkhead refuses `shutdown` before any window; the bulkhead's requests then tokens
+//! window, then the class's, before the in-flight decision); a window's refusal (`rate_limit`,
+//! counted globally and for the call's class, announced, with the global detail for the
+//! bulkhead's windows and the class's figures for a class's, the window, and the exact
+//! `retry_after` in whole milliseconds, or none for a call larger than the limit); the charge
+//! given back when a later window refuses (the class's after the bulkhead's, tokens after
+//! requests), when the in-flight decision refuses, and when a queued call's wait ends refused
+//! (picked up, zero timeout, cancelled, closed; on the windows configured then); the tokens
+//! charge corrected at settlement to the usage and charged beyond the reservation as reports
+//! arrive, on both pairs; a permit dropped without usage keeping its charge; `rate_status()`,
+//! every class's `class_rate_status()` and `limits().rate` (the classes' too) after every
+//! step; `apply_limits` with other rate limits for the bulkhead (`Op::ApplyRate`) or its
+//! classes (class limits carrying rates), the units charged and not yet drained staying
+//! charged (at most the new limit, in the new ticks; a window added or removed starts empty),
+//! and its `LimitsError::Rate*` and `ClassLimitsError::Rate` refusals, which change nothing.
+//! The crate caps `retry_after` at 28 bits of milliseconds (about 3.1 days), reachable only
+//! through usage charged far beyond a window's limit; the model mirrors the cap (see
+//! `rate.rs`). Not covered: the system, precise and tokio clocks, a decision racing
+//! `apply_limits`, the fast lane as such (its outcome is the general path's), and windows with
+//! `run`, `run_shared` or observe mode (the driver refuses those operations on a bulkhead with
+//! windows rather than check them wrongly).
+//!
 //! # What the harness checks
 //!
 //! After every operation: every result (permit, rejection with reason and full capacity
-//! detail including the constraint, the shared pools and the class's figures, usage report,
+//! detail including the constraint, the shared pools and the class's figures, and its
+//! `rate_window()` and `retry_after()` (none for every refusal but a window's; a window's
+//! `http_status()` 429, or 413 when it never fits), usage report,
 //! release report, verdict, limits outcome, error value), every live permit's and every
 //! running `run` context's accessors (id, hold, reservation, revision, priority, class,
 //! resources, whether it holds its slot, usage, sequence; for a bypassed call its bypass),
 //! `stats()` field by field (the abandonment counts, the class block, the deduplication and
-//! observe figures included), `limits()`, and the events a subscribed listener received (with
+//! observe figures included), `limits()` (its `rate` too), `rate_status()`, and the events a subscribed listener received (with
 //! their class, resources, the abandon, bypass and deduplication events). When auto-polling
 //! is on (the default), it then polls every waiting future, waiting run and pending drain, in
 //! creation order, and checks everything again: the crate hands capacity to the queue head at
@@ -101,6 +134,7 @@ mod handles;
 mod harness;
 mod limits;
 mod operations;
+mod rate;
 mod runs;
 mod shared;
 mod state;
@@ -112,6 +146,10 @@ mod values;
 pub use flights::DedupKind;
 #[allow(unused_imports)]
 pub use harness::{Call, Classes, Config, Harness, MAX_CHARS, Op, Step};
+#[allow(unused_imports)]
+pub use rate::Rate;
+#[allow(unused_imports)]
+pub(crate) use rate::Status;
 pub use values::ClassCaps;
 #[allow(unused_imports)]
 pub(crate) use values::{Constraint, Pool, Reason, Refused};

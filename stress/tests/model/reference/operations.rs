@@ -14,12 +14,17 @@ use super::values::{
 impl Model {
     /// `try_acquire`: admits now or refuses now, never waits.
     pub(crate) fn try_acquire(&mut self, ask: Ask) -> Result<ModelPermit, Refused> {
+        // The rate windows first (crate rate.rs), their charge given back on a refusal.
+        let charged = self.charge_windows(ask)?;
         match self.judge_newcomer(ask) {
             Ok(()) => {
                 let borrowed = self.take(ask);
                 Ok(self.admit(ask, self.limits.revision, borrowed))
             }
             Err(refusal) => {
+                if charged {
+                    self.refund_windows(ask, "rate charge given back: refused now");
+                }
                 let (reason, constraint) = refusal.reason(Reason::ConcurrencyLimit);
                 self.note_refusal(reason, constraint, Some(ask));
                 let refused = self.refuse(reason, constraint, ask);
@@ -31,6 +36,12 @@ impl Model {
 
     /// An `acquire` at its first poll (design §U3.2 with Q1 and Q7, §U2.1).
     pub(crate) fn acquire(&mut self, ask: Ask, zero_timeout: bool) -> Started {
+        // The rate windows first (crate rate.rs): a queued call keeps its charge while it
+        // waits; any refusal gives it back.
+        let charged = match self.charge_windows(ask) {
+            Ok(charged) => charged,
+            Err(refused) => return Started::Refused(refused),
+        };
         let (reason, constraint) = match self.judge_newcomer(ask) {
             Ok(()) => {
                 let borrowed = self.take(ask);
@@ -42,6 +53,9 @@ impl Model {
                     self.next_key += 1;
                     self.queue.push_back(key);
                     self.note("queued");
+                    if charged {
+                        self.note("queued with a rate charge");
+                    }
                     if ask.class.is_some_and(|c| self.caps(c).floor() > 0)
                         && !self.borrowing(ask).slot
                     {
@@ -65,6 +79,9 @@ impl Model {
             },
             Err(refusal) => refusal.reason(Reason::ConcurrencyLimit),
         };
+        if charged {
+            self.refund_windows(ask, "rate charge given back: refused now");
+        }
         self.note_refusal(reason, constraint, Some(ask));
         let refused = self.refuse(reason, constraint, ask);
         self.announce_reject(ask.class, refused);
@@ -81,6 +98,7 @@ impl Model {
             Reason::QueueLimit => "refused: queue_limit",
             Reason::Timeout => "refused: timeout",
             Reason::Aborted => "refused: aborted",
+            Reason::RateLimit => "refused: rate_limit",
         });
         match (reason, constraint) {
             (Reason::BudgetLimit, Some(Constraint::AdmissionClass)) => {
@@ -180,6 +198,9 @@ impl Model {
             }
             WaiterState::Refused(refused) => {
                 self.remove_waiter(key);
+                // Its wait ended refused: its rate charge goes back (crate waiting.rs
+                // `pick_up`, rate.rs).
+                self.refund_windows(waiter.ask, "rate charge given back: wait ended refused");
                 self.announce_reject(waiter.ask.class, refused);
                 self.note_refusal(refused.reason, refused.detail.constraint, None);
                 Poll::Ready(Err(refused))
@@ -192,6 +213,9 @@ impl Model {
     pub(crate) fn cancel_waiter(&mut self, key: u64) {
         let waiter = self.remove_waiter(key);
         let ask = waiter.ask;
+        // Cancelled in any state, the wait ended refused (`aborted`): its rate charge goes
+        // back, a hand-off's too (crate waiting.rs `cancel`, rate.rs).
+        self.refund_windows(ask, "rate charge given back: wait cancelled");
         let refused = match waiter.state {
             WaiterState::Queued => {
                 self.leave_queue(key);
@@ -281,6 +305,18 @@ impl Model {
             permit.refunded += booking.refunded;
             self.record(permit.class, booking);
         }
+        // Usage beyond the reservation is charged to the tokens window as it is reported
+        // (crate rate.rs "a report beyond its reservation is charged when it arrives", usage.rs).
+        let reserved = permit.reserved();
+        let before = permit
+            .reported
+            .map_or(0, |(input, output)| input + output)
+            .max(reserved);
+        self.correct_windows(
+            permit.class,
+            before,
+            (reported.0 + reported.1).max(reserved).max(before),
+        );
         let usage_changed = permit.reported != Some(reported);
         permit.held = hold;
         permit.reported = Some(reported);
@@ -354,6 +390,14 @@ impl Model {
         match usage {
             Some((input, output)) => {
                 let total = input + output;
+                // The tokens charge moves from what was charged (the reservation, or more
+                // reported beyond it) to the usage (crate rate.rs "A settled call's tokens
+                // charge is corrected to its reported usage", usage.rs `settle`).
+                let charged = permit
+                    .reported
+                    .map_or(0, |(input, output)| input + output)
+                    .max(permit.reserved());
+                self.correct_windows(permit.class, charged, total);
                 self.consumed += u128::from(total);
                 if let Some(class) = permit.class {
                     self.classes[class].consumed += u128::from(total);
@@ -449,6 +493,8 @@ impl Model {
     /// Installs new limits (design §U8.2): shrink by attrition, raised limits serve
     /// the queue at once.
     pub(crate) fn install(&mut self, next: ModelLimits) -> ModelLimits {
+        // The windows move to the new limits' ticks (crate rate.rs `Words::rescale`).
+        self.rescale_windows(&next);
         let previous = self.limits;
         self.limits = next;
         if !self.queue.is_empty() {

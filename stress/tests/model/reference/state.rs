@@ -8,6 +8,7 @@ use async_bulkhead_llm::{classes::AdmissionClass, limits::LimitsError};
 
 use super::flights::{DedupKind, Flights};
 use super::harness::{Call, MAX_CHARS};
+use super::rate::{CLOCK_START_NS, Windows};
 use super::values::{
     Ask, Borrowed, ClassCaps, ClassDetail, ClassTokenDetail, Constraint, DEFAULT_OUTPUT_CAP,
     Detail, ModelLimits, ModelPermit, ModelWaiter, ObserveFigures, Observed, Pool, Reason, Refusal,
@@ -36,7 +37,7 @@ pub(crate) struct ClassState {
     pub(crate) released: u64,
     /// By cause, in `Cause` order.
     pub(crate) abandoned: [u64; 2],
-    pub(crate) rejected: [u64; 6],
+    pub(crate) rejected: [u64; 7],
     pub(crate) reserved: u128,
     pub(crate) consumed: u128,
     pub(crate) refunded: u128,
@@ -70,7 +71,7 @@ pub(crate) struct Model {
     pub(crate) next_key: u64,
     pub(crate) admitted: u64,
     pub(crate) released: u64,
-    pub(crate) rejected: [u64; 6],
+    pub(crate) rejected: [u64; 7],
     // Exact cumulative token totals; `stats()` saturates them like the crate.
     pub(crate) reserved: u128,
     pub(crate) consumed: u128,
@@ -99,6 +100,22 @@ pub(crate) struct Model {
     pub(crate) observe: ObserveFigures,
     /// The number the next bypass gets.
     pub(crate) next_shadow: u128,
+    /// The bulkhead's pair of rate windows, iff it keeps windows: built with rate limits of
+    /// its own or of a class (crate assembly.rs: "Windows iff rate limits are configured
+    /// anywhere"); a pair that counts nothing without rate limits of its own.
+    pub(crate) windows: Option<Windows>,
+    /// Each class's pair, in class order, iff the bulkhead keeps windows and has classes.
+    pub(crate) class_windows: Vec<Windows>,
+    /// The manual clock's time, nanoseconds (moved by `Op::Advance` with the harness's clock).
+    pub(crate) now_ns: u64,
+}
+
+/// Whether a bulkhead built with `limits` keeps rate windows (crate assembly.rs).
+fn keeps_windows(limits: &ModelLimits) -> bool {
+    limits.rate.is_some()
+        || limits
+            .classes
+            .is_some_and(|table| table.iter().any(|(_, caps)| caps.rate.is_some()))
 }
 
 impl Model {
@@ -122,7 +139,7 @@ impl Model {
             next_key: 0,
             admitted: 0,
             released: 0,
-            rejected: [0; 6],
+            rejected: [0; 7],
             reserved: 0,
             consumed: 0,
             refunded: 0,
@@ -142,6 +159,15 @@ impl Model {
             },
             observe: ObserveFigures::default(),
             next_shadow: 0,
+            windows: keeps_windows(&limits).then(|| Windows::of(limits.rate)),
+            class_windows: match (keeps_windows(&limits), limits.classes) {
+                (true, Some(table)) => table
+                    .iter()
+                    .map(|(_, caps)| Windows::of(caps.rate))
+                    .collect(),
+                _ => Vec::new(),
+            },
+            now_ns: CLOCK_START_NS,
         }
     }
 
@@ -521,6 +547,7 @@ impl Model {
         Refused {
             reason,
             detail: self.detail(ask, constraint),
+            rate: None,
         }
     }
 
@@ -531,6 +558,11 @@ impl Model {
     pub(crate) fn announce_reject(&mut self, class: Option<usize>, refused: Refused) {
         self.last_refused = Some((class, refused));
         if self.listening {
+            // A reject event carries no window nor retry-after of its own.
+            let refused = Refused {
+                rate: None,
+                ..refused
+            };
             self.events.push(Observed::Reject { class, refused });
         }
     }

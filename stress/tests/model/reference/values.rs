@@ -3,6 +3,8 @@
 
 use std::fmt::Debug;
 
+use super::rate::{Rate, WindowRefusal};
+
 /// The bulkhead's model name, unknown to the ratio table (fallback 4.0 chars per token,
 /// design §U13.3).
 pub(crate) const MODEL_NAME: &str = "model-under-test";
@@ -19,16 +21,19 @@ pub(crate) enum Reason {
     QueueLimit,
     Timeout,
     Aborted,
+    /// A rate window refused the call (crate src/engine/rate.rs module docs).
+    RateLimit,
 }
 
 /// In the crate's declaration order (`RejectReason::ALL`).
-pub(crate) const REASONS: [Reason; 6] = [
+pub(crate) const REASONS: [Reason; 7] = [
     Reason::Shutdown,
     Reason::ConcurrencyLimit,
     Reason::BudgetLimit,
     Reason::QueueLimit,
     Reason::Timeout,
     Reason::Aborted,
+    Reason::RateLimit,
 ];
 
 /// The ids of the admission classes a configuration may have, in construction order (a
@@ -50,6 +55,8 @@ pub(crate) struct ModelLimits {
     pub(crate) budget: Option<(u64, u64)>,
     /// The classes' limits, in construction order, iff the bulkhead has classes.
     pub(crate) classes: Option<ClassTable>,
+    /// The bulkhead's rate windows (`Limits::rate`).
+    pub(crate) rate: Option<Rate>,
 }
 
 /// One class's floors and ceilings (design §U6.1), as given: `None` is omitted.
@@ -59,6 +66,8 @@ pub struct ClassCaps {
     pub max_concurrent: Option<u32>,
     pub protected_tokens: Option<u64>,
     pub max_tokens: Option<u64>,
+    /// The class's own rate windows (`ClassLimits::rate`).
+    pub rate: Option<Rate>,
 }
 
 impl ClassCaps {
@@ -119,6 +128,7 @@ pub(crate) struct Snapshot {
     pub(crate) max_queue: u32,
     pub(crate) budget: Option<(u64, u64)>,
     pub(crate) classes: Option<Vec<(&'static str, ClassCaps)>>,
+    pub(crate) rate: Option<Rate>,
 }
 
 /// Which limit bound a decision, with classes (design §U6.4).
@@ -209,6 +219,9 @@ pub(crate) struct TokenDetail {
 pub(crate) struct Refused {
     pub(crate) reason: Reason,
     pub(crate) detail: Detail,
+    /// For a `rate_limit` refusal, which window refused and its `retry_after` (none for any
+    /// other refusal; a reject event carries neither, so the events compare none).
+    pub(crate) rate: Option<WindowRefusal>,
 }
 
 /// A resolved call (design §U3.1): its class (none without classes), its priority and its
@@ -466,7 +479,7 @@ pub(crate) struct ModelStats {
     pub(crate) admitted: u64,
     pub(crate) released: u64,
     pub(crate) rejected: u64,
-    pub(crate) rejected_by_reason: [u64; 6],
+    pub(crate) rejected_by_reason: [u64; 7],
     pub(crate) tokens: Option<TokenStats>,
     pub(crate) listener_panics: u64,
     pub(crate) classes: Option<ClassesStats>,
@@ -481,7 +494,7 @@ pub(crate) struct ModelStats {
 pub(crate) struct ObserveFigures {
     pub(crate) bypassed: u64,
     pub(crate) race_bypassed: u64,
-    pub(crate) by_reason: [u64; 6],
+    pub(crate) by_reason: [u64; 7],
     pub(crate) usage_reported: u64,
     pub(crate) input_tokens: u64,
     pub(crate) output_tokens: u64,
@@ -573,7 +586,7 @@ pub(crate) struct ClassStats {
     /// `(total, manual, deadline)`.
     pub(crate) abandoned: (u64, u64, u64),
     pub(crate) rejected: u64,
-    pub(crate) rejected_by_reason: [u64; 6],
+    pub(crate) rejected_by_reason: [u64; 7],
     pub(crate) total_reserved: u64,
     pub(crate) total_consumed: u64,
     pub(crate) total_refunded: u64,
