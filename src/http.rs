@@ -7,8 +7,8 @@
 //!
 //! | refusal | status | `type` |
 //! |---|---|---|
-//! | `concurrency_limit`, `queue_limit`, `budget_limit` | 429 Too Many Requests | `rate_limit_error` |
-//! | `budget_limit` for a call that can never fit | 413 Content Too Large | `request_too_large` |
+//! | `concurrency_limit`, `queue_limit`, `budget_limit`, `rate_limit` | 429 Too Many Requests | `rate_limit_error` |
+//! | `budget_limit` or `rate_limit` for a call that can never fit (more than the budget, a class's ceiling or a whole window) | 413 Content Too Large | `request_too_large` |
 //! | `shutdown` | 503 Service Unavailable | `unavailable_error` |
 //! | `timeout` (in the queue) | 503 Service Unavailable | `overloaded_error` |
 //! | `aborted` | 499 (client closed request) | `client_closed_request` |
@@ -382,19 +382,21 @@ fn never_fits(detail: &CapacityDetail) -> String {
             budget.requested, budget.effective_budget
         );
     }
+    // A window's refusal first: its snapshot may show a class ceiling the call is within.
+    if detail.rate_never_fits() {
+        return format!(
+            "request too large: it reserves more tokens than its rate window allows in a whole window {ADVICE}"
+        );
+    }
     if let Some(class) = detail.admission_class()
         && let Some(tokens) = class.token_budget
         && let Some(ceiling) = tokens.max_in_flight_tokens
+        && tokens.requested > ceiling
     {
         return format!(
             "request too large: it reserves {} tokens, more than admission class {:?}'s ceiling of {ceiling} tokens {ADVICE}",
             tokens.requested,
             class.class.id(),
-        );
-    }
-    if detail.rate_never_fits() {
-        return format!(
-            "request too large: it reserves more tokens than its rate window allows in a whole window {ADVICE}"
         );
     }
     // `can_never_fit` says one of the two: this line is not reached.

@@ -212,8 +212,9 @@ pub struct CapacityDetail {
     /// A rejection's detail only, packed in one word (so that a snapshot is built with one
     /// store for all of it): the level that refused in a tenant-within-global admission (bits
     /// `SCOPE_SHIFT..`: 0 none, 1 tenant, 2 global); for a `rate_limit` refusal, whether the
-    /// tokens window refused (`RATE_TOKENS`) and when the call would fit, in milliseconds
-    /// rounded up (the low bits, `RETRY_NEVER`: never).
+    /// tokens window refused (`RATE_TOKENS`), whether its class's (`RATE_CLASS`), and when
+    /// the call would fit, in milliseconds
+    /// rounded up, or seconds beyond about 1.55 days (the low bits, `RETRY_NEVER`: never).
     refusal: u32,
     /// The class and shared-pool figures of a class decision, packed (see [`ClassFacts`]);
     /// read them with [`admission_class`](CapacityDetail::admission_class) and
@@ -416,13 +417,18 @@ impl CapacityDetail {
 impl CapacityDetail {
     /// The wait of a rate refusal (`None`: never fits).
     fn retry_after(&self) -> Option<Duration> {
-        let ms = self.refusal & RETRY_NEVER;
-        (ms != RETRY_NEVER).then(|| Duration::from_millis(u64::from(ms)))
+        let value = u64::from(self.refusal & RETRY_VALUE);
+        if self.refusal & RETRY_SECONDS != 0 {
+            Some(Duration::from_secs(value))
+        } else {
+            (value != u64::from(RETRY_NEVER)).then(|| Duration::from_millis(value))
+        }
     }
 
     /// Whether this is the snapshot of a rate refusal that can never fit its window.
     pub(crate) fn rate_never_fits(&self) -> bool {
-        self.reason == Some(RejectReason::RateLimit) && self.refusal & RETRY_NEVER == RETRY_NEVER
+        self.reason == Some(RejectReason::RateLimit)
+            && self.refusal & (RETRY_SECONDS | RETRY_VALUE) == RETRY_NEVER
     }
 
     /// Whether a rate refusal came from the tokens window.
@@ -458,8 +464,13 @@ impl CapacityDetail {
 const SCOPE_SHIFT: u32 = 30;
 const RATE_TOKENS: u32 = 1 << 29;
 const RATE_CLASS: u32 = 1 << 28;
-/// 28 bits of milliseconds: about 3.1 days, beyond the longest window (a day).
-const RETRY_NEVER: u32 = RATE_CLASS - 1;
+/// A rate refusal's wait: whole milliseconds (rounded up) in 27 bits, up to about 1.55 days
+/// (beyond the longest window, a day); a longer wait (usage charged far beyond a window's
+/// limit) in whole seconds (rounded up, up to about 4.25 years), flagged `RETRY_SECONDS`; all
+/// ones in milliseconds: never.
+const RETRY_SECONDS: u32 = 1 << 27;
+const RETRY_VALUE: u32 = RETRY_SECONDS - 1;
+const RETRY_NEVER: u32 = RETRY_VALUE;
 
 impl PartialEq for CapacityDetail {
     /// Compares the figures (the class figures included), not the reason.
@@ -967,8 +978,10 @@ impl Rejection {
     }
 
     /// For a `rate_limit` refusal, when the call would fit if nothing else arrived
-    /// (milliseconds, rounded up); `None` for any other refusal, and for a call that can never
-    /// fit its window (more tokens than the window allows).
+    /// (milliseconds, rounded up; whole seconds, rounded up, for a wait beyond about 1.55
+    /// days, which only usage charged far beyond a window's limit makes); `None` for any other
+    /// refusal, and for a call that can never fit its window (more tokens than the window
+    /// allows).
     ///
     /// # Examples
     ///
@@ -1085,8 +1098,14 @@ impl Rejection {
         retry_after: Option<Duration>,
     ) -> Rejection {
         let ms = match retry_after {
-            Some(wait) => u32::try_from(wait.as_nanos().div_ceil(1_000_000))
-                .map_or(RETRY_NEVER - 1, |ms| ms.min(RETRY_NEVER - 1)),
+            Some(wait) => match u32::try_from(wait.as_nanos().div_ceil(1_000_000)) {
+                Ok(ms) if ms < RETRY_NEVER => ms,
+                _ => {
+                    let seconds = wait.as_nanos().div_ceil(1_000_000_000);
+                    RETRY_SECONDS
+                        | u32::try_from(seconds).map_or(RETRY_VALUE, |s| s.min(RETRY_VALUE))
+                }
+            },
             None => RETRY_NEVER,
         };
         let bits = match window {
@@ -1095,7 +1114,10 @@ impl Rejection {
             RateWindow::ClassRequests => RATE_CLASS,
             RateWindow::ClassTokens => RATE_CLASS | RATE_TOKENS,
         };
-        detail.refusal = (detail.refusal & !(RATE_CLASS | RATE_TOKENS | RETRY_NEVER)) | bits | ms;
+        detail.refusal = (detail.refusal
+            & !(RATE_CLASS | RATE_TOKENS | RETRY_SECONDS | RETRY_VALUE))
+            | bits
+            | ms;
         Rejection::new(RejectReason::RateLimit, detail)
     }
 

@@ -421,3 +421,34 @@ fn under_threads_a_frozen_class_window_admits_exactly_its_limit() {
     );
     assert_eq!(class_stats(&bulkhead, "batch").admitted, 120);
 }
+
+/// A call larger than its class's tokens window is answered 413, and the message names the
+/// window (not the class's ceiling of tokens in flight, which it is within).
+#[test]
+fn a_call_larger_than_its_class_window_is_told_so() {
+    let clock = ManualClock::new();
+    let batch = ClassLimits::new()
+        .max_in_flight_tokens(5_000)
+        .rate(RateLimits::new(SECOND).tokens(1_000));
+    let bulkhead = LlmBulkhead::builder("m", 8)
+        .token_budget(TokenBudget::new(10_000))
+        .admission_classes(
+            AdmissionClasses::new("chat")
+                .class("chat", ClassLimits::new())
+                .class("batch", batch),
+        )
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    let refused = bulkhead
+        .try_acquire(&LlmRequest::new(), in_class(&bulkhead, "batch", 2_000))
+        .unwrap_err();
+    assert_eq!(
+        refused.rejection().unwrap().rate_window(),
+        Some(RateWindow::ClassTokens)
+    );
+    let answer = async_bulkhead_llm::http::HttpRefusal::from(refused);
+    assert_eq!(answer.status, 413);
+    assert!(answer.message.contains("rate window"), "{}", answer.message);
+    assert!(!answer.message.contains("ceiling"), "{}", answer.message);
+}

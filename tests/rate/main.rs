@@ -718,3 +718,35 @@ fn a_learned_budget_stays_within_its_bounds() {
     assert_eq!(budget(), 120_000);
     assert_eq!(bulkhead.limits().rate.unwrap().requests, Some(600));
 }
+
+/// Usage charged far beyond a window's limit makes a wait longer than any window: told
+/// exactly (in whole seconds beyond about 1.55 days), so a call that waits that long fits. (It
+/// was capped at about 3.1 days, and a call that waited that long was refused again.)
+#[test]
+fn a_wait_longer_than_any_window_is_told_exactly() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(4, RateLimits::new(SECOND).tokens(1_000), &clock);
+    let request = LlmRequest::new();
+    let permit = bulkhead.try_acquire(&request, tokens(100)).unwrap();
+    permit.release(Some(TokenUsage::new(0, 1_000_000_000).unwrap()));
+    let refused = bulkhead.try_acquire(&request, tokens(1)).unwrap_err();
+    // 999,999,001 ms (the window's 1,000 tokens a second), rounded up to whole seconds.
+    let wait = refused.rejection().unwrap().retry_after().unwrap();
+    assert_eq!(wait, Duration::from_secs(1_000_000));
+    assert_eq!(
+        bulkhead.rate_status().unwrap().tokens.unwrap().reset,
+        Duration::from_secs(1_000_000)
+    );
+    clock.advance(wait - Duration::from_secs(1));
+    assert!(bulkhead.try_acquire(&request, tokens(1)).is_err());
+    clock.advance(Duration::from_secs(1));
+    assert!(bulkhead.try_acquire(&request, tokens(1)).is_ok());
+    // Within a day and a half, still milliseconds: 1,000 tokens more is one second.
+    let bulkhead = windowed(4, RateLimits::new(SECOND).tokens(1_000), &clock);
+    drop(bulkhead.try_acquire(&request, tokens(1_000)).unwrap());
+    let refused = bulkhead.try_acquire(&request, tokens(1)).unwrap_err();
+    assert_eq!(
+        refused.rejection().unwrap().retry_after(),
+        Some(Duration::from_millis(1))
+    );
+}

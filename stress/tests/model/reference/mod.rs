@@ -41,9 +41,8 @@
 //! classes (class limits carrying rates), the units charged and not yet drained staying
 //! charged (at most the new limit, in the new ticks; a window added or removed starts empty),
 //! and its `LimitsError::Rate*` and `ClassLimitsError::Rate` refusals, which change nothing.
-//! The crate caps `retry_after` at 28 bits of milliseconds (about 3.1 days), reachable only
-//! through usage charged far beyond a window's limit; the model mirrors the cap (see
-//! `rate.rs`). Not covered: the system, precise and tokio clocks, a decision racing
+//! A `retry_after` beyond about 1.55 days (reachable only through usage charged far beyond a
+//! window's limit) is carried in whole seconds (see `rate.rs`). Not covered: the system, precise and tokio clocks, a decision racing
 //! `apply_limits`, the fast lane as such (its outcome is the general path's), and windows with
 //! `run`, `run_shared` or observe mode (the driver refuses those operations on a bulkhead with
 //! windows rather than check them wrongly).

@@ -168,16 +168,21 @@ pub(crate) struct WindowRefusal {
     pub(crate) retry_after_ms: Option<u64>,
 }
 
-/// The longest `retry_after` a rejection carries, in milliseconds: the crate keeps it in 28
-/// bits of the capacity detail ("about 3.1 days, beyond the longest window (a day)", crate
-/// rejection.rs `RETRY_NEVER`) and reports anything longer as this. A wait that long only
-/// arises from usage charged beyond the limit (corrections never refuse); there the crate's
-/// value is shorter than the documented "when the call would fit": a disagreement with the
-/// docs the model mirrors (reported, not fixed here).
-const MAX_RETRY_MS: u64 = (1 << 28) - 2;
+/// How a rejection carries `retry_after` (crate rejection.rs `Rejection::retry_after`):
+/// milliseconds rounded up while below `NEVER_MS` (about 1.55 days, beyond the longest window);
+/// a longer wait, which only usage charged far beyond the limit makes (corrections never
+/// refuse), in whole seconds rounded up (at most `NEVER_MS` seconds).
+const NEVER_MS: u64 = (1 << 27) - 1;
 
 fn ms(retry_after_ns: Option<u64>) -> Option<u64> {
-    retry_after_ns.map(|ns| ns.div_ceil(1_000_000).min(MAX_RETRY_MS))
+    retry_after_ns.map(|ns| {
+        let ms = ns.div_ceil(1_000_000);
+        if ms < NEVER_MS {
+            ms
+        } else {
+            ns.div_ceil(1_000_000_000).min(NEVER_MS) * 1_000
+        }
+    })
 }
 
 impl Windows {
