@@ -540,8 +540,12 @@ impl Engine {
             }
         };
         let pending = self.queue.len();
-        let (verdict, constraint) =
+        let (mut verdict, mut constraint) =
             policy::verdict(seen.state, &seen.bounds, pending, ask, seen.class.as_ref());
+        // The windows decide before the word (`shutdown` before both), as an admission does.
+        if verdict != Verdict::Reject(RejectReason::Shutdown) && !self.windows_would_fit(ask) {
+            (verdict, constraint) = (Verdict::Reject(RejectReason::RateLimit), None);
+        }
         if !want_detail(verdict) {
             return (verdict, None);
         }

@@ -528,6 +528,36 @@ impl Words {
         }
     }
 
+    /// Whether a call of `tokens` would fit every window of `bounds` at `now_ns`, charging
+    /// nothing (an advisory check: another call may take the room first).
+    pub(crate) fn would_fit(
+        &self,
+        tag: u64,
+        bounds: RateBounds,
+        tokens: u64,
+        now_ns: u64,
+    ) -> Result<bool, Stale> {
+        let charge = Windows::charge_of(bounds, tokens);
+        for (window, units, scale) in [
+            (&self.requests, charge.requests, bounds.requests()),
+            (&self.tokens, charge.tokens, bounds.tokens()),
+        ] {
+            if units == 0 || scale.limit == 0 {
+                continue;
+            }
+            let current = window.load(Ordering::Acquire);
+            if current >> TICK_BITS != tag {
+                return Err(Stale);
+            }
+            let now = scale.ticks(now_ns);
+            let next = (current & TICKS).max(now).saturating_add(units);
+            if units > scale.limit || next - now > scale.limit {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Gives `charge` back (the call was not admitted after all): units, the same on every
     /// epoch's ticks.
     #[inline]

@@ -123,6 +123,24 @@ impl Engine {
             .ok()
     }
 
+    /// Whether `ask` would fit the rate windows now (the bulkhead's and its class's),
+    /// charging nothing: `true` without windows.
+    pub(super) fn windows_would_fit(&self, ask: Ask) -> bool {
+        let Some(windows) = &self.windows else {
+            return true;
+        };
+        let now = windows.now_ns();
+        match Engine::class_windows(windows, ask.class) {
+            None => self.with_rate_bounds(|tag, bounds| {
+                windows.global().would_fit(tag, bounds, ask.reserved, now)
+            }),
+            Some(index) => self.with_class_rate_bounds(index, |tag, bounds, class| {
+                Ok(windows.global().would_fit(tag, bounds, ask.reserved, now)?
+                    && windows.classes()[index].would_fit(tag, class, ask.reserved, now)?)
+            }),
+        }
+    }
+
     /// Counts a `rate_limit` refusal of `ask` and builds its rejection (the figures of this
     /// moment, the class's too when its window refused; which window; when the call would
     /// fit).

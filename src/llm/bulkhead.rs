@@ -332,7 +332,9 @@ impl LlmBulkhead {
     }
 
     /// Whether `request` would be admitted now, without reserving anything or counting
-    /// anything. A closed bulkhead answers `shutdown` first.
+    /// anything (its rate windows are read, not charged). A closed bulkhead answers `shutdown`
+    /// first; then the rate windows (`rate_limit`), then the limits in flight, as an
+    /// admission judges them.
     ///
     /// # Errors
     ///

@@ -750,3 +750,37 @@ fn a_wait_longer_than_any_window_is_told_exactly() {
         Some(Duration::from_millis(1))
     );
 }
+
+/// `would_admit` judges the windows as an admission does (before the limits in flight,
+/// `shutdown` first), charging nothing.
+#[test]
+fn would_admit_sees_the_windows_and_charges_nothing() {
+    use async_bulkhead_llm::admission::Verdict;
+    let clock = ManualClock::new();
+    let bulkhead = windowed(1, RateLimits::new(SECOND).requests(2), &clock);
+    let request = LlmRequest::new();
+    let remaining = || bulkhead.rate_status().unwrap().requests.unwrap().remaining;
+    assert_eq!(
+        bulkhead.would_admit(&request, tokens(1)).unwrap(),
+        Verdict::Admit
+    );
+    assert_eq!(remaining(), 2);
+    let held = bulkhead.try_acquire(&request, tokens(1)).unwrap();
+    // The slot is taken, the window has room: the call would queue.
+    assert_eq!(
+        bulkhead.would_admit(&request, tokens(1)).unwrap(),
+        Verdict::Queue
+    );
+    drop(held);
+    drop(bulkhead.try_acquire(&request, tokens(1)).unwrap());
+    assert_eq!(
+        bulkhead.would_admit(&request, tokens(1)).unwrap(),
+        Verdict::Reject(RejectReason::RateLimit)
+    );
+    assert_eq!(remaining(), 0);
+    bulkhead.close();
+    assert_eq!(
+        bulkhead.would_admit(&request, tokens(1)).unwrap(),
+        Verdict::Reject(RejectReason::Shutdown)
+    );
+}

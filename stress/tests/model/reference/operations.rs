@@ -536,6 +536,12 @@ impl Model {
     /// snapshot a refusal would carry; a verdict that refuses nothing (admit, or queue) names
     /// no constraint.
     pub(crate) fn would_admit(&self, ask: Ask) -> (ModelVerdict, Detail) {
+        if !self.closed && !self.windows_would_fit(ask) {
+            return (
+                ModelVerdict::Reject(Reason::RateLimit),
+                self.detail(ask, None),
+            );
+        }
         let (verdict, constraint) = match self.judge_newcomer(ask) {
             Ok(()) => (ModelVerdict::Admit, None),
             Err(Refusal::NoSlot) => match self.queue_verdict() {

@@ -365,6 +365,26 @@ impl Model {
         Err(refused)
     }
 
+    /// Whether `ask` would fit the windows now (the bulkhead's pair, then its class's),
+    /// charging nothing: `would_admit` judges the windows before the word, `shutdown` before
+    /// both, as an admission does (crate admission.rs `advise`).
+    pub(crate) fn windows_would_fit(&self, ask: Ask) -> bool {
+        let Some(windows) = &self.windows else {
+            return true;
+        };
+        let mut windows = *windows;
+        if windows.charge(ask.reserved(), self.now_ns).is_err() {
+            return false;
+        }
+        match ask.class.and_then(|c| self.class_windows.get(c)) {
+            Some(&class) => {
+                let mut class = class;
+                class.charge(ask.reserved(), self.now_ns).is_ok()
+            }
+            None => true,
+        }
+    }
+
     /// Gives back the charge of `ask` (its admission did not happen, or its wait ended
     /// refused): 1 request and its reservation, on the windows configured now (crate
     /// rate_path.rs `refund_windows`, `refund_waiter`).
