@@ -71,6 +71,9 @@ struct Inner {
     /// re-registers when Redis no longer knows it (a restart without its data, a lapsed
     /// lease). One short lock per reservation, usage report and release, beside a round trip.
     live: std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>,
+    /// Whether Redis knew this replica at its last word (so that a lease lost is counted once,
+    /// however many renewals or reservations find it so before it re-registers).
+    registered: std::sync::atomic::AtomicBool,
 }
 
 impl ExactLedger {
@@ -83,9 +86,9 @@ impl ExactLedger {
     /// budget, [`LedgerError::Store`] when Redis cannot be reached; nothing is left running.
     pub async fn connect(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
         let store = Store::open(&bulkhead, &config).await?;
-        store
-            .renew(config.lease, config.renew_every_value())
-            .await?;
+        // Joins with no hold (holds an earlier process left under this id stay counted while
+        // the id renews: give every process its own id).
+        store.register(config.lease, &[]).await?;
         let inner = Arc::new(Inner {
             bulkhead,
             store,
@@ -97,6 +100,7 @@ impl ExactLedger {
             wake: tokio::sync::Notify::new(),
             stop: tokio::sync::Notify::new(),
             live: std::sync::Mutex::new(std::collections::HashMap::new()),
+            registered: std::sync::atomic::AtomicBool::new(true),
         });
         tokio::spawn(background(Arc::downgrade(&inner)));
         Ok(ExactLedger { inner })
@@ -158,6 +162,7 @@ impl ExactLedger {
             .reserve(&id, tokens, budget, lease, inner.rate, &riders)
             .await;
         if let Ok(Some(Reserved::Unregistered)) = reserved {
+            inner.lost();
             // Redis lost this replica: its live holds go back first, then the call is judged
             // against them (the riders were released by the first try).
             reserved = match inner.register().await {
@@ -443,8 +448,8 @@ async fn background(ledger: Weak<Inner>) {
                 Ok(lost) => {
                     inner.health.up();
                     if lost {
-                        bump(&inner.counters.leases_lost);
-                        // Redis had forgotten this replica: its live holds go back at once.
+                        // Redis does not know this replica: its live holds go back at once.
+                        inner.lost();
                         if inner.register().await.is_err() {
                             inner.failed();
                         }
@@ -585,6 +590,14 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Redis said it does not know this replica: a lease lost, counted once until the
+    /// replica re-registers.
+    fn lost(&self) {
+        if self.registered.swap(false, Ordering::Relaxed) {
+            bump(&self.counters.leases_lost);
+        }
+    }
+
     /// Re-registers this replica and its live holds (Redis no longer knew it).
     async fn register(&self) -> Result<(), StoreError> {
         let holds: Vec<(String, u64, u64)> = self
@@ -593,6 +606,7 @@ impl Inner {
             .map(|(id, &(held, sequence))| (id.clone(), held, sequence))
             .collect();
         let added = self.store.register(self.config.lease, &holds).await?;
+        self.registered.store(true, Ordering::Relaxed);
         bump(&self.counters.reregistrations);
         self.counters
             .reregistered_tokens

@@ -425,17 +425,25 @@ end
 return out
 "#;
 
-/// Renews the replica's lease. ARGV: ns, replica, lease_ms.
-/// Returns `{lost, total, live replicas}`: lost is 1 when the lease had lapsed (its holds and
-/// slice were purged, by this call or an earlier one) and the replica joins again with none.
+/// Renews the replica's lease. ARGV: ns, replica, lease_ms, and the renewal period (ms, to
+/// set `ns:clock`'s grace; optional). Returns `{lost, total, live replicas}`: lost is 1 when
+/// Redis does not know the replica (its lease lapsed and its holds were purged, by this call or
+/// an earlier one, or Redis restarted without its data); the lease is then not renewed: the
+/// replica re-registers with [`REGISTER`], which also registers a new one.
 pub const RENEW: &str = r#"
 local now = now_ms()
 if ARGV[4] then
   redis.call('HSET', ns .. ':clock', 'grace', tonumber(ARGV[4]) + 100)
 end
 purge(now)
-local lost = redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
-return {lost, total(), redis.call('ZCARD', L)}
+if not redis.call('ZSCORE', L, replica) then
+  -- Lapsed (purged) or forgotten (a restart without data): not renewed, so that every later
+  -- renewal says so too until the replica re-registers its holds (`REGISTER`), even when
+  -- this reply arrives after the replica stopped waiting for it.
+  return {1, total(), redis.call('ZCARD', L)}
+end
+redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
+return {0, total(), redis.call('ZCARD', L)}
 "#;
 
 /// Re-registers this replica after Redis lost it (a restart without persistence, a lease that

@@ -24,7 +24,10 @@ pub struct LedgerStats {
     pub usage_skipped: u64,
     /// Calls to Redis that failed or timed out.
     pub store_errors: u64,
-    /// Renewals that found the lease lapsed (the replica's holds or slice had been purged).
+    /// Leases lost: times Redis no longer knew this replica (its lease lapsed and its holds or
+    /// slice were purged, or Redis restarted without its data), each counted once, whether a
+    /// renewal or a reservation found it out, and even when the reply that first said so
+    /// arrived after the replica stopped waiting for it (a lapsed lease is not renewed).
     pub leases_lost: u64,
     /// Times this replica re-registered its live holds because Redis no longer knew it (a
     /// restart without its data, or a lapsed lease), before reserving anything new.

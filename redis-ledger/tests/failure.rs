@@ -437,7 +437,14 @@ async fn a_restart_without_data_gets_every_live_hold_back() {
     }
     assert_eq!(observe(&mut c, ns).hold_count, 1);
     let stats = a.stats();
-    assert_eq!((stats.reregistrations, stats.reregistered_tokens), (1, 600));
+    assert_eq!(
+        (
+            stats.leases_lost,
+            stats.reregistrations,
+            stats.reregistered_tokens
+        ),
+        (1, 1, 600)
+    );
     // b is judged against it: refused.
     let started = Instant::now();
     let refused = loop {

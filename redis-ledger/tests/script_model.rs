@@ -242,8 +242,8 @@ fn run_case(
     // Every replica joins first (its lease): a reservation of a replica Redis does not know
     // is refused until it registers (`-3`, see `an_unknown_replica_reserves_nothing`).
     for (replica, name) in REPLICAS.iter().enumerate() {
-        let got = call(conn, &s.renew, ns, name, &args(&[&LONG_LEASE_MS]));
-        prop_assert_eq!(got[0], 1, "{} joins {}", name, ns);
+        let got = call_rated(conn, scripts::REGISTER, ns, name, &args(&[&LONG_LEASE_MS]));
+        prop_assert_eq!(got[0], 0, "{} joins {}", name, ns);
         model.joined[replica] = true;
     }
     for (step, op) in ops.iter().enumerate() {
@@ -438,9 +438,16 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
     let s = Scripts::new();
     let ns = "{expiry}";
     let budget = 10_000u64;
-    // "a" joins with a lease of 200 ms, "b" with a minute.
-    assert_eq!(call(&mut c, &s.renew, ns, "a", &args(&[&200]))[0], 1);
-    assert_eq!(call(&mut c, &s.renew, ns, "b", &args(&[&60_000]))[0], 1);
+    // "a" joins with a lease of 200 ms, "b" with a minute; a renewal then loses nothing.
+    assert_eq!(
+        call_rated(&mut c, scripts::REGISTER, ns, "a", &args(&[&200])),
+        vec![0, 0]
+    );
+    assert_eq!(
+        call_rated(&mut c, scripts::REGISTER, ns, "b", &args(&[&60_000])),
+        vec![0, 0]
+    );
+    assert_eq!(call(&mut c, &s.renew, ns, "a", &args(&[&200]))[0], 0);
 
     let r = call(
         &mut c,
@@ -489,9 +496,19 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         }
     );
 
-    // `{lost, total, live replicas}`: "a" joins again with nothing.
+    // `{lost, total, live replicas}`: "a" is told, and not renewed, so a later renewal (the
+    // first reply may have arrived after "a" stopped waiting) says so again.
     let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
-    assert_eq!(r, vec![1, 100, 2]);
+    assert_eq!(r, vec![1, 100, 1]);
+    let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
+    assert_eq!(r, vec![1, 100, 1]);
+    // It re-registers (here with nothing left to hold) and renews as before.
+    assert_eq!(
+        call_rated(&mut c, scripts::REGISTER, ns, "a", &args(&[&60_000])),
+        vec![0, 100]
+    );
+    let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
+    assert_eq!(r, vec![0, 100, 2]);
     // Renewing a live lease loses nothing.
     let r = call(&mut c, &s.renew, ns, "b", &args(&[&60_000]));
     assert_eq!(r, vec![0, 100, 2]);
@@ -627,11 +644,10 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
             .unwrap()
     };
 
-    let renew = Scripts::new().renew;
-    assert_eq!(
-        call(&mut c, &renew, ns, "a", &args(&[&LONG_LEASE_MS]))[0],
-        1
-    );
+    let join = |c: &mut redis::Connection, ns: &str| {
+        call_rated(c, scripts::REGISTER, ns, "a", &args(&[&LONG_LEASE_MS]))
+    };
+    assert_eq!(join(&mut c, ns), vec![0, 0]);
     let before = redis_now_us(&mut c);
     assert_eq!(
         reserve(&mut c, "1", 100, &[]),
@@ -768,10 +784,7 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
     // Never below Redis's now: with the window idle (a tokens window of a day, its tick 86.4
     // ms), a give-back larger than the window's lead stops at now and does not go negative.
     let ns = "{rated-floor}";
-    assert_eq!(
-        call(&mut c, &renew, ns, "a", &args(&[&LONG_LEASE_MS]))[0],
-        1
-    );
+    assert_eq!(join(&mut c, ns), vec![0, 0]);
     let day = ["86400000000", "0", "1000"];
     let mut a = args(&[&"1", &300, &10_000, &LONG_LEASE_MS]);
     a.extend(day.iter().map(|s| s.to_string()));
