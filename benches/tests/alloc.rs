@@ -582,3 +582,54 @@ fn the_general_bulkheads_timed_out_wait_allocates_nothing_once_warm() {
     drop(held);
     assert_eq!(bulkhead.stats().timed_out, (WARM_UP + ITERATIONS) as u64);
 }
+
+/// Rate windows (the bulkhead's and a class's, far from binding): admission, usage reports
+/// (the overrun charged as it arrives), release (the charge corrected to the usage), drop, and
+/// a window's refusal allocate nothing.
+#[test]
+fn rate_window_paths_allocate_nothing() {
+    use std::time::Duration;
+
+    use async_bulkhead_llm::classes::{AdmissionClasses, ClassLimits};
+    use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+
+    let clock = ManualClock::new();
+    let wide = RateLimits::new(Duration::from_secs(1_000))
+        .requests(1_000_000_000)
+        .tokens(1_000_000_000_000);
+    let windowed = LlmBulkhead::builder("m", 8)
+        .token_budget(TokenBudget::new(100_000))
+        .rate_limits(wide)
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    exercise_every_path("windows", &windowed);
+    let classed = LlmBulkhead::builder("m", 8)
+        .token_budget(TokenBudget::new(100_000))
+        .rate_limits(wide)
+        .admission_classes(
+            AdmissionClasses::new("batch").class("batch", ClassLimits::new().rate(wide)),
+        )
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    exercise_every_path("class windows", &classed);
+    let tight = LlmBulkhead::builder("m", 8)
+        .token_budget(TokenBudget::new(100_000))
+        .rate_limits(RateLimits::new(Duration::from_secs(3_600)).requests(1))
+        .rate_clock(RateClock::manual(&clock))
+        .build()
+        .unwrap();
+    drop(
+        tight
+            .try_acquire(&LlmRequest::new(), reservation(1, 1))
+            .unwrap(),
+    );
+    let request = LlmRequest::new();
+    assert_allocation_free("a window's refusal", || {
+        let refused = tight.try_acquire(black_box(&request), reservation(1, 1));
+        black_box(refused.unwrap_err());
+    });
+    assert_idle(&windowed);
+    assert_idle(&classed);
+}

@@ -331,8 +331,11 @@ impl LedgerRefusal {
     /// bulkhead), 503 for an unavailable ledger, 400 for an invalid request.
     pub fn http_status(&self) -> u16 {
         match self {
+            LedgerRefusal::Local(AcquireError::Rejected(r)) => r.http_status(),
+            LedgerRefusal::Local(_) => 400,
+            LedgerRefusal::Global(g) => g.rejection().http_status(),
+            LedgerRefusal::GlobalRate(g) => g.rejection().http_status(),
             LedgerRefusal::Unavailable(_) => 503,
-            other => other.http_refusal().map_or(503, |refusal| refusal.status),
         }
     }
 }

@@ -314,6 +314,24 @@ fn config_closed(server: &RedisServer) -> LedgerConfig {
     config(server, "{no-start}", FailurePolicy::FailClosed)
 }
 
+/// Replica `id` of a 1,000-token fail-closed ledger in `ns`, with `lease` renewed every `renew`
+/// and a timeout and retry period of 100 ms.
+fn closed_replica(
+    server: &RedisServer,
+    ns: &str,
+    id: &str,
+    lease: Duration,
+    renew: Duration,
+) -> LedgerConfig {
+    LedgerConfig::new(server.url(), ns, 1_000)
+        .replica_id(id)
+        .lease(lease)
+        .renew_every(renew)
+        .timeout(Duration::from_millis(100))
+        .retry_every(Duration::from_millis(100))
+        .failure(FailurePolicy::FailClosed)
+}
+
 /// A Redis stall longer than the lease (`DEBUG SLEEP`): the replicas could not renew while
 /// Redis itself stood still, and their leases do not lapse for it. Before the scripts healed
 /// the gap, the first script after the stall purged every live replica's holds and the budget
@@ -321,15 +339,7 @@ fn config_closed(server: &RedisServer) -> LedgerConfig {
 /// without the healing, b is admitted the 600 tokens a still holds).
 async fn stall_longer_than_the_lease(ns: &str, lease: Duration, renew: Duration, stall: Duration) {
     let server = RedisServer::start();
-    let replica = |id: &str| {
-        LedgerConfig::new(server.url(), ns, 1_000)
-            .replica_id(id)
-            .lease(lease)
-            .renew_every(renew)
-            .timeout(Duration::from_millis(100))
-            .retry_every(Duration::from_millis(100))
-            .failure(FailurePolicy::FailClosed)
-    };
+    let replica = |id: &str| closed_replica(&server, ns, id, lease, renew);
     let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
         .await
         .unwrap();
@@ -397,15 +407,8 @@ async fn a_stall_of_ten_leases_lapses_no_live_lease() {
 async fn a_restart_without_data_gets_every_live_hold_back() {
     let mut server = RedisServer::start();
     let ns = "{restart}";
-    let replica = |id: &str| {
-        LedgerConfig::new(server.url(), ns, 1_000)
-            .replica_id(id)
-            .lease(Duration::from_millis(900))
-            .renew_every(Duration::from_millis(200))
-            .timeout(Duration::from_millis(100))
-            .retry_every(Duration::from_millis(50))
-            .failure(FailurePolicy::FailClosed)
-    };
+    let (lease, renew) = (Duration::from_millis(900), Duration::from_millis(200));
+    let replica = |id: &str| closed_replica(&server, ns, id, lease, renew);
     let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
         .await
         .unwrap();

@@ -44,7 +44,7 @@ impl Scripts {
     }
 }
 
-/// Runs `script` as `replica` in namespace `ns` with the five keys, `ns`, `replica`, then `args`.
+/// Runs `script` as `replica` in namespace `ns` with the seven keys, `ns`, `replica`, then `args`.
 fn call(
     conn: &mut redis::Connection,
     script: &redis::Script,
@@ -59,6 +59,8 @@ fn call(
         .key(format!("{ns}:holds:{replica}"))
         .key(format!("{ns}:slices"))
         .key(format!("{ns}:wants"))
+        .key(format!("{ns}:rate"))
+        .key(format!("{ns}:rate:limits"))
         .arg(ns)
         .arg(replica);
     for a in args {
@@ -589,7 +591,7 @@ fn plan_grows_toward_the_fair_target_and_shrink_makes_room() {
 // ---------------------------------------------------------------------------------------------
 // Rate windows: RESERVE_RATED, USAGE's and RELEASE's corrections, RATE_STATUS, CONFIGURE.
 
-/// Runs `body` with the seven keys (the rate windows' too).
+/// [`call`] of the script with `body` (loaded from its full source).
 fn call_rated(
     conn: &mut redis::Connection,
     body: &str,
@@ -597,25 +599,13 @@ fn call_rated(
     replica: &str,
     args: &[String],
 ) -> Vec<i64> {
-    let script = redis::Script::new(&scripts::source(body));
-    let mut invocation = script.prepare_invoke();
-    for key in ["total", "leases"] {
-        invocation.key(format!("{ns}:{key}"));
-    }
-    invocation
-        .key(format!("{ns}:holds:{replica}"))
-        .key(format!("{ns}:slices"))
-        .key(format!("{ns}:wants"))
-        .key(format!("{ns}:rate"))
-        .key(format!("{ns}:rate:limits"))
-        .arg(ns)
-        .arg(replica);
-    for a in args {
-        invocation.arg(a);
-    }
-    invocation
-        .invoke::<Vec<i64>>(conn)
-        .unwrap_or_else(|e| panic!("rated script by {replica} in {ns} with {args:?}: {e}"))
+    call(
+        conn,
+        &redis::Script::new(&scripts::source(body)),
+        ns,
+        replica,
+        args,
+    )
 }
 
 /// Redis's clock, in microseconds.

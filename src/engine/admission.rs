@@ -159,18 +159,26 @@ impl Engine {
     ) -> Result<T, E> {
         match self.admit_now(ask) {
             Ok(revision) => Ok(admitted(self.grant(ask, revision, Resources::NONE))),
-            Err((refusal, state, bounds)) => {
-                let reason = match refusal {
-                    // Never queued: a missing slot is `concurrency_limit`, or the limits' own
-                    // reason (a queue of 0 behind `max_concurrent` 0).
-                    Refusal::NoSlot => policy::queue_or_refuse(&bounds, 0)
-                        .err()
-                        .unwrap_or(RejectReason::ConcurrencyLimit),
-                    refusal => refusal.reason(),
-                };
-                Err(refused(self.reject_global(reason, state, &bounds, ask)))
-            }
+            Err(refusal) => Err(refused(self.refuse_global_now(ask, refusal))),
         }
+    }
+
+    /// The rejection of a call without a class refused now (never queued): a missing slot is
+    /// `concurrency_limit`, or the limits' own reason (a queue of 0 behind `max_concurrent` 0).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(super) fn refuse_global_now(
+        &self,
+        ask: Ask,
+        refusal: (Refusal, State, Bounds),
+    ) -> Rejection {
+        let (refusal, state, bounds) = refusal;
+        let reason = match refusal {
+            Refusal::NoSlot => policy::queue_or_refuse(&bounds, 0)
+                .err()
+                .unwrap_or(RejectReason::ConcurrencyLimit),
+            refusal => refusal.reason(),
+        };
+        self.reject_global(reason, state, &bounds, ask)
     }
 
     /// [`try_admit`](Engine::try_admit) and [`try_admit_class`](Engine::try_admit_class) on

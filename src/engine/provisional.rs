@@ -12,10 +12,10 @@
 use super::assembly::Engine;
 use super::classes::Returned;
 use super::grant::Grant;
-use super::policy::{self, Ask, Refusal};
+use super::policy::Ask;
 use super::rate_path::Charged;
 use crate::vocabulary::admission_class::Resources;
-use crate::vocabulary::rejection::{RejectReason, Rejection};
+use crate::vocabulary::rejection::Rejection;
 
 /// A slot and tokens taken on the word for `ask`, not yet counted: [`Engine::confirm`] or
 /// [`Engine::cancel_provisional`] must consume it (the caller guarantees it; dropping one would keep its
@@ -93,15 +93,7 @@ impl Engine {
         }
         match self.admit_now(ask) {
             Ok(revision) => Ok(Provisional::new(ask, revision, Resources::NONE, charge)),
-            Err((refusal, state, bounds)) => {
-                let reason = match refusal {
-                    Refusal::NoSlot => policy::queue_or_refuse(&bounds, 0)
-                        .err()
-                        .unwrap_or(RejectReason::ConcurrencyLimit),
-                    refusal => refusal.reason(),
-                };
-                Err(self.reject_global(reason, state, &bounds, ask))
-            }
+            Err(refusal) => Err(self.refuse_global_now(ask, refusal)),
         }
     }
 

@@ -546,12 +546,7 @@ impl Words {
                 continue;
             }
             let current = window.load(Ordering::Acquire);
-            if current >> TICK_BITS != tag {
-                return Err(Stale);
-            }
-            let now = scale.ticks(now_ns);
-            let next = (current & TICKS).max(now).saturating_add(units);
-            if units > scale.limit || next - now > scale.limit {
+            if judge(current, tag, units, scale, scale.ticks(now_ns), now_ns)?.is_err() {
                 return Ok(false);
             }
         }
@@ -728,18 +723,10 @@ fn take(
     let now = scale.ticks(now_ns);
     let mut current = window.load(Ordering::Acquire);
     loop {
-        if current >> TICK_BITS != tag {
-            return Err(Stale);
-        }
-        if units > scale.limit {
-            return Ok(Err(None));
-        }
-        let next = (current & TICKS).max(now).saturating_add(units);
-        if next - now > scale.limit {
-            // It fits once the clock reaches the tick `next - limit`.
-            let at = scale.ns(next - scale.limit);
-            return Ok(Err(Some(Duration::from_nanos(at.saturating_sub(now_ns)))));
-        }
+        let next = match judge(current, tag, units, scale, now, now_ns)? {
+            Ok(next) => next,
+            Err(wait) => return Ok(Err(wait)),
+        };
         match window.compare_exchange_weak(
             current,
             word(tag, next),
@@ -750,6 +737,34 @@ fn take(
             Err(actual) => current = actual,
         }
     }
+}
+
+/// The decision on a window's word `current` (on the ticks of the epoch tagged `tag`) for
+/// `units` at tick `now` (`now_ns`): `Ok(tat)` after charging them if they fit, else when they
+/// would (`None`: never, more than the window's whole limit); `Stale` when the word is on
+/// another epoch's ticks.
+#[inline]
+fn judge(
+    current: u64,
+    tag: u64,
+    units: u64,
+    scale: Scale,
+    now: u64,
+    now_ns: u64,
+) -> Result<Result<u64, Option<Duration>>, Stale> {
+    if current >> TICK_BITS != tag {
+        return Err(Stale);
+    }
+    if units > scale.limit {
+        return Ok(Err(None));
+    }
+    let next = (current & TICKS).max(now).saturating_add(units);
+    if next - now > scale.limit {
+        // It fits once the clock reaches the tick `next - limit`.
+        let at = scale.ns(next - scale.limit);
+        return Ok(Err(Some(Duration::from_nanos(at.saturating_sub(now_ns)))));
+    }
+    Ok(Ok(next))
 }
 
 /// Moves a window's `tat` back by `units` (what a charge added), keeping its tag.

@@ -20,17 +20,18 @@ pub(crate) struct Charged {
 }
 
 impl Engine {
-    /// Runs `decide` with the bulkhead's rate windows' figures of the epoch in force and its
-    /// tag until it finds every window's word on that epoch's ticks.
+    /// Runs `decide` with the figures `read` takes from the limits of the epoch in force (and
+    /// that epoch's tag) until it finds every window's word on that epoch's ticks.
     #[inline]
-    fn with_rate_bounds<T>(
+    fn with_epoch_bounds<B, T>(
         &self,
-        mut decide: impl FnMut(u64, RateBounds) -> Result<T, Stale>,
+        read: impl Fn(u64) -> B,
+        mut decide: impl FnMut(u64, B) -> Result<T, Stale>,
     ) -> T {
         let backoff = Backoff::new();
         loop {
             let epoch = self.published.epoch();
-            let bounds = self.published.read_rate(epoch);
+            let bounds = read(epoch);
             if self.published.epoch() == epoch
                 && let Ok(out) = decide(tag_of(epoch), bounds)
             {
@@ -40,6 +41,12 @@ impl Engine {
         }
     }
 
+    /// [`with_epoch_bounds`](Engine::with_epoch_bounds) with the bulkhead's windows' figures.
+    #[inline]
+    fn with_rate_bounds<T>(&self, decide: impl FnMut(u64, RateBounds) -> Result<T, Stale>) -> T {
+        self.with_epoch_bounds(|epoch| self.published.read_rate(epoch), decide)
+    }
+
     /// [`with_rate_bounds`](Engine::with_rate_bounds) with class `index`'s figures of the same
     /// epoch too.
     fn with_class_rate_bounds<T>(
@@ -47,18 +54,15 @@ impl Engine {
         index: usize,
         mut decide: impl FnMut(u64, RateBounds, RateBounds) -> Result<T, Stale>,
     ) -> T {
-        let backoff = Backoff::new();
-        loop {
-            let epoch = self.published.epoch();
-            let bounds = self.published.read_rate(epoch);
-            let class = self.published.read_class_rate(epoch, index);
-            if self.published.epoch() == epoch
-                && let Ok(out) = decide(tag_of(epoch), bounds, class)
-            {
-                return out;
-            }
-            crate::support::sync::spin_wait(&backoff);
-        }
+        self.with_epoch_bounds(
+            |epoch| {
+                (
+                    self.published.read_rate(epoch),
+                    self.published.read_class_rate(epoch, index),
+                )
+            },
+            |tag, (bounds, class)| decide(tag, bounds, class),
+        )
     }
 
     /// The index of `class`'s windows, if the engine keeps class windows.
@@ -95,16 +99,18 @@ impl Engine {
                     Ok(charge) => charge,
                     Err(refusal) => return Ok(Err((refusal, false))),
                 };
-                match windows.classes()[index].charge(tag, class_bounds, ask.reserved, now) {
-                    Ok(Ok(charge)) => Ok(Ok(Charged {
+                let class = windows.classes()[index].charge(tag, class_bounds, ask.reserved, now);
+                if !matches!(class, Ok(Ok(_))) {
+                    // Refused (or stale): the bulkhead's charge goes back first.
+                    windows.global().refund(global);
+                }
+                Ok(match class? {
+                    Ok(charge) => Ok(Charged {
                         global,
                         class: Some((index, charge)),
-                    })),
-                    other => {
-                        windows.global().refund(global);
-                        other.map(|refused| Err((refused.expect_err("not Ok(Ok)"), true)))
-                    }
-                }
+                    }),
+                    Err(refusal) => Err((refusal, true)),
+                })
             }),
         };
         match charged {
@@ -160,12 +166,7 @@ impl Engine {
                 policy::global_detail(state, &bounds, self.queue.len(), global)
             }
         };
-        let window = match (class, refusal.tokens) {
-            (false, false) => RateWindow::Requests,
-            (false, true) => RateWindow::Tokens,
-            (true, false) => RateWindow::ClassRequests,
-            (true, true) => RateWindow::ClassTokens,
-        };
+        let window = RateWindow::of(class, refusal.tokens);
         Rejection::rate(detail, window, refusal.retry_after)
     }
 

@@ -93,6 +93,17 @@ pub enum RateWindow {
 }
 
 impl RateWindow {
+    /// The window of a class's pair (`class`) or the bulkhead's, the tokens one (`tokens`) or
+    /// the requests one.
+    pub(crate) const fn of(class: bool, tokens: bool) -> RateWindow {
+        match (class, tokens) {
+            (false, false) => RateWindow::Requests,
+            (false, true) => RateWindow::Tokens,
+            (true, false) => RateWindow::ClassRequests,
+            (true, true) => RateWindow::ClassTokens,
+        }
+    }
+
     /// The window's wire name.
     ///
     /// # Examples
@@ -1031,14 +1042,10 @@ impl Rejection {
         if self.detail.reason != Some(RejectReason::RateLimit) {
             return None;
         }
-        Some(
-            match (self.detail.rate_class(), self.detail.rate_tokens()) {
-                (false, false) => RateWindow::Requests,
-                (false, true) => RateWindow::Tokens,
-                (true, false) => RateWindow::ClassRequests,
-                (true, true) => RateWindow::ClassTokens,
-            },
-        )
+        Some(RateWindow::of(
+            self.detail.rate_class(),
+            self.detail.rate_tokens(),
+        ))
     }
 
     /// A `budget_limit` refusal decided elsewhere (see [`CapacityDetail::new`]): answered as
