@@ -294,7 +294,7 @@ def run_js():
 
 
 def allocations_test():
-    result = subprocess.run(["cargo", "test", "-p", "async-bulkhead-llm-benches", "--release", "--quiet", "--test", "alloc"],
+    result = subprocess.run(["cargo", "test", "-p", "async-bulkhead-llm-benches", "--profile", "bench", "--quiet", "--test", "alloc"],
                             cwd=ROOT, capture_output=True, text=True)
     return result.returncode == 0
 

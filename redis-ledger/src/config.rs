@@ -227,6 +227,31 @@ impl LedgerConfig {
         self.renew_every.unwrap_or(self.lease / 3)
     }
 
+    /// The recovery period: how long a ledger that Redis lost (a restart without persistence,
+    /// an emptied database) admits nothing new once a replica finds out, so that every live
+    /// replica can renew and put back what it holds first. A live replica contacts Redis at
+    /// least once per renewal period and retries a failed contact after the retry period, each
+    /// attempt bounded by the timeout, and re-registers in one more call: so the renewal
+    /// period, plus the retry period, plus two timeouts, plus 100 ms. Replicas of one ledger
+    /// should share these settings (the replica that opens the recovery sets its length).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm_redis::LedgerConfig;
+    ///
+    /// let config = LedgerConfig::new("redis://127.0.0.1:6379/", "{gpt-4o}", 200_000)
+    ///     .lease(Duration::from_secs(3))
+    ///     .timeout(Duration::from_millis(250))
+    ///     .retry_every(Duration::from_millis(500));
+    /// // 1 s + 500 ms + 2 x 250 ms + 100 ms
+    /// assert_eq!(config.recovery_value(), Duration::from_millis(2_100));
+    /// ```
+    pub fn recovery_value(&self) -> Duration {
+        self.renew_every_value() + self.retry_every + self.timeout * 2 + Duration::from_millis(100)
+    }
+
     /// Checks the configuration, in this order: budget, namespace, replica id, timeout, lease,
     /// rate limits (a window of 1 ms to 1 day, at least one limit, each at least 1 and at most
     /// [`max_rate_limit`] of the window).

@@ -260,6 +260,10 @@ pub struct UnavailableRejection {
     pub requested: u64,
     /// The local floor's tokens in flight and its size, under a `LocalFloor` policy.
     pub floor: Option<(u64, u64)>,
+    /// Redis answered, but the ledger is recovering from a data loss (every live replica puts
+    /// back what it holds first): how long until it admits again. `None` when Redis is out of
+    /// reach.
+    pub recovering: Option<Duration>,
 }
 
 /// A call the ledger refused, typed like the local bulkhead's refusals.
@@ -290,12 +294,14 @@ impl LedgerRefusal {
     }
 
     /// For a `rate_limit` refusal (a local or a global window), when the call would fit if
-    /// nothing else arrived (milliseconds, rounded up: a gateway's `Retry-After`); `None` for
-    /// any other refusal and for a call that can never fit its window.
+    /// nothing else arrived (milliseconds, rounded up: a gateway's `Retry-After`); for a
+    /// recovering ledger, when it admits again; `None` for any other refusal and for a call
+    /// that can never fit its window.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             LedgerRefusal::Local(AcquireError::Rejected(r)) => r.retry_after(),
             LedgerRefusal::GlobalRate(g) => g.retry_after,
+            LedgerRefusal::Unavailable(u) => u.recovering,
             _ => None,
         }
     }

@@ -21,6 +21,7 @@ use crate::error::{
 use crate::health::Health;
 use crate::stats::{Counters, LedgerStats, bump};
 use crate::store::{GlobalRateStatus, GlobalSnapshot, Moved, Reserved, Store};
+use crate::trace;
 
 /// A replica's exact share of one global token budget: the local bulkhead decides first (in
 /// nanoseconds, lock-free), then one Redis script reserves the admission's tokens globally.
@@ -74,6 +75,10 @@ struct Inner {
     /// Whether Redis knew this replica at its last word (so that a lease lost is counted once,
     /// however many renewals or reservations find it so before it re-registers).
     registered: std::sync::atomic::AtomicBool,
+    /// The ledger's epoch at this replica's last registration: a replica that knew one and
+    /// finds Redis without it opens the new epoch recovering (Redis lost holds it cannot
+    /// name: every live replica puts its own back first).
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl ExactLedger {
@@ -87,8 +92,11 @@ impl ExactLedger {
     pub async fn connect(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
         let store = Store::open(&bulkhead, &config).await?;
         // Joins with no hold (holds an earlier process left under this id stay counted while
-        // the id renews: give every process its own id).
-        store.register(config.lease, &[]).await?;
+        // the id renews: give every process its own id), knowing no epoch: a new ledger admits
+        // at once (a recovering one answers "recovering" until every replica is back).
+        let joined = store
+            .register(config.lease, 0, config.recovery_value(), &[])
+            .await?;
         let inner = Arc::new(Inner {
             bulkhead,
             store,
@@ -101,6 +109,7 @@ impl ExactLedger {
             stop: tokio::sync::Notify::new(),
             live: std::sync::Mutex::new(std::collections::HashMap::new()),
             registered: std::sync::atomic::AtomicBool::new(true),
+            epoch: std::sync::atomic::AtomicU64::new(joined.epoch),
         });
         tokio::spawn(background(Arc::downgrade(&inner)));
         Ok(ExactLedger { inner })
@@ -186,7 +195,7 @@ impl ExactLedger {
         }
         match reserved {
             Ok(Some(Reserved::Yes { .. })) => {
-                inner.health.up();
+                inner.answered();
                 bump(&inner.counters.reserved);
                 inner.live().insert(id.clone(), (tokens, 0));
                 Ok(GlobalPermit {
@@ -196,7 +205,7 @@ impl ExactLedger {
                 })
             }
             Ok(Some(Reserved::No { total, budget })) => {
-                inner.health.up();
+                inner.answered();
                 bump(&inner.counters.refused_global);
                 drop(permit);
                 Err(LedgerRefusal::Global(GlobalRejection {
@@ -211,7 +220,7 @@ impl ExactLedger {
                 tokens: by_tokens,
                 retry_after,
             })) => {
-                inner.health.up();
+                inner.answered();
                 bump(&inner.counters.refused_rate);
                 drop(permit);
                 let spec = inner
@@ -231,6 +240,16 @@ impl ExactLedger {
                     local_capacity: inner.bulkhead.capacity(),
                 }))
             }
+            Ok(Some(Reserved::Recovering { wait })) => {
+                // Redis answered: the ledger waits for every replica to put its holds back.
+                inner.answered();
+                bump(&inner.counters.recovering);
+                self.fallback_for(
+                    permit,
+                    format!("the ledger is recovering from a data loss for {wait:?} more"),
+                    Some(wait),
+                )
+            }
             // Admission ids are unique: a hold under this id cannot exist already; and a
             // replica just registered is known.
             Ok(None | Some(Reserved::Unregistered)) => {
@@ -248,6 +267,17 @@ impl ExactLedger {
 
     /// The failure policy for a call admitted locally while Redis is unavailable.
     fn fallback(&self, permit: OwnedPermit, cause: String) -> Result<GlobalPermit, LedgerRefusal> {
+        self.fallback_for(permit, cause, None)
+    }
+
+    /// The failure policy for a call admitted locally while Redis is unavailable, or while
+    /// the ledger is `recovering` (for that long).
+    fn fallback_for(
+        &self,
+        permit: OwnedPermit,
+        cause: String,
+        recovering: Option<std::time::Duration>,
+    ) -> Result<GlobalPermit, LedgerRefusal> {
         let inner = &self.inner;
         let requested = permit.held_tokens();
         let floor = match inner.config.failure {
@@ -274,6 +304,7 @@ impl ExactLedger {
             cause,
             requested,
             floor: floor.map(|size| (inner.counters.floor_in_flight.load(Ordering::Acquire), size)),
+            recovering,
         }))
     }
 
@@ -290,6 +321,22 @@ impl ExactLedger {
     /// The ledger's counters.
     pub fn stats(&self) -> LedgerStats {
         self.inner.counters.snapshot()
+    }
+
+    /// The namespace and this replica's id (the metrics' labels).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn names(&self) -> (&str, &str) {
+        (self.inner.store.namespace(), self.inner.store.replica())
+    }
+
+    /// Reads the stats and the health while the ledger lives (no clone of it is kept).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn reader(&self) -> Arc<dyn Fn() -> Option<(LedgerStats, bool)> + Send + Sync> {
+        let inner = Arc::downgrade(&self.inner);
+        Arc::new(move || {
+            let inner = inner.upgrade()?;
+            Some((inner.counters.snapshot(), inner.health.is_down()))
+        })
     }
 
     /// Whether the last call to Redis failed (calls are on the failure policy).
@@ -356,7 +403,16 @@ impl ExactLedger {
 impl Inner {
     fn failed(&self) {
         bump(&self.counters.store_errors);
-        self.health.down();
+        if self.health.down() {
+            trace::unavailable(&self.store);
+        }
+    }
+
+    /// Redis answered.
+    fn answered(&self) {
+        if self.health.up() {
+            trace::available(&self.store);
+        }
     }
 
     fn defer(&self, id: String) {
@@ -421,8 +477,9 @@ const RIDERS: usize = 64;
 /// it on its own.
 const RIDE_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// Renews the lease every renewal period and sends the releases no reservation took within
-/// `RIDE_WINDOW`, retrying those that fail; stops when the ledger is closed or dropped.
+/// Renews the lease every renewal period (a failed renewal is tried again after the retry
+/// period) and sends the releases no reservation took within `RIDE_WINDOW`, retrying those
+/// that fail; stops when the ledger is closed or dropped.
 async fn background(ledger: Weak<Inner>) {
     let period = match ledger.upgrade() {
         Some(inner) => inner.config.renew_every_value(),
@@ -446,17 +503,24 @@ async fn background(ledger: Weak<Inner>) {
                 .await
             {
                 Ok(lost) => {
-                    inner.health.up();
+                    inner.answered();
                     if lost {
                         // Redis does not know this replica: its live holds go back at once.
                         inner.lost();
                         if inner.register().await.is_err() {
                             inner.failed();
+                            tick.reset_after(inner.config.retry_every.min(period));
                         }
                     }
                     inner.flush().await;
                 }
-                Err(_) => inner.failed(),
+                Err(_) => {
+                    // Tried again after the retry period, not a whole renewal period: a
+                    // restarted Redis hears from every live replica within the recovery
+                    // period (`LedgerConfig::recovery_value`).
+                    inner.failed();
+                    tick.reset_after(inner.config.retry_every.min(period));
+                }
             }
             continue;
         }
@@ -572,7 +636,7 @@ impl Inner {
         }
         match self.store.usage(id, sequence, held, used).await {
             Ok(moved) => {
-                self.health.up();
+                self.answered();
                 match moved {
                     Moved::Applied => bump(&self.counters.usage_applied),
                     Moved::Stale | Moved::Gone => bump(&self.counters.usage_stale),
@@ -595,6 +659,7 @@ impl Inner {
     fn lost(&self) {
         if self.registered.swap(false, Ordering::Relaxed) {
             bump(&self.counters.leases_lost);
+            trace::lease_lost(&self.store);
         }
     }
 
@@ -605,12 +670,26 @@ impl Inner {
             .iter()
             .map(|(id, &(held, sequence))| (id.clone(), held, sequence))
             .collect();
-        let added = self.store.register(self.config.lease, &holds).await?;
+        let known = self.epoch.load(Ordering::Relaxed);
+        let registered = self
+            .store
+            .register(
+                self.config.lease,
+                known,
+                self.config.recovery_value(),
+                &holds,
+            )
+            .await?;
+        self.epoch.store(registered.epoch, Ordering::Relaxed);
         self.registered.store(true, Ordering::Relaxed);
+        trace::registered(&self.store, holds.len(), registered.added, registered.epoch);
+        if !registered.recovering.is_zero() {
+            trace::recovering(&self.store, registered.recovering);
+        }
         bump(&self.counters.reregistrations);
         self.counters
             .reregistered_tokens
-            .fetch_add(added, Ordering::Relaxed);
+            .fetch_add(registered.added, Ordering::Relaxed);
         Ok(())
     }
 

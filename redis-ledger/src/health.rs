@@ -51,18 +51,17 @@ impl Health {
         self.down.load(Ordering::Acquire)
     }
 
-    /// Redis answered.
-    pub(crate) fn up(&self) {
-        if self.down.load(Ordering::Relaxed) {
-            self.down.store(false, Ordering::Release);
-        }
+    /// Redis answered: whether it had been down (one caller sees the change).
+    pub(crate) fn up(&self) -> bool {
+        self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::AcqRel)
     }
 
-    /// A call failed: skip Redis until the retry period has passed.
-    pub(crate) fn down(&self) {
+    /// A call failed: skip Redis until the retry period has passed. Whether it had been up
+    /// (one caller sees the change).
+    pub(crate) fn down(&self) -> bool {
         self.retry_at
             .store(self.now() + millis(self.retry_every), Ordering::Release);
-        self.down.store(true, Ordering::Release);
+        !self.down.swap(true, Ordering::AcqRel)
     }
 }
 

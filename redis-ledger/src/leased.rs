@@ -16,7 +16,8 @@ use crate::config::{FailurePolicy, LedgerConfig};
 use crate::error::{LedgerError, StoreError};
 use crate::health::Health;
 use crate::stats::{Counters, LedgerStats, bump};
-use crate::store::{GlobalSnapshot, Store};
+use crate::store::{GlobalSnapshot, PlanAsk, Store};
+use crate::trace;
 
 /// A replica's leased slice of one global token budget, installed as the local bulkhead's
 /// budget: admissions go through the bulkhead as usual, at local speed.
@@ -56,11 +57,15 @@ struct Inner {
     /// interleaved (the background task and `rebalance()` can both run one); `true` once
     /// closed: no rebalance after the close.
     turn: tokio::sync::Mutex<bool>,
+    /// The ledger's epoch at this replica's last rebalance (0: none yet): a replica that knew
+    /// one and finds Redis without it opens the new epoch recovering, and puts its slice back.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 struct State {
-    /// When the lease this replica holds ends, by its own clock (counted from before the
-    /// request that renewed it was sent, so never later than Redis's).
+    /// When this replica stops admitting from its slice unless renewed: its lease less the
+    /// drift margin, by its own clock, counted from before the request that renewed it was
+    /// sent (Redis counts the lease from when the script ran).
     lease_until: Option<Instant>,
     /// The highest in-flight tokens seen since the last rebalance.
     peak: u64,
@@ -127,6 +132,7 @@ impl LeasedLedger {
             }),
             stop: tokio::sync::Notify::new(),
             turn: tokio::sync::Mutex::new(false),
+            epoch: std::sync::atomic::AtomicU64::new(0),
         });
         if let Err(error) = inner.rebalance(true).await {
             inner.expire_if_due().map_err(LedgerError::Limits)?;
@@ -154,6 +160,24 @@ impl LeasedLedger {
     /// The ledger's counters.
     pub fn stats(&self) -> LedgerStats {
         self.inner.counters.snapshot()
+    }
+
+    /// The namespace and this replica's id (the metrics' labels).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn names(&self) -> (&str, &str) {
+        (self.inner.store.namespace(), self.inner.store.replica())
+    }
+
+    /// Reads the stats and whether the replica is on the failure policy's budget, while the
+    /// ledger lives (no clone of it is kept).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn reader(&self) -> Arc<dyn Fn() -> Option<(LedgerStats, bool)> + Send + Sync> {
+        let inner = Arc::downgrade(&self.inner);
+        Arc::new(move || {
+            let inner = inner.upgrade()?;
+            let fallback = inner.state.lock().expect("not poisoned").on_fallback;
+            Some((inner.counters.snapshot(), fallback))
+        })
     }
 
     /// Whether the local budget is the failure policy's (Redis unavailable past the lease).
@@ -246,36 +270,55 @@ impl Inner {
         if *closed {
             return Ok(());
         }
-        let want = self.want(first);
-        let floor = self.in_flight();
+        let ask = PlanAsk {
+            want: self.want(first),
+            floor: self.in_flight(),
+            budget: self.config.global_budget,
+            lease: self.config.lease,
+            renew_every: self.config.renew_every_value(),
+            known: self.epoch.load(Ordering::Relaxed),
+            recovery: self.config.recovery_value(),
+            installed: self.counters.slice.load(Ordering::Acquire),
+        };
         let sent = Instant::now();
-        let plan = match self
-            .store
-            .plan(
-                want,
-                floor,
-                self.config.global_budget,
-                self.config.lease,
-                self.config.renew_every_value(),
-            )
-            .await
-        {
+        let plan = match self.store.plan(&ask).await {
             Ok(plan) => plan,
             Err(error) => {
                 bump(&self.counters.store_errors);
-                self.health.down();
+                if self.health.down() {
+                    trace::unavailable(&self.store);
+                }
                 let _ = self.expire_if_due();
                 return Err(error);
             }
         };
-        self.health.up();
+        if self.health.up() {
+            trace::available(&self.store);
+        }
         bump(&self.counters.rebalances);
+        self.epoch.store(plan.epoch, Ordering::Relaxed);
         if plan.lost && !first {
             bump(&self.counters.leases_lost);
+            trace::lease_lost(&self.store);
+        }
+        if plan.lost {
+            // While recovering, the script put the installed slice back.
+            let back = if plan.recovering.is_zero() {
+                0
+            } else {
+                ask.installed
+            };
+            trace::registered(&self.store, 0, back, plan.epoch);
+        }
+        if !plan.recovering.is_zero() {
+            // Redis lost the ledger: this replica's slice is back in it, and no slice grows
+            // until every live replica has put its own back.
+            bump(&self.counters.recovering);
+            trace::recovering(&self.store, plan.recovering);
         }
         {
             let mut state = self.state.lock().expect("not poisoned");
-            state.lease_until = Some(sent + self.config.lease);
+            state.lease_until = Some(sent + local_lease(self.config.lease));
             state.on_fallback = false;
             state.fair = self.config.global_budget / plan.replicas.max(1);
         }
@@ -289,16 +332,28 @@ impl Inner {
                 .await;
             let slice = slice.unwrap_or(plan.slice);
             self.counters.slice.store(slice, Ordering::Release);
+            trace::slice(&self.store, ask.installed, slice);
         } else {
             // Grown (or unchanged) in Redis: now locally.
             let _ = self.bulkhead.set_budget(plan.slice);
             self.counters.slice.store(plan.slice, Ordering::Release);
+            trace::slice(&self.store, ask.installed, plan.slice);
         }
         Ok(())
     }
 
-    /// After a failed rebalance: once the lease is over, the local budget becomes the failure
-    /// policy's (the floor, or zero when failing closed).
+    /// When the slice stops unless renewed ([`local_lease`] after the last granted renewal);
+    /// `None` once on the failure policy's budget.
+    fn lease_end(&self) -> Option<Instant> {
+        let state = self.state.lock().expect("not poisoned");
+        if state.on_fallback {
+            return None;
+        }
+        state.lease_until
+    }
+
+    /// At the lease's local end (and after a failed rebalance): once the lease is over, the
+    /// local budget becomes the failure policy's (the floor, or zero when failing closed).
     fn expire_if_due(&self) -> Result<(), async_bulkhead_llm::limits::LimitsError> {
         let mut state = self.state.lock().expect("not poisoned");
         let due = state
@@ -310,10 +365,20 @@ impl Inner {
         state.on_fallback = true;
         drop(state);
         self.counters.slice.store(0, Ordering::Release);
-        self.bulkhead
-            .set_budget(policy_budget(&self.config))
-            .map(|_| ())
+        let budget = policy_budget(&self.config);
+        trace::lease_ended(&self.store, budget);
+        self.bulkhead.set_budget(budget).map(|_| ())
     }
+}
+
+/// How long a replica admits from its slice after it sent a renewal that Redis granted: the
+/// lease less a tenth. Redis counts the lease from when its script ran (after the replica
+/// sent it) on its own clock; the replica counts from before it sent, on its own: so a replica
+/// whose clock runs at most 10% slower than Redis's stops admitting from its slice before
+/// Redis can give the slice away (calls admitted before then still run: see the crate's
+/// "Under faults").
+pub(crate) fn local_lease(lease: Duration) -> Duration {
+    lease - lease / 10
 }
 
 /// The local budget while Redis is unavailable and no lease is held: the floor, or zero when
@@ -341,9 +406,16 @@ async fn background(ledger: Weak<Inner>) {
             let Some(inner) = ledger.upgrade() else {
                 return;
             };
+            // The lease's local end, while the slice is installed: the slice stops there
+            // (not at the next failed rebalance), with no check on the admission path.
+            let end = inner.lease_end();
             let stop = tokio::select! {
                 _ = tick.tick() => false,
                 () = inner.stop.notified() => true,
+                () = until(end) => {
+                    let _ = inner.expire_if_due();
+                    false
+                }
             };
             if stop {
                 return;
@@ -358,5 +430,13 @@ async fn background(ledger: Weak<Inner>) {
         }
         let failed = inner.rebalance(false).await.is_err();
         next = Instant::now() + if failed { retry.min(period) } else { period };
+    }
+}
+
+/// Sleeps until `end` (forever without one).
+async fn until(end: Option<Instant>) {
+    match end {
+        Some(end) => tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await,
+        None => std::future::pending().await,
     }
 }

@@ -21,14 +21,39 @@
 //! decides: refuse (fail closed) or admit within a fixed local floor, never the replica's
 //! full budget. Recovery is automatic.
 //!
-//! Redis's own faults, in exact mode: a stall of Redis itself (`DEBUG SLEEP`, a paused
-//! process), however long, lapses no live replica's lease (the scripts move lease deadlines by
-//! the time Redis did not run: the `ns:clock` key in [`scripts`]); and when Redis no longer
-//! knows a replica (restarted without its data, or its lease purged), the replica puts its live
-//! holds back ([`scripts::REGISTER`]) at its next renewal or before its next reservation, so
-//! the ledger counts what is really in flight again within one renewal period (until then,
-//! another replica's reservation can be judged without them: that window is not closed yet).
-//! [`LedgerStats::reregistrations`] counts them.
+//! # Under faults
+//!
+//! - **A replica dies or hangs**: its lease lapses (Redis's clock) and the next script that
+//!   judges the ledger purges its holds or slice.
+//! - **Redis stalls** (`DEBUG SLEEP`, a paused process), however long: no live replica's lease
+//!   lapses for it (the scripts move lease deadlines by the time Redis did not run: the
+//!   `ns:clock` key in [`scripts`]).
+//! - **Redis loses its data** (a restart without persistence, an emptied database): a replica
+//!   finds out at its next contact (a renewal, or a reservation refused as unregistered) and
+//!   puts back what it holds ([`scripts::REGISTER`]; a leased replica its installed slice). The
+//!   first replica that knew the ledger and finds it gone opens a new epoch that admits nothing
+//!   new for the recovery period ([`LedgerConfig::recovery_value`]: renewal period + retry
+//!   period + two timeouts + 100 ms, within which every live replica renews, since a failed
+//!   renewal is retried after the retry period): reservations meanwhile take the failure
+//!   policy ([`UnavailableRejection::recovering`] says how long, and
+//!   [`LedgerRefusal::retry_after`] gives it to a gateway's `Retry-After`), and no leased slice
+//!   grows. So with fail closed nothing is admitted against a ledger missing a live replica's
+//!   holds. A new ledger (no replica knew an epoch) opens at once. One gap remains: a process
+//!   that never knew the ledger and joins first after a data loss opens the new epoch at once;
+//!   the recovery starts only when a replica of the earlier epoch comes back (within its
+//!   recovery period), and what the new process admitted before that was judged without the
+//!   earlier replicas' holds. [`LedgerStats::leases_lost`], [`LedgerStats::reregistrations`]
+//!   and [`LedgerStats::recovering`] count these events.
+//! - **A leased replica cut off from Redis** stops admitting from its slice at its lease's
+//!   local end: the lease less a tenth, on its own clock, counted from before it sent the
+//!   renewal that Redis granted (a timer flips its local budget to the failure policy's: no
+//!   check on the admission path). Redis counts the lease from when its script ran, on its own
+//!   clock, so a replica whose clock runs at most 10% slower than Redis's stops before Redis
+//!   can give its slice away. What it admitted before then still runs: once Redis purges the
+//!   slice, another replica can be granted it while those calls finish, so the overshoot is at
+//!   most the cut-off replica's tokens in flight at its lease end (at most its slice), for at
+//!   most the longest call. With a clock slower than that, the replica admits past Redis's
+//!   lease end for `lease x 0.9 / rate - lease` (rate < 0.9: at half speed, 0.8 leases).
 //!
 //! # Rate windows across replicas
 //!
@@ -117,15 +142,19 @@
 // Refusals carry their capacity snapshot by value, as the core crate's `AcquireError` does:
 // boxing it would allocate on every refusal.
 #![allow(clippy::result_large_err)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod error;
 mod exact;
 mod health;
 mod leased;
+#[cfg(feature = "metrics")]
+mod ledger_metrics;
 pub mod scripts;
 mod stats;
 mod store;
+mod trace;
 
 pub use config::{FailurePolicy, LedgerConfig, max_rate_limit};
 pub use error::{
@@ -134,5 +163,8 @@ pub use error::{
 };
 pub use exact::{ExactLedger, GlobalPermit};
 pub use leased::LeasedLedger;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use ledger_metrics::LedgerMetrics;
 pub use stats::LedgerStats;
 pub use store::{GlobalRateStatus, GlobalSnapshot, GlobalWindow};

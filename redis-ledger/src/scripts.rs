@@ -37,6 +37,16 @@
 //!   a paused process), and every lease deadline moves by the excess before the purge, so a
 //!   stall of any length does not lapse a live replica's lease (with a lease of at least
 //!   twice the renewal period plus 100 ms: the configuration's default is three periods).
+//! - `ns:epoch`: hash `id` (Redis's time in microseconds when the ledger's data was created)
+//!   and `open` (Redis's time, ms, before which nothing new is admitted; 0: admitting). Redis
+//!   restarted without its data (or emptied) has no epoch: the replica that finds out first
+//!   ([`REGISTER`], [`PLAN`]) creates one, and if that replica knew an earlier epoch (so live
+//!   holds or slices may exist that Redis forgot), the new epoch opens only after the
+//!   recovery period it passes (its renewal period, retry period, two timeouts and 100 ms:
+//!   every live replica renews and puts back what it holds within it). Meanwhile reservations
+//!   answer "recovering" and slices do not grow. A replica that knew another epoch and
+//!   re-registers after a fresh process created the new one (a process that never knew an
+//!   epoch opens it at once) moves `open` to its own recovery period from then.
 //! - A hold of a rated reservation is `"<held>|<seq>|<charged>"`: `charged` is what the
 //!   tokens window was charged for it (the reservation, or more once usage beyond it was
 //!   reported), so that its release can give back (or charge) the difference to the usage.
@@ -211,6 +221,46 @@ local function heal(now)
   end
   return shift
 end
+-- The recovery gate (`ns:epoch`): `open` while the ledger is recovering (Redis's ms when it
+-- admits again), else 0; the first call past `open` clears it.
+local function recovering_until()
+  local E = ns .. ':epoch'
+  local open = tonumber(redis.call('HGET', E, 'open') or '0')
+  if open == 0 then
+    return 0
+  end
+  if now_ms() >= open then
+    redis.call('HSET', E, 'open', 0)
+    return 0
+  end
+  return open
+end
+-- Joins the ledger's epoch as a replica that knew epoch `known` ('0': none), with recovery
+-- period `quiet` (ms): creates the epoch if Redis has none (recovering for `quiet` if the
+-- replica knew one: Redis lost holds it cannot name), or extends the recovery when a replica
+-- from an earlier epoch comes back. Returns the epoch's id and `open`.
+local function join_epoch(now, known, quiet)
+  local E = ns .. ':epoch'
+  local v = redis.call('HMGET', E, 'id', 'open')
+  local id, open = v[1], tonumber(v[2] or '0')
+  if not id then
+    local t = redis.call('TIME')
+    id = t[1] .. string.format('%06d', tonumber(t[2]))
+    open = 0
+    if known ~= '0' then
+      open = now + quiet
+    end
+    redis.call('HSET', E, 'id', id, 'open', open)
+  elseif known ~= '0' and known ~= id then
+    open = math.max(open, now + quiet)
+    redis.call('HSET', E, 'open', open)
+  end
+  if open > 0 and now >= open then
+    open = 0
+    redis.call('HSET', E, 'open', 0)
+  end
+  return id, open
+end
 local function purge(now)
   heal(now)
   local dead = redis.call('ZRANGEBYSCORE', L, '-inf', '(' .. now, 'LIMIT', 0, 32)
@@ -239,17 +289,24 @@ end
 /// reservation: no round trip of their own; a rider `id=<used>` also corrects the tokens
 /// window to the call's usage, see [`RELEASE`]).
 /// ARGV: ns, replica, id, tokens, budget, lease_ms, riders....
-/// Returns `{outcome, total, budget, purged, released}`: outcome 1 reserved, 0 refused (the
-/// total unchanged but for the riders and the purge), -1 the id already holds (nothing
-/// changed but for the riders and the purge); purged is the number of lapsed replicas purged
-/// (only a reservation that did not fit purges); released the number of riders that held.
+/// Returns `{outcome, total, budget, purged, released, 0, wait}`: outcome 1 reserved, 0 refused
+/// (the total unchanged but for the riders and the purge), -1 the id already holds (nothing
+/// changed but for the riders and the purge), -3 Redis does not know the replica (nothing
+/// reserved: it re-registers first, [`REGISTER`]), -4 the ledger is recovering from a data
+/// loss (nothing reserved; `wait`: the milliseconds until it admits again); purged is the
+/// number of lapsed replicas purged (only a reservation that did not fit purges); released the
+/// number of riders that held.
 pub const RESERVE: &str = r#"
 local released = release_ids(7)
 local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 if not redis.call('ZSCORE', L, replica) then
   -- Redis does not know this replica (it restarted without its data, or purged the lease):
   -- nothing new before it re-registers what it still holds (`REGISTER`).
-  return {-3, total(), budget, 0, released}
+  return {-3, total(), budget, 0, released, 0, 0}
+end
+local open = recovering_until()
+if open > 0 then
+  return {-4, total(), budget, 0, released, 0, open - now_ms()}
 end
 local t = total()
 local purged = 0
@@ -258,17 +315,17 @@ if t + tokens > budget then
   purged = purge(now_ms())
   t = total()
   if t + tokens > budget then
-    return {0, t, budget, purged, released}
+    return {0, t, budget, purged, released, 0, 0}
   end
 end
 if redis.call('HSETNX', H, ARGV[3], ARGV[4] .. '|0') == 0 then
-  return {-1, t, budget, purged, released}
+  return {-1, t, budget, purged, released, 0, 0}
 end
 if not redis.call('ZSCORE', L, replica) then
   redis.call('ZADD', L, now_ms() + tonumber(ARGV[6]), replica)
 end
 t = redis.call('INCRBY', T, tokens)
-return {1, t, budget, purged, released}
+return {1, t, budget, purged, released, 0, 0}
 "#;
 
 /// Moves admission `id`'s hold to `held` if `seq` is newer than the last applied sequence.
@@ -335,7 +392,7 @@ return {1}
 /// ARGV: ns, replica, id, tokens, budget, lease_ms, window_us, requests, tokens_limit
 /// (0: no such window), riders....
 /// Returns `{outcome, total, budget, purged, released, window, retry_ms}`: the outcomes of
-/// [`RESERVE`], or 2 refused by a window (`window` 1 requests, 2 tokens; `retry_ms` the wait
+/// [`RESERVE`] (-4's wait in `retry_ms`), or 2 refused by a window (`window` 1 requests, 2 tokens; `retry_ms` the wait
 /// until the call would fit if nothing else arrived, in milliseconds rounded up, -1 never:
 /// more tokens than the window's limit), or -2 the namespace's stored limits differ from
 /// these (nothing changed but for the riders). The limits are stored if Redis lost them.
@@ -344,6 +401,10 @@ local released = release_ids(10)
 local tokens, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 if not redis.call('ZSCORE', L, replica) then
   return {-3, total(), budget, 0, released, 0, 0}
+end
+local open = recovering_until()
+if open > 0 then
+  return {-4, total(), budget, 0, released, 0, open - now_ms()}
 end
 local window_us, lr, lt = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local sw, sr, st = stored_limits()
@@ -446,14 +507,20 @@ redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
 return {0, total(), redis.call('ZCARD', L)}
 "#;
 
-/// Re-registers this replica after Redis lost it (a restart without persistence, a lease that
-/// lapsed): its lease, and every hold it still has. `ARGV[3]`: the lease (ms); then pairs of an
-/// admission id and its hold (`"<held>|<seq>"`). A hold Redis still has is left as it is.
-/// Replies `{tokens added, total}`.
+/// Registers this replica (when it joins, and after Redis lost it: a restart without
+/// persistence, a lease that lapsed): its lease, and every hold it still has, and joins the
+/// ledger's epoch (`ns:epoch`, created if Redis has none: recovering for the replica's recovery
+/// period if the replica knew an earlier one). ARGV: ns, replica, lease_ms, the epoch the
+/// replica knew (`0`: none), its recovery period (ms), then pairs of an admission id and its
+/// hold (`"<held>|<seq>"`). A hold Redis still has is left as it is.
+/// Replies `{tokens added, total, epoch id, wait}` (`wait`: ms until the ledger admits again,
+/// 0 if it admits).
 pub const REGISTER: &str = r#"
-redis.call('ZADD', L, now_ms() + tonumber(ARGV[3]), replica)
+local now = now_ms()
+redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
+local id, open = join_epoch(now, ARGV[4], tonumber(ARGV[5]))
 local added = 0
-for i = 4, #ARGV - 1, 2 do
+for i = 6, #ARGV - 1, 2 do
   if redis.call('HSETNX', H, ARGV[i], ARGV[i + 1]) == 1 then
     added = added + hold_of(ARGV[i + 1])
   end
@@ -461,7 +528,11 @@ end
 if added > 0 then
   redis.call('INCRBY', T, added)
 end
-return {added, total()}
+local wait = 0
+if open > 0 then
+  wait = open - now
+end
+return {added, total(), tonumber(id), wait}
 "#;
 
 /// Removes the replica at once: its lease, holds and slice (a graceful shutdown).
@@ -483,18 +554,32 @@ return {before - t, t}
 /// in proportion to what each asked above it) and grows the slice toward
 /// `max(target, floor)` as far as the budget allows. Never shrinks (a replica shrinks its
 /// local budget first, then calls SHRINK). `floor` is the tokens the replica holds in flight.
-/// ARGV: ns, replica, want, floor, budget, lease_ms.
-/// Returns `{slice, target, total, live leased replicas, lost}`.
+/// It joins the ledger's epoch as [`REGISTER`] does; while the ledger recovers from a data
+/// loss, a replica Redis did not know puts back the slice it has installed (`installed`), and
+/// no slice grows.
+/// ARGV: ns, replica, want, floor, budget, lease_ms, renew_ms, the epoch the replica knew
+/// (`0`: none), its recovery period (ms), installed.
+/// Returns `{slice, target, total, live leased replicas, lost, epoch id, wait}` (`wait`: ms
+/// until the ledger admits again, 0 if it admits).
 pub const PLAN: &str = r#"
 local now = now_ms()
-if ARGV[7] then
-  redis.call('HSET', ns .. ':clock', 'grace', tonumber(ARGV[7]) + 100)
-end
+redis.call('HSET', ns .. ':clock', 'grace', tonumber(ARGV[7]) + 100)
 purge(now)
 local want, floor, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[6]), replica)
 redis.call('HSET', W, replica, ARGV[3])
 local current = tonumber(redis.call('HGET', S, replica) or '0')
+local id, open = join_epoch(now, ARGV[8], tonumber(ARGV[9]))
+if open > 0 then
+  -- Recovering: what Redis forgot comes back; nothing grows.
+  local installed = tonumber(ARGV[10])
+  if lost == 1 and installed > current then
+    redis.call('HSET', S, replica, installed)
+    redis.call('INCRBY', T, installed - current)
+    current = installed
+  end
+  return {current, current, total(), redis.call('HLEN', W), lost, tonumber(id), open - now}
+end
 local sum_slices = 0
 local slices = redis.call('HVALS', S)
 for _, v in ipairs(slices) do
@@ -531,7 +616,7 @@ if grant ~= current then
   redis.call('HSET', S, replica, grant)
   t = redis.call('INCRBY', T, grant - current)
 end
-return {grant, target, t, n, lost}
+return {grant, target, t, n, lost, tonumber(id), 0}
 "#;
 
 /// Leased mode, the shrinking half: lowers the slice to `value` (never raises it).

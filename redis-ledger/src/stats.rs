@@ -13,8 +13,11 @@ pub struct LedgerStats {
     pub refused_rate: u64,
     /// Calls admitted on the local floor while Redis was unavailable.
     pub admitted_on_floor: u64,
-    /// Calls refused because Redis was unavailable.
+    /// Calls refused because Redis was unavailable (or the ledger recovering).
     pub refused_unavailable: u64,
+    /// Reservations Redis answered "recovering" (the ledger lost its data and waits for every
+    /// replica to put its holds back): each then took the failure policy.
+    pub recovering: u64,
     /// Usage updates applied to the global hold.
     pub usage_applied: u64,
     /// Usage updates the ledger ignored (a sequence not newer than the last applied).
@@ -57,6 +60,7 @@ pub(crate) struct Counters {
     pub(crate) refused_rate: AtomicU64,
     pub(crate) admitted_on_floor: AtomicU64,
     pub(crate) refused_unavailable: AtomicU64,
+    pub(crate) recovering: AtomicU64,
     pub(crate) usage_applied: AtomicU64,
     pub(crate) usage_stale: AtomicU64,
     pub(crate) usage_skipped: AtomicU64,
@@ -72,6 +76,12 @@ pub(crate) struct Counters {
     pub(crate) floor_in_flight: AtomicU64,
 }
 
+/// Reads a ledger's stats and whether it is degraded (Redis not answering, or a leased
+/// replica on the failure policy's budget); `None` once the ledger is gone. What the metrics
+/// hold instead of a clone of the ledger.
+#[cfg(feature = "metrics")]
+pub(crate) type StatsReader = std::sync::Arc<dyn Fn() -> Option<(LedgerStats, bool)> + Send + Sync>;
+
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -85,6 +95,7 @@ impl Counters {
             refused_rate: load(&self.refused_rate),
             admitted_on_floor: load(&self.admitted_on_floor),
             refused_unavailable: load(&self.refused_unavailable),
+            recovering: load(&self.recovering),
             usage_applied: load(&self.usage_applied),
             usage_stale: load(&self.usage_stale),
             usage_skipped: load(&self.usage_skipped),

@@ -27,6 +27,20 @@ pub(crate) enum Reserved {
     /// Redis does not know this replica (restarted without its data, or the lease purged):
     /// nothing reserved; the replica re-registers its holds first.
     Unregistered,
+    /// The ledger is recovering from a data loss (every live replica puts its holds back
+    /// first): nothing reserved; it admits again after `wait`.
+    Recovering { wait: Duration },
+}
+
+/// What a registration did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Registered {
+    /// The tokens its holds put back (holds Redis still had are left as they are).
+    pub(crate) added: u64,
+    /// The ledger's epoch now.
+    pub(crate) epoch: u64,
+    /// How long the ledger is still recovering (zero: it admits).
+    pub(crate) recovering: Duration,
 }
 
 /// The outcome of a usage update.
@@ -40,6 +54,22 @@ pub(crate) enum Moved {
     Gone,
 }
 
+/// What a replica brings to a rebalance (`PLAN`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlanAsk {
+    pub(crate) want: u64,
+    /// Its tokens in flight.
+    pub(crate) floor: u64,
+    pub(crate) budget: u64,
+    pub(crate) lease: Duration,
+    pub(crate) renew_every: Duration,
+    /// The epoch it knew (0: none).
+    pub(crate) known: u64,
+    pub(crate) recovery: Duration,
+    /// The slice it has installed as its local budget.
+    pub(crate) installed: u64,
+}
+
 /// What a `PLAN` call granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -48,6 +78,10 @@ pub(crate) struct Plan {
     pub(crate) total: u64,
     pub(crate) replicas: u64,
     pub(crate) lost: bool,
+    /// The ledger's epoch now.
+    pub(crate) epoch: u64,
+    /// How long the ledger is still recovering (zero: it admits).
+    pub(crate) recovering: Duration,
 }
 
 /// The global figures of one ledger.
@@ -197,6 +231,11 @@ impl Store {
         &self.replica
     }
 
+    #[cfg(any(feature = "metrics", feature = "tracing"))]
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     /// Runs `script` with the ledger's keys, `ns`, the replica and `args`.
     async fn run(&self, script: &redis::Script, args: &[&str]) -> Result<Vec<i64>, StoreError> {
         let mut invocation = script.prepare_invoke();
@@ -264,6 +303,9 @@ impl Store {
             }),
             Some(-2) => return Err(StoreError::RateLimitsMismatch),
             Some(-3) => Some(Reserved::Unregistered),
+            Some(-4) => Some(Reserved::Recovering {
+                wait: Duration::from_millis(unsigned(&reply, 6)),
+            }),
             // The id already holds: the caller's ids are unique, so this never happens.
             _ => None,
         })
@@ -335,25 +377,36 @@ impl Store {
         Ok(reply.first() == Some(&1))
     }
 
-    /// Re-registers the replica (its lease) and its live `holds` (`(id, held, sequence)`):
-    /// the tokens added (holds Redis still had are left as they are).
+    /// Registers the replica (its lease) and its live `holds` (`(id, held, sequence)`) in
+    /// the ledger's epoch, as a replica that knew epoch `known` (0: none) with recovery period
+    /// `recovery` ([`REGISTER`](crate::scripts::REGISTER)).
     pub(crate) async fn register(
         &self,
         lease: Duration,
+        known: u64,
+        recovery: Duration,
         holds: &[(String, u64, u64)],
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Registered, StoreError> {
         let values: Vec<String> = holds
             .iter()
             .map(|(_, held, sequence)| format!("{held}|{sequence}"))
             .collect();
-        let lease = millis(lease).to_string();
-        let mut args: Vec<&str> = vec![&lease];
+        let (lease, known, recovery) = (
+            millis(lease).to_string(),
+            known.to_string(),
+            millis(recovery).to_string(),
+        );
+        let mut args: Vec<&str> = vec![&lease, &known, &recovery];
         for ((id, _, _), value) in holds.iter().zip(&values) {
             args.push(id);
             args.push(value);
         }
         let reply = self.run(&self.scripts.register, &args).await?;
-        Ok(unsigned(&reply, 0))
+        Ok(Registered {
+            added: unsigned(&reply, 0),
+            epoch: unsigned(&reply, 2),
+            recovering: Duration::from_millis(unsigned(&reply, 3)),
+        })
     }
 
     /// Removes the replica, its holds and its slice; the tokens freed.
@@ -362,23 +415,21 @@ impl Store {
         Ok(unsigned(&reply, 0))
     }
 
-    pub(crate) async fn plan(
-        &self,
-        want: u64,
-        floor: u64,
-        budget: u64,
-        lease: Duration,
-        renew_every: Duration,
-    ) -> Result<Plan, StoreError> {
+    /// One rebalance ([`PLAN`](crate::scripts::PLAN)): `ask` says what the replica wants,
+    /// holds in flight and has installed, and which epoch it knew.
+    pub(crate) async fn plan(&self, ask: &PlanAsk) -> Result<Plan, StoreError> {
         let reply = self
             .run(
                 &self.scripts.plan,
                 &[
-                    &want.to_string(),
-                    &floor.to_string(),
-                    &budget.to_string(),
-                    &millis(lease).to_string(),
-                    &millis(renew_every).to_string(),
+                    &ask.want.to_string(),
+                    &ask.floor.to_string(),
+                    &ask.budget.to_string(),
+                    &millis(ask.lease).to_string(),
+                    &millis(ask.renew_every).to_string(),
+                    &ask.known.to_string(),
+                    &millis(ask.recovery).to_string(),
+                    &ask.installed.to_string(),
                 ],
             )
             .await?;
@@ -388,6 +439,8 @@ impl Store {
             total: unsigned(&reply, 2),
             replicas: unsigned(&reply, 3),
             lost: reply.get(4) == Some(&1),
+            epoch: unsigned(&reply, 5),
+            recovering: Duration::from_millis(unsigned(&reply, 6)),
         })
     }
 

@@ -476,3 +476,195 @@ async fn a_restart_without_data_gets_every_live_hold_back() {
         .unwrap();
     permit.release(None);
 }
+
+/// A restart without data, and a replica that reserves before the others have renewed: it
+/// must not be judged against a ledger that forgot their holds. The first replica that finds
+/// Redis emptied (it knew the ledger's epoch, and the ledger has none) opens a new epoch that
+/// admits nothing new for the recovery period (the time every live replica needs to renew
+/// and put its holds back): its calls take the failure policy meanwhile. (Before, b was
+/// admitted 500 tokens while a's 600 were forgotten: 1,100 in flight on a 1,000 budget.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_nothing_new_is_admitted_before_every_replica_is_back() {
+    let mut server = RedisServer::start();
+    let ns = "{restart-gap}";
+    // a renews late in the recovery period: b's reservation comes first.
+    let (lease, renew) = (Duration::from_secs(3), Duration::from_secs(1));
+    let replica = |id: &str| closed_replica(&server, ns, id, lease, renew);
+    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
+        .await
+        .unwrap();
+    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
+        .await
+        .unwrap();
+    let held = a
+        .try_acquire(&LlmRequest::new(), reserve(100, 500))
+        .await
+        .unwrap();
+    server.restart();
+    let restarted = Instant::now();
+    // b, at once: Redis does not know it; it re-registers, finds the ledger recovering, and
+    // its call takes the failure policy (refused: fail closed).
+    let refused = loop {
+        match b.try_acquire(&LlmRequest::new(), reserve(100, 400)).await {
+            Err(LedgerRefusal::Unavailable(u)) if u.recovering.is_some() => break u,
+            Err(LedgerRefusal::Unavailable(_)) => {
+                assert!(
+                    restarted.elapsed() < Duration::from_millis(500),
+                    "no answer"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => panic!("admitted or refused otherwise while a's hold is forgotten: {other:?}"),
+        }
+    };
+    assert_eq!(refused.requested, 500);
+    // Told when to come back: within the recovery period (1.4 s).
+    let wait = refused.recovering.unwrap();
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_millis(1_400),
+        "{wait:?}"
+    );
+    assert!(b.stats().recovering >= 1);
+    // The recovery period: renewal (1 s) + retry (100 ms) + two timeouts (200 ms) + 100 ms.
+    // By then a has renewed and put its 600 back; b is judged against them.
+    let mut c = server.connection().unwrap();
+    let verdict = loop {
+        match b.try_acquire(&LlmRequest::new(), reserve(100, 400)).await {
+            Err(LedgerRefusal::Unavailable(_)) => {
+                assert!(
+                    restarted.elapsed() < Duration::from_secs(3),
+                    "still recovering"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        restarted.elapsed() >= Duration::from_millis(1_300),
+        "the recovery period ended early: {:?}",
+        restarted.elapsed()
+    );
+    match verdict {
+        Err(LedgerRefusal::Global(g)) => {
+            assert_eq!(
+                (g.global_in_flight, g.requested, g.global_budget),
+                (600, 500, 1_000)
+            );
+        }
+        other => panic!("b must be refused against a's 600: {other:?}"),
+    }
+    assert_eq!(observe(&mut c, ns).total, 600);
+    assert_eq!(a.stats().reregistered_tokens, 600);
+    held.release(None);
+    assert!(a.settled(Duration::from_secs(2)).await);
+    let permit = b
+        .try_acquire(&LlmRequest::new(), reserve(100, 400))
+        .await
+        .unwrap();
+    assert_eq!(observe(&mut c, ns).total, 500);
+    permit.release(None);
+}
+
+/// Leased mode: a replica stops admitting from its slice at its lease's local end (the lease
+/// less a tenth, counted from before the renewal was sent), not at its next failed rebalance:
+/// here Redis stalls right after a renewal, and after the next renewal fails the next try
+/// comes only after the retry period (2 s), past the lease (2.4 s). (Before, the slice stayed
+/// until that failed try: 0.5 s past the lease here, 0.4-0.5 s in a four-replica run with a 500 ms retry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_replica_stops_admitting_from_its_slice_at_its_lease_end() {
+    let server = RedisServer::start();
+    let ns = "{leased-end}";
+    let config = LedgerConfig::new(server.url(), ns, 10_000)
+        .replica_id("a")
+        .lease(Duration::from_millis(2_400))
+        .renew_every(Duration::from_millis(800))
+        .timeout(Duration::from_millis(100))
+        .retry_every(Duration::from_secs(2))
+        .failure(FailurePolicy::FailClosed);
+    let local = bulkhead(10_000);
+    let ledger = LeasedLedger::start(local.clone(), config).await.unwrap();
+    assert_eq!(ledger.slice(), 10_000);
+    // Wait for a background renewal, then stall Redis longer than the lease.
+    let before = ledger.stats().rebalances;
+    while ledger.stats().rebalances == before {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let renewed = Instant::now();
+    let stall = server.pause(Duration::from_secs(4));
+    while !ledger.is_on_fallback() {
+        assert!(renewed.elapsed() < Duration::from_secs(4), "never stopped");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let stopped = renewed.elapsed();
+    // 2.4 s less a tenth, from before the renewal was sent (so a little earlier than seen).
+    assert!(
+        stopped >= Duration::from_millis(2_060) && stopped <= Duration::from_millis(2_210),
+        "stopped {stopped:?} after the last renewal"
+    );
+    assert_eq!(local.limits().token_budget.unwrap().budget, 0);
+    assert_eq!(ledger.slice(), 0);
+    stall.join().unwrap();
+}
+
+/// Leased mode, Redis restarted without its data: a replica that finds out puts its installed
+/// slice back, and no slice grows while the ledger recovers, so the slices the replicas admit
+/// from never sum above the budget. (Before, the first rebalance after the restart was judged
+/// against an empty ledger: a replica was granted what it asked for while the others' slices
+/// were forgotten, and its own slice was not counted at all until then.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_leased_slices_come_back_and_none_grows_while_recovering() {
+    let mut server = RedisServer::start();
+    let ns = "{leased-restart}";
+    let replica = |id: &str| {
+        LedgerConfig::new(server.url(), ns, 10_000)
+            .replica_id(id)
+            .lease(Duration::from_secs(3))
+            .timeout(Duration::from_millis(100))
+            .retry_every(Duration::from_millis(100))
+            .failure(FailurePolicy::FailClosed)
+    };
+    // b asks for at most 5,000; a for up to the whole budget, and gets the other half.
+    let b_local = bulkhead(5_000);
+    let b = LeasedLedger::start(b_local.clone(), replica("b"))
+        .await
+        .unwrap();
+    let a_local = bulkhead(10_000);
+    let a = LeasedLedger::start(a_local.clone(), replica("a"))
+        .await
+        .unwrap();
+    assert_eq!((a.slice(), b.slice()), (5_000, 5_000));
+    server.restart();
+    // a is starved (a call larger than its slice is refused), so it asks for twice its slice.
+    assert!(
+        a_local
+            .try_acquire(&LlmRequest::new(), reserve(1_000, 5_000))
+            .is_err()
+    );
+    let started = Instant::now();
+    let slice = loop {
+        match a.rebalance().await {
+            Ok(slice) => break slice,
+            Err(_) => {
+                assert!(started.elapsed() < Duration::from_secs(1), "no answer");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    assert_eq!(slice, 5_000, "nothing grows while the ledger recovers");
+    assert!(a.slice() + b.slice() <= 10_000);
+    let mut c = server.connection().unwrap();
+    assert!(observe(&mut c, ns).slices >= 5_000);
+    assert!(a.stats().recovering >= 1);
+    // Once b has rebalanced too, Redis counts both slices again.
+    let started = Instant::now();
+    while observe(&mut c, ns).slices != 10_000 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            observe(&mut c, ns)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.slice() + b.slice(), 10_000);
+}

@@ -244,7 +244,13 @@ fn run_case(
     // Every replica joins first (its lease): a reservation of a replica Redis does not know
     // is refused until it registers (`-3`, see `an_unknown_replica_reserves_nothing`).
     for (replica, name) in REPLICAS.iter().enumerate() {
-        let got = call_rated(conn, scripts::REGISTER, ns, name, &args(&[&LONG_LEASE_MS]));
+        let got = call_rated(
+            conn,
+            scripts::REGISTER,
+            ns,
+            name,
+            &args(&[&LONG_LEASE_MS, &0, &0]),
+        );
         prop_assert_eq!(got[0], 0, "{} joins {}", name, ns);
         model.joined[replica] = true;
     }
@@ -266,8 +272,10 @@ fn run_case(
                 if got.get(4).is_some_and(|&r| r > 0) {
                     *seen.entry(("riders", 1)).or_default() += 1;
                 }
+                // Its last two (a window, a wait) are for rate windows and recovery: 0 here.
+                prop_assert_eq!(&got[5..], &[0, 0], "RESERVE {}", ctx);
                 prop_assert_eq!(
-                    got,
+                    got[..5].to_vec(),
                     model.reserve(replica, &id, tokens, &riders),
                     "RESERVE {}",
                     ctx
@@ -442,12 +450,18 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
     let budget = 10_000u64;
     // "a" joins with a lease of 200 ms, "b" with a minute; a renewal then loses nothing.
     assert_eq!(
-        call_rated(&mut c, scripts::REGISTER, ns, "a", &args(&[&200])),
-        vec![0, 0]
+        call_rated(&mut c, scripts::REGISTER, ns, "a", &args(&[&200, &0, &0]))[..2],
+        [0, 0]
     );
     assert_eq!(
-        call_rated(&mut c, scripts::REGISTER, ns, "b", &args(&[&60_000])),
-        vec![0, 0]
+        call_rated(
+            &mut c,
+            scripts::REGISTER,
+            ns,
+            "b",
+            &args(&[&60_000, &0, &0])
+        )[..2],
+        [0, 0]
     );
     assert_eq!(call(&mut c, &s.renew, ns, "a", &args(&[&200]))[0], 0);
 
@@ -458,7 +472,7 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         "a",
         &args(&[&"1", &300, &budget, &200]),
     );
-    assert_eq!(r, vec![1, 300, 10_000, 0, 0]);
+    assert_eq!(r, vec![1, 300, 10_000, 0, 0, 0, 0]);
     let r = call(
         &mut c,
         &s.reserve,
@@ -466,7 +480,7 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         "a",
         &args(&[&"2", &200, &budget, &200]),
     );
-    assert_eq!(r, vec![1, 500, 10_000, 0, 0]);
+    assert_eq!(r, vec![1, 500, 10_000, 0, 0, 0, 0]);
     let r = call(
         &mut c,
         &s.reserve,
@@ -474,7 +488,7 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         "b",
         &args(&[&"1", &100, &budget, &60_000]),
     );
-    assert_eq!(r, vec![1, 600, 10_000, 0, 0]);
+    assert_eq!(r, vec![1, 600, 10_000, 0, 0, 0, 0]);
     let o = observe(&mut c, ns);
     assert_eq!(
         (o.total, o.holds, o.hold_count, o.replicas),
@@ -506,8 +520,14 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
     assert_eq!(r, vec![1, 100, 1]);
     // It re-registers (here with nothing left to hold) and renews as before.
     assert_eq!(
-        call_rated(&mut c, scripts::REGISTER, ns, "a", &args(&[&60_000])),
-        vec![0, 100]
+        call_rated(
+            &mut c,
+            scripts::REGISTER,
+            ns,
+            "a",
+            &args(&[&60_000, &0, &0])
+        )[..2],
+        [0, 100]
     );
     let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
     assert_eq!(r, vec![0, 100, 2]);
@@ -552,23 +572,23 @@ fn plan_grows_toward_the_fair_target_and_shrink_makes_room() {
             &s.plan,
             ns,
             replica,
-            &args(&[&want, &floor, &budget, &lease]),
+            &args(&[&want, &floor, &budget, &lease, &(lease / 3), &0, &0, &0]),
         )
     };
 
     // `{slice, target, total, live leased replicas, lost}`. Alone: the whole budget.
     assert_eq!(
-        plan(&mut c, "a", 10_000, 0),
-        vec![10_000, 10_000, 10_000, 1, 1]
+        plan(&mut c, "a", 10_000, 0)[..5],
+        [10_000, 10_000, 10_000, 1, 1]
     );
     check(&mut c, 10_000, 10_000, 1);
 
     // "b" is owed half, but nothing is free until "a" shrinks.
-    assert_eq!(plan(&mut c, "b", 10_000, 0), vec![0, 5_000, 10_000, 2, 1]);
+    assert_eq!(plan(&mut c, "b", 10_000, 0)[..5], [0, 5_000, 10_000, 2, 1]);
     check(&mut c, 10_000, 10_000, 2);
 
     // "a" now wants 1: its target drops, its slice does not (PLAN never shrinks).
-    assert_eq!(plan(&mut c, "a", 1, 0), vec![10_000, 1, 10_000, 2, 0]);
+    assert_eq!(plan(&mut c, "a", 1, 0)[..5], [10_000, 1, 10_000, 2, 0]);
     check(&mut c, 10_000, 10_000, 2);
 
     // `{slice, total}`.
@@ -582,8 +602,8 @@ fn plan_grows_toward_the_fair_target_and_shrink_makes_room() {
 
     // "b" gets its fair share plus all that "a" does not ask for.
     assert_eq!(
-        plan(&mut c, "b", 10_000, 0),
-        vec![9_999, 9_999, 10_000, 2, 0]
+        plan(&mut c, "b", 10_000, 0)[..5],
+        [9_999, 9_999, 10_000, 2, 0]
     );
     check(&mut c, 10_000, 10_000, 2);
 }
@@ -635,9 +655,15 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
     };
 
     let join = |c: &mut redis::Connection, ns: &str| {
-        call_rated(c, scripts::REGISTER, ns, "a", &args(&[&LONG_LEASE_MS]))
+        call_rated(
+            c,
+            scripts::REGISTER,
+            ns,
+            "a",
+            &args(&[&LONG_LEASE_MS, &0, &0]),
+        )
     };
-    assert_eq!(join(&mut c, ns), vec![0, 0]);
+    assert_eq!(join(&mut c, ns)[..2], [0, 0]);
     let before = redis_now_us(&mut c);
     assert_eq!(
         reserve(&mut c, "1", 100, &[]),
@@ -774,7 +800,7 @@ fn rated_reserve_charges_the_windows_atomically_on_redis_clock() {
     // Never below Redis's now: with the window idle (a tokens window of a day, its tick 86.4
     // ms), a give-back larger than the window's lead stops at now and does not go negative.
     let ns = "{rated-floor}";
-    assert_eq!(join(&mut c, ns), vec![0, 0]);
+    assert_eq!(join(&mut c, ns)[..2], [0, 0]);
     let day = ["86400000000", "0", "1000"];
     let mut a = args(&[&"1", &300, &10_000, &LONG_LEASE_MS]);
     a.extend(day.iter().map(|s| s.to_string()));
@@ -830,7 +856,7 @@ fn an_unknown_replica_reserves_nothing_until_it_registers_its_holds() {
     let ns = "{unknown}";
     let budget = 1_000u64;
     let register = |c: &mut redis::Connection, holds: &[(&str, &str)]| {
-        let mut a = args(&[&LONG_LEASE_MS]);
+        let mut a = args(&[&LONG_LEASE_MS, &0, &0]);
         for (id, value) in holds {
             a.push(id.to_string());
             a.push(value.to_string());
@@ -844,17 +870,17 @@ fn an_unknown_replica_reserves_nothing_until_it_registers_its_holds() {
         "a",
         &args(&[&"1", &300, &budget, &LONG_LEASE_MS]),
     );
-    assert_eq!(r, vec![-3, 0, 1_000, 0, 0]);
+    assert_eq!(r, vec![-3, 0, 1_000, 0, 0, 0, 0]);
     assert_eq!(observe(&mut c, ns).replicas, 0);
     // Two live holds back (one at its third usage update), the lease with them.
     assert_eq!(
-        register(&mut c, &[("7", "400|3"), ("8", "200|0")]),
-        vec![600, 600]
+        register(&mut c, &[("7", "400|3"), ("8", "200|0")])[..2],
+        [600, 600]
     );
     let o = observe(&mut c, ns);
     assert_eq!((o.total, o.hold_count, o.replicas), (600, 2, 1));
     // Registering again adds nothing (the holds are there).
-    assert_eq!(register(&mut c, &[("7", "400|3")]), vec![0, 600]);
+    assert_eq!(register(&mut c, &[("7", "400|3")])[..2], [0, 600]);
     // Judged against them now: 600 + 500 > 1,000.
     let r = call(
         &mut c,
@@ -863,7 +889,7 @@ fn an_unknown_replica_reserves_nothing_until_it_registers_its_holds() {
         "a",
         &args(&[&"1", &500, &budget, &LONG_LEASE_MS]),
     );
-    assert_eq!(r, vec![0, 600, 1_000, 0, 0]);
+    assert_eq!(r, vec![0, 600, 1_000, 0, 0, 0, 0]);
     // The usage sequence carried over: an older update is stale.
     let r = call(&mut c, &s.usage, ns, "a", &args(&[&"7", &2, &100]));
     assert_eq!(r[0], 0);
@@ -874,5 +900,127 @@ fn an_unknown_replica_reserves_nothing_until_it_registers_its_holds() {
         "a",
         &args(&[&"1", &400, &budget, &LONG_LEASE_MS]),
     );
-    assert_eq!(r, vec![1, 1_000, 1_000, 0, 0]);
+    assert_eq!(r, vec![1, 1_000, 1_000, 0, 0, 0, 0]);
+}
+
+/// The recovery gate (`ns:epoch`). A replica that never knew an epoch (a new process) opens a
+/// new ledger at once; a replica that knew one and finds Redis without it (Redis lost its
+/// data) opens the new epoch recovering: reservations answer `-4` with the wait, a leased
+/// replica's slice comes back and none grows, until the recovery period has passed. A replica
+/// of an earlier epoch that comes back after a new process opened the new one moves the end of
+/// the recovery to its own period from then.
+#[test]
+fn a_ledger_that_lost_its_data_admits_nothing_new_for_the_recovery_period() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let s = Scripts::new();
+    let ns = "{epoch}";
+    let register = |c: &mut redis::Connection, replica: &str, known: u64, quiet: u64| {
+        call_rated(
+            c,
+            scripts::REGISTER,
+            ns,
+            replica,
+            &args(&[&LONG_LEASE_MS, &known, &quiet]),
+        )
+    };
+    let reserve = |c: &mut redis::Connection, replica: &str, id: &str| {
+        call(
+            c,
+            &s.reserve,
+            ns,
+            replica,
+            &args(&[&id, &100, &1_000, &LONG_LEASE_MS]),
+        )
+    };
+    // A new ledger, joined by new processes: open at once, one epoch for both.
+    let a = register(&mut c, "a", 0, 400);
+    assert_eq!((a[0], a[1], a[3]), (0, 0, 0));
+    let epoch = a[2] as u64;
+    assert!(
+        epoch > 1_600_000_000_000_000,
+        "microseconds of Redis's clock: {epoch}"
+    );
+    assert_eq!(register(&mut c, "b", 0, 400)[2..], [epoch as i64, 0]);
+    assert_eq!(reserve(&mut c, "a", "1"), vec![1, 100, 1_000, 0, 0, 0, 0]);
+
+    // Redis loses everything. "a" (which knew the epoch) comes back first, with its hold:
+    // a new epoch, recovering for a's 400 ms.
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    assert_eq!(reserve(&mut c, "a", "2")[0], -3);
+    let back = call_rated(
+        &mut c,
+        scripts::REGISTER,
+        ns,
+        "a",
+        &args(&[&LONG_LEASE_MS, &epoch, &400, &"1", &"100|0"]),
+    );
+    assert_eq!(back[..2], [100, 100]);
+    assert_ne!(back[2] as u64, epoch);
+    assert!(back[3] > 300 && back[3] <= 400, "{back:?}");
+    // "a" reserves nothing new, and neither does "b" once it is back.
+    let r = reserve(&mut c, "a", "2");
+    assert_eq!(r[..6], [-4, 100, 1_000, 0, 0, 0]);
+    assert!(r[6] > 0 && r[6] <= 400, "{r:?}");
+    assert_eq!(register(&mut c, "b", epoch, 400)[..2], [0, 100]);
+    assert_eq!(reserve(&mut c, "b", "1")[0], -4);
+    assert_eq!(observe(&mut c, ns).total, 100);
+    std::thread::sleep(Duration::from_millis(450));
+    assert_eq!(reserve(&mut c, "b", "1"), vec![1, 200, 1_000, 0, 0, 0, 0]);
+    let open: String = redis::cmd("HGET")
+        .arg(format!("{ns}:epoch"))
+        .arg("open")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(open, "0", "the first call past the recovery clears it");
+
+    // Lost again; this time a new process "c" is first (it cannot know): open at once. Then
+    // "a" of the earlier epoch comes back: recovering from now, for its period.
+    let before = back[2] as u64;
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    let fresh = register(&mut c, "c", 0, 400);
+    assert_eq!(fresh[3], 0);
+    assert_eq!(reserve(&mut c, "c", "1")[0], 1);
+    let late = register(&mut c, "a", before, 400);
+    assert!(late[3] > 300 && late[3] <= 400, "{late:?}");
+    assert_eq!(reserve(&mut c, "c", "2")[0], -4);
+    // A replica whose lease lapsed in the same epoch re-registers without a recovery.
+    std::thread::sleep(Duration::from_millis(450));
+    assert_eq!(register(&mut c, "a", fresh[2] as u64, 400)[3], 0);
+
+    // Leased: recovering, a replica Redis forgot puts its installed slice back, and nothing
+    // grows; afterwards, slices grow again.
+    let ns = "{epoch-leased}";
+    let plan = |c: &mut redis::Connection, replica: &str, known: u64, installed: u64| {
+        call(
+            c,
+            &s.plan,
+            ns,
+            replica,
+            &args(&[
+                &5_000,
+                &0,
+                &10_000,
+                &LONG_LEASE_MS,
+                &1_000,
+                &known,
+                &400,
+                &installed,
+            ]),
+        )
+    };
+    let first = plan(&mut c, "a", 0, 0);
+    assert_eq!(first[..5], [5_000, 5_000, 5_000, 1, 1]);
+    assert_eq!(first[6], 0);
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    let back = plan(&mut c, "a", first[5] as u64, 5_000);
+    assert_eq!(back[..5], [5_000, 5_000, 5_000, 1, 1]);
+    assert!(back[6] > 300 && back[6] <= 400, "{back:?}");
+    // "b" (new) gets nothing while recovering, though 5,000 are free.
+    let b = plan(&mut c, "b", 0, 0);
+    assert_eq!((b[0], b[2], b[4]), (0, 5_000, 1));
+    assert!(b[6] > 0);
+    std::thread::sleep(Duration::from_millis(450));
+    let b = plan(&mut c, "b", b[5] as u64, 0);
+    assert_eq!((b[0], b[2], b[6]), (5_000, 10_000, 0));
 }
