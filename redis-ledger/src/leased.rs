@@ -409,16 +409,22 @@ async fn background(ledger: Weak<Inner>) {
             // The lease's local end, while the slice is installed: the slice stops there
             // (not at the next failed rebalance), with no check on the admission path.
             let end = inner.lease_end();
-            let stop = tokio::select! {
-                _ = tick.tick() => false,
-                () = inner.stop.notified() => true,
-                () = until(end) => {
-                    let _ = inner.expire_if_due();
-                    false
-                }
+            let (stop, ended) = tokio::select! {
+                _ = tick.tick() => (false, false),
+                () = inner.stop.notified() => (true, false),
+                () = until(end) => (false, true),
             };
             if stop {
                 return;
+            }
+            if ended {
+                // In turn with rebalances (`rebalance()` may be renewing right now: its new
+                // lease wins) and never after the close.
+                let closed = inner.turn.lock().await;
+                if !*closed {
+                    let _ = inner.expire_if_due();
+                }
+                continue;
             }
         }
         let Some(inner) = ledger.upgrade() else {

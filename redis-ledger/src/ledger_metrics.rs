@@ -97,7 +97,8 @@ const GAUGES: [(&str, Source); 3] = [
 /// They change only when [`publish`](Self::publish) reads the stats (call it before each
 /// scrape, or from a periodic task): every counter only grows, so each is written with
 /// [`Counter::absolute`] and equals the stats read then. The metrics hold no clone of the
-/// ledger: once it is dropped, `publish` does nothing.
+/// ledger: once it is dropped (and its background task has finished the step it was in),
+/// `publish` does nothing.
 ///
 /// # Examples
 ///
