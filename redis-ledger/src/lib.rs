@@ -119,6 +119,7 @@
 #![allow(clippy::result_large_err)]
 
 mod config;
+mod connection;
 mod error;
 mod exact;
 mod health;

@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use async_bulkhead_llm::LlmBulkhead;
 
-use crate::config::{LedgerConfig, RateSpec};
+use crate::config::{Endpoint, LedgerConfig, RateSpec};
+use crate::connection::Connection;
 use crate::error::{ConfigError, LedgerError, StoreError};
 use crate::scripts::Scripts;
 
@@ -88,7 +87,7 @@ pub struct GlobalWindow {
 /// One replica's handle on one ledger.
 #[derive(Clone)]
 pub(crate) struct Store {
-    connection: ConnectionManager,
+    connection: Connection,
     scripts: std::sync::Arc<Scripts>,
     namespace: String,
     replica: String,
@@ -108,7 +107,7 @@ impl Store {
             return Err(ConfigError::NoTokenBudget.into());
         }
         let store = Store::connect(
-            &config.url,
+            &config.endpoint,
             &config.namespace,
             &config.replica_id,
             config.timeout,
@@ -158,23 +157,12 @@ impl Store {
     }
 
     async fn connect(
-        url: &str,
+        endpoint: &Endpoint,
         namespace: &str,
         replica: &str,
         timeout: Duration,
     ) -> Result<Store, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::Redis)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1);
-        let connection = tokio::time::timeout(
-            timeout * 4,
-            client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(timeout * 4))?
-        .map_err(StoreError::Redis)?;
+        let connection = Connection::open(endpoint, namespace, timeout).await?;
         Ok(Store {
             connection,
             scripts: std::sync::Arc::new(Scripts::new()),
