@@ -1,0 +1,272 @@
+//! The ledger on a real Redis Cluster (three masters, three replicas, on loopback): exact mode
+//! with two replicas sharing one budget, every key of a namespace on one slot, leased mode,
+//! rate windows, and the failover of the namespace's master (graceful, and a kill that loses
+//! the master's last writes).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use async_bulkhead_llm::LlmRequest;
+use async_bulkhead_llm::rate::{RateLimits, RateWindow};
+use async_bulkhead_llm_redis::{
+    ExactLedger, GlobalSnapshot, LeasedLedger, LedgerConfig, LedgerRefusal,
+};
+use common::{RedisCluster, bulkhead, observe, reserve};
+
+fn config(cluster: &RedisCluster, ns: &str, id: &str) -> LedgerConfig {
+    LedgerConfig::cluster(cluster.urls(), ns, 10_000)
+        .replica_id(id)
+        .lease(Duration::from_secs(6))
+        .renew_every(Duration::from_secs(2))
+        .timeout(Duration::from_millis(300))
+        .retry_every(Duration::from_millis(50))
+}
+
+async fn replica(cluster: &RedisCluster, ns: &str, id: &str) -> ExactLedger {
+    ExactLedger::connect(bulkhead(10_000), config(cluster, ns, id))
+        .await
+        .unwrap()
+}
+
+fn snapshot(in_flight_tokens: u64, replicas: u64) -> GlobalSnapshot {
+    GlobalSnapshot {
+        in_flight_tokens,
+        replicas,
+        leased_replicas: 0,
+    }
+}
+
+/// Every key of the cluster, per master: `(master port, keys)`.
+fn keys_by_master(cluster: &RedisCluster) -> Vec<(u16, Vec<String>)> {
+    cluster
+        .masters()
+        .into_iter()
+        .map(|port| {
+            let mut keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query(&mut cluster.connection(port))
+                .unwrap();
+            keys.sort();
+            (port, keys)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_budget_on_one_slot() {
+    let cluster = RedisCluster::start(3);
+    let ns = "{exact}";
+    let slot = cluster.slot(ns);
+    let a = replica(&cluster, ns, "a").await;
+    let b = replica(&cluster, ns, "b").await;
+
+    let a1 = a
+        .try_acquire(&LlmRequest::new(), reserve(1_000, 3_000))
+        .await
+        .unwrap();
+    let b1 = b
+        .try_acquire(&LlmRequest::new(), reserve(2_000, 2_000))
+        .await
+        .unwrap();
+    assert!(a1.is_global() && b1.is_global());
+    assert_eq!(a.global().await.unwrap(), snapshot(8_000, 2));
+    // 8,000 + 2,000 would be exactly the budget; 8,000 + 2,001 is not.
+    let refused = a
+        .try_acquire(&LlmRequest::new(), reserve(1, 2_000))
+        .await
+        .unwrap_err();
+    let LedgerRefusal::Global(why) = &refused else {
+        panic!("a global refusal, got {refused:?}")
+    };
+    assert_eq!(
+        (why.requested, why.global_in_flight, why.global_budget),
+        (2_001, 8_000, 10_000)
+    );
+    assert_eq!(
+        a.bulkhead().stats().in_flight,
+        1,
+        "the local admission was returned"
+    );
+    let b2 = b
+        .try_acquire(&LlmRequest::new(), reserve(500, 1_500))
+        .await
+        .unwrap();
+    assert_eq!(b.global().await.unwrap(), snapshot(10_000, 2));
+
+    // Every key of the namespace is on the master serving the namespace's slot, in that slot;
+    // no other master holds any key.
+    let master = cluster.master_of(slot, cluster.masters()[0]).unwrap();
+    let by_master = keys_by_master(&cluster);
+    assert_eq!(by_master.len(), 3);
+    for (port, keys) in &by_master {
+        if *port != master {
+            assert!(keys.is_empty(), "master {port} holds {keys:?}");
+            continue;
+        }
+        for key in [":total", ":leases", ":holds:a", ":holds:b"] {
+            assert!(keys.contains(&format!("{ns}{key}")), "{keys:?}");
+        }
+        for key in keys {
+            assert!(key.starts_with(ns), "{key}");
+            assert_eq!(cluster.slot(key), slot, "{key}");
+        }
+        let in_slot: usize = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut cluster.connection(master))
+            .unwrap();
+        assert_eq!(in_slot, keys.len());
+    }
+    let seen = observe(&mut cluster.connection(master), ns);
+    assert_eq!(
+        (seen.total, seen.holds, seen.hold_count, seen.replicas),
+        (10_000, 10_000, 3, 2)
+    );
+
+    // Release gives the tokens back: what was refused now fits.
+    a1.release(None);
+    assert!(a.settled(Duration::from_secs(2)).await);
+    assert_eq!(a.global().await.unwrap(), snapshot(6_000, 2));
+    let a2 = a
+        .try_acquire(&LlmRequest::new(), reserve(1, 2_000))
+        .await
+        .unwrap();
+    assert_eq!(b.global().await.unwrap(), snapshot(8_001, 2));
+    // A PING goes to the namespace's master (and answers).
+    a.ping().await.unwrap();
+    for permit in [a2, b1, b2] {
+        permit.release(None);
+    }
+    assert!(a.settled(Duration::from_secs(2)).await && b.settled(Duration::from_secs(2)).await);
+    assert_eq!(a.global().await.unwrap(), snapshot(0, 2));
+    assert_eq!((a.close().await.unwrap(), b.close().await.unwrap()), (0, 0));
+    assert_eq!(a.global().await.unwrap(), snapshot(0, 0));
+    let stats = a.stats();
+    assert_eq!((stats.store_errors, stats.refused_global), (0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_mode_leases_and_installs_a_slice() {
+    let cluster = RedisCluster::start(3);
+    let ns = "{leased}";
+    let local_a = common::bulkhead(1_000_000);
+    let local_b = common::bulkhead(1_000_000);
+    let config = |id: &str| {
+        config(&cluster, ns, id)
+            .lease(Duration::from_secs(90))
+            .renew_every(Duration::from_secs(30))
+    };
+    let a = LeasedLedger::start(local_a.clone(), config("a"))
+        .await
+        .unwrap();
+    // Alone, a leases the whole budget and installs it as its local budget.
+    assert_eq!(a.slice(), 10_000);
+    assert_eq!(local_a.limits().token_budget.unwrap().budget, 10_000);
+    let held = local_a
+        .try_acquire_owned(&LlmRequest::new(), reserve(3_000, 3_000))
+        .unwrap();
+    let b = LeasedLedger::start(local_b.clone(), config("b"))
+        .await
+        .unwrap();
+    assert_eq!(b.slice(), 0);
+    // b is refused locally (no room until a gives some back): it wants more.
+    assert!(
+        local_b
+            .try_acquire(&LlmRequest::new(), reserve(0, 1))
+            .is_err()
+    );
+    // a uses 6,000 and both want more than the fair 5,000: a keeps what is in flight.
+    assert_eq!(a.rebalance().await.unwrap(), 6_000);
+    assert_eq!(local_a.limits().token_budget.unwrap().budget, 5_000);
+    assert_eq!(b.rebalance().await.unwrap(), 4_000);
+    assert_eq!(local_b.limits().token_budget.unwrap().budget, 4_000);
+    let global = b.global().await.unwrap();
+    assert_eq!(
+        (
+            global.in_flight_tokens,
+            global.replicas,
+            global.leased_replicas
+        ),
+        (10_000, 2, 2)
+    );
+    let master = cluster
+        .master_of(cluster.slot(ns), cluster.masters()[0])
+        .unwrap();
+    let seen = observe(&mut cluster.connection(master), ns);
+    assert_eq!(
+        (seen.total, seen.slices, seen.replicas),
+        (10_000, 10_000, 2)
+    );
+    drop(held);
+    assert_eq!(a.close().await.unwrap(), 6_000);
+    assert_eq!(b.close().await.unwrap(), 4_000);
+    assert_eq!(observe(&mut cluster.connection(master), ns).total, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_windows_are_shared_on_the_cluster() {
+    let cluster = RedisCluster::start(3);
+    let ns = "{rated}";
+    // Three requests a minute: no refill within the test.
+    let rate = RateLimits::per_minute().requests(3);
+    let a = ExactLedger::connect(
+        bulkhead(10_000),
+        config(&cluster, ns, "a").rate_limits(rate),
+    )
+    .await
+    .unwrap();
+    let b = ExactLedger::connect(
+        bulkhead(10_000),
+        config(&cluster, ns, "b").rate_limits(rate),
+    )
+    .await
+    .unwrap();
+    let mut held = Vec::new();
+    for ledger in [&a, &b, &a] {
+        held.push(
+            ledger
+                .try_acquire(&LlmRequest::new(), reserve(10, 10))
+                .await
+                .unwrap(),
+        );
+    }
+    let refused = b
+        .try_acquire(&LlmRequest::new(), reserve(10, 10))
+        .await
+        .unwrap_err();
+    let LedgerRefusal::GlobalRate(why) = &refused else {
+        panic!("a global rate refusal, got {refused:?}")
+    };
+    assert_eq!(
+        (why.window, why.requested, why.limit, why.period),
+        (RateWindow::Requests, 1, 3, Duration::from_secs(60))
+    );
+    // The first fits again 20 s (a minute over three) after the first call, less the
+    // moments since.
+    let retry = why.retry_after.unwrap();
+    assert!(
+        retry <= Duration::from_secs(20) && retry > Duration::from_secs(19),
+        "{retry:?}"
+    );
+    let status = a.global_rate().await.unwrap().unwrap();
+    let requests = status.requests.unwrap();
+    assert_eq!((requests.limit, requests.remaining), (3, 0));
+    assert_eq!(a.global().await.unwrap(), snapshot(60, 2));
+    let master = cluster
+        .master_of(cluster.slot(ns), cluster.masters()[0])
+        .unwrap();
+    // The limits are stored on the namespace's master, beside the windows.
+    let limits: Vec<u64> = redis::cmd("HMGET")
+        .arg(format!("{ns}:rate:limits"))
+        .arg("window_us")
+        .arg("requests")
+        .arg("tokens")
+        .query(&mut cluster.connection(master))
+        .unwrap();
+    assert_eq!(limits, [60_000_000, 3, 0]);
+    assert_eq!(cluster.slot(&format!("{ns}:rate")), cluster.slot(ns));
+    drop(held);
+    assert!(a.settled(Duration::from_secs(2)).await && b.settled(Duration::from_secs(2)).await);
+    assert_eq!(a.global().await.unwrap(), snapshot(0, 2));
+}
