@@ -340,6 +340,9 @@ impl RedisCluster {
                     "no",
                     "--dir",
                     cluster.dir.to_str().expect("a UTF-8 temporary path"),
+                    // The first sync of a replica at once (not after the default 5 s).
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -432,6 +435,9 @@ impl RedisCluster {
             {
                 return false;
             }
+            if replication.contains("role:master") && !replication.contains("state=online") {
+                return false;
+            }
             layouts.push(layout);
         }
         layouts.windows(2).all(|w| w[0] == w[1])
@@ -510,6 +516,26 @@ impl RedisCluster {
             .collect();
         ports.sort();
         ports
+    }
+
+    /// Waits until the replica of the master on `master` has acknowledged everything the
+    /// master was sent so far (replication offsets), within `limit`.
+    pub fn wait_replicated(&self, master: u16, limit: Duration) {
+        let info = |c: &mut redis::Connection| -> String {
+            redis::cmd("INFO").arg("replication").query(c).unwrap()
+        };
+        let field = |text: &str, name: &str| -> Option<u64> {
+            text.split(|c| c == '\n' || c == ',')
+                .find_map(|f| f.trim().strip_prefix(name))
+                .and_then(|v| v.parse().ok())
+        };
+        let mut c = self.connection(master);
+        let target = field(&info(&mut c), "master_repl_offset:").unwrap();
+        wait_for(limit, || {
+            let text = info(&mut c);
+            text.contains("state=online") && field(&text, "offset=").is_some_and(|o| o >= target)
+        })
+        .unwrap_or_else(|_| panic!("the replica of {master} did not reach offset {target}"));
     }
 
     /// Kills the node on `port` (`SIGKILL`: its data is gone).
