@@ -151,27 +151,38 @@ impl LedgerConfig {
     /// master of that slot; a `PING` ([`ExactLedger::ping`](crate::ExactLedger::ping)) goes there
     /// too.
     ///
-    /// **Failover.** When that master fails, the cluster promotes one of its replicas (after
-    /// `cluster-node-timeout` and an election: about two to three node timeouts). Until then
-    /// every call to the ledger fails within the timeout, so the [`FailurePolicy`] applies, as
-    /// during any outage; the ledger finds the new master by itself and resumes global
-    /// admission at its first answer. Redis replicates asynchronously, so the promoted replica
-    /// can miss the master's last writes (always whole scripts, never a part of one): a
-    /// reservation, release or renewal made just before the failure can be lost. What the
-    /// ledger then does:
+    /// **Failover.** When that master fails, the cluster promotes its replica: at once for a
+    /// manual `CLUSTER FAILOVER`, else after `cluster-node-timeout` and an election (about two
+    /// to three node timeouts: 2.2 to 2.7 s with a 1 s node timeout, in this crate's tests).
+    /// Meanwhile every call to the ledger fails within the timeout and the [`FailurePolicy`]
+    /// applies, as in any outage; the ledger finds the new master by itself (it follows the
+    /// cluster's redirections and refreshes its slot map) and resumes global admission at the
+    /// first answer (0.3 to 0.5 s after promotion in the tests, with a 50 ms
+    /// [`retry_every`](Self::retry_every); within 100 ms of a manual failover). The time the
+    /// master was unreachable lapses no lease (the scripts move lease deadlines by the gap: the
+    /// `ns:clock` key in [`scripts`](crate::scripts)).
     ///
-    /// - a replica whose lease was lost (it joined, or re-registered, just before the failure)
-    ///   is told so by its next renewal or reservation, and puts back every live hold
-    ///   ([`scripts::REGISTER`](crate::scripts::REGISTER)): within one renewal period its holds
-    ///   are counted exactly again ([`LedgerStats::reregistrations`](crate::LedgerStats::reregistrations));
-    /// - a lost reservation of a replica whose lease survived is not counted again: the global
-    ///   total stays below what is really in flight by that hold until the call releases it
-    ///   (the release of an absent hold frees nothing), so the budget can be exceeded by the
-    ///   holds reserved in the last moment before the failure, for as long as those calls last;
-    /// - a lost release or usage update is not undone: the hold stays counted (too high,
-    ///   never too low) until the replica's next release of it or the end of its lease;
-    /// - the time the master was unreachable lapses no lease: the scripts move lease deadlines
-    ///   by the gap (the `ns:clock` key in [`scripts`](crate::scripts)).
+    /// A manual failover loses nothing (the replica catches up first). A crash can: Redis
+    /// replicates asynchronously, so the promoted replica can miss the master's last writes
+    /// (whole scripts, never a part of one). What each loss does:
+    ///
+    /// - **a lost lease** (a replica that joined, or re-registered, just before the crash): its
+    ///   next renewal (or reservation) is told Redis does not know it, and it puts back every
+    ///   live hold ([`scripts::REGISTER`](crate::scripts::REGISTER)), so its holds are counted
+    ///   exactly again within one renewal period of the first answer
+    ///   ([`LedgerStats::reregistrations`](crate::LedgerStats::reregistrations)); until then
+    ///   reservations are judged without them;
+    /// - **a lost reservation** of a replica whose lease survived: that hold is not counted
+    ///   until the call ends (its release frees nothing), so the global total is below what is
+    ///   in flight by the holds reserved in the last moment before the crash, for as long as
+    ///   those calls last;
+    /// - **a lost release**: the hold stays counted (the total is above what is in flight)
+    ///   until the replica leaves ([`ExactLedger::close`](crate::ExactLedger::close)) or its
+    ///   lease lapses, since the replica no longer knows it; a lost usage update leaves the
+    ///   hold at its former size until the call's release.
+    ///
+    /// Redis's own `min-replicas-to-write` and `min-replicas-max-lag` narrow what a crash can
+    /// lose (a master whose replica lags more refuses writes: the failure policy applies).
     ///
     /// # Examples
     ///

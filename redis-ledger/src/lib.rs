@@ -30,6 +30,17 @@
 //! another replica's reservation can be judged without them: that window is not closed yet).
 //! [`LedgerStats::reregistrations`] counts them.
 //!
+//! # Redis Cluster
+//!
+//! [`LedgerConfig::cluster`] runs a ledger on a Redis Cluster: its namespace must carry a hash
+//! tag (`{gpt-4o}`), so every key of the ledger lives in one slot and every script runs on that
+//! slot's master ([`ConfigError::NamespaceWithoutHashTag`] otherwise). When that master fails,
+//! the ledger is unavailable until its replica is promoted (the failure policy applies), then
+//! finds it by itself; a crash can lose the master's last writes (asynchronous replication),
+//! and what each loss does (a lost lease is recounted within a renewal period, a lost
+//! reservation is uncounted while its call lasts, a lost release stays counted until the
+//! replica leaves) is set out at [`LedgerConfig::cluster`].
+//!
 //! # Rate windows across replicas
 //!
 //! A provider's per-minute limits (requests and tokens per minute) hold for the whole

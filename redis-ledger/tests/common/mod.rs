@@ -263,6 +263,9 @@ pub struct NodeView {
     pub slots: Vec<(u16, u16)>,
 }
 
+/// A master as one node sees it: its port, its slot ranges, its replicas' ports.
+type Shard = (u16, Vec<(u16, u16)>, Vec<u16>);
+
 /// A Redis Cluster on loopback: `masters` masters with one replica each, every node on free
 /// ports (client and bus) in its own temporary directory, without persistence, a node timeout
 /// of one second. Every process is killed on drop.
@@ -409,7 +412,7 @@ impl RedisCluster {
             let Ok(views) = cluster_nodes(&mut c) else {
                 return false;
             };
-            let mut layout: Vec<(u16, Vec<(u16, u16)>, Vec<u16>)> = views
+            let mut layout: Vec<Shard> = views
                 .iter()
                 .filter(|v| v.master && !v.failed)
                 .map(|m| {
@@ -525,7 +528,7 @@ impl RedisCluster {
             redis::cmd("INFO").arg("replication").query(c).unwrap()
         };
         let field = |text: &str, name: &str| -> Option<u64> {
-            text.split(|c| c == '\n' || c == ',')
+            text.split(['\n', ','])
                 .find_map(|f| f.trim().strip_prefix(name))
                 .and_then(|v| v.parse().ok())
         };
