@@ -496,3 +496,69 @@ async fn a_killed_master_loses_its_last_writes_and_the_ledger_recounts_lost_repl
     assert_eq!((b.close().await.unwrap(), c.close().await.unwrap()), (0, 0));
     assert_eq!(b.global().await.unwrap(), snapshot(0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_bounds_every_call_and_the_connection_to_the_cluster() {
+    let cluster = RedisCluster::start(3);
+    let ns = "{timeout}";
+    let slot = cluster.slot(ns);
+    let master = cluster.master_of(slot, cluster.masters()[0]).unwrap();
+    let a = replica(&cluster, ns, "a").await;
+    // The namespace's master stops answering (for less than the node timeout: no failover):
+    // the reservation gives up after the ledger's timeout (300 ms) and fails closed.
+    cluster.freeze(master);
+    let started = Instant::now();
+    let refused = a
+        .try_acquire(&LlmRequest::new(), reserve(100, 100))
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    cluster.thaw(master);
+    let LedgerRefusal::Unavailable(why) = &refused else {
+        panic!("unavailable, got {refused:?}")
+    };
+    // The cluster connection's own response timeout (the ledger's) or the ledger's, whichever
+    // fires first.
+    assert!(
+        ["redis: timed out", "redis: no answer within 300ms"].contains(&why.cause.as_str()),
+        "{}",
+        why.cause
+    );
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(1),
+        "{waited:?}"
+    );
+    eprintln!(
+        "frozen master: the reservation gave up after {waited:?}: {}",
+        why.cause
+    );
+    until_admitted(&a, Instant::now(), Duration::from_secs(5)).await;
+
+    // No node answers: opening the cluster connection gives up within four timeouts.
+    let quick = config(&cluster, ns, "b").timeout(Duration::from_millis(100));
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    for &port in &ports {
+        cluster.freeze(port);
+    }
+    let started = Instant::now();
+    let refused = ExactLedger::connect(bulkhead(10_000), quick).await;
+    let waited = started.elapsed();
+    for &port in &ports {
+        cluster.thaw(port);
+    }
+    assert!(
+        matches!(
+            refused,
+            Err(async_bulkhead_llm_redis::LedgerError::Store(_))
+        ),
+        "{:?}",
+        refused.err()
+    );
+    assert!(waited < Duration::from_millis(400 + 300), "{waited:?}");
+    eprintln!(
+        "frozen cluster: the connection gave up after {waited:?}: {}",
+        refused.err().unwrap()
+    );
+    until_admitted(&a, Instant::now(), Duration::from_secs(5)).await;
+    assert_eq!(a.global().await.unwrap(), snapshot(0, 1));
+}
