@@ -155,12 +155,15 @@ impl LedgerConfig {
     /// manual `CLUSTER FAILOVER`, else after `cluster-node-timeout` and an election (about two
     /// to three node timeouts: 2.2 to 2.7 s with a 1 s node timeout, in this crate's tests).
     /// Meanwhile every call to the ledger fails within the timeout and the [`FailurePolicy`]
-    /// applies, as in any outage; the ledger finds the new master by itself (it follows the
-    /// cluster's redirections and refreshes its slot map) and resumes global admission at the
-    /// first answer (0.3 to 0.5 s after promotion in the tests, with a 50 ms
-    /// [`retry_every`](Self::retry_every); within 100 ms of a manual failover). The time the
-    /// master was unreachable lapses no lease (the scripts move lease deadlines by the gap: the
-    /// `ns:clock` key in [`scripts`](crate::scripts)).
+    /// applies, as in any outage. The ledger finds the new master by itself: a call the cluster
+    /// refuses unrun because the slot moved (`MOVED`, `TRYAGAIN`, `READONLY`) is sent again,
+    /// to the new master, within the timeout; a call whose connection failed is never sent
+    /// again (it may have run: a reservation would be taken twice), it fails as any call to an
+    /// unreachable Redis does. In the tests, global admission resumed within 50 ms of the
+    /// promotion (with a 50 ms [`retry_every`](Self::retry_every)). The time the master was
+    /// unreachable lapses no lease (the scripts move lease deadlines by the gap: the `ns:clock`
+    /// key in [`scripts`](crate::scripts)). While the namespace's slot is being migrated to
+    /// another master (a resharding), calls can fail (`ASK`): the failure policy applies.
     ///
     /// A manual failover loses nothing (the replica catches up first). A crash can: Redis
     /// replicates asynchronously, so the promoted replica can miss the master's last writes

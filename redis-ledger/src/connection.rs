@@ -17,13 +17,18 @@ use crate::error::StoreError;
 pub(crate) enum Connection {
     /// One server: reconnects by itself after a failure.
     Single(ConnectionManager),
-    /// A cluster: commands go to the master of their key's slot, following redirections and
-    /// refreshing the slot map (after a failover) by themselves.
+    /// A cluster: commands go to the master of their key's slot. No command is ever sent
+    /// twice by the client (a script whose connection dropped after it ran would otherwise run
+    /// again: a reservation twice); a call the cluster refused without running it because the
+    /// slot moved (a failover, a resharding) is sent again, to the new master, within the
+    /// ledger's timeout.
     Cluster {
         connection: ClusterConnection,
         /// The master of the namespace's slot: where a bare `PING` goes, so that it measures
         /// the round trip the scripts make (a cluster would otherwise send it to every node).
         home: Route,
+        /// The ledger's timeout: how long a refused call is tried again.
+        patience: Duration,
     },
 }
 
@@ -48,15 +53,19 @@ impl Connection {
                     Ok(Connection::Single(manager))
                 }
                 Endpoint::Cluster(nodes) => {
+                    // No retry by the client (see `Connection::Cluster`): an error fails the
+                    // call, and a redirection or a failed node also refreshes the slot map.
                     let client =
                         redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
                             .connection_timeout(timeout)
                             .response_timeout(timeout)
+                            .retries(0)
                             .build()?;
                     let connection = client.get_async_connection().await?;
                     Ok(Connection::Cluster {
                         connection,
                         home: Route::with_key(namespace, SlotAddr::Master),
+                        patience: timeout,
                     })
                 }
             }
@@ -75,16 +84,53 @@ fn is_bare_ping(cmd: &Cmd) -> bool {
         && matches!(args.next(), Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"PING"))
 }
 
+/// Whether the cluster refused `error`'s command without running it because its slot is
+/// served elsewhere now, or for a moment by no one: `MOVED` (the slot map is being refreshed),
+/// `TRYAGAIN` (a slot being migrated), `READONLY` (a master just demoted).
+fn moved(error: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved | ServerErrorKind::TryAgain | ServerErrorKind::ReadOnly
+        )
+    )
+}
+
+/// Sends `cmd` to the cluster; while it is refused as [`moved`], again (after 2 ms, doubling
+/// up to 50 ms) until `patience` has passed.
+async fn send(
+    connection: &mut ClusterConnection,
+    cmd: &Cmd,
+    patience: Duration,
+) -> redis::RedisResult<Value> {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match connection.req_packed_command(cmd).await {
+            Err(error) if moved(&error) && tokio::time::Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            reply => return reply,
+        }
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Single(connection) => connection.req_packed_command(cmd),
-            Connection::Cluster { connection, home } => {
+            Connection::Cluster {
+                connection,
+                home,
+                patience,
+            } => {
                 if is_bare_ping(cmd) {
                     let node = SingleNodeRoutingInfo::SpecificNode(*home);
                     Box::pin(connection.route_command(cmd.clone(), RoutingInfo::SingleNode(node)))
                 } else {
-                    connection.req_packed_command(cmd)
+                    Box::pin(send(connection, cmd, *patience))
                 }
             }
         }

@@ -344,6 +344,10 @@ async fn a_graceful_failover_loses_nothing_and_admissions_resume() {
     assert_eq!(promoted, replica);
     let resumed = until_admitted(&a, started, Duration::from_secs(10)).await;
     let resumed_b = until_admitted(&b, started, Duration::from_secs(10)).await;
+    assert!(
+        resumed_b < served + Duration::from_secs(1),
+        "{resumed_b:?} {served:?}"
+    );
     eprintln!(
         "graceful failover: slot served by the replica after {served:?}, a admitted after \
          {resumed:?}, b after {resumed_b:?}"
@@ -445,6 +449,11 @@ async fn a_killed_master_loses_its_last_writes_and_the_ledger_recounts_lost_repl
     );
 
     let resumed = until_admitted(&a, started, Duration::from_secs(10)).await;
+    // The ledger finds the new master by itself, at once (its probes every 50 ms).
+    assert!(
+        resumed < served + Duration::from_secs(1),
+        "{resumed:?} {served:?}"
+    );
     // Within one renewal period (1 s) of the first answer, c's renewal finds its lease gone
     // and puts its live hold back: c is counted exactly again.
     let recounted = async {
