@@ -165,14 +165,15 @@ impl LedgerConfig {
     /// key in [`scripts`](crate::scripts)). While the namespace's slot is being migrated to
     /// another master (a resharding), calls can fail (`ASK`): the failure policy applies.
     ///
-    /// A manual failover loses nothing (the replica catches up first). A crash can: Redis
+    /// A manual failover loses nothing (the replica catches up first) and, in the tests, fails
+    /// no call (the old master's `MOVED` is followed). A crash can lose writes: Redis
     /// replicates asynchronously, so the promoted replica can miss the master's last writes
     /// (whole scripts, never a part of one). What each loss does:
     ///
     /// - **a lost lease** (a replica that joined, or re-registered, just before the crash): its
     ///   next renewal (or reservation) is told Redis does not know it, and it puts back every
     ///   live hold ([`scripts::REGISTER`](crate::scripts::REGISTER)), so its holds are counted
-    ///   exactly again within one renewal period of the first answer
+    ///   exactly again within one renewal period of the promotion
     ///   ([`LedgerStats::reregistrations`](crate::LedgerStats::reregistrations)); until then
     ///   reservations are judged without them;
     /// - **a lost reservation** of a replica whose lease survived: that hold is not counted
@@ -181,8 +182,11 @@ impl LedgerConfig {
     ///   those calls last;
     /// - **a lost release**: the hold stays counted (the total is above what is in flight)
     ///   until the replica leaves ([`ExactLedger::close`](crate::ExactLedger::close)) or its
-    ///   lease lapses, since the replica no longer knows it; a lost usage update leaves the
-    ///   hold at its former size until the call's release.
+    ///   lease lapses, since the replica no longer knows it;
+    /// - **a lost usage update**: the hold keeps its former size until the call's next report
+    ///   (sequence numbers) or its release;
+    /// - **a lost charge of a rate window** ([`rate_limits`](Self::rate_limits)): forgotten, so
+    ///   the window lets that much more through.
     ///
     /// Redis's own `min-replicas-to-write` and `min-replicas-max-lag` narrow what a crash can
     /// lose (a master whose replica lags more refuses writes: the failure policy applies).
