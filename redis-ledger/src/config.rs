@@ -202,6 +202,7 @@ impl LedgerConfig {
     ///     .replica_id("gateway-a")
     ///     .timeout(Duration::from_millis(100));
     /// assert!(config.validate().is_ok());
+    /// assert!(config.is_cluster());
     ///
     /// // Without a hash tag the keys would spread over the cluster's slots.
     /// let untagged = LedgerConfig::cluster(nodes, "gpt-4o", 200_000);

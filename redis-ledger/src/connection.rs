@@ -87,7 +87,7 @@ fn is_bare_ping(cmd: &Cmd) -> bool {
 /// Whether the cluster refused `error`'s command without running it because its slot is
 /// served elsewhere now, or for a moment by no one: `MOVED` (the slot map is being refreshed),
 /// `TRYAGAIN` (a slot being migrated), `READONLY` (a master just demoted).
-fn moved(error: &redis::RedisError) -> bool {
+fn refused_unrun(error: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(
         error.kind(),
@@ -97,8 +97,8 @@ fn moved(error: &redis::RedisError) -> bool {
     )
 }
 
-/// Sends `cmd` to the cluster; while it is refused as [`moved`], again (after 2 ms, doubling
-/// up to 50 ms) until `patience` has passed.
+/// Sends `cmd` to the cluster; while it is [`refused_unrun`], again (after 2 ms, doubling up
+/// to 50 ms) until `patience` has passed.
 async fn send(
     connection: &mut ClusterConnection,
     cmd: &Cmd,
@@ -108,7 +108,9 @@ async fn send(
     let mut pause = Duration::from_millis(2);
     loop {
         match connection.req_packed_command(cmd).await {
-            Err(error) if moved(&error) && tokio::time::Instant::now() + pause < deadline => {
+            Err(error)
+                if refused_unrun(&error) && tokio::time::Instant::now() + pause < deadline =>
+            {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
