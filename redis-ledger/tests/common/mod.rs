@@ -350,7 +350,9 @@ impl RedisCluster {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("redis-server must be installed for these tests");
+                .expect(
+                    "redis-server (7.0 or newer: --cluster-port) must be installed for these tests",
+                );
             cluster.nodes.push(ClusterNode {
                 child: Some(child),
                 port,
@@ -375,7 +377,7 @@ impl RedisCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-cli must be installed for these tests");
+            .expect("redis-cli must be installed for these tests (it comes with redis-server)");
         let created = wait_for(Duration::from_secs(15), || {
             matches!(create.try_wait(), Ok(Some(_)))
         });
