@@ -4,12 +4,13 @@
 # loom models, the Redis ledger's tests) on a fresh machine, by itself.
 #
 # The Redis ledger's tests start their own `redis-server` processes on free loopback ports (and
-# kill, stall and restart them): this installs `redis-server` first when it is missing (with
-# apt-get, as root or through sudo), and says so when it cannot.
+# kill, stall and restart them; `redis-cli` joins six of them into a Redis Cluster): this
+# installs `redis-server` (which brings `redis-cli`) first when either is missing (with apt-get,
+# as root or through sudo), and says so when it cannot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   echo "redis-server is missing: installing it (the Redis ledger's tests start their own)"
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null

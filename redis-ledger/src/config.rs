@@ -1,5 +1,6 @@
-//! What one replica needs to join a shared ledger: where Redis is, the namespace and global
-//! budget every replica shares, its own id, the lease, the timeout and the failure policy.
+//! What one replica needs to join a shared ledger: where Redis is (one server or a Redis
+//! Cluster), the namespace and global budget every replica shares, its own id, the lease, the
+//! timeout and the failure policy.
 
 use std::time::Duration;
 
@@ -49,7 +50,7 @@ pub enum FailurePolicy {
 /// ```
 #[derive(Debug, Clone)]
 pub struct LedgerConfig {
-    pub(crate) url: String,
+    pub(crate) endpoint: Endpoint,
     pub(crate) namespace: String,
     pub(crate) global_budget: u64,
     pub(crate) replica_id: String,
@@ -59,6 +60,15 @@ pub struct LedgerConfig {
     pub(crate) retry_every: Duration,
     pub(crate) failure: FailurePolicy,
     pub(crate) rate: Option<RateLimits>,
+}
+
+/// Where the ledger's Redis is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// One server (or a proxy in front of several): its URL.
+    Single(String),
+    /// A Redis Cluster: the URLs of some of its nodes (the others are discovered).
+    Cluster(Vec<String>),
 }
 
 /// The shortest and the longest rate window (the core crate's bounds).
@@ -120,12 +130,112 @@ pub fn max_rate_limit(window: Duration) -> u64 {
 
 impl LedgerConfig {
     /// Redis at `url` (`redis://host:port/db`), keys under `namespace` (use a hash tag such as
-    /// `{gpt-4o}` so that a Redis cluster keeps them together), `global_budget` tokens shared by
-    /// every replica. Defaults: a random replica id, a 10 s lease renewed every third of it, a
-    /// 250 ms timeout, a retry every 500 ms while Redis is down, [`FailurePolicy::FailClosed`].
+    /// `{gpt-4o}`, so that the same namespace also works on a Redis Cluster: see
+    /// [`cluster`](Self::cluster)), `global_budget` tokens shared by every replica. Defaults: a
+    /// random replica id, a 10 s lease renewed every third of it, a 250 ms timeout, a retry every
+    /// 500 ms while Redis is down, [`FailurePolicy::FailClosed`].
     pub fn new(url: impl Into<String>, namespace: impl Into<String>, global_budget: u64) -> Self {
+        LedgerConfig::with_endpoint(Endpoint::Single(url.into()), namespace, global_budget)
+    }
+
+    /// A ledger on a Redis Cluster: `nodes` are the URLs of some of its nodes
+    /// (`redis://host:port`; the rest of the cluster is discovered from them), the rest as
+    /// [`new`](Self::new).
+    ///
+    /// Every key of one ledger must live in one hash slot, since each script reads and writes
+    /// them atomically: the namespace must carry a non-empty hash tag (`{gpt-4o}`, or
+    /// `{gpt-4o}:eu`), else [`validate`](Self::validate) refuses it with
+    /// [`ConfigError::NamespaceWithoutHashTag`]. One ledger's load therefore goes to one master
+    /// (spread several ledgers over the cluster with different tags); the ledger's timeout
+    /// bounds each connection attempt and each answer, as on one server. Scripts run on the
+    /// master of that slot; a `PING` ([`ExactLedger::ping`](crate::ExactLedger::ping)) goes there
+    /// too.
+    ///
+    /// **Failover.** When that master fails, the cluster promotes its replica: at once for a
+    /// manual `CLUSTER FAILOVER`, else after `cluster-node-timeout` and an election (about two
+    /// to three node timeouts: 2.2 to 2.7 s with a 1 s node timeout, in this crate's tests).
+    /// Meanwhile every call to the ledger fails within the timeout and the [`FailurePolicy`]
+    /// applies, as in any outage. The ledger finds the new master by itself: a call the cluster
+    /// refuses unrun because the slot moved (`MOVED`, `TRYAGAIN`, `READONLY`) is sent again,
+    /// to the new master, within the timeout; a call whose connection failed is never sent
+    /// again (it may have run: a reservation would be taken twice), it fails as any call to an
+    /// unreachable Redis does. In the tests, global admission resumed within 50 ms of the
+    /// promotion (with a 50 ms [`retry_every`](Self::retry_every)). The time the master was
+    /// unreachable lapses no lease (the scripts move lease deadlines by the gap: the `ns:clock`
+    /// key in [`scripts`](crate::scripts)). While the namespace's slot is being migrated to
+    /// another master (a resharding), calls can fail (`ASK`): the failure policy applies.
+    ///
+    /// A manual failover loses nothing (the replica catches up first) and, in the tests, fails
+    /// no call (the old master's `MOVED` is followed). A crash can lose writes: Redis
+    /// replicates asynchronously, so the promoted replica can miss the master's last writes
+    /// (whole scripts, never a part of one). What each loss does:
+    ///
+    /// - **a lost lease** (a replica that joined, or re-registered, just before the crash): its
+    ///   next renewal (or reservation) is told Redis does not know it, and it puts back every
+    ///   live hold ([`scripts::REGISTER`](crate::scripts::REGISTER)), so its holds are counted
+    ///   exactly again within one renewal period of the promotion
+    ///   ([`LedgerStats::reregistrations`](crate::LedgerStats::reregistrations)); until then
+    ///   reservations are judged without them;
+    /// - **a lost reservation** of a replica whose lease survived: that hold is not counted
+    ///   until the call ends (its release frees nothing), so the global total is below what is
+    ///   in flight by the holds reserved in the last moment before the crash, for as long as
+    ///   those calls last;
+    /// - **a lost release**: the hold stays counted (the total is above what is in flight)
+    ///   until the replica leaves ([`ExactLedger::close`](crate::ExactLedger::close)) or its
+    ///   lease lapses, since the replica no longer knows it;
+    /// - **a lost usage update**: the hold keeps its former size until the call's next report
+    ///   (sequence numbers) or its release;
+    /// - **a lost charge of a rate window** ([`rate_limits`](Self::rate_limits)): forgotten, so
+    ///   the window lets that much more through.
+    ///
+    /// Redis's own `min-replicas-to-write` and `min-replicas-max-lag` narrow what a crash can
+    /// lose (a master whose replica lags more refuses writes: the failure policy applies).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_bulkhead_llm_redis::{ConfigError, LedgerConfig};
+    ///
+    /// let nodes = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+    /// let config = LedgerConfig::cluster(nodes, "{gpt-4o}", 200_000)
+    ///     .replica_id("gateway-a")
+    ///     .timeout(Duration::from_millis(100));
+    /// assert!(config.validate().is_ok());
+    /// assert!(config.is_cluster());
+    ///
+    /// // Without a hash tag the keys would spread over the cluster's slots.
+    /// let untagged = LedgerConfig::cluster(nodes, "gpt-4o", 200_000);
+    /// assert_eq!(
+    ///     untagged.validate(),
+    ///     Err(ConfigError::NamespaceWithoutHashTag("gpt-4o".into()))
+    /// );
+    /// assert_eq!(
+    ///     LedgerConfig::cluster(Vec::<String>::new(), "{gpt-4o}", 200_000).validate(),
+    ///     Err(ConfigError::NoClusterNodes)
+    /// );
+    /// ```
+    pub fn cluster(
+        nodes: impl IntoIterator<Item = impl Into<String>>,
+        namespace: impl Into<String>,
+        global_budget: u64,
+    ) -> Self {
+        let nodes = nodes.into_iter().map(Into::into).collect();
+        LedgerConfig::with_endpoint(Endpoint::Cluster(nodes), namespace, global_budget)
+    }
+
+    /// Whether the ledger is on a Redis Cluster ([`cluster`](Self::cluster)).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Cluster(_))
+    }
+
+    fn with_endpoint(
+        endpoint: Endpoint,
+        namespace: impl Into<String>,
+        global_budget: u64,
+    ) -> LedgerConfig {
         LedgerConfig {
-            url: url.into(),
+            endpoint,
             namespace: namespace.into(),
             global_budget,
             replica_id: default_replica_id(),
@@ -252,8 +362,9 @@ impl LedgerConfig {
         self.renew_every_value() + self.retry_every + self.timeout * 2 + Duration::from_millis(100)
     }
 
-    /// Checks the configuration, in this order: budget, namespace, replica id, timeout, lease,
-    /// rate limits (a window of 1 ms to 1 day, at least one limit, each at least 1 and at most
+    /// Checks the configuration, in this order: budget, namespace (on a cluster: at least one
+    /// node, and a non-empty hash tag in the namespace), replica id, timeout, lease, rate limits
+    /// (a window of 1 ms to 1 day, at least one limit, each at least 1 and at most
     /// [`max_rate_limit`] of the window).
     ///
     /// # Errors
@@ -271,6 +382,14 @@ impl LedgerConfig {
         }
         if self.namespace.is_empty() {
             return Err(ConfigError::EmptyNamespace);
+        }
+        if let Endpoint::Cluster(nodes) = &self.endpoint {
+            if nodes.is_empty() {
+                return Err(ConfigError::NoClusterNodes);
+            }
+            if hash_tag(&self.namespace).is_none() {
+                return Err(ConfigError::NamespaceWithoutHashTag(self.namespace.clone()));
+            }
         }
         let id = &self.replica_id;
         if id.is_empty() || id.contains('|') || id.chars().any(char::is_whitespace) {
@@ -294,6 +413,16 @@ impl LedgerConfig {
         }
         Ok(())
     }
+}
+
+/// The hash tag of a key starting with `namespace`, found in `namespace` itself, as Redis
+/// Cluster finds it: what lies between the first `{` and the first `}` after it, if not empty
+/// (a tag left open in the namespace would close in the key's suffix, which differs per key).
+fn hash_tag(namespace: &str) -> Option<&str> {
+    let open = namespace.find('{')?;
+    let rest = &namespace[open + 1..];
+    let close = rest.find('}')?;
+    Some(&rest[..close]).filter(|tag| !tag.is_empty())
 }
 
 fn validate_rate(rate: &RateLimits) -> Result<(), ConfigError> {

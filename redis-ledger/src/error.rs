@@ -49,6 +49,12 @@ pub enum ConfigError {
     },
     /// The namespace is empty.
     EmptyNamespace,
+    /// A cluster configuration ([`LedgerConfig::cluster`](crate::LedgerConfig::cluster)) names
+    /// no node.
+    NoClusterNodes,
+    /// On a Redis Cluster the namespace must carry a non-empty hash tag (`{gpt-4o}`), so that
+    /// every key of the ledger lives in one slot, as its scripts need: this one has none.
+    NamespaceWithoutHashTag(String),
     /// The replica id is empty or contains whitespace or `|`.
     BadReplicaId(String),
     /// The lease must be at least three times the renewal period and at least 100 ms.
@@ -102,6 +108,13 @@ impl fmt::Display for ConfigError {
                 write!(f, "global budget {value} exceeds the largest, {max}")
             }
             ConfigError::EmptyNamespace => write!(f, "the namespace is empty"),
+            ConfigError::NoClusterNodes => write!(f, "the cluster configuration names no node"),
+            ConfigError::NamespaceWithoutHashTag(namespace) => write!(
+                f,
+                "namespace {namespace:?} has no hash tag: on a Redis Cluster it must contain a \
+                 non-empty {{tag}} (such as \"{{gpt-4o}}\") so that every key of the ledger \
+                 lives in one slot"
+            ),
             ConfigError::BadReplicaId(id) => write!(
                 f,
                 "replica id {id:?} must be non-empty, without whitespace or '|'"

@@ -194,7 +194,10 @@ impl ExactLedger {
             inner.put_back(riders);
         }
         match reserved {
-            Ok(Some(Reserved::Yes { .. })) => {
+            // `None`: the id holds already. Admission ids are unique, so only this very
+            // reservation, run twice (resent by some layer after its first run's answer was
+            // lost), can hold it: reserved.
+            Ok(Some(Reserved::Yes { .. }) | None) => {
                 inner.answered();
                 bump(&inner.counters.reserved);
                 inner.live().insert(id.clone(), (tokens, 0));
@@ -250,10 +253,14 @@ impl ExactLedger {
                     Some(wait),
                 )
             }
-            // Admission ids are unique: a hold under this id cannot exist already; and a
-            // replica just registered is known.
-            Ok(None | Some(Reserved::Unregistered)) => {
-                unreachable!("admission ids are unique, and the replica was just registered")
+            // A replica just registered is known (unless Redis lost it again between the
+            // two calls): the failure policy, as for any failed call.
+            Ok(Some(Reserved::Unregistered)) => {
+                inner.lost();
+                self.fallback(
+                    permit,
+                    "redis lost this replica again while it registered".into(),
+                )
             }
             Err(error) => {
                 inner.failed();

@@ -55,6 +55,17 @@
 //!   most the longest call. With a clock slower than that, the replica admits past Redis's
 //!   lease end for `lease x 0.9 / rate - lease` (rate < 0.9: at half speed, 0.8 leases).
 //!
+//! # Redis Cluster
+//!
+//! [`LedgerConfig::cluster`] runs a ledger on a Redis Cluster: its namespace must carry a hash
+//! tag (`{gpt-4o}`), so every key of the ledger lives in one slot and every script runs on that
+//! slot's master ([`ConfigError::NamespaceWithoutHashTag`] otherwise). When that master fails,
+//! the ledger is unavailable until its replica is promoted (the failure policy applies), then
+//! finds it by itself; a crash can lose the master's last writes (asynchronous replication),
+//! and what each loss does (a lost lease is recounted within a renewal period, a lost
+//! reservation is uncounted while its call lasts, a lost release stays counted until the
+//! replica leaves) is set out at [`LedgerConfig::cluster`].
+//!
 //! # Rate windows across replicas
 //!
 //! A provider's per-minute limits (requests and tokens per minute) hold for the whole
@@ -145,6 +156,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod connection;
 mod error;
 mod exact;
 mod health;

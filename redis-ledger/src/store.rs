@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use async_bulkhead_llm::LlmBulkhead;
 
-use crate::config::{LedgerConfig, RateSpec};
+use crate::config::{Endpoint, LedgerConfig, RateSpec};
+use crate::connection::Connection;
 use crate::error::{ConfigError, LedgerError, StoreError};
 use crate::scripts::Scripts;
 
@@ -122,7 +121,7 @@ pub struct GlobalWindow {
 /// One replica's handle on one ledger.
 #[derive(Clone)]
 pub(crate) struct Store {
-    connection: ConnectionManager,
+    connection: Connection,
     scripts: std::sync::Arc<Scripts>,
     namespace: String,
     replica: String,
@@ -142,7 +141,7 @@ impl Store {
             return Err(ConfigError::NoTokenBudget.into());
         }
         let store = Store::connect(
-            &config.url,
+            &config.endpoint,
             &config.namespace,
             &config.replica_id,
             config.timeout,
@@ -192,23 +191,12 @@ impl Store {
     }
 
     async fn connect(
-        url: &str,
+        endpoint: &Endpoint,
         namespace: &str,
         replica: &str,
         timeout: Duration,
     ) -> Result<Store, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::Redis)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1);
-        let connection = tokio::time::timeout(
-            timeout * 4,
-            client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(timeout * 4))?
-        .map_err(StoreError::Redis)?;
+        let connection = Connection::open(endpoint, namespace, timeout).await?;
         Ok(Store {
             connection,
             scripts: std::sync::Arc::new(Scripts::new()),
@@ -306,7 +294,8 @@ impl Store {
             Some(-4) => Some(Reserved::Recovering {
                 wait: Duration::from_millis(unsigned(&reply, 6)),
             }),
-            // The id already holds: the caller's ids are unique, so this never happens.
+            // The id already holds (-1): the caller's ids are unique, so only this reservation,
+            // run twice, can hold it.
             _ => None,
         })
     }
