@@ -176,15 +176,15 @@ impl LedgerConfig {
     ///   exactly again within one renewal period of the promotion
     ///   ([`LedgerStats::reregistrations`](crate::LedgerStats::reregistrations)); until then
     ///   reservations are judged without them;
-    /// - **a lost reservation** of a replica whose lease survived: that hold is not counted
-    ///   until the call ends (its release frees nothing), so the global total is below what is
-    ///   in flight by the holds reserved in the last moment before the crash, for as long as
-    ///   those calls last;
-    /// - **a lost release**: the hold stays counted (the total is above what is in flight)
-    ///   until the replica leaves ([`ExactLedger::close`](crate::ExactLedger::close)) or its
-    ///   lease lapses, since the replica no longer knows it;
-    /// - **a lost usage update**: the hold keeps its former size until the call's next report
-    ///   (sequence numbers) or its release;
+    /// - **a lost reservation** of a replica whose lease survived: the replica's next renewal
+    ///   puts it back (every renewal sends the replica's live holds, [`scripts::RENEW`](crate::scripts::RENEW)),
+    ///   so the global total is below what is in flight for at most one renewal period of the
+    ///   promotion ([`LedgerStats::missing_tokens_put_back`](crate::LedgerStats::missing_tokens_put_back));
+    /// - **a lost release**: the hold, no longer listed by its replica, is released at the
+    ///   second renewal that finds it (two renewal periods: the total is above what is in
+    ///   flight meanwhile; [`LedgerStats::stray_tokens_released`](crate::LedgerStats::stray_tokens_released));
+    /// - **a lost usage update**: the next renewal moves the hold to the replica's newer usage
+    ///   (or the call's next report does, by sequence number);
     /// - **a lost charge of a rate window** ([`rate_limits`](Self::rate_limits)): forgotten, so
     ///   the window lets that much more through.
     ///

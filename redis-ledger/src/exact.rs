@@ -424,6 +424,28 @@ impl Inner {
 
     fn defer(&self, id: String) {
         bump(&self.counters.releases_deferred);
+        self.queue_release(id);
+    }
+
+    /// Holds of `snapshot` (sent with a renewal) released since: the renewal may have run
+    /// after their release and put them back as live, so each is released again (plain: no
+    /// window correction twice; a release of an absent hold changes nothing).
+    fn release_again_if_gone(&self, snapshot: &[(String, u64, u64)]) {
+        let gone: Vec<String> = {
+            let live = self.live();
+            snapshot
+                .iter()
+                .filter(|(id, _, _)| !live.contains_key(id))
+                .map(|(id, _, _)| id.clone())
+                .collect()
+        };
+        for id in gone {
+            self.queue_release(id);
+        }
+    }
+
+    /// Queues a release for the next reservation or the background task.
+    fn queue_release(&self, id: String) {
         self.counters
             .releases_pending
             .fetch_add(1, Ordering::AcqRel);
@@ -504,14 +526,19 @@ async fn background(ledger: Weak<Inner>) {
             () = inner.stop.notified() => return,
         };
         if renew {
+            let holds = inner.live_holds();
             match inner
                 .store
-                .renew(inner.config.lease, inner.config.renew_every_value())
+                .renew(inner.config.lease, inner.config.renew_every_value(), &holds)
                 .await
             {
-                Ok(lost) => {
+                Ok(renewed) => {
                     inner.answered();
-                    if lost {
+                    inner.reconciled(renewed.released, renewed.put_back);
+                    if !renewed.lost {
+                        inner.release_again_if_gone(&holds);
+                    }
+                    if renewed.lost {
                         // Redis does not know this replica: its live holds go back at once.
                         inner.lost();
                         if inner.register().await.is_err() {
@@ -670,13 +697,36 @@ impl Inner {
         }
     }
 
-    /// Re-registers this replica and its live holds (Redis no longer knew it).
-    async fn register(&self) -> Result<(), StoreError> {
-        let holds: Vec<(String, u64, u64)> = self
-            .live()
+    /// Every live global hold: `(id, held tokens, usage sequence)`.
+    fn live_holds(&self) -> Vec<(String, u64, u64)> {
+        self.live()
             .iter()
             .map(|(id, &(held, sequence))| (id.clone(), held, sequence))
-            .collect();
+            .collect()
+    }
+
+    /// A renewal reconciled this replica's holds with Redis's: `released` tokens of holds Redis
+    /// kept after their release (a release it lost), `put_back` tokens of live holds it had
+    /// lost (or held at an older usage).
+    fn reconciled(&self, released: u64, put_back: u64) {
+        if released > 0 {
+            self.counters
+                .stray_tokens_released
+                .fetch_add(released, Ordering::Relaxed);
+        }
+        if put_back > 0 {
+            self.counters
+                .missing_tokens_put_back
+                .fetch_add(put_back, Ordering::Relaxed);
+        }
+        if released > 0 || put_back > 0 {
+            trace::reconciled(&self.store, released, put_back);
+        }
+    }
+
+    /// Re-registers this replica and its live holds (Redis no longer knew it).
+    async fn register(&self) -> Result<(), StoreError> {
+        let holds = self.live_holds();
         let known = self.epoch.load(Ordering::Relaxed);
         let registered = self
             .store

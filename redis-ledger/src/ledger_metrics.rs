@@ -15,7 +15,7 @@ type Source = fn(&LedgerStats) -> u64;
 type Extra = Option<(&'static str, &'static str)>;
 
 /// The counters, each with what it reads.
-const COUNTERS: [(&str, Extra, Source); 16] = [
+const COUNTERS: [(&str, Extra, Source); 18] = [
     ("llm_ledger_reservations_total", None, |s| s.reserved),
     (
         "llm_ledger_refusals_total",
@@ -62,6 +62,12 @@ const COUNTERS: [(&str, Extra, Source); 16] = [
         s.releases_on_reservations
     }),
     ("llm_ledger_rebalances_total", None, |s| s.rebalances),
+    ("llm_ledger_stray_tokens_released_total", None, |s| {
+        s.stray_tokens_released
+    }),
+    ("llm_ledger_missing_tokens_put_back_total", None, |s| {
+        s.missing_tokens_put_back
+    }),
 ];
 
 /// The gauges read from the stats (and `llm_ledger_degraded`, from the ledger's health).
@@ -89,6 +95,8 @@ const GAUGES: [(&str, Source); 3] = [
 /// | `llm_ledger_releases_total` | counter | | `releases_deferred` |
 /// | `llm_ledger_releases_on_reservations_total` | counter | | `releases_on_reservations` |
 /// | `llm_ledger_rebalances_total` | counter | | `rebalances` (leased mode) |
+/// | `llm_ledger_stray_tokens_released_total` | counter | | `stray_tokens_released` |
+/// | `llm_ledger_missing_tokens_put_back_total` | counter | | `missing_tokens_put_back` |
 /// | `llm_ledger_releases_pending` | gauge | | `releases_pending` |
 /// | `llm_ledger_slice_tokens` | gauge | | `slice` (leased mode) |
 /// | `llm_ledger_floor_in_flight_tokens` | gauge | | `floor_in_flight` |

@@ -62,9 +62,9 @@
 //! slot's master ([`ConfigError::NamespaceWithoutHashTag`] otherwise). When that master fails,
 //! the ledger is unavailable until its replica is promoted (the failure policy applies), then
 //! finds it by itself; a crash can lose the master's last writes (asynchronous replication),
-//! and what each loss does (a lost lease is recounted within a renewal period, a lost
-//! reservation is uncounted while its call lasts, a lost release stays counted until the
-//! replica leaves) is set out at [`LedgerConfig::cluster`].
+//! and what each loss does (a lost lease or reservation is recounted within a renewal period,
+//! a lost release is released within two: every renewal reconciles the replica's live holds
+//! with Redis's) is set out at [`LedgerConfig::cluster`].
 //!
 //! # Rate windows across replicas
 //!

@@ -12,6 +12,8 @@
 //!   mode's holds of one replica.
 //! - `ns:slices` / `ns:wants`: hashes, replica id -> the slice it leases / the tokens it asked
 //!   for at its last rebalance (leased mode).
+//! - `ns:suspect:<replica>`: set, the holds Redis had at the replica's last renewal that the
+//!   replica did not list as live (see [`RENEW`]: released if still unlisted at the next).
 //!
 //! The scripts that judge or report the whole ledger (a reservation that would be refused,
 //! renewals, rebalances, snapshots) first purge up to 32 replicas whose lease has passed: their
@@ -273,6 +275,7 @@ local function purge(now)
     end
     freed = freed + tonumber(redis.call('HGET', S, r) or '0')
     redis.call('DEL', hk)
+    redis.call('DEL', ns .. ':suspect:' .. r)
     redis.call('HDEL', S, r)
     redis.call('HDEL', W, r)
     redis.call('ZREM', L, r)
@@ -486,11 +489,28 @@ end
 return out
 "#;
 
-/// Renews the replica's lease. ARGV: ns, replica, lease_ms, and the renewal period (ms, to
-/// set `ns:clock`'s grace; optional). Returns `{lost, total, live replicas}`: lost is 1 when
-/// Redis does not know the replica (its lease lapsed and its holds were purged, by this call or
-/// an earlier one, or Redis restarted without its data); the lease is then not renewed: the
-/// replica re-registers with [`REGISTER`], which also registers a new one.
+/// Renews the replica's lease and reconciles its holds with the replica's live set. ARGV: ns,
+/// replica, lease_ms, the renewal period (ms, to set `ns:clock`'s grace), then pairs of an
+/// admission id and its hold (`"<held>|<seq>"`): every hold the replica has now.
+///
+/// Reconciling mends what Redis lost or kept wrongly while the replica was sure of it (a
+/// failover to a replica that missed the last writes, in a Redis Cluster or with Sentinel):
+/// a live hold Redis does not have is put back; a live hold whose usage sequence is newer than
+/// Redis's replaces it; a hold Redis has that the replica does not list is a suspect
+/// (`ns:suspect:<replica>`, a set): a reservation whose answer the replica has not read yet, a
+/// release on its way, or a release Redis lost. A suspect still unlisted at the next renewal (a
+/// renewal period later, longer than the timeout, so any answer has been read and any release
+/// sent) was a lost release: it is released. A live set read just before a release that Redis
+/// runs before the renewal puts that hold back: the replica releases again, after the
+/// renewal's answer, every hold it sent as live and has released since.
+///
+/// Returns `{lost, total, live replicas, tokens taken off, tokens put back}` (taken off: lost
+/// releases released, and holds moved down to a newer usage; put back: lost holds, and holds
+/// moved up to a newer usage): lost is 1 when
+/// Redis does not know the replica (its lease lapsed and its holds were purged, by this call
+/// or an earlier one, or Redis restarted without its data); the lease is then not renewed and
+/// nothing reconciled: the replica re-registers with [`REGISTER`], which also registers a new
+/// one.
 pub const RENEW: &str = r#"
 local now = now_ms()
 if ARGV[4] then
@@ -501,10 +521,59 @@ if not redis.call('ZSCORE', L, replica) then
   -- Lapsed (purged) or forgotten (a restart without data): not renewed, so that every later
   -- renewal says so too until the replica re-registers its holds (`REGISTER`), even when
   -- this reply arrives after the replica stopped waiting for it.
-  return {1, total(), redis.call('ZCARD', L)}
+  return {1, total(), redis.call('ZCARD', L), 0, 0}
 end
 redis.call('ZADD', L, now + tonumber(ARGV[3]), replica)
-return {0, total(), redis.call('ZCARD', L)}
+local live = {}
+for i = 5, #ARGV - 1, 2 do
+  live[ARGV[i]] = ARGV[i + 1]
+end
+local sk = ns .. ':suspect:' .. replica
+local suspect = {}
+for _, id in ipairs(redis.call('SMEMBERS', sk)) do
+  suspect[id] = true
+end
+local strays, present = {}, {}
+local freed, added = 0, 0
+local held = redis.call('HGETALL', H)
+for i = 1, #held, 2 do
+  local id, v = held[i], held[i + 1]
+  present[id] = true
+  local mine = live[id]
+  if not mine then
+    if suspect[id] then
+      redis.call('HDEL', H, id)
+      freed = freed + hold_of(v)
+    else
+      strays[#strays + 1] = id
+    end
+  else
+    local tokens, seq, charged = hold_of(v)
+    local lt, lseq = hold_of(mine)
+    if lseq > seq then
+      redis.call('HSET', H, id, hold_value(lt, lseq, charged))
+      if lt > tokens then
+        added = added + lt - tokens
+      else
+        freed = freed + tokens - lt
+      end
+    end
+  end
+end
+for id, v in pairs(live) do
+  if not present[id] then
+    redis.call('HSET', H, id, v)
+    added = added + hold_of(v)
+  end
+end
+redis.call('DEL', sk)
+if #strays > 0 then
+  redis.call('SADD', sk, unpack(strays))
+end
+if added - freed ~= 0 then
+  redis.call('INCRBY', T, added - freed)
+end
+return {0, total(), redis.call('ZCARD', L), freed, added}
 "#;
 
 /// Registers this replica (when it joins, and after Redis lost it: a restart without

@@ -37,6 +37,12 @@ pub struct LedgerStats {
     pub reregistrations: u64,
     /// Tokens those re-registrations put back in the global total.
     pub reregistered_tokens: u64,
+    /// Tokens of holds Redis still had after this replica released them (a release Redis lost,
+    /// as in a failover to a replica that missed it), released by a renewal's reconciliation.
+    pub stray_tokens_released: u64,
+    /// Tokens of live holds Redis had lost (a reservation or a usage update lost, as in a
+    /// failover), put back by a renewal's reconciliation.
+    pub missing_tokens_put_back: u64,
     /// Global releases made (every release and drop of a permit held globally, and every
     /// reservation that timed out): each rides on a later reservation or is sent by the
     /// background task.
@@ -68,6 +74,8 @@ pub(crate) struct Counters {
     pub(crate) leases_lost: AtomicU64,
     pub(crate) reregistrations: AtomicU64,
     pub(crate) reregistered_tokens: AtomicU64,
+    pub(crate) stray_tokens_released: AtomicU64,
+    pub(crate) missing_tokens_put_back: AtomicU64,
     pub(crate) releases_deferred: AtomicU64,
     pub(crate) releases_on_reservations: AtomicU64,
     pub(crate) releases_pending: AtomicU64,
@@ -103,6 +111,8 @@ impl Counters {
             leases_lost: load(&self.leases_lost),
             reregistrations: load(&self.reregistrations),
             reregistered_tokens: load(&self.reregistered_tokens),
+            stray_tokens_released: load(&self.stray_tokens_released),
+            missing_tokens_put_back: load(&self.missing_tokens_put_back),
             releases_deferred: load(&self.releases_deferred),
             releases_on_reservations: load(&self.releases_on_reservations),
             releases_pending: load(&self.releases_pending),

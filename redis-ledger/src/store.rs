@@ -31,6 +31,25 @@ pub(crate) enum Reserved {
     Recovering { wait: Duration },
 }
 
+/// What a renewal did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Renewed {
+    /// Redis did not know the replica: nothing renewed (it re-registers).
+    pub(crate) lost: bool,
+    /// Tokens of holds Redis kept that the replica had released (a lost release), released.
+    pub(crate) released: u64,
+    /// Tokens of live holds Redis had lost (or held at an older usage), put back.
+    pub(crate) put_back: u64,
+}
+
+/// A hold as the scripts store it: `"<held>|<seq>"`.
+fn hold_values(holds: &[(String, u64, u64)]) -> Vec<String> {
+    holds
+        .iter()
+        .map(|(_, held, sequence)| format!("{held}|{sequence}"))
+        .collect()
+}
+
 /// What a registration did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Registered {
@@ -352,18 +371,27 @@ impl Store {
 
     /// Renews the lease (renewed every `renew_every`); `true` when it had lapsed (the
     /// replica's holds were purged).
+    /// Renews the lease and reconciles the replica's `holds` (`(id, held, sequence)`: every
+    /// live one) with Redis's ([`RENEW`](crate::scripts::RENEW)).
     pub(crate) async fn renew(
         &self,
         lease: Duration,
         renew_every: Duration,
-    ) -> Result<bool, StoreError> {
-        let reply = self
-            .run(
-                &self.scripts.renew,
-                &[&millis(lease).to_string(), &millis(renew_every).to_string()],
-            )
-            .await?;
-        Ok(reply.first() == Some(&1))
+        holds: &[(String, u64, u64)],
+    ) -> Result<Renewed, StoreError> {
+        let (lease, period) = (millis(lease).to_string(), millis(renew_every).to_string());
+        let values = hold_values(holds);
+        let mut args: Vec<&str> = vec![&lease, &period];
+        for ((id, _, _), value) in holds.iter().zip(&values) {
+            args.push(id);
+            args.push(value);
+        }
+        let reply = self.run(&self.scripts.renew, &args).await?;
+        Ok(Renewed {
+            lost: reply.first() == Some(&1),
+            released: unsigned(&reply, 3),
+            put_back: unsigned(&reply, 4),
+        })
     }
 
     /// Registers the replica (its lease) and its live `holds` (`(id, held, sequence)`) in
@@ -376,10 +404,7 @@ impl Store {
         recovery: Duration,
         holds: &[(String, u64, u64)],
     ) -> Result<Registered, StoreError> {
-        let values: Vec<String> = holds
-            .iter()
-            .map(|(_, held, sequence)| format!("{held}|{sequence}"))
-            .collect();
+        let values = hold_values(holds);
         let (lease, known, recovery) = (
             millis(lease).to_string(),
             known.to_string(),

@@ -9,6 +9,7 @@
 //! | `WARN` | `lease lost: redis no longer knew this replica` | |
 //! | `INFO` | `registered` | `holds`, `tokens_added`, `epoch` |
 //! | `WARN` | `ledger recovering from a data loss: nothing new admitted` | `wait_ms` |
+//! | `WARN` | `reconciled: redis had lost writes of this replica` | `released`, `put_back` |
 //! | `WARN` | `lease ended: the slice gives way to the failure policy's budget` | `budget` |
 //! | `DEBUG` | `slice changed` | `from`, `to` |
 //!
@@ -56,6 +57,16 @@ pub(crate) fn registered(store: &Store, holds: usize, added: u64, epoch: u64) {
         holds, tokens_added = added, epoch, "registered");
     #[cfg(not(feature = "tracing"))]
     let _ = (store, holds, added, epoch);
+}
+
+/// A renewal's reconciliation released `released` tokens of holds Redis kept after their
+/// release and put back `put_back` tokens of live holds Redis had lost.
+pub(crate) fn reconciled(store: &Store, released: u64, put_back: u64) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: TARGET, ledger = store.namespace(), replica = store.replica(),
+        released, put_back, "reconciled: redis had lost writes of this replica");
+    #[cfg(not(feature = "tracing"))]
+    let _ = (store, released, put_back);
 }
 
 /// The ledger is recovering from a data loss for `wait` more.

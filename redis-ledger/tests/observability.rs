@@ -93,7 +93,7 @@ async fn the_metrics_are_the_stats_published() {
     assert_eq!((stats.reserved, stats.refused_global), (2, 1));
     let seen = read(&snapshotter);
     let counter = |name, label| get(&seen, name, label);
-    assert_eq!(seen.len(), 20, "every metric registered: {seen:?}");
+    assert_eq!(seen.len(), 22, "every metric registered: {seen:?}");
     assert_eq!(
         counter("llm_ledger_reservations_total", None),
         Some(&DebugValue::Counter(2))

@@ -515,9 +515,9 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
     // `{lost, total, live replicas}`: "a" is told, and not renewed, so a later renewal (the
     // first reply may have arrived after "a" stopped waiting) says so again.
     let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
-    assert_eq!(r, vec![1, 100, 1]);
+    assert_eq!(r, vec![1, 100, 1, 0, 0]);
     let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
-    assert_eq!(r, vec![1, 100, 1]);
+    assert_eq!(r, vec![1, 100, 1, 0, 0]);
     // It re-registers (here with nothing left to hold) and renews as before.
     assert_eq!(
         call_rated(
@@ -530,10 +530,16 @@ fn a_lapsed_lease_is_purged_by_any_call_and_renew_reports_it_lost() {
         [0, 100]
     );
     let r = call(&mut c, &s.renew, ns, "a", &args(&[&60_000]));
-    assert_eq!(r, vec![0, 100, 2]);
-    // Renewing a live lease loses nothing.
-    let r = call(&mut c, &s.renew, ns, "b", &args(&[&60_000]));
-    assert_eq!(r, vec![0, 100, 2]);
+    assert_eq!(r, vec![0, 100, 2, 0, 0]);
+    // Renewing a live lease (with its live hold) loses nothing.
+    let r = call(
+        &mut c,
+        &s.renew,
+        ns,
+        "b",
+        &args(&[&60_000, &20_000, &"1", &"100|0"]),
+    );
+    assert_eq!(r, vec![0, 100, 2, 0, 0]);
     let o = observe(&mut c, ns);
     assert_eq!(
         (o.total, o.holds, o.hold_count, o.replicas),
@@ -1023,4 +1029,78 @@ fn a_ledger_that_lost_its_data_admits_nothing_new_for_the_recovery_period() {
     std::thread::sleep(Duration::from_millis(450));
     let b = plan(&mut c, "b", b[5] as u64, 0);
     assert_eq!((b[0], b[2], b[6]), (5_000, 10_000, 0));
+}
+
+/// RENEW reconciles a replica's holds with its live set: a live hold Redis lost is put back, a
+/// newer usage replaces Redis's, and a hold Redis kept that the replica does not list (a lost
+/// release) is released if still unlisted at the next renewal; one listed again in between (a
+/// reservation whose answer was on its way) stays.
+#[test]
+fn a_renewal_mends_what_redis_lost_or_kept() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let s = Scripts::new();
+    let ns = "{reconcile}";
+    let renew = |c: &mut redis::Connection, live: &[(&str, &str)]| {
+        let mut a = args(&[&LONG_LEASE_MS, &20_000]);
+        for (id, value) in live {
+            a.push(id.to_string());
+            a.push(value.to_string());
+        }
+        call(c, &s.renew, ns, "a", &a)
+    };
+    let reserve = |c: &mut redis::Connection, id: &str, tokens: u64| {
+        call(
+            c,
+            &s.reserve,
+            ns,
+            "a",
+            &args(&[&id, &tokens, &10_000, &LONG_LEASE_MS]),
+        )[0]
+    };
+    call_rated(
+        &mut c,
+        scripts::REGISTER,
+        ns,
+        "a",
+        &args(&[&LONG_LEASE_MS, &0, &0]),
+    );
+    assert_eq!(reserve(&mut c, "1", 100), 1);
+    assert_eq!(reserve(&mut c, "2", 200), 1);
+    // "1" released, but Redis lost the release: a suspect, still counted.
+    assert_eq!(renew(&mut c, &[("2", "200|0")]), vec![0, 300, 1, 0, 0]);
+    // "4" reserved, its answer not read yet: a suspect too.
+    assert_eq!(reserve(&mut c, "4", 40), 1);
+    // Redis lost "2" (a failover), and "3", reserved since: both put back; "1", still
+    // unlisted, released; "4" is listed now and stays.
+    let _: () = redis::cmd("HDEL")
+        .arg(format!("{ns}:holds:a"))
+        .arg("2")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("DECRBY")
+        .arg(format!("{ns}:total"))
+        .arg(200)
+        .query(&mut c)
+        .unwrap();
+    let live = [("2", "200|0"), ("3", "50|0"), ("4", "40|0")];
+    assert_eq!(renew(&mut c, &live), vec![0, 290, 1, 100, 250]);
+    let o = observe(&mut c, ns);
+    assert_eq!((o.total, o.holds, o.hold_count), (290, 290, 3));
+    // A usage update Redis lost: the replica's newer one wins (down from 200 to 150); an older
+    // one would not.
+    let live = [("2", "150|2"), ("3", "50|0"), ("4", "40|0")];
+    assert_eq!(renew(&mut c, &live), vec![0, 240, 1, 50, 0]);
+    let live = [("2", "180|1"), ("3", "50|0"), ("4", "40|0")];
+    assert_eq!(renew(&mut c, &live), vec![0, 240, 1, 0, 0]);
+    let o = observe(&mut c, ns);
+    assert_eq!((o.total, o.holds, o.hold_count), (240, 240, 3));
+    // Nothing lost, nothing kept: nothing moves, and no suspect is left.
+    let live = [("2", "150|2"), ("3", "50|0"), ("4", "40|0")];
+    assert_eq!(renew(&mut c, &live), vec![0, 240, 1, 0, 0]);
+    let suspects: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{ns}:suspect:a"))
+        .query(&mut c)
+        .unwrap();
+    assert!(suspects.is_empty(), "{suspects:?}");
 }
