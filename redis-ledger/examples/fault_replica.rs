@@ -20,15 +20,20 @@
 //! - Refusals are not logged one by one; their counts close the log:
 //!   `stats <us> key=value ...` (the ledger's counters and the refusals by kind), then `exit <us>`.
 //!
-//! A `start` line is flushed at once (a write to the page cache, which a SIGKILL does not lose);
-//! the rest is buffered and flushed every 50 ms and at exit. A replica killed with SIGKILL loses
-//! at most its last 50 ms of `end` lines: the analysis then counts those calls in flight until
-//! the kill, which over-counts (never under-counts) the tokens in flight.
+//! Each line is written with one `write(2)` as soon as it is made (through a buffer of its
+//! own, flushed per line): the page cache keeps it through a SIGKILL, so a killed replica's
+//! log lacks nothing it did. (Buffered for 50 ms, a killed replica's lost `end` lines made
+//! calls it had already released look in flight until its death: 546 tokens over the budget
+//! that were never in flight, in a first run.) A `start` without an `end` is a call really in
+//! flight when the process died.
 //!
 //! The replica stops when its standard input closes (or after `--run-ms`): no new admissions,
-//! the calls in flight end, the log is flushed and the ledger is left with `close`.
+//! the calls in flight end, the log is flushed and the ledger is left with `close`. Each line
+//! `c` it reads on standard input before that is answered on standard output with
+//! `clock <unix_us>`, its own wall clock: the suite maps the log of a replica whose clock it
+//! slowed (libfaketime) back to the real clock from these answers.
 
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -175,7 +180,8 @@ fn unix_us() -> u128 {
         .map_or(0, |d| d.as_micros())
 }
 
-/// The log file, buffered; every line is written under one short lock.
+/// The log file: every line is formatted into the buffer and written at once, under one short
+/// lock (one `write(2)` per line).
 #[derive(Clone)]
 struct Log(Arc<Mutex<BufWriter<std::fs::File>>>);
 
@@ -185,18 +191,7 @@ impl Log {
         // A write error (a full disk) is not the replica's business: the suite sees a short log.
         let _ = out.write_fmt(text);
         let _ = out.write_all(b"\n");
-    }
-
-    /// Writes a line and flushes at once (a `start`: never lost to a SIGKILL).
-    fn line_now(&self, text: std::fmt::Arguments<'_>) {
-        let mut out = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = out.write_fmt(text);
-        let _ = out.write_all(b"\n");
         let _ = out.flush();
-    }
-
-    fn flush(&self) {
-        let _ = self.0.lock().unwrap_or_else(|p| p.into_inner()).flush();
     }
 }
 
@@ -311,7 +306,7 @@ async fn task(
         let id = format!("{}.{index}.{n}", args.id);
         n += 1;
         let held = call.tokens();
-        log.line_now(format_args!("start {} {held} {id}", unix_us()));
+        log.line(format_args!("start {} {held} {id}", unix_us()));
         tokio::time::sleep(Duration::from_millis(millis)).await;
         log.line(format_args!("end {} {held} {id}", unix_us()));
         call.release();
@@ -345,25 +340,22 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mode = if args.leased { "leased" } else { "exact" };
     log.line(format_args!("ready {} {mode} {}", unix_us(), args.id));
-    log.flush();
 
     let stop = Arc::new(AtomicBool::new(false));
     // Standard input closed (the driver's signal to stop), or the run's length passed.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     std::thread::spawn(move || {
-        let mut sink = [0u8; 64];
-        while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+        let mut line = String::new();
+        while matches!(std::io::stdin().read_line(&mut line), Ok(n) if n > 0) {
+            if line.trim() == "c" {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "clock {}", unix_us());
+                let _ = out.flush();
+            }
+            line.clear();
+        }
         let _ = tx.blocking_send(());
     });
-    let flusher = {
-        let (log, stop) = (log.clone(), stop.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Acquire) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                log.flush();
-            }
-        })
-    };
     let args = Arc::new(args);
     let refusals = Arc::new(Refusals::default());
     let tasks: Vec<_> = (0..args.tasks)
@@ -390,7 +382,6 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for t in tasks {
         t.await?;
     }
-    let _ = flusher.await;
     let s = ledger.stats();
     log.line(format_args!(
         "stats {} reserved={} refused_global={} admitted_on_floor={} refused_unavailable={} \
@@ -412,10 +403,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         refusals.unavailable.load(Ordering::Relaxed),
         refusals.other.load(Ordering::Relaxed),
     ));
-    log.flush();
     ledger.close().await;
     log.line(format_args!("exit {}", unix_us()));
-    log.flush();
     Ok(())
 }
 

@@ -220,13 +220,32 @@ class Replica:
             self.speed = faketime[1]
         self.err = open(os.path.join(logdir, name + ".stderr"), "wb")
         self.spawn_us = now_us()
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, env=env)
+        self.marks = []
+
+    def calibrate(self):
+        """Asks the replica its clock a few times (`c` -> `clock <us>`); keeps the answer of the
+        shortest round trip as one point (its clock, the real time mid-way)."""
+        best = None
+        for _ in range(7):
+            sent = now_us()
+            self.proc.stdin.write(b"c\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline().split()
+            received = now_us()
+            if len(answer) == 2 and (best is None or received - sent < best[0]):
+                best = (received - sent, int(answer[1]), (sent + received) / 2)
+            time.sleep(0.005)
+        self.marks.append(best)
 
     def real(self, t):
-        if self.speed is None:
+        """A time of this replica's log on the real clock: the identity, or for a slowed clock
+        the line through its two calibration points."""
+        if self.speed is None or len(self.marks) < 2:
             return t
-        return self.spawn_us + (t - self.spawn_us) / self.speed
+        (_, f1, r1), (_, f2, r2) = self.marks[0], self.marks[-1]
+        return r1 + (t - f1) * (r2 - r1) / (f2 - f1)
 
     def is_ready(self):
         try:
@@ -423,6 +442,9 @@ def full_scenarios(faketime_ok):
                                 ("restart", 2.0), mode, policy, after=5.0, **LONG))
         out.append(scenario("f partition of one replica, 4 s", ("partition", 4.0), mode, policy,
                             after=4.0))
+        if main:
+            out.append(scenario("f partition of one replica, 4 s, calls <= 4 s",
+                                ("partition", 4.0), mode, policy, after=5.0, **LONG))
         if faketime_ok and main:
             out.append(scenario("g one replica's clock at half speed", ("halfclock", 0.0), mode,
                                 policy, after=6.0))
@@ -476,6 +498,9 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
         if time.time() > deadline or any(r.proc.poll() is not None for r in replicas):
             raise RuntimeError("replicas did not start: see %s" % logdir)
         time.sleep(0.02)
+    for r in replicas:
+        if r.speed is not None:
+            r.calibrate()
     watch = replicas[0].name if kind == "kill9" else None
     sampler = Sampler(redis.port, watch)
     sampler.start()
@@ -498,6 +523,9 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
         time.sleep(cut)
     fault_end_us = now_us()
     time.sleep(sc["after"])
+    for r in replicas:
+        if r.speed is not None:
+            r.calibrate()
     stop_us = now_us()
     for r in replicas:
         if r.death_us is None:
@@ -534,6 +562,11 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
                          "to %d, from %+d to %+d ms of the fault" % (
                              len(short), max(x for _, x in short),
                              (short[0][0] - fault_us) / 1000, (short[-1][0] - fault_us) / 1000))
+    for r in replicas:
+        if r.speed is not None:
+            (rtt1, f1, r1), (rtt2, f2, r2) = r.marks[0], r.marks[-1]
+            notes.append("%s's clock ran at %.3f of the real one (calibrated to %d us)" % (
+                r.name, (f2 - f1) / (r2 - r1), max(rtt1, rtt2) / 2))
     for key in ("admitted_on_floor", "reregistrations", "reregistered_tokens", "leases_lost"):
         if stats.get(key):
             notes.append("%s %d" % (key, stats[key]))
