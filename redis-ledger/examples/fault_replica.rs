@@ -315,7 +315,7 @@ async fn task(
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let file = std::fs::File::create(&args.log)?;
-    let log = Log(Arc::new(Mutex::new(BufWriter::with_capacity(1 << 16, file))));
+    let log = Log(Arc::new(Mutex::new(BufWriter::new(file))));
     let mut config = LedgerConfig::new(args.redis.clone(), args.ns.clone(), args.budget)
         .replica_id(args.id.clone())
         .lease(args.lease)
