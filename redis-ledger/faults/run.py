@@ -276,13 +276,15 @@ class Replica:
 
 
 class Sampler(threading.Thread):
-    """Reads the ledger's total (and whether `watch`, a replica, still holds anything) every
-    20 ms on its own connection: `(sent_us, received_us, total, watched_present)` per sample,
-    `None` figures while Redis does not answer within 100 ms (it then reconnects)."""
+    """Reads the ledger's total, the replicas Redis has a lease for, and whether `watch` (a
+    replica) still holds anything, every 20 ms on its own connection:
+    `(sent_us, received_us, total, watched_present, leased_replicas)` per sample, `None`
+    figures while Redis does not answer within 100 ms (it then reconnects). Every 5 ms instead
+    with `period` 0.005 (a restart: the replicas come back within tens of ms)."""
 
-    def __init__(self, port, watch=None):
+    def __init__(self, port, watch=None, period=0.02):
         super().__init__(daemon=True)
-        self.port, self.watch = port, watch
+        self.port, self.watch, self.period = port, watch, period
         self.samples = []
         self.halt = threading.Event()
 
@@ -293,23 +295,22 @@ class Sampler(threading.Thread):
             try:
                 if conn is None:
                     conn = Conn(self.port, 0.1)
-                commands = [["GET", NS + ":total"]]
+                commands = [["GET", NS + ":total"], ["ZRANGE", NS + ":leases", 0, -1]]
                 if self.watch:
-                    commands += [["ZSCORE", NS + ":leases", self.watch],
-                                 ["EXISTS", NS + ":holds:" + self.watch],
+                    commands += [["EXISTS", NS + ":holds:" + self.watch],
                                  ["HEXISTS", NS + ":slices", self.watch]]
                 replies = conn.call(*commands)
-                total = int(replies[0] or 0)
+                total, leased = int(replies[0] or 0), replies[1]
                 present = None
                 if self.watch:
-                    present = replies[1] is not None or replies[2] == 1 or replies[3] == 1
-                self.samples.append((sent, now_us(), total, present))
+                    present = self.watch in leased or replies[2] == 1 or replies[3] == 1
+                self.samples.append((sent, now_us(), total, present, leased))
             except (OSError, ConnectionError, ValueError):
                 if conn:
                     conn.close()
                 conn = None
-                self.samples.append((sent, now_us(), None, None))
-            time.sleep(0.02)
+                self.samples.append((sent, now_us(), None, None, None))
+            time.sleep(self.period)
         if conn:
             conn.close()
 
@@ -382,7 +383,7 @@ def shortfalls(calls, samples):
     ends = [c[1] for c in by_end]
     times, values = sweep(calls)
     out = []
-    for sent, received, total, _ in samples:
+    for sent, received, total, _, _ in samples:
         if total is None:
             continue
         i = bisect.bisect_right(times, sent) - 1
@@ -506,7 +507,7 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
         if r.speed is not None:
             r.calibrate()
     watch = replicas[0].name if kind == "kill9" else None
-    sampler = Sampler(redis.port, watch)
+    sampler = Sampler(redis.port, watch, 0.005 if kind == "restart" else 0.02)
     sampler.start()
     t_ready = now_us()
     time.sleep(sc["warmup"])
@@ -559,6 +560,14 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
         back = next((s[1] for s in sampler.samples if s[0] > fault_us and s[3] is False), None)
         notes.append("its tokens back in Redis %s after the kill (lease %d ms)" % (
             "never" if back is None else "%d ms" % ((back - fault_us) / 1000), cfg["lease_ms"]))
+    if kind == "restart":
+        # When each replica was back in Redis (a lease again: re-registered or renewed).
+        back = []
+        for r in replicas:
+            t = next((s[1] for s in sampler.samples
+                      if s[0] >= fault_end_us and s[4] and r.name in s[4]), None)
+            back.append("never" if t is None else "%+d" % ((t - fault_end_us) / 1000))
+        notes.append("replicas back in Redis at %s ms of its restart" % ", ".join(back))
     if cfg["policy"] == "closed":
         short = shortfalls(calls, sampler.samples)
         if short:
@@ -617,7 +626,12 @@ def main():
     p.add_argument("--quick", action="store_true", help="the CI subset (about a minute)")
     p.add_argument("--strict-leased", action="store_true",
                    help="judge leased mode by the same bounds (fail the run if broken)")
-    p.add_argument("--only", help="run only the scenarios whose name or mode contains this")
+    p.add_argument("--only", action="append", default=[],
+                   help="run only the scenarios whose '<name> <mode> <policy>' contains this "
+                        "(repeat: all must match)")
+    p.add_argument("--skip", action="append", default=[],
+                   help="leave out the scenarios whose '<name> <mode> <policy>' contains this")
+    p.add_argument("--repeat", type=int, default=1, help="run each scenario this many times")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--keep", action="store_true", help="keep the logs (printed per scenario)")
     p.add_argument("--no-build", action="store_true", help="use the example already built")
@@ -635,9 +649,11 @@ def main():
     binary = os.path.join(target_dir(), "debug" if args.debug else "release", "examples",
                           "fault_replica")
     scenarios = quick_scenarios() if args.quick else full_scenarios(faketime_env() is not None)
-    if args.only:
-        scenarios = [s for s in scenarios if args.only in s["name"] or
-                     args.only in "%s %s" % (s["cfg"]["mode"], s["cfg"]["policy"])]
+    scenarios = [s for s in scenarios if all(
+        term in "%s %s %s" % (s["name"], s["cfg"]["mode"], s["cfg"]["policy"])
+        for term in args.only) and not any(
+        term in "%s %s %s" % (s["name"], s["cfg"]["mode"], s["cfg"]["policy"])
+        for term in args.skip) for _ in range(args.repeat)]
     workdir = tempfile.mkdtemp(prefix="ledger-faults-")
     results = []
     try:
