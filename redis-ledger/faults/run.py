@@ -9,7 +9,7 @@ really in flight at each instant (calls between their `start` and `end` lines; a
 replica's open calls end at its death) and compares them with the global budget.
 
     python3 redis-ledger/faults/run.py            # every scenario, a markdown table
-    python3 redis-ledger/faults/run.py --quick    # the CI subset (~1 min), non-zero on a broken bound
+    python3 redis-ledger/faults/run.py --quick    # the CI subset (~30 s), non-zero on a broken bound
 
 Bounds: exact mode failing closed, 0 tokens over the budget; a local floor, at most
 replicas x floor; leased mode is reported, and judged only with --strict-leased.
@@ -352,7 +352,9 @@ def sweep(calls):
     events = []
     for s, e, tokens in calls:
         events.append((s, 1, tokens))
-        events.append((e, 0, -tokens))  # at one instant, ends first (causality: see README)
+        # At one instant, ends first: an `end` is logged before its release, which comes before
+        # any admission the release makes room for.
+        events.append((e, 0, -tokens))
     events.sort()
     times, values, level = [], [], 0
     for t, _, delta in events:
