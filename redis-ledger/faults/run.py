@@ -367,6 +367,28 @@ def sweep(calls):
     return times, values
 
 
+def longest_starved(calls, tasks, since, until):
+    """The longest time (us) within `[since, until]` that one replica had a task free (fewer
+    than `tasks` calls in flight) and admitted nothing: what its refusals cost it."""
+    events = sorted([(s, 1) for s, _, _ in calls] + [(e, -1) for _, e, _ in calls])
+    level, free_since, longest = 0, since, 0
+    for t, delta in events:
+        if delta > 0:
+            if free_since is not None and t > since:
+                longest = max(longest, min(t, until) - max(free_since, since))
+            level += 1
+            free_since = None if level >= tasks else t
+        else:
+            level -= 1
+            if free_since is None and level < tasks:
+                free_since = t
+        if t >= until:
+            break
+    if free_since is not None and free_since < until:
+        longest = max(longest, until - max(free_since, since))
+    return max(longest, 0)
+
+
 def over_budget(times, values, budget):
     """Max in flight, and the total time (us) above the budget."""
     peak, over = 0, 0
@@ -545,10 +567,12 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
         proxy.close()
     redis.kill()
 
-    calls, admitted, stats = [], 0, {}
+    calls, admitted, stats, starved = [], 0, {}, 0
     for r in replicas:
         c, info = read_log(r)
         calls += c
+        if r.death_us is None:
+            starved = max(starved, longest_starved(c, cfg["tasks"], fault_us, stop_us))
         admitted += sum(1 for s, _, _ in c if t_ready <= s < stop_us)
         for k, v in info["stats"].items():
             stats[k] = stats.get(k, 0) + int(v)
@@ -595,6 +619,7 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
         "replicas": "%dx%d" % (n, cfg["tasks"]), "budget": budget, "max_in_flight": peak,
         "over_at_max": over, "ms_over": round(over_us / 1000, 1),
         "admissions_per_s": round(admitted / ((stop_us - t_ready) / 1e6), 1),
+        "starved_ms": round(starved / 1000),
         "bound": bound, "judged": judged, "passed": passed, "notes": "; ".join(notes),
         "logs": logdir,
     }
@@ -605,15 +630,15 @@ def run_scenario(binary, sc, workdir, strict_leased, verbose):
 
 def table(results):
     head = ("| scenario | mode | policy | replicas x tasks | budget | max in flight | over at max "
-            "| ms over | admissions/s | bound | result | notes |")
-    lines = [head, "|" + "---|" * 12]
+            "| ms over | admissions/s | longest starved ms | bound | result | notes |")
+    lines = [head, "|" + "---|" * 13]
     for r in results:
         verdict = ("pass" if r["passed"] else "FAIL") if r["judged"] else (
             "not judged (within)" if r["passed"] else "not judged (over)")
-        lines.append("| %s | %s | %s | %s | %d | %d | %d | %.1f | %.1f | <= %d | %s | %s |" % (
+        lines.append("| %s | %s | %s | %s | %d | %d | %d | %.1f | %.1f | %d | <= %d | %s | %s |" % (
             r["scenario"], r["mode"], r["policy"], r["replicas"], r["budget"],
             r["max_in_flight"], r["over_at_max"], r["ms_over"], r["admissions_per_s"],
-            r["bound"], verdict, r["notes"]))
+            r["starved_ms"], r["bound"], verdict, r["notes"]))
     return "\n".join(lines)
 
 
@@ -662,9 +687,10 @@ def main():
         for sc in scenarios:
             r = run_scenario(binary, sc, workdir, args.strict_leased, args.verbose)
             results.append(r)
-            print("%-45s %-7s %-11s max %6d  over %5d  %7.1f ms over  %6.1f adm/s  %s" % (
+            print("%-45s %-7s %-11s max %6d  over %5d  %7.1f ms over  %6.1f adm/s  "
+                  "starved %5d ms  %s" % (
                 r["scenario"], r["mode"], r["policy"], r["max_in_flight"], r["over_at_max"],
-                r["ms_over"], r["admissions_per_s"],
+                r["ms_over"], r["admissions_per_s"], r["starved_ms"],
                 ("pass" if r["passed"] else "FAIL") if r["judged"] else "reported"),
                 flush=True)
     finally:
