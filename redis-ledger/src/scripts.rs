@@ -623,11 +623,10 @@ return {before - t, t}
 /// in proportion to what each asked above it) and grows the slice toward
 /// `max(target, floor)` as far as the budget allows. Never shrinks (a replica shrinks its
 /// local budget first, then calls SHRINK). `floor` is the tokens the replica holds in flight.
-/// A replica Redis did not know (a lapsed lease, a data loss) first gets a slice of at least
-/// its tokens in flight (`floor`), whatever the budget: those calls hold their tokens. It
-/// joins the ledger's epoch as [`REGISTER`] does; while the ledger recovers from a data loss,
-/// a replica Redis did not know puts back the slice it has installed (`installed`), and no
-/// slice grows.
+/// It joins the ledger's epoch as [`REGISTER`] does; while the ledger recovers from a data
+/// loss, a replica Redis did not know puts back the slice it has installed (`installed`, or
+/// its tokens in flight if more: a slice that ended locally still has calls), and no slice
+/// grows.
 /// ARGV: ns, replica, want, floor, budget, lease_ms, renew_ms, the epoch the replica knew
 /// (`0`: none), its recovery period (ms), installed.
 /// Returns `{slice, target, total, live leased replicas, lost, epoch id, wait}` (`wait`: ms
@@ -640,19 +639,11 @@ local want, floor, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[
 local lost = redis.call('ZADD', L, now + tonumber(ARGV[6]), replica)
 redis.call('HSET', W, replica, ARGV[3])
 local current = tonumber(redis.call('HGET', S, replica) or '0')
-if lost == 1 and floor > current then
-  -- A replica Redis did not know (a lapsed lease, a data loss) still has calls in flight:
-  -- they hold their tokens whatever the budget, so they are counted before anything is
-  -- granted (the total may exceed the budget until they end).
-  redis.call('HSET', S, replica, floor)
-  redis.call('INCRBY', T, floor - current)
-  current = floor
-end
 local id, open = join_epoch(now, ARGV[8], tonumber(ARGV[9]))
 if open > 0 then
-  -- Recovering: what Redis forgot comes back (the slice the replica admits from); nothing
-  -- grows.
-  local installed = tonumber(ARGV[10])
+  -- Recovering: what Redis forgot comes back (the slice the replica admits from, or its
+  -- calls in flight if more: a slice that ended locally still has them); nothing grows.
+  local installed = math.max(tonumber(ARGV[10]), floor)
   if lost == 1 and installed > current then
     redis.call('HSET', S, replica, installed)
     redis.call('INCRBY', T, installed - current)

@@ -1053,41 +1053,6 @@ fn a_ledger_that_lost_its_data_admits_nothing_new_for_the_recovery_period() {
     assert!(back[6] > 0);
 }
 
-/// A leased replica whose lease lapsed (a partition) comes back with calls still in flight:
-/// they are counted at once, even beyond the budget (the others' slices hold the rest), so
-/// nothing more is granted against them until they end.
-#[test]
-fn a_lapsed_leased_replica_s_calls_in_flight_are_counted_whatever_the_budget() {
-    let server = RedisServer::start();
-    let mut c = server.connection().unwrap();
-    let s = Scripts::new();
-    let ns = "{lapsed-leased}";
-    let plan = |c: &mut redis::Connection, replica: &str, floor: u64, lease: u64| {
-        call(
-            c,
-            &s.plan,
-            ns,
-            replica,
-            &args(&[&10_000, &floor, &10_000, &lease, &1_000, &0, &0, &0]),
-        )
-    };
-    // "a" alone takes the whole budget; its lease (100 ms) lapses, and "b" gets it all.
-    assert_eq!(
-        plan(&mut c, "a", 0, 100)[..5],
-        [10_000, 10_000, 10_000, 1, 1]
-    );
-    std::thread::sleep(Duration::from_millis(150));
-    assert_eq!(
-        plan(&mut c, "b", 0, LONG_LEASE_MS)[..5],
-        [10_000, 10_000, 10_000, 1, 1]
-    );
-    // "a" comes back with 2,000 still in flight: counted (12,000 of 10,000), nothing more.
-    let back = plan(&mut c, "a", 2_000, LONG_LEASE_MS);
-    assert_eq!(back[..5], [2_000, 5_000, 12_000, 2, 1]);
-    let o = observe(&mut c, ns);
-    assert_eq!((o.total, o.slices), (12_000, 12_000));
-}
-
 /// RENEW reconciles a replica's holds with its live set: a live hold Redis lost is put back, a
 /// newer usage replaces Redis's, and a hold Redis kept that the replica does not list (a lost
 /// release) is released if still unlisted at the next renewal; one listed again in between (a
