@@ -338,7 +338,7 @@ impl ExactLedger {
 
     /// Reads the stats and the health while the ledger lives (no clone of it is kept).
     #[cfg(feature = "metrics")]
-    pub(crate) fn reader(&self) -> Arc<dyn Fn() -> Option<(LedgerStats, bool)> + Send + Sync> {
+    pub(crate) fn reader(&self) -> crate::stats::StatsReader {
         let inner = Arc::downgrade(&self.inner);
         Arc::new(move || {
             let inner = inner.upgrade()?;

@@ -171,7 +171,7 @@ impl LeasedLedger {
     /// Reads the stats and whether the replica is on the failure policy's budget, while the
     /// ledger lives (no clone of it is kept).
     #[cfg(feature = "metrics")]
-    pub(crate) fn reader(&self) -> Arc<dyn Fn() -> Option<(LedgerStats, bool)> + Send + Sync> {
+    pub(crate) fn reader(&self) -> crate::stats::StatsReader {
         let inner = Arc::downgrade(&self.inner);
         Arc::new(move || {
             let inner = inner.upgrade()?;

@@ -332,6 +332,23 @@ fn closed_replica(
         .failure(FailurePolicy::FailClosed)
 }
 
+/// Replicas "a" and "b" of [`closed_replica`]'s ledger in `ns`.
+async fn two_closed_replicas(
+    server: &RedisServer,
+    ns: &str,
+    lease: Duration,
+    renew: Duration,
+) -> (ExactLedger, ExactLedger) {
+    let replica = |id: &str| closed_replica(server, ns, id, lease, renew);
+    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
+        .await
+        .unwrap();
+    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
+        .await
+        .unwrap();
+    (a, b)
+}
+
 /// A Redis stall longer than the lease (`DEBUG SLEEP`): the replicas could not renew while
 /// Redis itself stood still, and their leases do not lapse for it. Before the scripts healed
 /// the gap, the first script after the stall purged every live replica's holds and the budget
@@ -339,13 +356,7 @@ fn closed_replica(
 /// without the healing, b is admitted the 600 tokens a still holds).
 async fn stall_longer_than_the_lease(ns: &str, lease: Duration, renew: Duration, stall: Duration) {
     let server = RedisServer::start();
-    let replica = |id: &str| closed_replica(&server, ns, id, lease, renew);
-    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
-        .await
-        .unwrap();
-    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
-        .await
-        .unwrap();
+    let (a, b) = two_closed_replicas(&server, ns, lease, renew).await;
     let held = a
         .try_acquire(&LlmRequest::new(), reserve(100, 500))
         .await
@@ -408,13 +419,7 @@ async fn a_restart_without_data_gets_every_live_hold_back() {
     let mut server = RedisServer::start();
     let ns = "{restart}";
     let (lease, renew) = (Duration::from_millis(900), Duration::from_millis(200));
-    let replica = |id: &str| closed_replica(&server, ns, id, lease, renew);
-    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
-        .await
-        .unwrap();
-    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
-        .await
-        .unwrap();
+    let (a, b) = two_closed_replicas(&server, ns, lease, renew).await;
     let mut held = a
         .try_acquire(&LlmRequest::new(), reserve(100, 500))
         .await
@@ -489,13 +494,7 @@ async fn after_a_restart_nothing_new_is_admitted_before_every_replica_is_back() 
     let ns = "{restart-gap}";
     // a renews late in the recovery period: b's reservation comes first.
     let (lease, renew) = (Duration::from_secs(3), Duration::from_secs(1));
-    let replica = |id: &str| closed_replica(&server, ns, id, lease, renew);
-    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
-        .await
-        .unwrap();
-    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
-        .await
-        .unwrap();
+    let (a, b) = two_closed_replicas(&server, ns, lease, renew).await;
     let held = a
         .try_acquire(&LlmRequest::new(), reserve(100, 500))
         .await
@@ -667,4 +666,60 @@ async fn after_a_restart_leased_slices_come_back_and_none_grows_while_recovering
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(a.slice() + b.slice(), 10_000);
+}
+
+/// A process restarted under the same replica id (a crash, then the same pod name): Redis
+/// still holds the old process's holds under that id, and the lease the new one renews keeps
+/// them from lapsing. Its renewals reconcile: the holds it does not list are released at the
+/// second renewal that finds them (before, they stayed counted for as long as the id lived).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_restarted_under_the_same_id_lets_the_old_holds_go() {
+    let server = RedisServer::start();
+    let ns = "{same-id}";
+    let (lease, renew) = (Duration::from_millis(900), Duration::from_millis(200));
+    let config = || closed_replica(&server, ns, "a", lease, renew);
+    // The old process, on a runtime of its own, dies without a word: its runtime goes (its
+    // renewals stop) and its permit is never released.
+    let old_config = config();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let old = ExactLedger::connect(bulkhead(1_000), old_config)
+                .await
+                .unwrap();
+            let held = old
+                .try_acquire(&LlmRequest::new(), reserve(100, 500))
+                .await
+                .unwrap();
+            std::mem::forget(held);
+        });
+    })
+    .join()
+    .unwrap();
+    let mut c = server.connection().unwrap();
+    assert_eq!(observe(&mut c, ns).total, 600);
+    let new = ExactLedger::connect(bulkhead(1_000), config())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while observe(&mut c, ns).total != 0 {
+        // Two renewal periods, and a round trip.
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            observe(&mut c, ns)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(new.stats().stray_tokens_released, 600);
+    // The lease never lapsed: this was no purge.
+    assert_eq!(new.stats().leases_lost, 0);
+    let permit = new
+        .try_acquire(&LlmRequest::new(), reserve(100, 900))
+        .await
+        .unwrap();
+    permit.release(None);
 }

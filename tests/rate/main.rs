@@ -646,8 +646,8 @@ fn a_learner_settles_near_an_unstated_limit_from_429s_alone() {
     let bulkhead = learning_bulkhead(&clock);
     let learner = LimitLearner::new(bulkhead.clone())
         .tokens(LearnBounds::new(10_000, 2_000_000))
-        .decrease(0.95)
-        .increase(500, 20);
+        .decrease(0.97)
+        .increase(250, 20);
     let mut provider = Provider::new(1_000_000, 100_000);
     let samples = learn_against(
         &bulkhead,
@@ -672,18 +672,20 @@ fn a_learner_settles_near_an_unstated_limit_from_429s_alone() {
         );
         (mean / limit, accepted / limit)
     };
-    // Measured: window means 90% and 91% of the limit, the provider's whole limit used, 2
+    // Measured: window means 95% and 96% of the limit, the provider's whole limit used, 2
     // and 3 provider 429s a minute (a window's room after a raise is there at once, so the
-    // window's mean sits below the limit the provider's throughput reaches).
+    // window's mean sits below the limit the provider's throughput reaches). With a decrease
+    // of 0.95 and 500 every 20 answers: 90% and 91%; with 0.99: 101% and 107%, 20 429s a
+    // minute.
     let (window, used) = report(30, 90, 100_000.0);
     assert!(
-        (0.85..=1.1).contains(&window),
+        (0.9..=1.1).contains(&window),
         "window at {window:.2} of the limit"
     );
     assert!(used >= 0.95, "the provider took {used:.2} of its limit");
     let (window, used) = report(120, 180, 50_000.0);
     assert!(
-        (0.85..=1.1).contains(&window),
+        (0.9..=1.1).contains(&window),
         "window at {window:.2} of the halved limit"
     );
     assert!(
