@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: every test of the workspace (the crate's own suites and doc
-# tests, the stress and model suites, the benches' allocation test, the loom-free build of the
-# loom models, the Redis ledger's tests) on a fresh machine, by itself.
+# The README's test command: every test of the workspace, as `cargo test --workspace
+# --all-features` builds them (the crate's own suites and doc tests, the stress and model
+# suites, the benches' allocation test, the loom-free build of the loom models, the Redis
+# ledger's tests) on a fresh machine, by itself.
 #
 # The Redis ledger's tests start their own `redis-server` processes on free loopback ports (and
 # kill, stall and restart them; `redis-cli` joins six of them into a Redis Cluster): this
@@ -22,4 +23,10 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   fi
 fi
 
-exec cargo test --workspace --all-features "$@"
+# With arguments (a filter, `-- --nocapture`, ...): cargo's own run. Without: the same tests
+# from the same build, with the Redis ledger's binaries (which mostly wait on the servers they
+# kill, stall and restart) run beside the others (scripts/run_tests.py).
+if [ "$#" -gt 0 ] || ! command -v python3 >/dev/null 2>&1; then
+  exec cargo test --workspace --all-features "$@"
+fi
+exec python3 scripts/run_tests.py
