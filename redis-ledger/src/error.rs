@@ -95,9 +95,11 @@ pub enum ConfigError {
         /// This replica's (`None`: it has none).
         configured: Option<RateLimits>,
     },
-    /// Leased mode does not enforce global rate windows (yet): a [`LeasedLedger`](crate::LeasedLedger)
-    /// refuses a configuration with rate limits rather than ignore them.
-    RateLimitsNotSupported,
+    /// Leased mode enforces global rate windows through the local bulkhead's own windows (each
+    /// replica's share of the global limits, installed with its slice): a
+    /// [`LeasedLedger`](crate::LeasedLedger) with rate limits needs a bulkhead built with rate
+    /// windows (any limits: they are replaced).
+    LocalRateWindowsMissing,
 }
 
 impl fmt::Display for ConfigError {
@@ -142,9 +144,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "rate limits {configured:?} differ from those the namespace enforces, {stored:?}"
             ),
-            ConfigError::RateLimitsNotSupported => write!(
+            ConfigError::LocalRateWindowsMissing => write!(
                 f,
-                "leased mode does not enforce global rate windows; use the exact mode"
+                "leased mode installs each replica's share of the global rate windows as the \
+                 local bulkhead's windows: build the bulkhead with rate windows"
             ),
         }
     }

@@ -10,6 +10,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use async_bulkhead_llm::limits::ApplyOutcome;
+use async_bulkhead_llm::rate::RateLimits;
 use async_bulkhead_llm::{LlmBulkhead, RejectReason};
 
 use crate::config::{FailurePolicy, LedgerConfig};
@@ -88,23 +90,21 @@ impl LeasedLedger {
     /// # Errors
     ///
     /// [`LedgerError::Config`] for an invalid configuration or a bulkhead without a token
-    /// budget, and [`ConfigError::RateLimitsNotSupported`](crate::ConfigError::RateLimitsNotSupported)
-    /// for a configuration with rate limits (leased mode does not enforce global windows: it
-    /// refuses them rather than ignore them; nothing is started or written),
+    /// budget, and [`ConfigError::LocalRateWindowsMissing`](crate::ConfigError::LocalRateWindowsMissing)
+    /// for a configuration with rate limits and a bulkhead without rate windows (nothing is
+    /// started or written),
     /// [`LedgerError::Store`] when Redis cannot be reached (the local budget is then
     /// the failure policy's), [`LedgerError::Limits`] if the local budget cannot be set.
     pub async fn start(bulkhead: LlmBulkhead, config: LedgerConfig) -> Result<Self, LedgerError> {
-        if config.rate.is_some() {
+        if config.rate.is_some() && bulkhead.limits().rate.is_none() {
             config.validate()?;
-            return Err(crate::error::ConfigError::RateLimitsNotSupported.into());
+            return Err(crate::error::ConfigError::LocalRateWindowsMissing.into());
         }
         let store = match Store::open(&bulkhead, &config).await {
             Ok(store) => store,
             Err(LedgerError::Store(error)) => {
                 // No slice: the replica runs on the failure policy's budget until it starts.
-                bulkhead
-                    .set_budget(policy_budget(&config))
-                    .map_err(LedgerError::Limits)?;
+                install(&bulkhead, &config, policy_budget(&config)).map_err(LedgerError::Limits)?;
                 return Err(LedgerError::Store(error));
             }
             Err(other) => return Err(other),
@@ -115,7 +115,7 @@ impl LeasedLedger {
             .map_or(0, |b| b.budget)
             .min(config.global_budget);
         // Nothing may be admitted above a slice this replica does not hold.
-        bulkhead.set_budget(0).map_err(LedgerError::Limits)?;
+        install(&bulkhead, &config, 0).map_err(LedgerError::Limits)?;
         let inner = Arc::new(Inner {
             bulkhead,
             store,
@@ -215,7 +215,7 @@ impl LeasedLedger {
         let mut closed = self.inner.turn.lock().await;
         *closed = true;
         self.inner.stop.notify_one();
-        let _ = self.inner.bulkhead.set_budget(0);
+        let _ = install(&self.inner.bulkhead, &self.inner.config, 0);
         self.inner.counters.slice.store(0, Ordering::Release);
         self.inner.store.leave().await
     }
@@ -324,7 +324,7 @@ impl Inner {
         }
         if plan.target < plan.slice {
             // Shrink: locally first, then in Redis down to what is still in flight.
-            let _ = self.bulkhead.set_budget(plan.target);
+            let _ = install(&self.bulkhead, &self.config, plan.target);
             let still = self.in_flight();
             let slice = self
                 .store
@@ -335,7 +335,7 @@ impl Inner {
             trace::slice(&self.store, ask.installed, slice);
         } else {
             // Grown (or unchanged) in Redis: now locally.
-            let _ = self.bulkhead.set_budget(plan.slice);
+            let _ = install(&self.bulkhead, &self.config, plan.slice);
             self.counters.slice.store(plan.slice, Ordering::Release);
             trace::slice(&self.store, ask.installed, plan.slice);
         }
@@ -367,7 +367,7 @@ impl Inner {
         self.counters.slice.store(0, Ordering::Release);
         let budget = policy_budget(&self.config);
         trace::lease_ended(&self.store, budget);
-        self.bulkhead.set_budget(budget).map(|_| ())
+        install(&self.bulkhead, &self.config, budget)
     }
 }
 
@@ -379,6 +379,48 @@ impl Inner {
 /// "Under faults").
 pub(crate) fn local_lease(lease: Duration) -> Duration {
     lease - lease / 10
+}
+
+/// Installs `slice` as the local budget and, with global rate windows, the local windows'
+/// share of them ([`rate_share`]): both shrink before Redis is told (the caller's order) and
+/// grow after Redis granted.
+fn install(
+    bulkhead: &LlmBulkhead,
+    config: &LedgerConfig,
+    slice: u64,
+) -> Result<(), async_bulkhead_llm::limits::LimitsError> {
+    bulkhead.set_budget(slice)?;
+    let Some(global) = config.rate else {
+        return Ok(());
+    };
+    let share = rate_share(global, slice, config.global_budget);
+    loop {
+        let mut next = bulkhead.limits();
+        if next.rate == Some(share) {
+            return Ok(());
+        }
+        next.revision += 1;
+        next.rate = Some(share);
+        // Stale: another writer (a control plane) changed the limits meanwhile; again.
+        if let ApplyOutcome::Applied { .. } = bulkhead.apply_limits(next)? {
+            return Ok(());
+        }
+    }
+}
+
+/// A replica's share of the global rate windows: each limit times `slice / budget`, rounded
+/// down, at least 1 (a window cannot be empty; a replica with no slice admits nothing
+/// anyway). The shares of replicas whose slices sum to at most the budget sum to at most each
+/// limit, plus one per replica whose share was rounded up to 1.
+pub(crate) fn rate_share(global: RateLimits, slice: u64, budget: u64) -> RateLimits {
+    let part = |limit: u64| {
+        let part = u128::from(limit) * u128::from(slice.min(budget)) / u128::from(budget.max(1));
+        u64::try_from(part).unwrap_or(limit).max(1)
+    };
+    let mut share = global;
+    share.requests = global.requests.map(part);
+    share.tokens = global.tokens.map(part);
+    share
 }
 
 /// The local budget while Redis is unavailable and no lease is held: the floor, or zero when

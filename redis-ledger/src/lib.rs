@@ -117,9 +117,17 @@
 //!   rate is the floor over the calls' duration) and by the local bulkhead's own windows, if it
 //!   has any (give each replica windows of its share of the provider's limits to bound an
 //!   outage's rate). A reservation whose answer was lost (a timeout) keeps whatever it charged.
-//! - **Leased mode** does not enforce global windows yet: [`LeasedLedger::start`] refuses a
-//!   configuration with rate limits ([`ConfigError::RateLimitsNotSupported`]) rather than
-//!   ignore them.
+//! - **Leased mode** shares the windows instead of charging them in Redis: each replica
+//!   installs, with its slice, local windows of the global limits times `slice / budget`
+//!   (rounded down, at least 1), so admissions stay local. Replicas whose slices sum to at
+//!   most the budget have shares that sum to at most each limit (plus one per replica whose
+//!   share was rounded up to 1), and each local window is the core crate's GCRA: in any span
+//!   the replicas together admit at most what one window of the global limits would, plus
+//!   those ticks. When slices move, a shrinking replica's share keeps the units it already
+//!   charged (up to its new limit) while the growing one's new room is there at once: a
+//!   window can see up to the share moved more. The local bulkhead must be built with rate
+//!   windows (any limits: they are replaced); [`LeasedLedger::start`] refuses one without
+//!   ([`ConfigError::LocalRateWindowsMissing`]).
 //!
 //! ```no_run
 //! use std::time::Duration;

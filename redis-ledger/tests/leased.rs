@@ -151,3 +151,84 @@ async fn live_slices_never_sum_above_the_global_budget() {
     }
     assert_eq!(observe(&mut c, ns).total, 0);
 }
+
+/// Global rate windows in leased mode: each replica's local windows are its share of the
+/// global limits, in proportion to its slice, installed with it. Two replicas on halves of the
+/// budget each let exactly half of a 60-a-minute window through at once (their windows frozen
+/// on a manual clock), 60 between them; a slice given back takes its share with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_windows_are_shared_in_proportion_to_the_slices() {
+    use async_bulkhead_llm::RejectReason;
+    use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+    let server = RedisServer::start();
+    let ns = "{leased-windows}";
+    let clock = ManualClock::new();
+    let windowed = |cap: u64| {
+        LlmBulkhead::builder("m", 256)
+            .token_budget(TokenBudget::new(cap))
+            .rate_limits(RateLimits::per_minute().requests(1))
+            .rate_clock(RateClock::manual(&clock))
+            .build()
+            .unwrap()
+    };
+    let global = RateLimits::per_minute().requests(60).tokens(100_000);
+    let config = |id: &str| {
+        LedgerConfig::new(server.url(), ns, 10_000)
+            .replica_id(id)
+            .lease(Duration::from_secs(90))
+            .renew_every(Duration::from_secs(30))
+            .rate_limits(global)
+    };
+    // Each asks for at most half of the budget.
+    let (a_local, b_local) = (windowed(5_000), windowed(5_000));
+    let a = LeasedLedger::start(a_local.clone(), config("a"))
+        .await
+        .unwrap();
+    let b = LeasedLedger::start(b_local.clone(), config("b"))
+        .await
+        .unwrap();
+    assert_eq!((a.slice(), b.slice()), (5_000, 5_000));
+    for local in [&a_local, &b_local] {
+        let rate = local.limits().rate.unwrap();
+        assert_eq!((rate.requests, rate.tokens), (Some(30), Some(50_000)));
+    }
+    // Exactly 30 calls each, then the local window refuses (`rate_limit`).
+    for local in [&a_local, &b_local] {
+        for _ in 0..30 {
+            drop(local.try_acquire(&LlmRequest::new(), reserve(10)).unwrap());
+        }
+        let refused = local
+            .try_acquire(&LlmRequest::new(), reserve(10))
+            .unwrap_err();
+        assert_eq!(
+            refused.rejection().unwrap().reason(),
+            RejectReason::RateLimit
+        );
+    }
+    // Closing gives the slice back, and the share with it.
+    a.close().await.unwrap();
+    assert_eq!(a_local.limits().rate.unwrap().requests, Some(1));
+    b.close().await.unwrap();
+}
+
+/// A leased replica with global rate limits needs local windows to install its share in: a
+/// bulkhead without them is refused before anything is written.
+#[tokio::test]
+async fn global_windows_need_local_windows() {
+    use async_bulkhead_llm::rate::RateLimits;
+    use async_bulkhead_llm_redis::{ConfigError, LedgerError};
+    let server = RedisServer::start();
+    let config = LedgerConfig::new(server.url(), "{no-windows}", 10_000)
+        .rate_limits(RateLimits::per_minute().requests(60));
+    let refused = LeasedLedger::start(bulkhead(), config).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LedgerError::Config(ConfigError::LocalRateWindowsMissing))
+        ),
+        "{:?}",
+        refused.err()
+    );
+    let mut c = server.connection().unwrap();
+    assert_eq!(observe(&mut c, "{no-windows}").replicas, 0);
+}

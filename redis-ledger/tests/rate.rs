@@ -509,7 +509,8 @@ async fn rate_limits_are_validated_and_every_replica_must_agree() {
     let second = replica(&server, ns, "d", 10_000, rpm).await;
     assert_eq!(observe(&mut c, ns).replicas, 2);
 
-    // Leased mode refuses rate limits rather than ignore them, before touching Redis.
+    // Leased mode installs its share in the local windows: without them, refused before
+    // touching Redis.
     let leased = LeasedLedger::start(
         bulkhead(10_000),
         LedgerConfig::new(server.url(), "{leased-rate}", 10_000).rate_limits(rpm),
@@ -518,7 +519,7 @@ async fn rate_limits_are_validated_and_every_replica_must_agree() {
     assert!(
         matches!(
             leased,
-            Err(LedgerError::Config(ConfigError::RateLimitsNotSupported))
+            Err(LedgerError::Config(ConfigError::LocalRateWindowsMissing))
         ),
         "{:?}",
         leased.err()
