@@ -232,3 +232,66 @@ async fn global_windows_need_local_windows() {
     let mut c = server.connection().unwrap();
     assert_eq!(observe(&mut c, "{no-windows}").replicas, 0);
 }
+
+/// The bound when shares move, as the crate docs state it: a shrinking replica keeps the units
+/// it charged (up to its new limit), and the growing one's new room is there at once, so one
+/// window can see up to the share moved more than the limit. Here, on a frozen clock: a,
+/// alone, holds the whole budget and lets the whole 60-a-minute window through; its slice
+/// then shrinks to 1 token and b's grows to half, whose share (30) is there at once: 90 in
+/// one window, the limit plus the share moved, and not one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_sees_at_most_the_share_moved_more_than_its_limit() {
+    use async_bulkhead_llm::RejectReason;
+    use async_bulkhead_llm::rate::{ManualClock, RateClock, RateLimits};
+    let server = RedisServer::start();
+    let ns = "{leased-moves}";
+    let clock = ManualClock::new();
+    let windowed = || {
+        LlmBulkhead::builder("m", 256)
+            .token_budget(TokenBudget::new(10_000))
+            .rate_limits(RateLimits::per_minute().requests(1))
+            .rate_clock(RateClock::manual(&clock))
+            .build()
+            .unwrap()
+    };
+    let config = |id: &str| {
+        LedgerConfig::new(server.url(), ns, 10_000)
+            .replica_id(id)
+            .lease(Duration::from_secs(90))
+            .renew_every(Duration::from_secs(30))
+            .rate_limits(RateLimits::per_minute().requests(60))
+    };
+    let admit_all = |local: &LlmBulkhead| {
+        let mut admitted = 0;
+        loop {
+            match local.try_acquire(&LlmRequest::new(), reserve(10)) {
+                Ok(permit) => {
+                    drop(permit);
+                    admitted += 1;
+                }
+                Err(refused) => return (admitted, refused.rejection().unwrap().reason()),
+            }
+        }
+    };
+    let (a_local, b_local) = (windowed(), windowed());
+    let a = LeasedLedger::start(a_local.clone(), config("a"))
+        .await
+        .unwrap();
+    assert_eq!(a.slice(), 10_000);
+    assert_eq!(admit_all(&a_local), (60, RejectReason::RateLimit));
+    // b joins with nothing free, and is refused for want of tokens (so it asks for its share).
+    let b = LeasedLedger::start(b_local.clone(), config("b"))
+        .await
+        .unwrap();
+    assert_eq!(b.slice(), 0);
+    assert_eq!(admit_all(&b_local).0, 0);
+    // a, idle, shrinks to 1 token (a share of 1); b grows to its fair half (a share of 30).
+    assert_eq!(a.rebalance().await.unwrap(), 1);
+    assert_eq!(b.rebalance().await.unwrap(), 5_000);
+    assert_eq!(b_local.limits().rate.unwrap().requests, Some(30));
+    assert_eq!(admit_all(&b_local), (30, RejectReason::RateLimit));
+    assert_eq!(admit_all(&a_local).1, RejectReason::RateLimit);
+    // 60 + 30 in one window: the limit plus the share moved, as stated.
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
