@@ -382,25 +382,29 @@ pub(crate) fn local_lease(lease: Duration) -> Duration {
 }
 
 /// Installs `slice` as the local budget and, with global rate windows, the local windows'
-/// share of them ([`rate_share`]): both shrink before Redis is told (the caller's order) and
-/// grow after Redis granted.
+/// share of them ([`rate_share`]) in the same snapshot (one revision): both shrink before
+/// Redis is told (the caller's order) and grow after Redis granted.
 fn install(
     bulkhead: &LlmBulkhead,
     config: &LedgerConfig,
     slice: u64,
 ) -> Result<(), async_bulkhead_llm::limits::LimitsError> {
-    bulkhead.set_budget(slice)?;
     let Some(global) = config.rate else {
-        return Ok(());
+        return bulkhead.set_budget(slice).map(|_| ());
     };
     let share = rate_share(global, slice, config.global_budget);
     loop {
         let mut next = bulkhead.limits();
-        if next.rate == Some(share) {
+        let Some(budget) = next.token_budget.as_mut() else {
+            // `start` checked the budget; a control plane that removed it is told here.
+            return bulkhead.set_budget(slice).map(|_| ());
+        };
+        if budget.budget == slice && next.rate == Some(share) {
             return Ok(());
         }
-        next.revision += 1;
+        budget.budget = slice;
         next.rate = Some(share);
+        next.revision += 1;
         // Stale: another writer (a control plane) changed the limits meanwhile; again.
         if let ApplyOutcome::Applied { .. } = bulkhead.apply_limits(next)? {
             return Ok(());
@@ -463,9 +467,10 @@ async fn background(ledger: Weak<Inner>) {
                 // In turn with rebalances (`rebalance()` may be renewing right now: its new
                 // lease wins) and never after the close.
                 let closed = inner.turn.lock().await;
-                if !*closed {
-                    let _ = inner.expire_if_due();
+                if *closed {
+                    return;
                 }
+                let _ = inner.expire_if_due();
                 continue;
             }
         }

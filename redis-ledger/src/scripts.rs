@@ -567,8 +567,9 @@ for id, v in pairs(live) do
   end
 end
 redis.call('DEL', sk)
-if #strays > 0 then
-  redis.call('SADD', sk, unpack(strays))
+-- In runs of 1,000: Lua's unpack has a bound on how many values it passes.
+for i = 1, #strays, 1000 do
+  redis.call('SADD', sk, unpack(strays, i, math.min(i + 999, #strays)))
 end
 if added - freed ~= 0 then
   redis.call('INCRBY', T, added - freed)

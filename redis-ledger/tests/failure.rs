@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{LlmRequest, TokenUsage};
 use async_bulkhead_llm_redis::{
-    ExactLedger, FailurePolicy, LeasedLedger, LedgerConfig, LedgerRefusal,
+    ExactLedger, FailurePolicy, GlobalPermit, LeasedLedger, LedgerConfig, LedgerRefusal,
 };
 use common::{RedisServer, bulkhead, observe, reserve};
 
@@ -19,6 +19,29 @@ fn config(server: &RedisServer, ns: &str, policy: FailurePolicy) -> LedgerConfig
         .timeout(Duration::from_millis(100))
         .retry_every(Duration::from_millis(100))
         .failure(policy)
+}
+
+/// Tries a call of `input` + `output` tokens until the ledger judges it (not refused as
+/// unavailable: Redis down, or the ledger recovering), failing if that is not within `limit`
+/// of `since`.
+async fn until_judged(
+    ledger: &ExactLedger,
+    (input, output): (u64, u64),
+    since: Instant,
+    limit: Duration,
+) -> Result<GlobalPermit, LedgerRefusal> {
+    loop {
+        match ledger
+            .try_acquire(&LlmRequest::new(), reserve(input, output))
+            .await
+        {
+            Err(LedgerRefusal::Unavailable(_)) => {
+                assert!(since.elapsed() < limit, "never judged within {limit:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Tries until the ledger admits globally again (recovery), within `limit`.
@@ -367,19 +390,7 @@ async fn stall_longer_than_the_lease(ns: &str, lease: Duration, renew: Duration,
     server.pause(stall).join().unwrap();
     // Redis answers again. b asks for what a still holds, until the ledger judges it (b may
     // first refuse on its own, as unavailable, until it has heard from Redis again).
-    let started = Instant::now();
-    let judged = loop {
-        match b.try_acquire(&LlmRequest::new(), reserve(100, 500)).await {
-            Err(LedgerRefusal::Unavailable(_)) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(5),
-                    "never recovered"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => break other,
-        }
-    };
+    let judged = until_judged(&b, (100, 500), Instant::now(), Duration::from_secs(5)).await;
     let refused = judged.expect_err("a's call still holds 600 of the 1,000");
     assert!(matches!(refused, LedgerRefusal::Global(ref g) if g.global_in_flight == 600));
     // Across a's renewals after the stall, its hold stays (never purged, never lost).
@@ -454,19 +465,9 @@ async fn a_restart_without_data_gets_every_live_hold_back() {
         (1, 1, 600)
     );
     // b is judged against it: refused.
-    let started = Instant::now();
-    let refused = loop {
-        match b.try_acquire(&LlmRequest::new(), reserve(100, 500)).await {
-            Err(LedgerRefusal::Unavailable(_)) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(5),
-                    "never recovered"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => break other.expect_err("a's call still holds 600 of the 1,000"),
-        }
-    };
+    let refused = until_judged(&b, (100, 500), Instant::now(), Duration::from_secs(5))
+        .await
+        .expect_err("a's call still holds 600 of the 1,000");
     assert!(matches!(refused, LedgerRefusal::Global(ref g) if g.global_in_flight == 600));
     // The usage moves and the release find the re-registered hold.
     held.report_usage(TokenUsage::new(100, 400).unwrap())
@@ -527,18 +528,7 @@ async fn after_a_restart_nothing_new_is_admitted_before_every_replica_is_back() 
     // The recovery period: renewal (1 s) + retry (100 ms) + two timeouts (200 ms) + 100 ms.
     // By then a has renewed and put its 600 back; b is judged against them.
     let mut c = server.connection().unwrap();
-    let verdict = loop {
-        match b.try_acquire(&LlmRequest::new(), reserve(100, 400)).await {
-            Err(LedgerRefusal::Unavailable(_)) => {
-                assert!(
-                    restarted.elapsed() < Duration::from_secs(3),
-                    "still recovering"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => break other,
-        }
-    };
+    let verdict = until_judged(&b, (100, 400), restarted, Duration::from_secs(3)).await;
     assert!(
         restarted.elapsed() >= Duration::from_millis(1_300),
         "the recovery period ended early: {:?}",

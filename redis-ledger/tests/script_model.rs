@@ -1126,3 +1126,42 @@ fn a_renewal_mends_what_redis_lost_or_kept() {
         .unwrap();
     assert!(suspects.is_empty(), "{suspects:?}");
 }
+
+/// Reconciling thousands of strays (a replica restarted under the same id while its
+/// predecessor held many calls): they are suspected and then released in runs, past the bound
+/// on how many values one Lua call can pass.
+#[test]
+fn a_renewal_reconciles_thousands_of_strays() {
+    let server = RedisServer::start();
+    let mut c = server.connection().unwrap();
+    let s = Scripts::new();
+    let ns = "{many-strays}";
+    call_rated(
+        &mut c,
+        scripts::REGISTER,
+        ns,
+        "a",
+        &args(&[&LONG_LEASE_MS, &0, &0]),
+    );
+    let mut hset = redis::cmd("HSET");
+    hset.arg(format!("{ns}:holds:a"));
+    for id in 0..25_000 {
+        hset.arg(id).arg("2|0");
+    }
+    let _: () = hset.query(&mut c).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{ns}:total"))
+        .arg(50_000)
+        .query(&mut c)
+        .unwrap();
+    let renew =
+        |c: &mut redis::Connection| call(c, &s.renew, ns, "a", &args(&[&LONG_LEASE_MS, &20_000]));
+    assert_eq!(renew(&mut c), vec![0, 50_000, 1, 0, 0]);
+    let suspects: u64 = redis::cmd("SCARD")
+        .arg(format!("{ns}:suspect:a"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(suspects, 25_000);
+    assert_eq!(renew(&mut c), vec![0, 0, 1, 50_000, 0]);
+    assert_eq!(observe(&mut c, ns).hold_count, 0);
+}

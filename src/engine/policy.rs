@@ -384,7 +384,7 @@ pub(crate) fn global_detail(
     pending: u64,
     ask: Ask,
 ) -> CapacityDetail {
-    CapacityDetail::global(
+    CapacityDetail::new(
         limits.revision,
         u64::from(state.slots()),
         limits.max_concurrent,

@@ -238,7 +238,8 @@ impl CapacityDetail {
     /// in this crate's vocabulary: the limits' revision, calls in flight and their cap, calls
     /// waiting and the queue's cap, and the token figures if there is a budget. With
     /// [`Rejection::budget_limit`] or [`Rejection::rate_limit`] it makes a refusal a gateway
-    /// answers exactly as it answers its own bulkhead's.
+    /// answers exactly as it answers its own bulkhead's. (The engine builds the global part of
+    /// its own snapshots with it: no class figures, no constraint.)
     ///
     /// # Examples
     ///
@@ -250,27 +251,8 @@ impl CapacityDetail {
     /// assert_eq!((detail.limit_revision, detail.in_flight), (7, 3));
     /// assert_eq!(detail.token_budget.unwrap().available, 500);
     /// ```
-    pub const fn new(
-        limit_revision: u64,
-        in_flight: u64,
-        max_concurrent: u32,
-        pending: u64,
-        max_queue: u32,
-        token_budget: Option<TokenBudgetDetail>,
-    ) -> CapacityDetail {
-        CapacityDetail::global(
-            limit_revision,
-            in_flight,
-            max_concurrent,
-            pending,
-            max_queue,
-            token_budget,
-        )
-    }
-
-    /// The global part of a snapshot (no class figures, no constraint).
     #[cfg_attr(not(loom), inline(always))]
-    pub(crate) const fn global(
+    pub const fn new(
         limit_revision: u64,
         in_flight: u64,
         max_concurrent: u32,
