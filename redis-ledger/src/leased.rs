@@ -355,19 +355,24 @@ impl Inner {
     /// At the lease's local end (and after a failed rebalance): once the lease is over, the
     /// local budget becomes the failure policy's (the floor, or zero when failing closed).
     fn expire_if_due(&self) -> Result<(), async_bulkhead_llm::limits::LimitsError> {
-        let mut state = self.state.lock().expect("not poisoned");
+        let state = self.state.lock().expect("not poisoned");
         let due = state
             .lease_until
             .is_none_or(|until| Instant::now() >= until);
         if !due || state.on_fallback {
             return Ok(());
         }
-        state.on_fallback = true;
+        // Marked once the policy's budget is installed (so `is_on_fallback` never answers
+        // before the budget says so), and without holding the lock over the install (it
+        // announces the change to listeners). Callers take turns (`turn`, or `start` alone),
+        // so no other expiry or rebalance runs meanwhile.
         drop(state);
         self.counters.slice.store(0, Ordering::Release);
         let budget = policy_budget(&self.config);
         trace::lease_ended(&self.store, budget);
-        install(&self.bulkhead, &self.config, budget)
+        let installed = install(&self.bulkhead, &self.config, budget);
+        self.state.lock().expect("not poisoned").on_fallback = true;
+        installed
     }
 }
 
