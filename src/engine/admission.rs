@@ -13,6 +13,7 @@ use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::pool::WaiterHandle;
 use super::queue::Arrival;
+use super::rate::tag_of;
 use super::state::{self, EPOCH_BITS, State};
 use super::wait::Wait;
 use crate::support::sync::atomic::Ordering;
@@ -373,18 +374,26 @@ impl Engine {
         ))
     }
 
-    /// The fast lane of an engine with rate windows and no classes (the caller's lane for a
-    /// call without a class, out of the plain lane's way): the windows charged, then the
-    /// word's fast lane; `None` (nothing charged, nothing changed) for anything else, which
-    /// the general path decides (a window's refusal included).
-    #[inline(never)]
+    /// The fast lane of an engine with rate windows and no classes: the bulkhead's windows
+    /// charged (on the figures of the epoch read once, before the word, as `admit_fast`
+    /// reads it), then the word's fast lane; `None` (nothing charged, nothing changed) for
+    /// anything else, which the general path decides (a window's refusal included, to refuse
+    /// with its snapshot; a change of limits under way).
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit_fast_windowed(&self, ask: Ask) -> Option<Grant> {
-        if ask.class.is_some() || self.classes.is_some() {
+        let windows = self.windows.as_deref()?;
+        let epoch = self.published.epoch();
+        let bounds = self.published.read_rate(epoch);
+        let now_ns = windows.now_ns();
+        // The figures are of `epoch` only if it is still current (see `limits`).
+        if self.published.epoch() != epoch {
             return None;
         }
-        let charge = self.charge_windows_fast(ask)?;
-        let Some(revision) = self.admit_fast(ask) else {
-            self.refund_windows_fast(charge);
+        let charge = windows
+            .global()
+            .charge_fast(tag_of(epoch), &bounds, ask.reserved, now_ns)?;
+        let Some(revision) = self.admit_fast_at(ask, epoch) else {
+            windows.global().refund(charge);
             return None;
         };
         let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
@@ -401,8 +410,14 @@ impl Engine {
     /// The decision of [`try_admit_fast`](Engine::try_admit_fast): its revision.
     #[cfg_attr(not(loom), inline(always))]
     pub(super) fn admit_fast(&self, ask: Ask) -> Option<u64> {
+        self.admit_fast_at(ask, self.published.epoch())
+    }
+
+    /// [`admit_fast`](Engine::admit_fast) under the limits' epoch `epoch`, read before the
+    /// word.
+    #[cfg_attr(not(loom), inline(always))]
+    fn admit_fast_at(&self, ask: Ask, epoch: u64) -> Option<u64> {
         let word = self.state.narrow_word();
-        let epoch = self.published.epoch();
         // Acquire: as `AtomicState::load`.
         let current = State::narrow(word.load(Ordering::Acquire));
         // The word carries the bits of the epoch read before it: the limits of that epoch are

@@ -47,6 +47,8 @@ pub(crate) struct Engine {
     pub(super) windows: Option<Box<Windows>>,
     /// Neither classes nor rate windows (fixed at construction): see `has_fast_lane`.
     pub(super) fast_lane: bool,
+    /// Rate windows and no classes (fixed at construction): see `has_window_lane`.
+    pub(super) window_lane: bool,
 }
 
 /// What [`Engine::occupancy`] reads: who occupies the engine at one moment.
@@ -105,6 +107,7 @@ impl Engine {
             counters: Hub::new(class_count),
             passes_slots: !has_budget && classes.is_none(),
             fast_lane: classes.is_none() && windows.is_none(),
+            window_lane: classes.is_none() && windows.is_some(),
             classes,
             windows,
         };
@@ -128,12 +131,19 @@ impl Engine {
         self.passes_slots
     }
 
-    /// Whether admissions may take the fast lane ([`try_admit_fast`](Engine::try_admit_fast)):
-    /// an engine without admission classes or rate windows (with windows and no classes,
-    /// [`try_admit_fast_windowed`](Engine::try_admit_fast_windowed) is its lane).
+    /// Whether admissions may take the plain fast lane: an engine without admission classes
+    /// or rate windows.
     #[inline]
     pub(crate) fn has_fast_lane(&self) -> bool {
         self.fast_lane
+    }
+
+    /// Whether a call without a class may take the windowed lane
+    /// ([`try_admit_fast_windowed`](Engine::try_admit_fast_windowed)): an engine with rate
+    /// windows and without admission classes.
+    #[inline]
+    pub(crate) fn has_window_lane(&self) -> bool {
+        self.window_lane
     }
 
     /// Whether the engine has rate windows.

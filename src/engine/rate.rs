@@ -347,16 +347,16 @@ struct Scale {
 }
 
 impl Scale {
-    /// The tick `now_ns` falls in: `floor(now_ns * limit / window_ns)`, without a division
-    /// (the fraction's estimate is at most a tick or two short, and corrected exactly).
+    /// The tick `now_ns` falls in: `floor(now_ns * limit / window_ns)`, without a division.
+    /// The fraction's estimate is at most one tick short (`per_ns` is short of the exact
+    /// ratio by less than one part in 2^64, so `now_ns * per_ns / 2^64` is short of
+    /// `now_ns * limit / window_ns` by less than `now_ns / 2^64`, less than one), and one
+    /// exact comparison corrects it.
     #[inline]
     fn ticks(self, now_ns: u64) -> u64 {
-        let mut ticks = ((u128::from(now_ns) * u128::from(self.per_ns)) >> 64) as u64;
-        let reach = u128::from(now_ns) * u128::from(self.limit);
-        while u128::from(ticks + 1) * u128::from(self.window_ns) <= reach {
-            ticks += 1;
-        }
-        ticks
+        let ticks = ((u128::from(now_ns) * u128::from(self.per_ns)) >> 64) as u64;
+        let next_starts = u128::from(ticks + 1) * u128::from(self.window_ns);
+        ticks + u64::from(next_starts <= u128::from(now_ns) * u128::from(self.limit))
     }
 
     /// When tick `ticks` starts, in nanoseconds (rounded up).
@@ -526,6 +526,34 @@ impl Words {
                 })
             }
         }
+    }
+
+    /// [`charge`](Words::charge) on an admission's fast lane: the charge, or `None` (nothing
+    /// charged) when a window refuses or is on another epoch's ticks (the general path
+    /// decides again, and refuses with the figures a rejection carries).
+    #[inline(always)]
+    pub(crate) fn charge_fast(
+        &self,
+        tag: u64,
+        bounds: &RateBounds,
+        tokens: u64,
+        now_ns: u64,
+    ) -> Option<Charge> {
+        let charge = Windows::charge_of(*bounds, tokens);
+        if !take_fast(
+            &self.requests,
+            tag,
+            charge.requests,
+            bounds.requests(),
+            now_ns,
+        ) {
+            return None;
+        }
+        if !take_fast(&self.tokens, tag, charge.tokens, bounds.tokens(), now_ns) {
+            give_back(&self.requests, charge.requests);
+            return None;
+        }
+        Some(charge)
     }
 
     /// Whether a call of `tokens` would fit every window of `bounds` at `now_ns`, charging
@@ -734,6 +762,37 @@ fn take(
             Ordering::Acquire,
         ) {
             Ok(_) => return Ok(Ok(())),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// [`take`] on an admission's fast lane: whether `units` were added to the window's `tat`
+/// (`false`, nothing added: they do not fit now, or the word is on another epoch's ticks).
+/// Orderings as `take`'s.
+#[inline(always)]
+fn take_fast(window: &AtomicU64, tag: u64, units: u64, scale: Scale, now_ns: u64) -> bool {
+    // No units: no window (or nothing to count on it).
+    if units == 0 {
+        return true;
+    }
+    let now = scale.ticks(now_ns);
+    let mut current = window.load(Ordering::Acquire);
+    loop {
+        if current >> TICK_BITS != tag {
+            return false;
+        }
+        let next = (current & TICKS).max(now).saturating_add(units);
+        if next - now > scale.limit {
+            return false;
+        }
+        match window.compare_exchange_weak(
+            current,
+            word(tag, next),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return true,
             Err(actual) => current = actual,
         }
     }

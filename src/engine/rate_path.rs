@@ -119,16 +119,6 @@ impl Engine {
         }
     }
 
-    /// The bulkhead's windows' charge on the fast lane (a call without a class): `None`
-    /// (nothing charged) when a window refuses (the general path decides again and refuses,
-    /// with the snapshot) or the engine has no windows.
-    #[inline]
-    pub(super) fn charge_windows_fast(&self, ask: Ask) -> Option<Charge> {
-        let windows = self.windows.as_ref()?;
-        self.with_rate_bounds(|tag, bounds| windows.charge(tag, bounds, ask.reserved))
-            .ok()
-    }
-
     /// Whether `ask` would fit the rate windows now (the bulkhead's and its class's),
     /// charging nothing: `true` without windows.
     pub(super) fn windows_would_fit(&self, ask: Ask) -> bool {
@@ -177,14 +167,6 @@ impl Engine {
             if let Some((index, charge)) = charged.class {
                 windows.classes()[index].refund(charge);
             }
-        }
-    }
-
-    /// Gives back a fast lane's charge ([`charge_windows_fast`](Engine::charge_windows_fast)).
-    #[inline]
-    pub(super) fn refund_windows_fast(&self, charge: Charge) {
-        if let Some(windows) = &self.windows {
-            windows.global().refund(charge);
         }
     }
 

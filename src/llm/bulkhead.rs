@@ -19,6 +19,7 @@ use crate::vocabulary::rejection::CapacityDetail;
 use crate::vocabulary::reservation::Reservation;
 use crate::vocabulary::verdict::Verdict;
 
+use super::admission::Admission;
 use super::options::AcquireOptions;
 use super::permit::{OwnedPermit, Permit};
 use super::request::LlmRequest;
@@ -173,11 +174,9 @@ impl LlmBulkhead {
             return Ok(permit);
         }
         if timing.is_none()
-            && let Ok(permit) = self
-                .core
-                .try_admit_windowed_fast(&options, |admission| Permit::new(&self.core, admission))
+            && let Some((grant, ledger)) = self.core.windowed_admission(&options)
         {
-            return Ok(permit);
+            return Ok(Permit::new(&self.core, Admission::new(grant, ledger)));
         }
         let call = self.core.resolve(request, options)?;
         self.core

@@ -397,22 +397,15 @@ impl LlmCore {
         Some((self.engine.try_admit_fast(ask)?, ledger))
     }
 
-    /// [`try_admit_fast`](LlmCore::try_admit_fast) on a bulkhead with rate windows (and no
-    /// classes): the windows' fast lane. `Err` (nothing changed) for anything else.
-    #[inline]
-    pub(crate) fn try_admit_windowed_fast<P>(
-        &self,
-        options: &AcquireOptions,
-        permit: impl FnOnce(Admission) -> P,
-    ) -> Result<P, ()> {
-        if options.class.is_some() || !self.engine.has_rate() {
-            return Err(());
+    /// [`fast_admission`](LlmCore::fast_admission) on a bulkhead with rate windows and no
+    /// classes: the windowed lane. `None` (nothing changed) for anything else.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn windowed_admission(&self, options: &AcquireOptions) -> Option<(Grant, Ledger)> {
+        if options.class.is_some() || !self.engine.has_window_lane() {
+            return None;
         }
-        let (ask, ledger) = fast_ask(self.engine.has_budget(), options)?;
-        match self.engine.try_admit_fast_windowed(ask) {
-            Some(grant) => Ok(permit(Admission::new(grant, ledger))),
-            None => Err(()),
-        }
+        let (ask, ledger) = fast_ask(self.engine.has_budget(), options).ok()?;
+        Some((self.engine.try_admit_fast_windowed(ask)?, ledger))
     }
 
     /// [`try_admit_fast`](LlmCore::try_admit_fast) of a class call: within its class's
