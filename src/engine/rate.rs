@@ -835,3 +835,78 @@ fn give_back(window: &AtomicU64, units: u64) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `floor(now_ns * limit / window_ns)`, by division.
+    fn exact(now_ns: u64, limit: u64, window_ns: u64) -> u64 {
+        u64::try_from(u128::from(now_ns) * u128::from(limit) / u128::from(window_ns)).unwrap()
+    }
+
+    fn scale(limit: u64, window_ns: u64) -> Scale {
+        Scale {
+            window_ns,
+            limit,
+            per_ns: per_ns(limit, window_ns),
+        }
+    }
+
+    #[test]
+    fn a_tick_is_the_exact_floor_where_the_estimate_falls_one_short() {
+        let minute = 60_000_000_000;
+        // Limits that divide the window and ones that do not, one a nanosecond (the ratio 1,
+        // whose fraction saturates), and a prime window.
+        let windows = [
+            (60, minute),
+            (7, minute),
+            (90_000, minute),
+            (1_000_000_007, minute),
+            (minute, minute),
+            (3, 1_000_000_007),
+        ];
+        let mut short = 0;
+        for (limit, window_ns) in windows {
+            let scale = scale(limit, window_ns);
+            // The starts of ticks (where the estimate falls short, if anywhere), the ns before
+            // them, and times up to 2^56 ns (about 2.2 years).
+            let mut times = Vec::new();
+            for k in [
+                1u64,
+                2,
+                3,
+                1_000,
+                1 << 20,
+                1 << 30,
+                1 << 40,
+                (1 << 56) / window_ns * limit,
+            ] {
+                let start = scale.ns(k);
+                if start < 1 << 56 {
+                    times.extend([start.saturating_sub(1), start, start + 1]);
+                }
+            }
+            let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+            for _ in 0..10_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                times.push(x >> 8);
+            }
+            for now_ns in times {
+                let estimate = ((u128::from(now_ns) * u128::from(scale.per_ns)) >> 64) as u64;
+                let want = exact(now_ns, limit, window_ns);
+                assert!(want - estimate <= 1, "{now_ns} ns on {limit} / {window_ns}");
+                short += usize::from(estimate != want);
+                assert_eq!(
+                    scale.ticks(now_ns),
+                    want,
+                    "{now_ns} ns on {limit} / {window_ns}"
+                );
+            }
+        }
+        // The correction is exercised, not only asserted.
+        assert!(short > 0);
+    }
+}
