@@ -157,6 +157,7 @@ fn cases() -> Vec<Case> {
         .rate_limits(RateLimits::per_minute().requests(1 << 34).tokens(1 << 35))
         .build()
         .expect("valid");
+    let windowed_owned = windowed.clone();
     vec![
         ("raw_cas", Box::new(|| raw_cas(word))),
         (
@@ -296,6 +297,14 @@ fn cases() -> Vec<Case> {
             Box::new(move || {
                 drop(black_box(
                     windowed.try_acquire(request, black_box(reservation())),
+                ))
+            }),
+        ),
+        (
+            "rate_window_owned",
+            Box::new(move || {
+                drop(black_box(
+                    windowed_owned.try_acquire_owned(request, black_box(reservation())),
                 ))
             }),
         ),

@@ -13,7 +13,6 @@ use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::pool::WaiterHandle;
 use super::queue::Arrival;
-use super::rate::tag_of;
 use super::state::{self, EPOCH_BITS, State};
 use super::wait::Wait;
 use crate::support::sync::atomic::Ordering;
@@ -382,16 +381,7 @@ impl Engine {
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit_fast_windowed(&self, ask: Ask) -> Option<Grant> {
         let windows = self.windows.as_deref()?;
-        let epoch = self.published.epoch();
-        let bounds = self.published.read_rate(epoch);
-        let now_ns = windows.now_ns();
-        // The figures are of `epoch` only if it is still current (see `limits`).
-        if self.published.epoch() != epoch {
-            return None;
-        }
-        let charge = windows
-            .global()
-            .charge_fast(tag_of(epoch), &bounds, ask.reserved, now_ns)?;
+        let (charge, epoch) = self.charge_bulkhead_windows(windows, ask)?;
         let Some(revision) = self.admit_fast_at(ask, epoch) else {
             windows.global().refund(charge);
             return None;

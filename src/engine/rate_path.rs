@@ -84,15 +84,17 @@ impl Engine {
             return Ok(None);
         }
         let charged = match Engine::class_windows(windows, ask.class) {
-            None => self.with_rate_bounds(|tag, bounds| {
-                let global = windows.charge(tag, bounds, ask.reserved)?;
-                Ok(global
-                    .map(|global| Charged {
+            None => {
+                if let Some((global, _)) = self.charge_bulkhead_windows(windows, ask) {
+                    return Ok(Some(Charged {
                         global,
                         class: None,
-                    })
-                    .map_err(|refusal| (refusal, false)))
-            }),
+                    }));
+                }
+                // Refused, or a change of limits under way: decided again, with the figures
+                // a refusal reports.
+                self.charge_windows_slow(windows, ask)
+            }
             Some(index) => self.with_class_rate_bounds(index, |tag, bounds, class_bounds| {
                 let now = windows.now_ns();
                 let global = match windows.global().charge(tag, bounds, ask.reserved, now)? {
@@ -117,6 +119,48 @@ impl Engine {
             Ok(charged) => Ok(Some(charged)),
             Err((refusal, class)) => Err(self.reject_rate(refusal, class, ask)),
         }
+    }
+
+    /// The bulkhead's windows charged for `ask` in one pass on the limits' epoch read once:
+    /// the charge and that epoch, or `None` (nothing charged) when a window refuses, a word
+    /// is on another epoch's ticks or the epoch moved while its figures were read.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(super) fn charge_bulkhead_windows(
+        &self,
+        windows: &Windows,
+        ask: Ask,
+    ) -> Option<(Charge, u64)> {
+        let epoch = self.published.epoch();
+        let bounds = self.published.read_rate(epoch);
+        let now_ns = windows.now_ns();
+        // The figures are of `epoch` only if it is still current (see `limits`).
+        if self.published.epoch() != epoch {
+            return None;
+        }
+        let charge = windows
+            .global()
+            .charge_fast(tag_of(epoch), &bounds, ask.reserved, now_ns)?;
+        Some((charge, epoch))
+    }
+
+    /// [`charge_windows`](Engine::charge_windows) on the bulkhead's windows after the one pass
+    /// found no room or a change under way: until a decision on one epoch's figures, with the
+    /// refusal's figures.
+    #[cold]
+    fn charge_windows_slow(
+        &self,
+        windows: &Windows,
+        ask: Ask,
+    ) -> Result<Charged, (RateRefusal, bool)> {
+        self.with_rate_bounds(|tag, bounds| {
+            let global = windows.charge(tag, bounds, ask.reserved)?;
+            Ok(global
+                .map(|global| Charged {
+                    global,
+                    class: None,
+                })
+                .map_err(|refusal| (refusal, false)))
+        })
     }
 
     /// Whether `ask` would fit the rate windows now (the bulkhead's and its class's),
