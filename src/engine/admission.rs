@@ -13,6 +13,7 @@ use super::local;
 use super::policy::{self, Ask, ClassView, Refusal, Turn};
 use super::pool::WaiterHandle;
 use super::queue::Arrival;
+use super::rate_path::Charged;
 use super::state::{self, EPOCH_BITS, State};
 use super::wait::Wait;
 use crate::support::sync::atomic::Ordering;
@@ -190,6 +191,19 @@ impl Engine {
         admitted: impl FnOnce(Grant) -> T,
         refused: impl FnOnce(Rejection) -> E,
     ) -> Result<T, E> {
+        // The bulkhead's windows in one pass first (a call without a class); a closed engine
+        // refuses `shutdown` below, and the charge goes back with the refusal.
+        if ask.class.is_none()
+            && let Some(windows) = self.windows.as_deref()
+            && let Some((charge, _)) = self.charge_bulkhead_windows(windows, ask)
+        {
+            let charge = Some(Charged::bulkhead(charge));
+            let refused = |rejection| {
+                self.refund_windows(charge);
+                refused(rejection)
+            };
+            return self.try_admit_global(ask, admitted, refused);
+        }
         let charge = match self.charge_windows(ask) {
             Ok(charge) => charge,
             Err(rejection) => return Err(refused(rejection)),

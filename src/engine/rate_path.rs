@@ -19,6 +19,17 @@ pub(crate) struct Charged {
     class: Option<(usize, Charge)>,
 }
 
+impl Charged {
+    /// A charge on the bulkhead's windows alone.
+    #[inline]
+    pub(super) fn bulkhead(global: Charge) -> Charged {
+        Charged {
+            global,
+            class: None,
+        }
+    }
+}
+
 impl Engine {
     /// Runs `decide` with the figures `read` takes from the limits of the epoch in force (and
     /// that epoch's tag) until it finds every window's word on that epoch's ticks.
@@ -86,10 +97,7 @@ impl Engine {
         let charged = match Engine::class_windows(windows, ask.class) {
             None => {
                 if let Some((global, _)) = self.charge_bulkhead_windows(windows, ask) {
-                    return Ok(Some(Charged {
-                        global,
-                        class: None,
-                    }));
+                    return Ok(Some(Charged::bulkhead(global)));
                 }
                 // Refused, or a change of limits under way: decided again, with the figures
                 // a refusal reports.

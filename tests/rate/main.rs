@@ -197,6 +197,15 @@ fn a_refusal_by_the_word_or_a_closed_bulkhead_gives_the_charge_back() {
             .reason(),
         RejectReason::Shutdown
     );
+    // Closed with room in the windows: `shutdown` on every door, and nothing stays charged.
+    clock.advance(SECOND);
+    let owned = bulkhead.try_acquire_owned(&request, tokens(1)).unwrap_err();
+    assert_eq!(owned.rejection().unwrap().reason(), RejectReason::Shutdown);
+    let plain = bulkhead.try_acquire(&request, tokens(1)).unwrap_err();
+    assert_eq!(plain.rejection().unwrap().reason(), RejectReason::Shutdown);
+    let status = bulkhead.rate_status().unwrap();
+    assert_eq!(status.requests.unwrap().remaining, 10);
+    assert_eq!(status.tokens.unwrap().remaining, 5_000);
 }
 
 #[test]
