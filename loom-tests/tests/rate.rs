@@ -1,6 +1,7 @@
 //! loom models of the rate windows: a window decision racing a refusal by the word, a release
 //! with usage (the tokens charge corrected), and `apply_limits` (the window's ticks rescaled),
-//! each alone and (on a class's window) all at once.
+//! each alone and (on a class's window) all at once, and `try_acquire`'s windowed lane racing a
+//! change of limits.
 //! No call gets through a window that had no room, a refused call's charge comes back, and the
 //! window's state adds up to the charges that stayed.
 //!
@@ -179,6 +180,54 @@ fn a_window_decision_races_a_usage_report_beyond_the_reservation() {
                 assert_eq!(remaining, 1_000 - 700);
             }
         }
+    });
+}
+
+#[test]
+fn a_windowed_try_acquire_races_apply_limits_closing_the_slots() {
+    loom::model(|| {
+        // `try_acquire`'s windowed lane (the window charged on the epoch read once, then the
+        // word on that epoch) against a change to 0 slots and 3 requests per (frozen) second:
+        // admitted under revision 0 and charged, or refused under revision 1 with the charge
+        // given back, never a mix.
+        let clock = ManualClock::new();
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .token_budget(TokenBudget::new(10_000))
+            .rate_limits(RateLimits::new(SECOND).requests(2).tokens(1_000))
+            .rate_clock(RateClock::manual(&clock))
+            .build()
+            .unwrap();
+        let racer = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                bulkhead
+                    .try_acquire(&LlmRequest::new(), tokens(100))
+                    .map(|permit| permit.limit_revision())
+                    .map_err(|e| e.rejection().unwrap().reason())
+            })
+        };
+        let mut next = bulkhead.limits();
+        next.revision = 1;
+        next.max_concurrent = 0;
+        next.rate = Some(RateLimits::new(SECOND).requests(3).tokens(1_000));
+        assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+        let outcome = racer.join().unwrap();
+        let status = bulkhead.rate_status().unwrap();
+        let (requests, tokens) = (status.requests.unwrap(), status.tokens.unwrap());
+        assert_eq!(requests.limit, 3);
+        match outcome {
+            Ok(revision) => {
+                assert_eq!(revision, 0);
+                assert_eq!((requests.remaining, tokens.remaining), (2, 900));
+            }
+            Err(reason) => {
+                assert_eq!(reason, RejectReason::ConcurrencyLimit);
+                assert_eq!((requests.remaining, tokens.remaining), (3, 1_000));
+            }
+        }
+        let stats = bulkhead.stats();
+        assert_eq!(stats.in_flight, 0);
+        assert_eq!(stats.admitted, u64::from(outcome.is_ok()));
     });
 }
 
