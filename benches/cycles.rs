@@ -157,7 +157,7 @@ fn cases() -> Vec<Case> {
         .rate_limits(RateLimits::per_minute().requests(1 << 34).tokens(1 << 35))
         .build()
         .expect("valid");
-    let windowed_owned = windowed.clone();
+    let (windowed_owned, windowed_await) = (windowed.clone(), windowed.clone());
     vec![
         ("raw_cas", Box::new(|| raw_cas(word))),
         (
@@ -298,6 +298,14 @@ fn cases() -> Vec<Case> {
                 drop(black_box(
                     windowed.try_acquire(request, black_box(reservation())),
                 ))
+            }),
+        ),
+        (
+            "rate_window_await",
+            Box::new(move || {
+                drop(black_box(ready(
+                    windowed_await.acquire(request, black_box(reservation())),
+                )))
             }),
         ),
         (

@@ -40,7 +40,7 @@ CASES = [
     "classes",
     "await_budget", "await_no_budget", "tokio_acquire_await",
     "rejection_full", "rejection_closed", "tokio_rejection",
-    "budget_owned", "within", "rate_window", "rate_window_owned",
+    "budget_owned", "within", "rate_window", "rate_window_owned", "rate_window_await",
 ]
 
 

@@ -84,6 +84,7 @@ INSTRUCTION_GOALS = [
     ("instructions_tenant_within_global_vs_one_bulkhead", "within", "budget_owned", 2.0),
     ("instructions_rate_window_vs_none", "rate_window", "budget", 1.3),
     ("instructions_rate_window_owned_vs_none", "rate_window_owned", "budget_owned", 1.3),
+    ("instructions_rate_window_await_vs_none", "rate_window_await", "await_budget", 1.3),
 ]
 # The same ratios in ns on the plain loops, and the other single-thread goals: judged by the
 # full run (ns move with the host: its raw CAS figure is printed beside them).

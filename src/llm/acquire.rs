@@ -270,6 +270,15 @@ impl<'a> Acquire<'a, '_> {
     ) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;
         let permit = |admission| Permit::new(core, admission);
+        // The windowed lane (rate windows, no classes), as `try_acquire`'s, for a first poll
+        // nobody times.
+        if timing.is_none()
+            && let Step::Unresolved { options, .. } = &self.machine.step
+            && let Some((grant, ledger)) = core.windowed_admission(options)
+        {
+            self.machine.step = Step::Done;
+            return Poll::Ready(Ok(permit(Admission::new(grant, ledger))));
+        }
         if self.machine.is_new() {
             let timing = match self.machine.step {
                 Step::Unresolved { .. } => timing,

@@ -242,6 +242,47 @@ fn a_queued_call_keeps_its_charge_and_gets_it_back_when_its_wait_ends_refused() 
 }
 
 #[test]
+fn an_awaited_acquire_is_charged_on_its_first_poll_and_never_passes_a_waiter() {
+    let clock = ManualClock::new();
+    let bulkhead = windowed(
+        1,
+        RateLimits::new(SECOND).requests(10).tokens(1_000),
+        &clock,
+    );
+    let request = LlmRequest::new();
+    let remaining = || {
+        let status = bulkhead.rate_status().unwrap();
+        (
+            status.requests.unwrap().remaining,
+            status.tokens.unwrap().remaining,
+        )
+    };
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // Admitted at its first poll (the windowed lane), and charged.
+    let held = futures::executor::block_on(bulkhead.acquire(&request, tokens(100))).unwrap();
+    assert_eq!(remaining(), (9, 900));
+    // No slot: it queues, keeping its charge.
+    let mut first = Box::pin(bulkhead.acquire(&request, tokens(200)));
+    assert!(first.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(remaining(), (8, 700));
+    // The slot comes back while the first waits: it is the first's, not a newcomer's.
+    drop(held);
+    let mut second = Box::pin(bulkhead.acquire(&request, tokens(50)));
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(remaining(), (7, 650));
+    let std::task::Poll::Ready(first) = first.as_mut().poll(&mut cx) else {
+        panic!("the head of the queue was handed the slot");
+    };
+    drop(first.unwrap());
+    let std::task::Poll::Ready(second) = second.as_mut().poll(&mut cx) else {
+        panic!("the next waiter was handed the slot");
+    };
+    drop(second.unwrap());
+    assert_eq!(remaining(), (7, 650));
+    assert_eq!(bulkhead.stats().admitted, 3);
+}
+
+#[test]
 fn limits_change_the_window_through_the_versioned_path_and_bad_ones_change_nothing() {
     let clock = ManualClock::new();
     let bulkhead = windowed(16, RateLimits::new(SECOND).requests(2), &clock);
