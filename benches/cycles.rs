@@ -158,6 +158,17 @@ fn cases() -> Vec<Case> {
         .build()
         .expect("valid");
     let (windowed_owned, windowed_await) = (windowed.clone(), windowed.clone());
+    // A requests window used up (one a day): every call is refused `rate_limit`.
+    let rate_limited = LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .token_budget(TokenBudget::new(1 << 34))
+        .rate_limits(RateLimits::new(std::time::Duration::from_secs(86_400)).requests(1))
+        .build()
+        .expect("valid");
+    drop(
+        rate_limited
+            .try_acquire(request, reservation())
+            .expect("the day's one call"),
+    );
     vec![
         ("raw_cas", Box::new(|| raw_cas(word))),
         (
@@ -265,6 +276,14 @@ fn cases() -> Vec<Case> {
         (
             "rejection_full",
             Box::new(move || drop(black_box(full.try_acquire(request, AcquireOptions::new())))),
+        ),
+        (
+            "rejection_rate",
+            Box::new(move || {
+                drop(black_box(
+                    rate_limited.try_acquire(request, black_box(reservation())),
+                ))
+            }),
         ),
         (
             "rejection_closed",

@@ -204,7 +204,7 @@ impl Engine {
             };
             return self.try_admit_global(ask, admitted, refused);
         }
-        let charge = match self.charge_windows(ask) {
+        let charge = match self.charge_windows_again(ask) {
             Ok(charge) => charge,
             Err(rejection) => return Err(refused(rejection)),
         };

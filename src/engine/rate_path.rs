@@ -88,6 +88,19 @@ impl Engine {
     /// to give back if the decision refuses, or the `rate_limit` refusal (counted; nothing
     /// charged).
     pub(super) fn charge_windows(&self, ask: Ask) -> Result<Option<Charged>, Rejection> {
+        if ask.class.is_none()
+            && let Some(windows) = self.windows.as_deref()
+            && let Some((global, _)) = self.charge_bulkhead_windows(windows, ask)
+        {
+            return Ok(Some(Charged::bulkhead(global)));
+        }
+        self.charge_windows_again(ask)
+    }
+
+    /// [`charge_windows`](Engine::charge_windows) after its one pass on the bulkhead's
+    /// windows found no room or a change under way (or for a call of a class): decided on one
+    /// epoch's figures, with those a refusal reports.
+    pub(super) fn charge_windows_again(&self, ask: Ask) -> Result<Option<Charged>, Rejection> {
         let Some(windows) = &self.windows else {
             return Ok(None);
         };
@@ -95,14 +108,7 @@ impl Engine {
             return Ok(None);
         }
         let charged = match Engine::class_windows(windows, ask.class) {
-            None => {
-                if let Some((global, _)) = self.charge_bulkhead_windows(windows, ask) {
-                    return Ok(Some(Charged::bulkhead(global)));
-                }
-                // Refused, or a change of limits under way: decided again, with the figures
-                // a refusal reports.
-                self.charge_windows_slow(windows, ask)
-            }
+            None => self.charge_windows_slow(windows, ask),
             Some(index) => self.with_class_rate_bounds(index, |tag, bounds, class_bounds| {
                 let now = windows.now_ns();
                 let global = match windows.global().charge(tag, bounds, ask.reserved, now)? {
