@@ -468,12 +468,20 @@ fn under_threads_a_frozen_window_admits_exactly_its_limit() {
             let (bulkhead, admitted, admitted_tokens) = (&bulkhead, &admitted, &admitted_tokens);
             scope.spawn(move || {
                 let mut rng = fastrand::Rng::with_seed(seed);
-                for _ in 0..5_000 {
+                // Every door: `try_acquire`'s lane, the general path (`try_acquire_owned`)
+                // and an awaited acquire's first poll.
+                let request = LlmRequest::new();
+                for i in 0..5_000u64 {
                     let n = rng.u64(1..120);
-                    if let Ok(permit) = bulkhead.try_acquire(&LlmRequest::new(), tokens(n)) {
+                    let admitted_now = match (seed + i) % 3 {
+                        0 => bulkhead.try_acquire(&request, tokens(n)).map(drop),
+                        1 => bulkhead.try_acquire_owned(&request, tokens(n)).map(drop),
+                        _ => futures::executor::block_on(bulkhead.acquire(&request, tokens(n)))
+                            .map(drop),
+                    };
+                    if admitted_now.is_ok() {
                         admitted.fetch_add(1, Ordering::Relaxed);
                         admitted_tokens.fetch_add(n, Ordering::Relaxed);
-                        drop(permit);
                     }
                 }
             });
