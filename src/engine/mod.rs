@@ -5,10 +5,11 @@
 //! ([`Ask`]) and gets a [`Grant`], a [`Rejection`](crate::rejection::Rejection) or a place in the queue.
 //!
 //! Everything above it (the two faces, `crate::llm` and `crate::bulkhead`) goes through
-//! [`Engine`]'s crate-internal face, 30 calls in nine groups; every other method and every
+//! [`Engine`]'s crate-internal face, 36 calls in ten groups; every other method and every
 //! field is private to this folder:
 //!
-//! - admit: `try_admit_fast` (the fast lane of either kind of call), `try_admit`,
+//! - admit: `try_admit_fast` (the fast lane of either kind of call), `try_admit_fast_windowed`
+//!   (the lane of a call without a class on an engine with rate windows), `try_admit`,
 //!   `try_admit_class` (never wait; the caller dispatches on the class before it builds the
 //!   ask, which keeps a refusal 5 instructions shorter), `admit`, `admit_in_place` (may
 //!   queue), `refuse_undecided`;
@@ -24,7 +25,10 @@
 //! - limits: `limits`, `revision`, `apply_limits`, `check_limits` (validate only),
 //!   `set_budget`, `classes`;
 //! - close and drain: `close`, `is_closed`, `drain` (and [`drain::Drain::within`]);
-//! - figures: `figures`, `occupancy`, `has_budget`, `has_fast_lane`;
+//! - figures: `figures`, `occupancy`, `has_budget`, `has_fast_lane`, `has_window_lane`,
+//!   `has_rate`;
+//! - rate windows: `correct_rate` (a usage report's correction), `rate_status`,
+//!   `class_rate_status`;
 //! - build: `new`; and the permit core, [`permit::PermitCore`], both faces' permits are made of.
 //!
 //! The files, one responsibility each:
