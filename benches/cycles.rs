@@ -158,6 +158,15 @@ fn cases() -> Vec<Case> {
         .build()
         .expect("valid");
     let (windowed_owned, windowed_await) = (windowed.clone(), windowed.clone());
+    let one_window = LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .rate_limits(RateLimits::per_minute().requests(1 << 34))
+        .build()
+        .expect("valid");
+    let tokens_window = LlmBulkhead::builder("claude-sonnet-4", 1024)
+        .token_budget(TokenBudget::new(1 << 34))
+        .rate_limits(RateLimits::per_minute().tokens(1 << 35))
+        .build()
+        .expect("valid");
     // A requests window used up (one a day): every call is refused `rate_limit`.
     let rate_limited = LlmBulkhead::builder("claude-sonnet-4", 1024)
         .token_budget(TokenBudget::new(1 << 34))
@@ -276,6 +285,22 @@ fn cases() -> Vec<Case> {
         (
             "rejection_full",
             Box::new(move || drop(black_box(full.try_acquire(request, AcquireOptions::new())))),
+        ),
+        (
+            "one_requests_window",
+            Box::new(move || {
+                drop(black_box(
+                    one_window.try_acquire(request, AcquireOptions::new()),
+                ))
+            }),
+        ),
+        (
+            "one_tokens_window",
+            Box::new(move || {
+                drop(black_box(
+                    tokens_window.try_acquire(request, black_box(reservation())),
+                ))
+            }),
         ),
         (
             "rejection_rate",

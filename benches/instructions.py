@@ -40,7 +40,7 @@ CASES = [
     "classes",
     "await_budget", "await_no_budget", "tokio_acquire_await",
     "rejection_full", "rejection_closed", "rejection_rate", "tokio_rejection",
-    "budget_owned", "within", "rate_window", "rate_window_owned", "rate_window_await",
+    "budget_owned", "within", "rate_window", "rate_window_owned", "rate_window_await", "one_requests_window", "one_tokens_window",
 ]
 
 
