@@ -8,9 +8,28 @@ use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{LlmRequest, TokenUsage};
 use async_bulkhead_llm_redis::{
-    ExactLedger, FailurePolicy, GlobalPermit, LeasedLedger, LedgerConfig, LedgerRefusal,
+    ExactLedger, FailurePolicy, GlobalPermit, LeasedLedger, LedgerConfig, LedgerError,
+    LedgerRefusal, StoreError,
 };
 use common::{RedisServer, bulkhead, observe, reserve};
+
+/// Opens a ledger with `open`, again while its first commands time out (at most 20 tries): on
+/// a loaded machine a redis-server just started can take longer than these tests' short
+/// timeout to answer the opening (its scripts compiled), and the opening is not what they test.
+async fn opened<L, F>(mut open: impl FnMut() -> F) -> L
+where
+    F: std::future::Future<Output = Result<L, LedgerError>>,
+{
+    for _ in 0..20 {
+        match open().await {
+            Err(LedgerError::Store(StoreError::Timeout(_))) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            opened => return opened.unwrap(),
+        }
+    }
+    open().await.unwrap()
+}
 
 fn config(server: &RedisServer, ns: &str, policy: FailurePolicy) -> LedgerConfig {
     LedgerConfig::new(server.url(), ns, 10_000)
@@ -66,12 +85,13 @@ async fn until_global(ledger: &ExactLedger, limit: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_refuses_while_redis_is_down_and_recovers_by_itself() {
     let mut server = RedisServer::start();
-    let ledger = ExactLedger::connect(
-        bulkhead(10_000),
-        config(&server, "{closed}", FailurePolicy::FailClosed),
-    )
-    .await
-    .unwrap();
+    let ledger = opened(|| {
+        ExactLedger::connect(
+            bulkhead(10_000),
+            config(&server, "{closed}", FailurePolicy::FailClosed),
+        )
+    })
+    .await;
     server.kill();
     let started = Instant::now();
     let refused = ledger
@@ -119,9 +139,8 @@ async fn fail_closed_refuses_while_redis_is_down_and_recovers_by_itself() {
 async fn the_local_floor_admits_within_its_size_and_never_more() {
     let mut server = RedisServer::start();
     let policy = FailurePolicy::LocalFloor { tokens: 1_000 };
-    let ledger = ExactLedger::connect(bulkhead(10_000), config(&server, "{floor}", policy))
-        .await
-        .unwrap();
+    let ledger =
+        opened(|| ExactLedger::connect(bulkhead(10_000), config(&server, "{floor}", policy))).await;
     server.kill();
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -166,13 +185,14 @@ async fn the_local_floor_admits_within_its_size_and_never_more() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_reports_skip_redis_while_it_is_down() {
     let mut server = RedisServer::start();
-    let ledger = ExactLedger::connect(
-        bulkhead(10_000),
-        config(&server, "{usage-down}", FailurePolicy::FailClosed)
-            .retry_every(Duration::from_secs(2)),
-    )
-    .await
-    .unwrap();
+    let ledger = opened(|| {
+        ExactLedger::connect(
+            bulkhead(10_000),
+            config(&server, "{usage-down}", FailurePolicy::FailClosed)
+                .retry_every(Duration::from_secs(2)),
+        )
+    })
+    .await;
     let mut permit = ledger
         .try_acquire(&LlmRequest::new(), reserve(100, 200))
         .await
@@ -227,9 +247,9 @@ async fn usage_reports_skip_redis_while_it_is_down() {
 async fn a_paused_redis_costs_at_most_the_timeout_then_recovers() {
     let server = RedisServer::start();
     let policy = FailurePolicy::LocalFloor { tokens: 1_000 };
-    let ledger = ExactLedger::connect(bulkhead(10_000), config(&server, "{paused}", policy))
-        .await
-        .unwrap();
+    let ledger =
+        opened(|| ExactLedger::connect(bulkhead(10_000), config(&server, "{paused}", policy)))
+            .await;
     let pause = server.pause(Duration::from_millis(1_200));
     let started = Instant::now();
     let permit = ledger
@@ -267,7 +287,7 @@ async fn a_leased_replica_keeps_its_slice_until_the_lease_ends_then_drops_to_the
     let policy = FailurePolicy::LocalFloor { tokens: 500 };
     let config = config(&server, "{leased-down}", policy).renew_every(Duration::from_millis(200));
     let local = bulkhead(50_000);
-    let ledger = LeasedLedger::start(local.clone(), config).await.unwrap();
+    let ledger = opened(|| LeasedLedger::start(local.clone(), config.clone())).await;
     assert_eq!(ledger.slice(), 10_000);
     assert_eq!(local.limits().token_budget.unwrap().budget, 10_000);
     server.kill();
@@ -363,12 +383,8 @@ async fn two_closed_replicas(
     renew: Duration,
 ) -> (ExactLedger, ExactLedger) {
     let replica = |id: &str| closed_replica(server, ns, id, lease, renew);
-    let a = ExactLedger::connect(bulkhead(1_000), replica("a"))
-        .await
-        .unwrap();
-    let b = ExactLedger::connect(bulkhead(1_000), replica("b"))
-        .await
-        .unwrap();
+    let a = opened(|| ExactLedger::connect(bulkhead(1_000), replica("a"))).await;
+    let b = opened(|| ExactLedger::connect(bulkhead(1_000), replica("b"))).await;
     (a, b)
 }
 
@@ -572,7 +588,7 @@ async fn a_leased_replica_stops_admitting_from_its_slice_at_its_lease_end() {
         .retry_every(Duration::from_secs(2))
         .failure(FailurePolicy::FailClosed);
     let local = bulkhead(10_000);
-    let ledger = LeasedLedger::start(local.clone(), config).await.unwrap();
+    let ledger = opened(|| LeasedLedger::start(local.clone(), config.clone())).await;
     assert_eq!(ledger.slice(), 10_000);
     // Wait for a background renewal, then stall Redis longer than the lease.
     let before = ledger.stats().rebalances;
@@ -615,13 +631,9 @@ async fn after_a_restart_leased_slices_come_back_and_none_grows_while_recovering
     };
     // b asks for at most 5,000; a for up to the whole budget, and gets the other half.
     let b_local = bulkhead(5_000);
-    let b = LeasedLedger::start(b_local.clone(), replica("b"))
-        .await
-        .unwrap();
+    let b = opened(|| LeasedLedger::start(b_local.clone(), replica("b"))).await;
     let a_local = bulkhead(10_000);
-    let a = LeasedLedger::start(a_local.clone(), replica("a"))
-        .await
-        .unwrap();
+    let a = opened(|| LeasedLedger::start(a_local.clone(), replica("a"))).await;
     assert_eq!((a.slice(), b.slice()), (5_000, 5_000));
     server.restart();
     // a is starved (a call larger than its slice is refused), so it asks for twice its slice.
@@ -677,9 +689,7 @@ async fn a_process_restarted_under_the_same_id_lets_the_old_holds_go() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let old = ExactLedger::connect(bulkhead(1_000), old_config)
-                .await
-                .unwrap();
+            let old = opened(|| ExactLedger::connect(bulkhead(1_000), old_config.clone())).await;
             let held = old
                 .try_acquire(&LlmRequest::new(), reserve(100, 500))
                 .await
@@ -691,9 +701,7 @@ async fn a_process_restarted_under_the_same_id_lets_the_old_holds_go() {
     .unwrap();
     let mut c = server.connection().unwrap();
     assert_eq!(observe(&mut c, ns).total, 600);
-    let new = ExactLedger::connect(bulkhead(1_000), config())
-        .await
-        .unwrap();
+    let new = opened(|| ExactLedger::connect(bulkhead(1_000), config())).await;
     let started = Instant::now();
     while observe(&mut c, ns).total != 0 {
         // Two renewal periods, and a round trip.
