@@ -231,35 +231,44 @@ fn a_windowed_try_acquire_races_apply_limits_closing_the_slots() {
     });
 }
 
-/// Which of the class window decision's racers run at once with it (the others run before
-/// it, the report, or after it, the change of limits).
+/// Which window a window decision races on (the bulkhead's, or a class's), and which of its
+/// racers run at once with it (the others run before it, the report, or after it, the change
+/// of limits).
 #[derive(Clone, Copy)]
-struct ClassRace {
+struct Race {
+    class: bool,
     report: bool,
     apply: bool,
 }
 
-/// A class's tokens window of 1,000 per (frozen) second. One batch call holds 400 and reports
-/// 700 used, then releases; another asks for 400; the control plane raises the window to
-/// 2,000. Units charged stay charged across the change (counted in the new ticks): 700 for the
-/// reporter, 400 more if the racer got in; it is refused only when the report came first and
-/// the raise last (400 + 300 + 400 > 1,000).
-fn class_race(race: ClassRace) {
+/// A tokens window of 1,000 per (frozen) second, the bulkhead's or a class's. One call holds
+/// 400 and reports 700 used, then releases; another asks for 400; the control plane raises the
+/// window to 2,000. Units charged stay charged across the change (counted in the new ticks):
+/// 700 for the reporter, 400 more if the racer got in; it is refused only when the report came
+/// first and the raise last (400 + 300 + 400 > 1,000).
+fn window_race(race: Race) {
     let clock = ManualClock::new();
-    let batch_limits = ClassLimits::new().rate(RateLimits::new(SECOND).tokens(1_000));
-    let bulkhead = LlmBulkhead::builder("m", 4)
+    let window = |tokens| RateLimits::new(SECOND).tokens(tokens);
+    let builder = LlmBulkhead::builder("m", 4)
         .token_budget(TokenBudget::new(10_000))
-        .admission_classes(
+        .rate_clock(RateClock::manual(&clock));
+    let bulkhead = match race.class {
+        true => builder.admission_classes(
             AdmissionClasses::new("chat")
                 .class("chat", ClassLimits::new())
-                .class("batch", batch_limits),
-        )
-        .rate_clock(RateClock::manual(&clock))
-        .build()
-        .unwrap();
-    let batch = bulkhead.class("batch").unwrap();
+                .class("batch", ClassLimits::new().rate(window(1_000))),
+        ),
+        false => builder.rate_limits(window(1_000)),
+    }
+    .build()
+    .unwrap();
+    let batch = race.class.then(|| bulkhead.class("batch").unwrap());
+    let ask = move || match batch {
+        Some(batch) => tokens(400).class(batch),
+        None => tokens(400),
+    };
     let mut held = bulkhead
-        .try_acquire_owned(&LlmRequest::new(), tokens(400).class(batch))
+        .try_acquire_owned(&LlmRequest::new(), ask())
         .unwrap();
     let report = move || {
         held.report_usage(TokenUsage::new(700, 0).unwrap()).unwrap();
@@ -273,7 +282,7 @@ fn class_race(race: ClassRace) {
         let bulkhead = bulkhead.clone();
         thread::spawn(move || {
             bulkhead
-                .try_acquire_owned(&LlmRequest::new(), tokens(400).class(batch))
+                .try_acquire_owned(&LlmRequest::new(), ask())
                 .map(drop)
                 .map_err(|e| {
                     let rejection = e.rejection().unwrap();
@@ -284,11 +293,13 @@ fn class_race(race: ClassRace) {
     let reporter = report.map(thread::spawn);
     let mut raised = bulkhead.limits();
     raised.revision = 1;
-    let table = raised.admission_classes.as_mut().unwrap();
-    table.insert(
-        "batch".to_owned(),
-        ClassLimits::new().rate(RateLimits::new(SECOND).tokens(2_000)),
-    );
+    match race.class {
+        true => {
+            let table = raised.admission_classes.as_mut().unwrap();
+            table.insert("batch".to_owned(), ClassLimits::new().rate(window(2_000)));
+        }
+        false => raised.rate = Some(window(2_000)),
+    }
     if race.apply {
         assert!(bulkhead.apply_limits(raised.clone()).unwrap().is_applied());
     }
@@ -299,18 +310,20 @@ fn class_race(race: ClassRace) {
     if !race.apply {
         assert!(bulkhead.apply_limits(raised).unwrap().is_applied());
     }
-    // Units charged stay charged across the change (counted in the new ticks): 700 for
-    // the reporter, 400 more if the racer got in. It is refused only when the report came
-    // first and the raise last (400 + 300 + 400 > 1,000).
-    let window = bulkhead.class_rate_status(batch).unwrap().tokens.unwrap();
+    let status = match batch {
+        Some(batch) => bulkhead.class_rate_status(batch),
+        None => bulkhead.rate_status(),
+    };
+    let window = status.unwrap().tokens.unwrap();
     assert_eq!(window.limit, 2_000);
     match outcome {
         Ok(()) => assert_eq!(window.remaining, 2_000 - 1_100),
         Err(refusal) => {
-            assert_eq!(
-                refusal,
-                (RejectReason::RateLimit, Some(RateWindow::ClassTokens))
-            );
+            let refused_by = match race.class {
+                true => RateWindow::ClassTokens,
+                false => RateWindow::Tokens,
+            };
+            assert_eq!(refusal, (RejectReason::RateLimit, Some(refused_by)));
             assert_eq!(window.remaining, 2_000 - 700);
         }
     }
@@ -324,16 +337,17 @@ fn class_race(race: ClassRace) {
     );
 }
 
-#[test]
-fn a_class_window_decision_races_a_usage_report_a_release_and_apply_limits_at_once() {
-    // Three racers on the class path: one preemption (every interleaving of whole steps, and
-    // one forced switch inside a step) keeps the search within seconds (with two, one
-    // execution's spin-waits exceed loom's branch budget); each pair of them is explored with
-    // the suite's bound in the two models that follow.
+/// All three racers at once: one preemption (every interleaving of whole steps, and one forced
+/// switch inside a step). At two the search does not end in useful time: run by hand, the
+/// bulkhead's model stopped after 19 minutes on an execution past loom's branch budget (raised
+/// to 100,000; the racers' waits on the writer are loops), and the class's ran 38 minutes
+/// without an answer. Each pair is explored at the suite's bound in the models around these.
+fn all_at_once(class: bool) {
     let mut model = loom::model::Builder::new();
     model.preemption_bound = Some(1);
-    model.check(|| {
-        class_race(ClassRace {
+    model.check(move || {
+        window_race(Race {
+            class,
             report: true,
             apply: true,
         })
@@ -341,9 +355,20 @@ fn a_class_window_decision_races_a_usage_report_a_release_and_apply_limits_at_on
 }
 
 #[test]
+fn a_window_decision_races_a_usage_report_a_release_and_apply_limits_at_once() {
+    all_at_once(false);
+}
+
+#[test]
+fn a_class_window_decision_races_a_usage_report_a_release_and_apply_limits_at_once() {
+    all_at_once(true);
+}
+
+#[test]
 fn a_class_window_decision_races_a_usage_report_and_a_release() {
     loom::model(|| {
-        class_race(ClassRace {
+        window_race(Race {
+            class: true,
             report: true,
             apply: false,
         })
@@ -353,7 +378,8 @@ fn a_class_window_decision_races_a_usage_report_and_a_release() {
 #[test]
 fn a_class_window_decision_races_apply_limits() {
     loom::model(|| {
-        class_race(ClassRace {
+        window_race(Race {
+            class: true,
             report: false,
             apply: true,
         })
