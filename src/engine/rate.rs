@@ -31,8 +31,10 @@
 //! A charge given back moves `tat` back by what it added: exact unless `tat` was behind `now`
 //! when it was charged (an idle window), where the give-back leaves the idle time spent
 //! (conservative: never more admitted than the limits allow). A decision racing `apply_limits`
-//! reads the window's figures of one epoch, as the word's decision does (one racing the
-//! rescaling of `tat` may charge one call on the old ticks).
+//! reads the window's figures of one epoch, as the word's decision does, and charges a word
+//! only on that epoch's ticks (each word carries its epoch's tag); one that meets a word on
+//! other ticks waits for the writer's rescale (a leaf lock the writer holds from publishing the
+//! epoch until every word is rescaled), then decides again.
 //!
 //! # The clock
 //!
@@ -51,7 +53,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use crate::support::sync::atomic::{AtomicU64, Ordering};
-use crate::support::sync::{Arc, unmodeled};
+use crate::support::sync::{Arc, Mutex, MutexGuard, lock, unmodeled};
 
 /// Where a bulkhead's rate windows read the time.
 ///
@@ -390,6 +392,10 @@ pub(crate) struct Windows {
     global: Words,
     classes: Box<[Words]>,
     clock: RateClock,
+    /// Held by a writer from the publication of a new epoch until every word is on its ticks
+    /// (a leaf lock: nothing is locked under it). A decision that meets a word on another
+    /// epoch's ticks waits on it instead of spinning.
+    rescaling: Mutex<()>,
 }
 
 /// One pair of windows (requests, tokens): each one's word, its `tat` in its ticks tagged
@@ -430,7 +436,20 @@ impl Windows {
             global: Words::new(),
             classes: (0..classes).map(|_| Words::new()).collect(),
             clock,
+            rescaling: Mutex::new(()),
         }
+    }
+
+    /// Held by the writer from the publication of a new epoch until its rescale is done.
+    pub(crate) fn rescaling(&self) -> MutexGuard<'_, ()> {
+        lock(&self.rescaling)
+    }
+
+    /// Waits for a writer's rescale under way, if any (a decision met a word on another
+    /// epoch's ticks).
+    #[cold]
+    pub(crate) fn wait_for_rescale(&self) {
+        drop(lock(&self.rescaling));
     }
 
     /// The clock's time now, in nanoseconds.

@@ -3,8 +3,6 @@
 //! refusal or a wait that ends refused, correcting the tokens charge to the usage, and the
 //! windows' figures for headers.
 
-use crossbeam_utils::Backoff;
-
 use super::assembly::Engine;
 use super::policy::{self, Ask};
 use super::rate::{Charge, RateBounds, RateRefusal, RateStatus, Stale, Windows, tag_of};
@@ -32,23 +30,31 @@ impl Charged {
 
 impl Engine {
     /// Runs `decide` with the figures `read` takes from the limits of the epoch in force (and
-    /// that epoch's tag) until it finds every window's word on that epoch's ticks.
+    /// that epoch's tag) until it finds every window's word on that epoch's ticks. A word on
+    /// another epoch's ticks means a writer is between publishing an epoch and rescaling the
+    /// words (or has just done both): the decision waits for its rescale (`Windows::rescaling`),
+    /// then reads again; an epoch that moved while its figures were read is read again at once
+    /// (each writer moves it once).
     #[inline]
     fn with_epoch_bounds<B, T>(
         &self,
         read: impl Fn(u64) -> B,
         mut decide: impl FnMut(u64, B) -> Result<T, Stale>,
     ) -> T {
-        let backoff = Backoff::new();
         loop {
             let epoch = self.published.epoch();
             let bounds = read(epoch);
-            if self.published.epoch() == epoch
-                && let Ok(out) = decide(tag_of(epoch), bounds)
-            {
-                return out;
+            if self.published.epoch() != epoch {
+                continue;
             }
-            crate::support::sync::spin_wait(&backoff);
+            match decide(tag_of(epoch), bounds) {
+                Ok(out) => return out,
+                Err(Stale) => {
+                    if let Some(windows) = &self.windows {
+                        windows.wait_for_rescale();
+                    }
+                }
+            }
         }
     }
 

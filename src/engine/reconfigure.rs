@@ -8,7 +8,7 @@ use crate::vocabulary::error::LimitsError;
 use super::assembly::Engine;
 use super::limits;
 use super::queue::HandedOff;
-use super::rate::tag_of;
+use super::rate::{Windows, tag_of};
 use super::state::State;
 use crate::vocabulary::limits::{ApplyOutcome, BudgetLimits, Limits, MAX_BUDGET, MAX_REVISION};
 
@@ -137,9 +137,12 @@ impl Engine {
             Some(_) => self.recount(epoch + 1, true, next_epoch).1,
             None => self.state.modify(next_epoch),
         };
+        // The windows' timestamps move to the new limits' time scale (see `rate`); decisions
+        // that meet a word still on the old ticks wait for it on `rescaling`.
+        let rescaling = self.windows.as_deref().map(Windows::rescaling);
         self.published.set_epoch(epoch + 1);
-        // The windows' timestamps move to the new limits' time scale (see `rate`).
         self.rescale_windows(current, &next, tag_of(epoch + 1));
+        drop(rescaling);
         // The class locks go before the hand-offs, which take the queue lock then class locks.
         if self.classes.is_some() {
             self.unlock_classes(epoch + 1, after);

@@ -242,6 +242,70 @@ fn a_queued_call_keeps_its_charge_and_gets_it_back_when_its_wait_ends_refused() 
 }
 
 #[test]
+fn under_threads_windows_rescaled_by_limit_changes_keep_every_charge() {
+    // A frozen clock (nothing drains) and windows far from binding: while three threads admit
+    // through every door, a fourth changes the windows' limits back and forth. Every unit
+    // charged stays charged across every rescale, so the window ends exactly at what was
+    // admitted.
+    let clock = ManualClock::new();
+    let bulkhead = windowed(
+        64,
+        RateLimits::new(SECOND)
+            .requests(1_000_000)
+            .tokens(100_000_000),
+        &clock,
+    );
+    let admitted = AtomicU64::new(0);
+    let admitted_tokens = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for seed in 0..3u64 {
+            let (bulkhead, admitted, admitted_tokens) = (&bulkhead, &admitted, &admitted_tokens);
+            scope.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                let request = LlmRequest::new();
+                for i in 0..3_000u64 {
+                    let n = rng.u64(1..120);
+                    let outcome = match (seed + i) % 3 {
+                        0 => bulkhead.try_acquire(&request, tokens(n)).map(drop),
+                        1 => bulkhead.try_acquire_owned(&request, tokens(n)).map(drop),
+                        _ => futures::executor::block_on(bulkhead.acquire(&request, tokens(n)))
+                            .map(drop),
+                    };
+                    outcome.expect("far from every limit");
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                    admitted_tokens.fetch_add(n, Ordering::Relaxed);
+                }
+            });
+        }
+        scope.spawn(|| {
+            // Until the admitters are done, and an even number of changes (back at the start).
+            let mut revision = 0u64;
+            while admitted.load(Ordering::Relaxed) < 9_000 || revision % 2 == 1 {
+                revision += 1;
+                let mut next = bulkhead.limits();
+                next.revision = revision;
+                let scale = 1 + revision % 2;
+                next.rate = Some(
+                    RateLimits::new(SECOND)
+                        .requests(1_000_000 * scale)
+                        .tokens(100_000_000 * scale),
+                );
+                assert!(bulkhead.apply_limits(next).unwrap().is_applied());
+            }
+            assert!(revision >= 2, "{revision} changes");
+        });
+    });
+    let (calls, used) = (admitted.into_inner(), admitted_tokens.into_inner());
+    assert_eq!(calls, 9_000);
+    let status = bulkhead.rate_status().unwrap();
+    let (requests, tokens) = (status.requests.unwrap(), status.tokens.unwrap());
+    assert_eq!((requests.limit, tokens.limit), (1_000_000, 100_000_000));
+    assert_eq!(requests.remaining, 1_000_000 - calls);
+    assert_eq!(tokens.remaining, 100_000_000 - used);
+    assert_eq!(bulkhead.stats().in_flight, 0);
+}
+
+#[test]
 fn an_awaited_acquire_is_charged_on_its_first_poll_and_never_passes_a_waiter() {
     let clock = ManualClock::new();
     let bulkhead = windowed(
