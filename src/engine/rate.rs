@@ -788,7 +788,8 @@ fn take(
 
 /// [`take`] on an admission's fast lane: whether `units` were added to the window's `tat`
 /// (`false`, nothing added: they do not fit now, or the word is on another epoch's ticks).
-/// Orderings as `take`'s.
+/// Orderings as `take`'s. It repeats [`judge`]'s two checks rather than call it: without the
+/// refusal's `retry_after` to keep, the admission is 7 instructions shorter (measured).
 #[inline(always)]
 fn take_fast(window: &AtomicU64, tag: u64, units: u64, scale: Scale, now_ns: u64) -> bool {
     // No units: no window (or nothing to count on it).

@@ -90,9 +90,10 @@ impl Engine {
     }
 
     /// Charges `ask` to the rate windows before its admission is decided: `Ok(None)` without
-    /// windows (or on a closed engine, which refuses `shutdown` before any limit), `Ok(charge)`
-    /// to give back if the decision refuses, or the `rate_limit` refusal (counted; nothing
-    /// charged).
+    /// windows, `Ok(charge)` to give back if the decision refuses, or the `rate_limit` refusal
+    /// (counted; nothing charged). A closed engine refuses `shutdown` before any limit: its
+    /// windows are not judged (`Ok(None)` once the one pass found no room), and a charge the
+    /// pass made goes back with the decision's `shutdown`.
     pub(super) fn charge_windows(&self, ask: Ask) -> Result<Option<Charged>, Rejection> {
         if ask.class.is_none()
             && let Some(windows) = self.windows.as_deref()
