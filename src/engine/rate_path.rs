@@ -176,10 +176,7 @@ impl Engine {
         self.with_rate_bounds(|tag, bounds| {
             let global = windows.charge(tag, bounds, ask.reserved)?;
             Ok(global
-                .map(|global| Charged {
-                    global,
-                    class: None,
-                })
+                .map(Charged::bulkhead)
                 .map_err(|refusal| (refusal, false)))
         })
     }
