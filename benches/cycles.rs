@@ -94,7 +94,10 @@ fn classed() -> LlmBulkhead {
 }
 
 /// Polls `future` once, with a waker that does nothing: every awaited case here finds a
-/// free slot, so the first poll finishes it.
+/// free slot, so the first poll finishes it. Always inlined, as an `.await` is into its
+/// async fn (left to the optimizer, whether it was inlined changed with the size of the
+/// futures' drop, which no user's `.await` pays as a call).
+#[inline(always)]
 fn ready<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     match future

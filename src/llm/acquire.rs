@@ -11,6 +11,7 @@
 
 use core::fmt;
 use core::future::Future;
+use core::mem::ManuallyDrop;
 use core::ops::Deref;
 use core::pin::Pin;
 use core::task::{Context, Poll};
@@ -368,8 +369,11 @@ enum Step<'r> {
     },
     /// The input was invalid; reported at the first poll.
     Invalid(RequestError),
-    /// In the queue: the wait's state, parked outside the future (see [`Parked`]).
-    Waiting(Parked),
+    /// In the queue: the wait's state, parked outside the future (see [`Parked`]). Dropped
+    /// only by the two ways out of a wait (`finish_waiting`, `withdraw`), which take it out
+    /// of the step: so the step has no drop glue, and an acquire's drop, inlined into every
+    /// caller, is the one compare of `Machine`'s `Drop`.
+    Waiting(ManuallyDrop<Parked>),
     /// Finished (returned a permit or an error).
     Done,
 }
@@ -635,13 +639,13 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
             Some(timing) => timing.queued(queued_at),
             None => Timing::from_queue(queued_at).untimed(untimed),
         };
-        self.step = Step::Waiting(Parked::new(Waiting {
+        self.step = Step::Waiting(ManuallyDrop::new(Parked::new(Waiting {
             queued,
             call,
             timing,
             #[cfg(feature = "tracing")]
             span: queue_wait_span(&self.core, &call),
-        }));
+        })));
     }
 
     /// Turns a decided wait into the acquire's result, announcing it to whoever listens now,
@@ -704,6 +708,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!("only a waiting acquire finishes its wait")
         };
+        let waiting = ManuallyDrop::into_inner(waiting);
         self.finish(&waiting, decided)
     }
 
@@ -714,6 +719,7 @@ impl<'r, C: Deref<Target = LlmCore>> Machine<'r, C> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!()
         };
+        let waiting = ManuallyDrop::into_inner(waiting);
         let picked_at = self.core.wants_decisions().then(Instant::now);
         let rejection = waiting.queued.withdraw(self.core.engine());
         #[cfg(feature = "tracing")]

@@ -904,10 +904,25 @@ impl TokenBudgetDetail {
 ///
 /// The reason is kept inside the detail (a private field) so that a rejection is exactly its
 /// 128-byte detail: a larger value is copied by a `memcpy` call at every layer it crosses.
-#[derive(Clone, Copy, PartialEq, Eq)]
+///
+/// Two rejections are equal when everything they say is: the reason, the scope, the rate
+/// window and its wait, and the snapshot's figures.
+#[derive(Clone, Copy)]
 pub struct Rejection {
     detail: CapacityDetail,
 }
+
+impl PartialEq for Rejection {
+    fn eq(&self, other: &Rejection) -> bool {
+        // The snapshot's own equality compares its figures only; the reason and the refusal's
+        // fields (scope, window, wait) are the rejection's.
+        self.detail == other.detail
+            && self.detail.reason == other.detail.reason
+            && self.detail.refusal == other.detail.refusal
+    }
+}
+
+impl Eq for Rejection {}
 
 impl Rejection {
     #[cfg_attr(not(loom), inline(always))]
@@ -1350,5 +1365,38 @@ mod tests {
         }
         assert_eq!(core::mem::size_of::<ClassFacts>(), 40);
         assert_eq!(core::mem::size_of::<Rejection>(), 128);
+    }
+
+    #[test]
+    fn rejections_equal_only_when_everything_they_say_is_equal() {
+        let detail = CapacityDetail::new(3, 1, 1, 0, 0, None);
+        let full = Rejection::new(RejectReason::ConcurrencyLimit, detail);
+        let closed = Rejection::new(RejectReason::Shutdown, detail);
+        // The same figures, and the snapshots compare equal: the figures are all they hold.
+        assert_eq!(full.detail(), closed.detail());
+        assert_eq!(full, Rejection::new(RejectReason::ConcurrencyLimit, detail));
+        // A different reason, scope, window or wait is a different refusal.
+        assert_ne!(full, closed);
+        assert_ne!(full, full.scoped(Scope::Tenant));
+        assert_ne!(full.scoped(Scope::Tenant), full.scoped(Scope::Global));
+        assert_eq!(full.scoped(Scope::Global), full.scoped(Scope::Global));
+        let soon =
+            Rejection::rate_limit(detail, RateWindow::Requests, Some(Duration::from_secs(1)));
+        assert_ne!(
+            soon,
+            Rejection::rate_limit(detail, RateWindow::Requests, Some(Duration::from_secs(2)))
+        );
+        assert_ne!(
+            soon,
+            Rejection::rate_limit(detail, RateWindow::Tokens, Some(Duration::from_secs(1)))
+        );
+        assert_ne!(
+            soon,
+            Rejection::rate_limit(detail, RateWindow::Requests, None)
+        );
+        assert_eq!(
+            soon,
+            Rejection::rate_limit(detail, RateWindow::Requests, Some(Duration::from_secs(1)))
+        );
     }
 }
