@@ -556,18 +556,65 @@ fn refusals_never_mix_two_revisions() {
 /// while it "held" the only slot.
 #[test]
 fn a_full_wrap_of_the_epoch_bits_cannot_admit_under_stale_limits() {
-    loom::model(|| {
-        let bulkhead = LlmBulkhead::builder("m", 1)
-            .token_budget(TokenBudget::new(100))
-            .build()
-            .unwrap();
+    full_wrap(true, Door::General);
+}
+
+/// The same through `try_acquire`'s fast lane (its own commit and epoch check).
+#[test]
+fn a_full_wrap_of_the_epoch_bits_cannot_admit_on_the_fast_lane() {
+    full_wrap(true, Door::FastLane);
+}
+
+/// The same on a bulkhead without a token budget, on both doors: its fast lane decides on the
+/// slot count alone.
+#[test]
+fn a_full_wrap_of_the_epoch_bits_cannot_admit_without_a_budget() {
+    full_wrap(false, Door::General);
+    full_wrap(false, Door::FastLane);
+}
+
+/// How the full wrap's two admissions are made: `try_acquire_owned` (the general path's
+/// decision) or `try_acquire` (its fast lane, nobody listening).
+#[derive(Clone, Copy)]
+enum Door {
+    General,
+    FastLane,
+}
+
+/// The limit revision an admission of `ask` through `door` was decided under, if admitted
+/// (released at once).
+fn admitted_revision(bulkhead: &LlmBulkhead, door: Door, ask: AcquireOptions) -> Option<u64> {
+    match door {
+        Door::General => bulkhead
+            .try_acquire_owned(&LlmRequest::new(), ask)
+            .ok()
+            .map(|permit| permit.limit_revision()),
+        Door::FastLane => bulkhead
+            .try_acquire(&LlmRequest::new(), ask)
+            .ok()
+            .map(|permit| permit.limit_revision()),
+    }
+}
+
+fn full_wrap(budget: bool, door: Door) {
+    loom::model(move || {
+        let mut builder = LlmBulkhead::builder("m", 1);
+        if budget {
+            builder = builder.token_budget(TokenBudget::new(100));
+        }
+        let bulkhead = builder.build().unwrap();
+        let ask = if budget {
+            with_tokens(10, 0)
+        } else {
+            AcquireOptions::new()
+        };
         let first_applied = Arc::new(AtomicBool::new(false));
 
         let writer = {
             let (bulkhead, first_applied) = (bulkhead.clone(), first_applied.clone());
             thread::spawn(move || {
                 for revision in 1..=2 {
-                    let next = Limits::new(revision, 1).with_token_budget(100, 0);
+                    let next = limits(revision, budget);
                     assert!(bulkhead.apply_limits(next).unwrap().is_applied());
                     first_applied.store(true, Release);
                 }
@@ -580,16 +627,23 @@ fn a_full_wrap_of_the_epoch_bits_cannot_admit_under_stale_limits() {
                     return None;
                 }
                 // Admitted (and released) only after the first change returned.
-                bulkhead
-                    .try_acquire_owned(&LlmRequest::new(), with_tokens(10, 0))
-                    .ok()
-                    .map(|permit| permit.limit_revision())
+                admitted_revision(&bulkhead, door, ask)
             })
         };
-        let early = bulkhead
-            .try_acquire_owned(&LlmRequest::new(), with_tokens(10, 0))
-            .ok();
-        let early_revision = early.as_ref().map(|p| p.limit_revision());
+        // Held until the end, through the same door.
+        let request = LlmRequest::new();
+        let early_owned = match door {
+            Door::General => bulkhead.try_acquire_owned(&request, ask).ok(),
+            Door::FastLane => None,
+        };
+        let early_borrowed = match door {
+            Door::General => None,
+            Door::FastLane => bulkhead.try_acquire(&request, ask).ok(),
+        };
+        let early_revision = early_owned
+            .as_ref()
+            .map(|p| p.limit_revision())
+            .or(early_borrowed.as_ref().map(|p| p.limit_revision()));
         writer.join().unwrap();
         let late_revision = late.join().unwrap();
         if let (Some(0), Some(late)) = (early_revision, late_revision) {
@@ -597,11 +651,18 @@ fn a_full_wrap_of_the_epoch_bits_cannot_admit_under_stale_limits() {
             // first change; a call admitted after that change could not have got one.
             panic!("stale admission: early call at revision 0, late call at revision {late}");
         }
-        drop(early);
-        assert_eq!(
-            bulkhead.limits(),
-            Limits::new(2, 1).with_token_budget(100, 0)
-        );
+        drop((early_owned, early_borrowed));
+        assert_eq!(bulkhead.limits(), limits(2, budget));
         assert_idle(&bulkhead);
     });
+}
+
+/// Revision `revision` of the full wrap's limits: one slot, and 100 tokens with a budget.
+fn limits(revision: u64, budget: bool) -> Limits {
+    let limits = Limits::new(revision, 1);
+    if budget {
+        limits.with_token_budget(100, 0)
+    } else {
+        limits
+    }
 }

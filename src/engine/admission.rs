@@ -414,16 +414,64 @@ impl Engine {
     /// The decision of [`try_admit_fast`](Engine::try_admit_fast): its revision.
     #[cfg_attr(not(loom), inline(always))]
     pub(super) fn admit_fast(&self, ask: Ask) -> Option<u64> {
-        self.admit_fast_at(ask, self.published.epoch())
+        // Read before the epoch's (acquire) load, so that a caller's own test of the budget
+        // (`fast_ask`'s) decides this one too.
+        let has_budget = self.has_budget;
+        let epoch = self.published.epoch();
+        if has_budget {
+            self.admit_fast_with(true, ask, epoch)
+        } else {
+            self.admit_slot_fast_at(ask, epoch)
+        }
+    }
+
+    /// [`admit_fast_at`](Engine::admit_fast_at) of an engine without a token budget: a call
+    /// asks a slot and nothing else (no tokens are ever charged to its word), so the decision
+    /// is the slot count against `max_concurrent`, and the commit adds one slot.
+    #[cfg_attr(not(loom), inline(always))]
+    fn admit_slot_fast_at(&self, ask: Ask, epoch: u64) -> Option<u64> {
+        debug_assert_eq!(ask.reserved, 0, "a call without a budget asks no tokens");
+        let current = self.fast_word(epoch)?;
+        let (revision, max_concurrent, _) = self.published.read_fast(false, epoch, ask.priority);
+        if current.slots() >= max_concurrent {
+            return None;
+        }
+        self.commit_fast(current, current.with_admission(0), epoch)?;
+        Some(revision)
     }
 
     /// [`admit_fast`](Engine::admit_fast) under the limits' epoch `epoch`, read before the
     /// word.
     #[cfg_attr(not(loom), inline(always))]
     fn admit_fast_at(&self, ask: Ask, epoch: u64) -> Option<u64> {
-        let word = self.state.narrow_word();
+        self.admit_fast_with(self.has_budget, ask, epoch)
+    }
+
+    /// [`admit_fast_at`](Engine::admit_fast_at) by a caller that knows whether the engine has
+    /// a budget (`has_budget`, which must be its own).
+    #[cfg_attr(not(loom), inline(always))]
+    fn admit_fast_with(&self, has_budget: bool, ask: Ask, epoch: u64) -> Option<u64> {
+        let current = self.fast_word(epoch)?;
+        let (revision, max_concurrent, budget) =
+            self.published.read_fast(has_budget, epoch, ask.priority);
+        if current.slots() >= max_concurrent || ask.reserved > state::MAX_TOKENS {
+            return None;
+        }
+        // Both at most `MAX_TOKENS` (2^35 - 1): no overflow.
+        let tokens = current.tokens() + ask.reserved;
+        if tokens > budget || tokens > state::MAX_TOKENS {
+            return None;
+        }
+        self.commit_fast(current, current.with_admission(ask.reserved), epoch)?;
+        Some(revision)
+    }
+
+    /// The narrow word as a fast lane under the limits' epoch `epoch` finds it: `None` (the
+    /// general path's) with a flag set or other epoch bits.
+    #[cfg_attr(not(loom), inline(always))]
+    fn fast_word(&self, epoch: u64) -> Option<State> {
         // Acquire: as `AtomicState::load`.
-        let current = State::narrow(word.load(Ordering::Acquire));
+        let current = State::narrow(self.state.narrow_word().load(Ordering::Acquire));
         // The word carries the bits of the epoch read before it: the limits of that epoch are
         // the ones in force for it. (A writer advances the word's epoch bits before it
         // publishes the epoch, and overwrites this epoch's limits slot only for the epoch
@@ -434,18 +482,17 @@ impl Engine {
         if current.has_flags() || !current.matches_epoch(epoch) {
             return None;
         }
-        let (revision, max_concurrent, budget) = self.published.read_fast(epoch, ask.priority);
-        if current.slots() >= max_concurrent || ask.reserved > state::MAX_TOKENS {
-            return None;
-        }
-        // Both at most `MAX_TOKENS` (2^35 - 1): no overflow.
-        let tokens = current.tokens() + ask.reserved;
-        if tokens > budget || tokens > state::MAX_TOKENS {
-            return None;
-        }
-        let next = current.with_admission(ask.reserved);
+        Some(current)
+    }
+
+    /// A fast lane's commit of `next` over `current` (found under `epoch`): one CAS, then the
+    /// epoch read again. `None` (nothing changed) if the CAS lost or the commit is undone.
+    #[cfg_attr(not(loom), inline(always))]
+    fn commit_fast(&self, current: State, next: State, epoch: u64) -> Option<()> {
         // AcqRel / Acquire: as `AtomicState::compare_exchange`.
-        word.compare_exchange_weak(current.lo(), next.lo(), Ordering::AcqRel, Ordering::Acquire)
+        self.state
+            .narrow_word()
+            .compare_exchange_weak(current.lo(), next.lo(), Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
         let after = self.published.epoch();
         if (after as i64).wrapping_sub(epoch as i64) >= (1 << EPOCH_BITS) - 1 {
@@ -453,7 +500,7 @@ impl Engine {
             self.undo_commit(current, next, false);
             return None;
         }
-        Some(revision)
+        Some(())
     }
 
     /// Admits `ask` (without a class) now, as a newcomer, or says why not (with the word and

@@ -524,13 +524,21 @@ impl PublishedLimits {
     /// What the fast lane of an admission reads of the slot of `epoch` (trustworthy as
     /// [`read`](PublishedLimits::read) is): `(revision, max_concurrent, the budget a call of
     /// `priority` may fill)`, the budget `u64::MAX` without one (nothing is reserved then).
-    #[inline]
-    pub(crate) fn read_fast(&self, epoch: u64, priority: Priority) -> (u64, u32, u64) {
+    /// `has_budget` is whether these limits have one: the caller's (inlined, a constant
+    /// `false` reads two figures).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn read_fast(
+        &self,
+        has_budget: bool,
+        epoch: u64,
+        priority: Priority,
+    ) -> (u64, u32, u64) {
+        debug_assert_eq!(has_budget, self.has_budget);
         let slot = &self.slots[(epoch & 1) as usize];
         // Acquire: pairs with the Release stores in `store`, see the module docs.
         let revision = slot.revision.load(Ordering::Acquire);
         let max_concurrent = slot.concurrency.load(Ordering::Acquire) as u32;
-        let budget = if self.has_budget {
+        let budget = if has_budget {
             let budget = slot.budget.load(Ordering::Acquire);
             match priority {
                 Priority::High => budget,
