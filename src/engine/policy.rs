@@ -25,6 +25,18 @@ pub(crate) struct Ask {
     pub(crate) class: Option<AdmissionClass>,
 }
 
+impl Ask {
+    /// A call without a class on an engine without a token budget: a slot, at `priority`.
+    #[inline]
+    pub(crate) const fn slot(priority: Priority) -> Ask {
+        Ask {
+            reserved: 0,
+            priority,
+            class: None,
+        }
+    }
+}
+
 /// A class call's class as a decision sees it: its live counts (stable: the class is locked
 /// while it decides) and its limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -375,7 +375,15 @@ impl LlmCore {
         if options.class.is_some() || !self.engine.has_fast_lane() {
             return Err(permit);
         }
-        let Ok((ask, ledger)) = fast_ask(self.engine.has_budget(), options) else {
+        if !self.engine.has_budget() {
+            // Without a budget, the whole lane on its own: its ask and ledger are constants.
+            let ask = Ask::slot(options.priority);
+            return match self.engine.try_admit_fast(ask) {
+                Some(grant) => Ok(permit(Admission::new(grant, Ledger::new(None, None)))),
+                None => Err(permit),
+            };
+        }
+        let Ok((ask, ledger)) = fast_ask(true, options) else {
             return Err(permit);
         };
         match self.engine.try_admit_fast(ask) {
@@ -393,7 +401,12 @@ impl LlmCore {
         if options.class.is_some() || !self.engine.has_fast_lane() {
             return None;
         }
-        let (ask, ledger) = fast_ask(self.engine.has_budget(), options).ok()?;
+        if !self.engine.has_budget() {
+            // As in `try_admit_fast`: the lane without a budget on its own.
+            let grant = self.engine.try_admit_fast(Ask::slot(options.priority))?;
+            return Some((grant, Ledger::new(None, None)));
+        }
+        let (ask, ledger) = fast_ask(true, options).ok()?;
         Some((self.engine.try_admit_fast(ask)?, ledger))
     }
 
