@@ -162,8 +162,17 @@ impl LedgerConfig {
     /// unreachable Redis does. In the tests, global admission resumed within 50 ms of the
     /// promotion (with a 50 ms [`retry_every`](Self::retry_every)). The time the master was
     /// unreachable lapses no lease (the scripts move lease deadlines by the gap: the `ns:clock`
-    /// key in [`scripts`](crate::scripts)). While the namespace's slot is being migrated to
-    /// another master (a resharding), calls can fail (`ASK`): the failure policy applies.
+    /// key in [`scripts`](crate::scripts)).
+    ///
+    /// **Resharding.** While the namespace's slot is being migrated to another master, the
+    /// old master runs a script whose keys are all still there; one whose keys have moved it
+    /// refuses unrun with `ASK`, which is followed at once (`ASKING`, then the script, in one
+    /// pipeline to the importing master); a refusal with `TRYAGAIN` (the script's keys split
+    /// between the two, or some of them not created yet) is sent again within the timeout,
+    /// and the slot's handover ends with the `MOVED` above. So a migration whose keys move
+    /// and whose slot is handed over within the timeout fails no call (tested with a 100 ms
+    /// window and a 1 s timeout); calls that meet a longer window fail as in an outage,
+    /// and the failure policy applies.
     ///
     /// A manual failover loses nothing (the replica catches up first) and, in the tests, fails
     /// no call (the old master's `MOVED` is followed). A crash can lose writes: Redis

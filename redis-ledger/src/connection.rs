@@ -20,8 +20,8 @@ pub(crate) enum Connection {
     /// A cluster: commands go to the master of their key's slot. No command is ever sent
     /// twice by the client (a script whose connection dropped after it ran would otherwise run
     /// again: a reservation twice); a call the cluster refused without running it because the
-    /// slot moved (a failover, a resharding) is sent again, to the new master, within the
-    /// ledger's timeout.
+    /// slot moved (a failover, a resharding) is sent again, to the new master (or, asked
+    /// with `ASK`, to the master importing the slot), within the ledger's timeout.
     Cluster {
         connection: ClusterConnection,
         /// The master of the namespace's slot: where a bare `PING` goes, so that it measures
@@ -97,8 +97,27 @@ fn refused_unrun(error: &redis::RedisError) -> bool {
     )
 }
 
-/// Sends `cmd` to the cluster; while it is [`refused_unrun`], again (after 2 ms, doubling up
-/// to 50 ms) until `patience` has passed.
+/// The node an `ASK` refusal names: while a slot is being migrated, its old master runs a
+/// command only if every key it names is still there; otherwise it refuses it unrun with
+/// `ASK <slot> <host>:<port>`, the node importing the slot, which runs it once asked
+/// (`ASKING`, for the next command of that connection only). `None` for any other error.
+fn ask_target(error: &redis::RedisError) -> Option<SingleNodeRoutingInfo> {
+    use redis::{ErrorKind, ServerErrorKind};
+    if error.kind() != ErrorKind::Server(ServerErrorKind::Ask) {
+        return None;
+    }
+    let (address, _slot) = error.redirect_node()?;
+    let (host, port) = address.rsplit_once(':')?;
+    Some(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port: port.parse().ok()?,
+    })
+}
+
+/// Sends `cmd` to the cluster. While it is [`refused_unrun`], again (after 2 ms, doubling up
+/// to 50 ms) until `patience` has passed; refused with `ASK` ([`ask_target`]), at once to the
+/// node it names, after `ASKING` in one pipeline (nothing else can run on that connection
+/// between them).
 async fn send(
     connection: &mut ClusterConnection,
     cmd: &Cmd,
@@ -106,8 +125,38 @@ async fn send(
 ) -> redis::RedisResult<Value> {
     let deadline = tokio::time::Instant::now() + patience;
     let mut pause = Duration::from_millis(2);
+    let mut redirect = None;
     loop {
-        match connection.req_packed_command(cmd).await {
+        let reply = match redirect.take() {
+            None => connection.req_packed_command(cmd).await,
+            Some(node) => {
+                let mut asked = redis::pipe();
+                asked.cmd("ASKING").add_command(cmd.clone());
+                connection
+                    .route_pipeline(asked, 1, 1, node)
+                    .await
+                    .and_then(|mut replies| {
+                        // A refusal comes back as a value in a pipeline's replies: as an error,
+                        // so that what follows (a script's `NOSCRIPT`, another refusal) is
+                        // handled as for any command.
+                        replies.pop().map_or_else(
+                            || {
+                                Err(redis::RedisError::from((
+                                    redis::ErrorKind::Client,
+                                    "no reply to an ASK redirection",
+                                )))
+                            },
+                            Value::extract_error,
+                        )
+                    })
+            }
+        };
+        match reply {
+            Err(error)
+                if tokio::time::Instant::now() < deadline && ask_target(&error).is_some() =>
+            {
+                redirect = ask_target(&error);
+            }
             Err(error)
                 if refused_unrun(&error) && tokio::time::Instant::now() + pause < deadline =>
             {

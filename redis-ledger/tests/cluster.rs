@@ -1,8 +1,8 @@
 //! The ledger on a real Redis Cluster (three masters, three replicas, on loopback): exact mode
 //! with two replicas sharing one budget, every key of a namespace on one slot, leased mode,
 //! rate windows, the failover of the namespace's master (graceful, and a kill that loses the
-//! master's last writes), and the ledger's timeout against a frozen master and a frozen
-//! cluster.
+//! master's last writes), a resharding that moves the namespace's slot, and the ledger's
+//! timeout against a frozen master and a frozen cluster.
 
 mod common;
 
@@ -384,6 +384,161 @@ async fn a_graceful_failover_loses_nothing_and_admissions_resume() {
     b1.release(None);
     assert!(a.settled(Duration::from_secs(2)).await && b.settled(Duration::from_secs(2)).await);
     assert_eq!(a.global().await.unwrap(), snapshot(0, 2));
+    assert_eq!((a.close().await.unwrap(), b.close().await.unwrap()), (0, 0));
+}
+
+/// `CLUSTER SETSLOT slot NODE id` on the node on `port`.
+fn set_slot_node(port: u16, slot: u16, id: &str) {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(id)
+        .query(&mut client.get_connection().unwrap())
+        .unwrap();
+}
+
+/// The id of the node on `port`, as it sees itself.
+fn node_id(cluster: &RedisCluster, port: u16) -> String {
+    cluster
+        .view(port)
+        .into_iter()
+        .find(|v| v.port == port)
+        .unwrap()
+        .id
+}
+
+/// A resharding moves the namespace's slot from its master to another while the replicas
+/// call, as `redis-cli --cluster reshard` does: the target imports it, the source migrates
+/// it, every key moves (`MIGRATE`), and only then, here 100 ms later (within the ledger's
+/// timeout, 1 s here), the slot is handed over (`SETSLOT NODE`, the target first). Between the
+/// keys' move and the handover, the source refuses every script unrun with `ASK` (none of its
+/// keys is there any more): followed to the target (after `ASKING`), which refuses it with
+/// `TRYAGAIN` while a key the script names is missing (a replica without holds has no holds
+/// key), so it is sent again until the handover, and the source's `MOVED` is followed. No call
+/// fails, and the books are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resharding_of_the_namespace_slot_fails_no_call_and_keeps_the_books() {
+    let cluster = RedisCluster::start(3);
+    let ns = "{reshard}";
+    let slot = cluster.slot(ns);
+    let masters = cluster.masters();
+    let source = cluster.master_of(slot, masters[0]).unwrap();
+    let target = masters
+        .iter()
+        .copied()
+        .find(|&port| port != source)
+        .unwrap();
+    let (source_id, target_id) = (node_id(&cluster, source), node_id(&cluster, target));
+    let open = |id| {
+        let config = config(&cluster, ns, id).timeout(Duration::from_secs(1));
+        ExactLedger::connect(bulkhead(10_000), config)
+    };
+    let (a, b) = (open("a").await.unwrap(), open("b").await.unwrap());
+    let a1 = a
+        .try_acquire(&LlmRequest::new(), reserve(1_000, 1_000))
+        .await
+        .unwrap();
+    let b1 = b
+        .try_acquire(&LlmRequest::new(), reserve(500, 500))
+        .await
+        .unwrap();
+
+    // The migration: importing, migrating, every key of the slot moved in one `MIGRATE`.
+    for (port, state, id) in [
+        (target, "IMPORTING", &source_id),
+        (source, "MIGRATING", &target_id),
+    ] {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(id)
+            .query(&mut cluster.connection(port))
+            .unwrap();
+    }
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut cluster.connection(source))
+        .unwrap();
+    assert!(keys.contains(&format!("{ns}:holds:a")), "{keys:?}");
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(target)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query(&mut cluster.connection(source))
+        .unwrap();
+    let asked: redis::RedisResult<redis::Value> = redis::cmd("EXISTS")
+        .arg(format!("{ns}:total"))
+        .query(&mut cluster.connection(source));
+    let refusal = asked.unwrap_err();
+    assert_eq!(refusal.code(), Some("ASK"), "{refusal:?}");
+
+    // The handover, 100 ms from now, on another thread: every master (the target first).
+    let handover = {
+        let mut order = vec![target, source];
+        order.extend(
+            masters
+                .iter()
+                .copied()
+                .filter(|&p| p != target && p != source),
+        );
+        let target_id = target_id.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            for port in order {
+                set_slot_node(port, slot, &target_id);
+            }
+        })
+    };
+    // Calls in the window: the first is refused `ASK` at once.
+    let started = Instant::now();
+    let a2 = a
+        .try_acquire(&LlmRequest::new(), reserve(100, 100))
+        .await
+        .unwrap();
+    assert!(a2.is_global());
+    let took = started.elapsed();
+    // Not before the handover: until then the target refuses it (`TRYAGAIN`: the script names
+    // keys this ledger never created, `slices` and `wants` of leased mode among them).
+    assert!(took >= Duration::from_millis(90), "{took:?}");
+    handover.join().unwrap();
+    let b2 = b
+        .try_acquire(&LlmRequest::new(), reserve(250, 250))
+        .await
+        .unwrap();
+    eprintln!("resharding: a call made in the window was admitted after {took:?}");
+    assert_eq!(a.global().await.unwrap(), snapshot(3_700, 2));
+    let seen = observe(&mut cluster.connection(target), ns);
+    assert_eq!(
+        (seen.total, seen.holds, seen.hold_count, seen.replicas),
+        (3_700, 3_700, 4, 2)
+    );
+    for (port, keys) in keys_by_master(&cluster) {
+        if port != target {
+            assert!(keys.iter().all(|k| !k.starts_with(ns)), "{port}: {keys:?}");
+        }
+    }
+    for permit in [a1, a2, b1, b2] {
+        permit.release(None);
+    }
+    assert!(a.settled(Duration::from_secs(2)).await && b.settled(Duration::from_secs(2)).await);
+    assert_eq!(a.global().await.unwrap(), snapshot(0, 2));
+    for ledger in [&a, &b] {
+        let stats = ledger.stats();
+        assert_eq!(
+            (stats.store_errors, stats.refused_unavailable),
+            (0, 0),
+            "{stats:?}"
+        );
+    }
     assert_eq!((a.close().await.unwrap(), b.close().await.unwrap()), (0, 0));
 }
 
