@@ -142,6 +142,8 @@ fn cases() -> Vec<Case> {
     std::mem::forget(full.try_acquire_owned(request, AcquireOptions::new()));
     let closed = plain();
     closed.close();
+    // The general `Bulkhead` (one slot per call, no tokens, no events).
+    let general = async_bulkhead_llm::Bulkhead::new(1024).expect("valid");
     let tokio_one = tokio::sync::Semaphore::new(1024);
     let tokio_slots = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
     let tokio_tokens = std::sync::Arc::new(tokio::sync::Semaphore::new(1 << 30));
@@ -284,6 +286,17 @@ fn cases() -> Vec<Case> {
         (
             "tokio_acquire_await",
             Box::new(move || drop(black_box(ready(tokio_slots.acquire())))),
+        ),
+        (
+            "bulkhead_try_acquire",
+            Box::new({
+                let b = general.clone();
+                move || drop(black_box(b.try_acquire()))
+            }),
+        ),
+        (
+            "bulkhead_await",
+            Box::new(move || drop(black_box(ready(general.acquire())))),
         ),
         (
             "rejection_full",

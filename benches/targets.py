@@ -85,6 +85,10 @@ INSTRUCTION_GOALS = [
     ("instructions_rate_window_vs_none", "rate_window", "budget", 1.3),
     ("instructions_rate_window_owned_vs_none", "rate_window_owned", "budget_owned", 1.3),
     ("instructions_rate_window_await_vs_none", "rate_window_await", "await_budget", 1.3),
+    ("instructions_bulkhead_try_acquire_vs_tokio_try_acquire", "bulkhead_try_acquire",
+     "tokio_try_acquire", 1.0),
+    ("instructions_bulkhead_await_vs_tokio_acquire_await", "bulkhead_await",
+     "tokio_acquire_await", 1.0),
 ]
 # The same ratios in ns on the plain loops, and the other single-thread goals: judged by the
 # full run (ns move with the host: its raw CAS figure is printed beside them).
@@ -96,6 +100,9 @@ PLAIN_GOALS = [
     ("plain_rate_window_vs_none", "rate_window", "budget", 1.3),
     ("plain_acquire_await_vs_try_acquire", "await_budget", "budget", 1.3),
     ("plain_acquire_await_vs_tokio_acquire_await", "await_budget", "tokio_acquire_await", 1.0),
+    ("plain_bulkhead_try_acquire_vs_tokio_try_acquire", "bulkhead_try_acquire",
+     "tokio_try_acquire", 1.0),
+    ("plain_bulkhead_await_vs_tokio_acquire_await", "bulkhead_await", "tokio_acquire_await", 1.0),
 ]
 # Criterion's figure and the plain loop's of the same case must agree within 15%.
 AGREEMENT = [

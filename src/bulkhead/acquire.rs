@@ -13,6 +13,7 @@
 
 use core::fmt;
 use core::future::{Future, IntoFuture};
+use core::mem::ManuallyDrop;
 use core::ops::Deref;
 use core::pin::Pin;
 use core::task::{Context, Poll};
@@ -360,6 +361,30 @@ impl<'a> Future for BulkheadAcquire<'a> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let core = self.machine.core;
+        // The first poll's fast lane, on its own way out: the permit is built where the
+        // future returns it (carried out as a grant, it was copied right after the stores
+        // that made it, which stalls the CPU's store forwarding).
+        if matches!(self.machine.step, Step::Start { .. })
+            && let Some(grant) = core.engine().try_admit_fast(ASK)
+        {
+            self.machine.step = Step::Done;
+            return Poll::Ready(Ok(BulkheadPermit::new(core, grant)));
+        }
+        self.poll_general(cx)
+    }
+}
+
+impl<'a> BulkheadAcquire<'a> {
+    /// [`poll`](Future::poll) beyond the first poll's fast lane: the first decision on the
+    /// general path (which tries the lane once more: a call that missed it was refused or
+    /// queues, where a few instructions do not show), or the wait. Out of line, so that the
+    /// fast lane stays small.
+    #[inline(never)]
+    fn poll_general(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<BulkheadPermit<'a>, BulkheadError>> {
+        let core = self.machine.core;
         self.machine
             .poll(cx)
             .map_ok(|grant| BulkheadPermit::new(core, grant))
@@ -381,7 +406,27 @@ pub struct BulkheadAcquireOwned {
 impl Future for BulkheadAcquireOwned {
     type Output = Result<OwnedBulkheadPermit, BulkheadError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // As `BulkheadAcquire`'s.
+        if matches!(self.machine.step, Step::Start { .. })
+            && let Some(grant) = self.machine.core.engine().try_admit_fast(ASK)
+        {
+            self.machine.step = Step::Done;
+            let core = Arc::clone(&self.machine.core);
+            return Poll::Ready(Ok(OwnedBulkheadPermit::new(core, grant)));
+        }
+        self.poll_general(cx)
+    }
+}
+
+impl BulkheadAcquireOwned {
+    /// As [`BulkheadAcquire`]'s: beyond the first poll's fast lane, out of line.
+    #[inline(never)]
+    fn poll_general(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<OwnedBulkheadPermit, BulkheadError>> {
         match self.machine.poll(cx) {
             Poll::Ready(Ok(grant)) => Poll::Ready(Ok(OwnedBulkheadPermit::new(
                 Arc::clone(&self.machine.core),
@@ -403,8 +448,10 @@ impl fmt::Debug for BulkheadAcquireOwned {
 enum Step {
     /// Not polled yet.
     Start { options: WaitOptions },
-    /// In the queue.
-    Waiting(Waiting),
+    /// In the queue. Dropped only by the two ways out of a wait (`finish`, `Machine`'s
+    /// drop), which take it out of the step: so the step has no drop glue, and leaving
+    /// `Start` or `Waiting` writes the step without a call to a drop.
+    Waiting(ManuallyDrop<Waiting>),
     /// Finished (returned a permit or an error).
     Done,
 }
@@ -439,6 +486,10 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
             return None;
         };
         self.step = Step::Done;
+        // The fast lane first, as `try_acquire`'s (nothing to queue when it admits).
+        if let Some(grant) = self.core.engine().try_admit_fast(ASK) {
+            return Some(Ok(grant));
+        }
         match self.core.engine().admit(ASK, wait) {
             Decision::Admitted(grant) => Some(Ok(grant)),
             Decision::Refused(rejection) => {
@@ -464,10 +515,10 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
         // joining the queue on some virtual machines).
         let queued_at = bound.is_bounded().then(Instant::now);
         let sleep = queued_at.and_then(|at| bound.sleep(at));
-        self.step = Step::Waiting(Waiting {
+        self.step = Step::Waiting(ManuallyDrop::new(Waiting {
             queued: Queued::new(waiter, sleep),
             queued_at,
-        });
+        }));
     }
 
     /// Turns the wait's outcome into the acquire's (a refusal announced to the hook, with how
@@ -476,6 +527,7 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
         let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) else {
             unreachable!("only a waiting acquire finishes its wait")
         };
+        let waiting = ManuallyDrop::into_inner(waiting);
         decided.map_err(|rejection| {
             let waited = waiting.queued_at.map_or(Duration::ZERO, |at| at.elapsed());
             self.core.refused(&rejection, waited)
@@ -528,15 +580,27 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
     }
 }
 
-impl<C: Deref<Target = BulkheadCore>> Drop for Machine<C> {
-    fn drop(&mut self) {
-        if !matches!(self.step, Step::Waiting(_)) {
-            return;
-        }
+impl<C: Deref<Target = BulkheadCore>> Machine<C> {
+    /// Leaves the queue (the acquire was dropped while waiting), counted as aborted; a slot
+    /// already handed over goes on to the next waiter. Not a refusal: the hook does not hear
+    /// it.
+    #[cold]
+    #[inline(never)]
+    fn withdraw(&mut self) {
         if let Step::Waiting(waiting) = core::mem::replace(&mut self.step, Step::Done) {
-            // Leaves the queue (counted as aborted); a slot already handed over goes on to
-            // the next waiter. Not a refusal: the hook does not hear it.
+            let waiting = ManuallyDrop::into_inner(waiting);
             let _ = waiting.queued.withdraw(self.core.engine());
+        }
+    }
+}
+
+impl<C: Deref<Target = BulkheadCore>> Drop for Machine<C> {
+    /// Only a waiting acquire has something to give back: the check is inlined into every
+    /// acquire's drop, the withdrawal is not.
+    #[inline]
+    fn drop(&mut self) {
+        if matches!(self.step, Step::Waiting(_)) {
+            self.withdraw();
         }
     }
 }

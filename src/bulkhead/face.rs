@@ -80,8 +80,20 @@ impl Bulkhead {
     /// assert!(bulkhead.try_acquire().is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
     pub fn try_acquire(&self) -> Result<BulkheadPermit<'_>, BulkheadError> {
+        let core = &*self.core;
+        // The engine's fast lane first (a free slot, nobody queued, no change of limits under
+        // way: the LLM bulkhead's lane without a budget); everything else out of line.
+        match core.engine().try_admit_fast(ASK) {
+            Some(grant) => Ok(BulkheadPermit::new(core, grant)),
+            None => self.try_acquire_general(),
+        }
+    }
+
+    /// [`try_acquire`](Bulkhead::try_acquire) beyond its fast lane: the engine's general
+    /// decision, a refusal included (its snapshot, the reject hook).
+    #[inline(never)]
+    fn try_acquire_general(&self) -> Result<BulkheadPermit<'_>, BulkheadError> {
         let core = &*self.core;
         core.engine().try_admit(
             ASK,
@@ -104,8 +116,18 @@ impl Bulkhead {
     /// std::thread::spawn(move || drop(permit)).join().unwrap();
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
     pub fn try_acquire_owned(&self) -> Result<OwnedBulkheadPermit, BulkheadError> {
+        let core = &self.core;
+        // As `try_acquire`.
+        match core.engine().try_admit_fast(ASK) {
+            Some(grant) => Ok(OwnedBulkheadPermit::new(Arc::clone(core), grant)),
+            None => self.try_acquire_owned_general(),
+        }
+    }
+
+    /// [`try_acquire_owned`](Bulkhead::try_acquire_owned) beyond its fast lane.
+    #[inline(never)]
+    fn try_acquire_owned_general(&self) -> Result<OwnedBulkheadPermit, BulkheadError> {
         let core = &self.core;
         core.engine().try_admit(
             ASK,
