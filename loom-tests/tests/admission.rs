@@ -573,9 +573,9 @@ fn a_full_wrap_of_the_epoch_bits_cannot_admit_without_a_budget() {
     full_wrap(false, Door::FastLane);
 }
 
-/// How the full wrap's two admissions are made: `try_acquire_owned` (the general path's
-/// decision) or `try_acquire` (its fast lane, nobody listening).
-#[derive(Clone, Copy)]
+/// How the full wrap's two admissions are made: timed (a listener subscribed: the general
+/// path's decision, `decide`) or not (`try_acquire`'s fast lane, nobody listening).
+#[derive(Clone, Copy, PartialEq)]
 enum Door {
     General,
     FastLane,
@@ -603,6 +603,8 @@ fn full_wrap(budget: bool, door: Door) {
             builder = builder.token_budget(TokenBudget::new(100));
         }
         let bulkhead = builder.build().unwrap();
+        // A listener makes every call timed: no fast lane.
+        let _listening = (door == Door::General).then(|| bulkhead.on(|_| {}));
         let ask = if budget {
             with_tokens(10, 0)
         } else {

@@ -156,9 +156,10 @@ impl LlmBulkhead {
     }
 
     /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: a class call within
-    /// its class's floors on the class fast lane, everything else (estimation, classes beyond
-    /// their floors, timed decisions, refusals) on the general path. Out of line, so that the
-    /// fast lane stays small. `timing`: the call's (see `LlmCore::timing`).
+    /// its class's floors on the class fast lane, a call on a bulkhead with rate windows on
+    /// the windowed lane, everything else (estimation, classes beyond their floors, timed
+    /// decisions, refusals) on the general path. Out of line, so that the fast lane stays
+    /// small. `timing`: the call's (see `LlmCore::timing`).
     #[inline(never)]
     fn try_acquire_general(
         &self,
@@ -183,6 +184,29 @@ impl LlmBulkhead {
             .try_admit(call, timing, |admission| Permit::new(&self.core, admission))
     }
 
+    /// [`try_acquire_owned`](LlmBulkhead::try_acquire_owned) beyond its fast lane: the
+    /// windowed lane, else the general path.
+    #[inline(never)]
+    fn try_acquire_owned_general(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+        timing: Option<Timing>,
+    ) -> Result<OwnedPermit, AcquireError> {
+        let permit = |admission| OwnedPermit::new(Arc::clone(&self.core), admission);
+        // No class fast lane here: a class call is decided on the general path, as before the
+        // owned door had a fast lane (a second caller of the class lane made the optimizer
+        // stop inlining it into `try_acquire`'s general path: +35 instructions on its class
+        // calls).
+        if timing.is_none()
+            && let Some((grant, ledger)) = self.core.windowed_admission(&options)
+        {
+            return Ok(permit(Admission::new(grant, ledger)));
+        }
+        let call = self.core.resolve(request, options)?;
+        self.core.try_admit(call, timing, permit)
+    }
+
     /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
     /// the bulkhead alive (for spawned tasks and response bodies).
     ///
@@ -201,16 +225,21 @@ impl LlmBulkhead {
     /// drop(permit);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
     pub fn try_acquire_owned(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
-        let call = self.core.resolve(request, options)?;
-        self.core.try_admit(call, self.core.timing(), |admission| {
-            OwnedPermit::new(Arc::clone(&self.core), admission)
-        })
+        // As `try_acquire`: the fast lane, then the rest out of line.
+        let timing = self.core.timing();
+        if timing.is_none()
+            && let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
+                OwnedPermit::new(Arc::clone(&self.core), admission)
+            })
+        {
+            return Ok(permit);
+        }
+        self.try_acquire_owned_general(request, options, timing)
     }
 
     /// The reservation an admission of `request` would make, without reserving anything:
