@@ -288,6 +288,17 @@ fn cases() -> Vec<Case> {
             Box::new(move || drop(black_box(ready(tokio_slots.acquire())))),
         ),
         (
+            "await_owned",
+            Box::new({
+                let b = budget.clone();
+                move || {
+                    drop(black_box(ready(
+                        b.acquire_owned(request, black_box(reservation())),
+                    )))
+                }
+            }),
+        ),
+        (
             "bulkhead_try_acquire",
             Box::new({
                 let b = general.clone();

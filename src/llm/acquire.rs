@@ -329,6 +329,17 @@ impl Future for AcquireOwned {
             // The permit's own reference (dropped again if the call waits: the slow path).
             let core = Arc::clone(&self.machine.core);
             let timing = core.timing();
+            // The engine's fast lane first, as `acquire`'s first poll: a call without a class
+            // nobody times, resolved when the future was made.
+            if timing.is_none()
+                && let Step::Start { call, .. } = &self.machine.step
+                && call.class().is_none()
+                && let Some(grant) = core.engine().try_admit_fast(call.ask())
+            {
+                let admission = call.admission(grant, None);
+                self.machine.step = Step::Done;
+                return Poll::Ready(Ok(OwnedPermit::new(core, admission)));
+            }
             return self.machine.start_in_place(
                 cx,
                 timing,
