@@ -375,16 +375,24 @@ impl Engine {
             return None;
         }
         let revision = self.admit_fast(ask)?;
-        // As `grant` for a call without a class, inlined here whatever `grant`'s other callers.
+        Some(self.grant_unclassed(ask, revision))
+    }
+
+    /// [`grant`](Engine::grant) for a call without a class, inlined into the fast lanes
+    /// (`try_admit_fast`, `try_admit_fast_windowed`, `confirm`) whatever `grant`'s other
+    /// callers: out of line, its call cost a tenant's admission within a global bulkhead 35
+    /// instructions.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(super) fn grant_unclassed(&self, ask: Ask, revision: u64) -> Grant {
         let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
-        Some(Grant::new(
+        Grant::new(
             id,
             revision,
             ask.priority,
             ask.reserved,
             None,
             Resources::NONE,
-        ))
+        )
     }
 
     /// The fast lane of an engine with rate windows and no classes: the bulkhead's windows
@@ -400,15 +408,7 @@ impl Engine {
             windows.global().refund(charge);
             return None;
         };
-        let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
-        Some(Grant::new(
-            id,
-            revision,
-            ask.priority,
-            ask.reserved,
-            None,
-            Resources::NONE,
-        ))
+        Some(self.grant_unclassed(ask, revision))
     }
 
     /// The decision of [`try_admit_fast`](Engine::try_admit_fast): its revision.

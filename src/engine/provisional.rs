@@ -12,7 +12,6 @@
 use super::assembly::Engine;
 use super::classes::Returned;
 use super::grant::Grant;
-use super::local;
 use super::policy::Ask;
 use super::rate_path::Charged;
 use crate::vocabulary::admission_class::Resources;
@@ -116,18 +115,7 @@ impl Engine {
     pub(crate) fn confirm(&self, provisional: Provisional) -> Grant {
         let (ask, revision, borrowed, _) = provisional.take();
         if ask.class.is_none() {
-            // As `grant` for a call without a class, inlined here (as in `try_admit_fast`)
-            // whatever `grant`'s other callers: out of line, its call cost a tenant's
-            // admission within a global bulkhead 35 instructions.
-            let id = local::with(&self.counters, move |sink| sink.admit(ask.reserved));
-            return Grant::new(
-                id,
-                revision,
-                ask.priority,
-                ask.reserved,
-                None,
-                Resources::NONE,
-            );
+            return self.grant_unclassed(ask, revision);
         }
         self.grant(ask, revision, borrowed)
     }
