@@ -155,6 +155,8 @@ fn cases() -> Vec<Case> {
     // A tenant within a global bulkhead, both with a budget, and one bulkhead alone with the
     // same permit kind (owned: a tenant's permit keeps both bulkheads alive).
     let (tenant, global, alone) = (budgeted(), budgeted(), budgeted());
+    // The same pair, awaited (`acquire_within`).
+    let (awaited_tenant, awaited_global) = (budgeted(), budgeted());
     // The budget case with rate windows (requests and tokens per minute, far from binding),
     // on the default (coarse) clock.
     let windowed = LlmBulkhead::builder("claude-sonnet-4", 1024)
@@ -361,6 +363,19 @@ fn cases() -> Vec<Case> {
                     request,
                     black_box(reservation()),
                 )))
+            }),
+        ),
+        (
+            "within_await",
+            Box::new(move || {
+                // Released, not dropped: a second user of the result's drop glue made the
+                // optimizer stop inlining it into `within`'s loop (+9 there, harness only).
+                let permit = ready(awaited_tenant.acquire_within(
+                    &awaited_global,
+                    request,
+                    black_box(reservation()),
+                ));
+                black_box(permit.expect("a free slot").release(None));
             }),
         ),
         (

@@ -41,7 +41,7 @@ CASES = [
     "await_budget", "await_no_budget", "tokio_acquire_await",
     "bulkhead_try_acquire", "bulkhead_await",
     "rejection_full", "rejection_closed", "rejection_rate", "tokio_rejection",
-    "budget_owned", "await_owned", "within", "rate_window", "rate_window_owned", "rate_window_await", "one_requests_window", "one_tokens_window",
+    "budget_owned", "await_owned", "within", "within_await", "rate_window", "rate_window_owned", "rate_window_await", "one_requests_window", "one_tokens_window",
 ]
 
 

@@ -501,6 +501,13 @@ impl LlmCore {
         (sampled || mask & DECISION_KINDS != 0).then(|| Timing::start(sampled))
     }
 
+    /// Whether no call's decision is timed now, for sure: [`timing`](LlmCore::timing) would
+    /// say `None` without deciding a sampling (no listener of decisions, none sampled).
+    #[inline]
+    pub(crate) fn untimed(&self) -> bool {
+        self.listeners.mask() & (DECISION_KINDS | SAMPLED_CALL_KINDS) == 0
+    }
+
     /// Whether anyone listens to the decisions of calls that waited now (so their timing is
     /// worth a clock read): every call that waited is sampled.
     #[inline]

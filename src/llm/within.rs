@@ -397,6 +397,19 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<TenantPermit, AcquireError> {
+        // `try_acquire_within`'s fast lane first, while nobody listens at either level (tested
+        // without deciding a sampling: the general path below decides the call's timing, as
+        // it did).
+        if self.core.untimed()
+            && global.core.untimed()
+            && let Some(permit) =
+                fast_within(&self.core, &global.core, &options, |t, g| TenantPermit {
+                    tenant: OwnedPermit::new(Arc::clone(&self.core), t),
+                    global: OwnedPermit::new(Arc::clone(&global.core), g),
+                })
+        {
+            return Ok(permit);
+        }
         let (tenant_call, global_call) = resolve_both(&self.core, &global.core, request, options)?;
         let tenant = TenantSide::take(&self.core, tenant_call, self.core.timing())?;
         let admitted = AcquireOwned::resolved(Arc::clone(&global.core), global_call, options, 0)
