@@ -319,15 +319,20 @@ impl LlmBulkhead {
         let timing = (self.core.timing(), global.core.timing());
         if timing.0.is_none()
             && timing.1.is_none()
-            && let Some(permit) =
-                fast_within(&self.core, &global.core, &options, |t, g| TenantPermit {
-                    tenant: OwnedPermit::new(Arc::clone(&self.core), t),
-                    global: OwnedPermit::new(Arc::clone(&global.core), g),
-                })
+            && let Some(permit) = self.fast_within(global, &options)
         {
             return Ok(permit);
         }
         self.try_acquire_within_general(global, request, options, timing)
+    }
+
+    /// The fast lane of both `_within` doors ([`fast_within`]), its permit built in place.
+    #[inline(always)]
+    fn fast_within(&self, global: &LlmBulkhead, options: &AcquireOptions) -> Option<TenantPermit> {
+        fast_within(&self.core, &global.core, options, |t, g| TenantPermit {
+            tenant: OwnedPermit::new(Arc::clone(&self.core), t),
+            global: OwnedPermit::new(Arc::clone(&global.core), g),
+        })
     }
 
     /// [`try_acquire_within`](LlmBulkhead::try_acquire_within) beyond its fast lane (a call
@@ -402,11 +407,7 @@ impl LlmBulkhead {
         // it did).
         if self.core.untimed()
             && global.core.untimed()
-            && let Some(permit) =
-                fast_within(&self.core, &global.core, &options, |t, g| TenantPermit {
-                    tenant: OwnedPermit::new(Arc::clone(&self.core), t),
-                    global: OwnedPermit::new(Arc::clone(&global.core), g),
-                })
+            && let Some(permit) = self.fast_within(global, &options)
         {
             return Ok(permit);
         }
