@@ -376,7 +376,9 @@ impl<'a> Future for BulkheadAcquire<'a> {
 
 impl<'a> BulkheadAcquire<'a> {
     /// [`poll`](Future::poll) beyond the first poll's fast lane: the first decision on the
-    /// general path, or the wait. Out of line, so that the fast lane stays small.
+    /// general path (which tries the lane once more: a call that missed it was refused or
+    /// queues, where a few instructions do not show), or the wait. Out of line, so that the
+    /// fast lane stays small.
     #[inline(never)]
     fn poll_general(
         &mut self,
@@ -484,6 +486,10 @@ impl<C: Deref<Target = BulkheadCore>> Machine<C> {
             return None;
         };
         self.step = Step::Done;
+        // The fast lane first, as `try_acquire`'s (nothing to queue when it admits).
+        if let Some(grant) = self.core.engine().try_admit_fast(ASK) {
+            return Some(Ok(grant));
+        }
         match self.core.engine().admit(ASK, wait) {
             Decision::Admitted(grant) => Some(Ok(grant)),
             Decision::Refused(rejection) => {
