@@ -18,6 +18,7 @@
 
 use std::future::Future;
 use std::hint::black_box;
+use std::num::NonZeroU32;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -25,7 +26,7 @@ use std::time::Instant;
 
 use async_bulkhead_llm::{
     AcquireOptions, LlmBulkhead, LlmRequest, Reservation, TokenBudget, classes::AdmissionClasses,
-    classes::ClassLimits, rate::RateLimits,
+    classes::ClassLimits, events::EventKind, rate::RateLimits,
 };
 
 /// Tokens every budget case reserves (100 input + 1,000 output), as in `admission.rs`.
@@ -155,6 +156,14 @@ fn cases() -> Vec<Case> {
     // A tenant within a global bulkhead, both with a budget, and one bulkhead alone with the
     // same permit kind (owned: a tenant's permit keeps both bulkheads alive).
     let (tenant, global, alone) = (budgeted(), budgeted(), budgeted());
+    // The budget case with a sampled listener that hears one call in 2^20 (as the metrics
+    // integration's histograms listen): the calls it does not sample take the fast lane.
+    let sampled = budgeted();
+    std::mem::forget(sampled.on_events_sampled(
+        [EventKind::Admit, EventKind::Release],
+        NonZeroU32::new(1 << 20).expect("not zero"),
+        |_| {},
+    ));
     // The same pair, awaited (`acquire_within`).
     let (awaited_tenant, awaited_global) = (budgeted(), budgeted());
     // The budget case with rate windows (requests and tokens per minute, far from binding),
@@ -207,6 +216,14 @@ fn cases() -> Vec<Case> {
             Box::new({
                 let b = budget.clone();
                 move || drop(black_box(b.try_acquire(request, black_box(reservation()))))
+            }),
+        ),
+        (
+            "budget_sampled",
+            Box::new(move || {
+                drop(black_box(
+                    sampled.try_acquire(request, black_box(reservation())),
+                ))
             }),
         ),
         (

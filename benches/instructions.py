@@ -36,7 +36,7 @@ ITERATIONS = 20_000
 CASES = [
     "raw_cas",
     "no_budget", "tokio_try_acquire", "async_lock_try_acquire",
-    "budget", "tokio_two_semaphores",
+    "budget", "budget_sampled", "tokio_two_semaphores",
     "classes",
     "await_budget", "await_no_budget", "tokio_acquire_await",
     "bulkhead_try_acquire", "bulkhead_await",

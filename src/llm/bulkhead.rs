@@ -144,29 +144,55 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
-        let timing = self.core.timing();
-        if timing.is_none()
+        // Tested without deciding a sampling (`untimed`: then the call's timing is `None` for
+        // sure), so that the fast lane carries no timing.
+        if !self.core.untimed() {
+            return self.try_acquire_timed(request, options);
+        }
+        if let Ok(permit) = self
+            .core
+            .try_admit_fast(&options, |admission| Permit::new(&self.core, admission))
+        {
+            return Ok(permit);
+        }
+        self.try_acquire_general(request, options, None)
+    }
+
+    /// [`try_acquire`](LlmBulkhead::try_acquire) while someone listens to decisions: the
+    /// call's sampling decided, then the fast lane if nobody times the call after all (a
+    /// sampled listener, the call not sampled), else the general path. Out of line, so that
+    /// the fast lane of a bulkhead nobody listens to stays small.
+    #[inline(never)]
+    fn try_acquire_timed(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Permit<'_>, AcquireError> {
+        let timed = self.core.timed();
+        if timed.is_none()
             && let Ok(permit) = self
                 .core
                 .try_admit_fast(&options, |admission| Permit::new(&self.core, admission))
         {
             return Ok(permit);
         }
-        self.try_acquire_general(request, options, timing)
+        self.try_acquire_general(request, options, timed)
     }
 
     /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: a class call within
     /// its class's floors on the class fast lane, a call on a bulkhead with rate windows on
     /// the windowed lane, everything else (estimation, classes beyond their floors, timed
     /// decisions, refusals) on the general path. Out of line, so that the fast lane stays
-    /// small. `timing`: the call's (see `LlmCore::timing`).
+    /// small. `timed`: the call's sampling, decided by the caller (see `LlmCore::timed`); its
+    /// timing starts here.
     #[inline(never)]
     fn try_acquire_general(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
-        timing: Option<Timing>,
+        timed: Option<bool>,
     ) -> Result<Permit<'_>, AcquireError> {
+        let timing = timed.map(Timing::start);
         if timing.is_none()
             && let Ok(permit) = self
                 .core
@@ -185,14 +211,15 @@ impl LlmBulkhead {
     }
 
     /// [`try_acquire_owned`](LlmBulkhead::try_acquire_owned) beyond its fast lane: the
-    /// windowed lane, else the general path.
+    /// windowed lane, else the general path. `timed` as for `try_acquire_general`.
     #[inline(never)]
     fn try_acquire_owned_general(
         &self,
         request: &LlmRequest,
         options: AcquireOptions,
-        timing: Option<Timing>,
+        timed: Option<bool>,
     ) -> Result<OwnedPermit, AcquireError> {
+        let timing = timed.map(Timing::start);
         let permit = |admission| OwnedPermit::new(Arc::clone(&self.core), admission);
         // No class fast lane here: a class call is decided on the general path, as before the
         // owned door had a fast lane (a second caller of the class lane made the optimizer
@@ -205,6 +232,24 @@ impl LlmBulkhead {
         }
         let call = self.core.resolve(request, options)?;
         self.core.try_admit(call, timing, permit)
+    }
+
+    /// [`try_acquire_timed`](LlmBulkhead::try_acquire_timed) of the owned door.
+    #[inline(never)]
+    fn try_acquire_owned_timed(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<OwnedPermit, AcquireError> {
+        let timed = self.core.timed();
+        if timed.is_none()
+            && let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
+                OwnedPermit::new(Arc::clone(&self.core), admission)
+            })
+        {
+            return Ok(permit);
+        }
+        self.try_acquire_owned_general(request, options, timed)
     }
 
     /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
@@ -231,15 +276,15 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
         // As `try_acquire`: the fast lane, then the rest out of line.
-        let timing = self.core.timing();
-        if timing.is_none()
-            && let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
-                OwnedPermit::new(Arc::clone(&self.core), admission)
-            })
-        {
+        if !self.core.untimed() {
+            return self.try_acquire_owned_timed(request, options);
+        }
+        if let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
+            OwnedPermit::new(Arc::clone(&self.core), admission)
+        }) {
             return Ok(permit);
         }
-        self.try_acquire_owned_general(request, options, timing)
+        self.try_acquire_owned_general(request, options, None)
     }
 
     /// The reservation an admission of `request` would make, without reserving anything:

@@ -161,10 +161,20 @@ impl LlmCore {
     }
 
     /// [`settle`](LlmCore::settle) for a dropped permit that reported usage or whose release
-    /// someone hears: out of line, so that a drop's common case stays small.
+    /// someone hears: out of line, so that a drop's common case stays small. A sampled
+    /// listener does not hear the release of an admission it did not sample: such a drop,
+    /// without usage, is settled as one nobody hears.
     #[cold]
     #[inline(never)]
     fn settle_reported(&self, admission: &Admission) {
+        if admission.usage().is_none()
+            && !self
+                .listeners()
+                .hears(EventKind::Release, admission.sampled())
+        {
+            self.engine().release_unreported(admission.grant());
+            return;
+        }
         self.settle(admission, None);
     }
 

@@ -316,14 +316,15 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: AcquireOptions,
     ) -> Result<TenantPermit, AcquireError> {
-        let timing = (self.core.timing(), global.core.timing());
-        if timing.0.is_none()
-            && timing.1.is_none()
+        // Tested without deciding a sampling, as `acquire_within` tests it: the general path
+        // decides the call's timing (once, where it starts), so the lane builds none.
+        if self.core.untimed()
+            && global.core.untimed()
             && let Some(permit) = self.fast_within(global, &options)
         {
             return Ok(permit);
         }
-        self.try_acquire_within_general(global, request, options, timing)
+        self.try_acquire_within_general(global, request, options)
     }
 
     /// The fast lane of both `_within` doors ([`fast_within`]), its permit built in place.
@@ -336,16 +337,23 @@ impl LlmBulkhead {
     }
 
     /// [`try_acquire_within`](LlmBulkhead::try_acquire_within) beyond its fast lane (a call
-    /// to size, with a class, timed, or refused). `timing`: the call's, at the tenant and at
-    /// the global level.
+    /// to size, with a class, timed, or refused). The call's timing starts here, at both
+    /// levels.
     #[inline(never)]
     fn try_acquire_within_general(
         &self,
         global: &LlmBulkhead,
         request: &LlmRequest,
         options: AcquireOptions,
-        (tenant_timing, global_timing): (Option<Timing>, Option<Timing>),
     ) -> Result<TenantPermit, AcquireError> {
+        let (tenant_timing, global_timing) = (self.core.timing(), global.core.timing());
+        // Sampled listeners, and this call sampled by neither: the fast lane after all.
+        if tenant_timing.is_none()
+            && global_timing.is_none()
+            && let Some(permit) = self.fast_within(global, &options)
+        {
+            return Ok(permit);
+        }
         let (tenant_call, global_call) = resolve_both(&self.core, &global.core, request, options)?;
         let tenant = TenantSide::take(&self.core, tenant_call, tenant_timing)?;
         let admitted = global

@@ -12,7 +12,7 @@ use async_bulkhead_llm::{
     events::EventKind,
 };
 
-use crate::common::usage_fixtures::{budgeted, fixed, req, usage};
+use crate::common::usage_fixtures::{budgeted, fixed, req, tokens, usage};
 
 fn every(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("non-zero")
@@ -315,4 +315,42 @@ fn a_sampled_listener_never_hears_a_release_without_its_admission() {
         "releases heard without their admission, of {} heard",
         heard_releases.load(Ordering::Relaxed)
     );
+}
+
+/// A dropped permit whose call the sampled listener passed over is settled as a drop nobody
+/// hears (its slot and hold returned, the hold booked as returned unreported, no event); a
+/// sampled one is heard; a passed-over one that reported usage books it.
+#[test]
+fn drops_a_sampled_listener_passed_over_are_settled_unheard_and_exact() {
+    let bulkhead = budgeted(4, 100_000);
+    let (heard, listener) = log();
+    let _sampled =
+        bulkhead.on_events_sampled([EventKind::Admit, EventKind::Release], every(4), listener);
+    let worker = bulkhead.clone();
+    thread::spawn(move || {
+        // 8 calls dropped without usage (2 sampled), then 4 reporting 10 + 10 before the drop
+        // (1 sampled).
+        for _ in 0..8 {
+            drop(worker.try_acquire(&req(), fixed()).unwrap());
+        }
+        for _ in 0..4 {
+            let mut permit = worker.try_acquire(&req(), fixed()).unwrap();
+            permit.report_usage(usage(10, 10)).unwrap();
+            drop(permit);
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(count(&heard, EventKind::Admit), 3);
+    assert_eq!(count(&heard, EventKind::Release), 3);
+    let stats = bulkhead.stats();
+    assert_eq!(
+        (stats.in_flight, stats.admitted, stats.released),
+        (0, 12, 12)
+    );
+    let tokens = tokens(&bulkhead);
+    assert_eq!(tokens.in_flight_tokens, 0);
+    assert_eq!(tokens.total_reserved, 12 * 1_100);
+    assert_eq!(tokens.total_returned_unreported, 8 * 1_100);
+    assert_eq!(tokens.total_consumed, 4 * 20);
 }
