@@ -151,19 +151,19 @@ async fn send(
                     })
             }
         };
-        match reply {
-            Err(error)
-                if tokio::time::Instant::now() < deadline && ask_target(&error).is_some() =>
-            {
-                redirect = ask_target(&error);
-            }
-            Err(error)
-                if refused_unrun(&error) && tokio::time::Instant::now() + pause < deadline =>
-            {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-            reply => return reply,
+        let Err(error) = reply else {
+            return reply;
+        };
+        let now = tokio::time::Instant::now();
+        if now < deadline
+            && let Some(node) = ask_target(&error)
+        {
+            redirect = Some(node);
+        } else if refused_unrun(&error) && now + pause < deadline {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        } else {
+            return Err(error);
         }
     }
 }

@@ -16,11 +16,7 @@ use crate::vocabulary::rejection::{RejectReason, Rejection};
 use super::error::{BulkheadError, BulkheadState};
 
 /// What every call of a general bulkhead asks the engine for: a slot, no tokens, no class.
-pub(super) const ASK: Ask = Ask {
-    reserved: 0,
-    priority: Priority::Normal,
-    class: None,
-};
+pub(super) const ASK: Ask = Ask::slot(Priority::Normal);
 
 /// The reject hook's type.
 pub(super) type RejectHook = dyn Fn(&BulkheadError) + Send + Sync;

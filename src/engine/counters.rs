@@ -237,6 +237,26 @@ impl Shard {
         );
     }
 
+    /// [`bump_class`](Shard::bump_class) of two counters of one class: the class's row found
+    /// (and bounds-checked) once.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_class_pair(
+        &self,
+        class: u16,
+        (first, by_first): (ClassCounter, u64),
+        (second, by_second): (ClassCounter, u64),
+    ) {
+        let start = usize::from(class) * ClassCounter::COUNT;
+        let row = &self.0.classes[start..start + ClassCounter::COUNT];
+        for (counter, by) in [(first, by_first), (second, by_second)] {
+            let cell = &row[counter.index()];
+            cell.store(
+                cell.load(Ordering::Relaxed).saturating_add(by),
+                Ordering::Release,
+            );
+        }
+    }
+
     /// Adds `by` to `counter`, saturating.
     ///
     /// Single-writer: only the thread the shard is attached to (or a holder of the hub's

@@ -96,6 +96,20 @@ impl Sink<'_> {
         }
     }
 
+    /// Adds to two counters of class `class` (see [`Shard::bump_class_pair`]).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn bump_class_pair(
+        &self,
+        class: u16,
+        first: (super::counters::ClassCounter, u64),
+        second: (super::counters::ClassCounter, u64),
+    ) {
+        match self {
+            Sink::Own(shard) => shard.bump_class_pair(class, first, second),
+            Sink::Fallback(hub) => hub.fallback().bump_class_pair(class, first, second),
+        }
+    }
+
     /// Counts one refusal for `reason`.
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_rejected(&self, reason: crate::vocabulary::rejection::RejectReason) {

@@ -61,16 +61,25 @@ impl Engine {
     /// Returns `grant`'s hold without usage (a dropped permit): counts the hold as returned
     /// unreported (and, for a class admission, the release, in the same counter lookup), then
     /// returns the slot and the hold as [`release`](Engine::release) does.
-    #[inline]
+    #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn release_unreported(&self, grant: &Grant) {
+        if self.passes_slots() {
+            // Neither a budget nor classes: no class and no hold (nothing to book), only the
+            // slot, tested with the one flag `release_capacity` tests anyway.
+            debug_assert!(grant.class().is_none() && grant.held() == 0);
+            self.release_capacity_as(true, 0);
+            return;
+        }
         let held = grant.held();
         match grant.class() {
             None => {
-                // Without a budget, or with a hold of 0, there is nothing to book (no lookup).
+                // With a hold of 0, there is nothing to book (no lookup).
                 if held > 0 {
                     self.count_returned_unreported(held);
                 }
-                self.release_capacity(held);
+                // The flag is known (the counters' stores in between would make the compiler
+                // read it again).
+                self.release_capacity_as(false, held);
             }
             Some(class) => self.release_class_unreported(class, grant),
         }
@@ -84,9 +93,14 @@ impl Engine {
         local::with(&self.counters, move |sink| {
             if held > 0 {
                 sink.bump_returned_unreported(held);
-                sink.bump_class(class.index(), ClassCounter::ReturnedUnreported, held);
+                sink.bump_class_pair(
+                    class.index(),
+                    (ClassCounter::ReturnedUnreported, held),
+                    (ClassCounter::Released, 1),
+                );
+            } else {
+                sink.bump_class(class.index(), ClassCounter::Released, 1);
             }
-            sink.bump_class(class.index(), ClassCounter::Released, 1);
         });
         self.release_class_admission(class, grant);
     }
@@ -124,9 +138,17 @@ impl Engine {
     /// Returns one slot and `held` tokens (see [`release`](Engine::release)).
     #[inline]
     pub(super) fn release_capacity(&self, held: u64) {
+        self.release_capacity_as(self.passes_slots(), held);
+    }
+
+    /// [`release_capacity`](Engine::release_capacity) by a caller that read the engine's
+    /// `passes_slots` flag (`passes_slots`, which must be its own).
+    #[inline]
+    fn release_capacity_as(&self, passes_slots: bool, held: u64) {
+        debug_assert_eq!(passes_slots, self.passes_slots());
         // Calls wait (on an engine without a token budget or classes): the slot goes straight
         // to the queue head, without a write of the word, if it can (see `pass_slot`).
-        if self.passes_slots()
+        if passes_slots
             && State::narrow(self.state.narrow_word().load(Ordering::Acquire)).has_waiters()
             && self.pass_slot()
         {

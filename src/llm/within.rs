@@ -118,12 +118,14 @@ impl TenantPermit {
     /// assert_eq!(tenant.stats().token_budget.unwrap().total_consumed, 150);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn release(self, usage: Option<TokenUsage>) -> TenantReleaseReport {
-        let TenantPermit { tenant, global } = self;
+    pub fn release(mut self, usage: Option<TokenUsage>) -> TenantReleaseReport {
         // Usage known only to one level (reported to both, so the same) settles both alike.
-        let global = global.release(usage);
-        let tenant = tenant.release(usage);
-        TenantReleaseReport { tenant, global }
+        // The global level first, both in place (not moved out of `self`, whose drop then only
+        // lets both bulkheads go).
+        TenantReleaseReport {
+            global: self.global.release_in_place(usage),
+            tenant: self.tenant.release_in_place(usage),
+        }
     }
 }
 
