@@ -236,10 +236,24 @@ fn cases() -> Vec<Case> {
         ),
         (
             "classes",
+            Box::new({
+                let b = with_classes.clone();
+                move || drop(black_box(b.try_acquire(request, black_box(premium))))
+            }),
+        ),
+        (
+            "classes_owned",
+            Box::new({
+                let b = with_classes.clone();
+                move || drop(black_box(b.try_acquire_owned(request, black_box(premium))))
+            }),
+        ),
+        (
+            "classes_await",
             Box::new(move || {
-                drop(black_box(
-                    with_classes.try_acquire(request, black_box(premium)),
-                ))
+                drop(black_box(ready(
+                    with_classes.acquire(request, black_box(premium)),
+                )))
             }),
         ),
         (

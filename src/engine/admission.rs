@@ -371,6 +371,13 @@ impl Engine {
             }
             return self.try_admit_class_fast(ask);
         }
+        self.try_admit_unclassed_fast(ask)
+    }
+
+    /// [`try_admit_fast`](Engine::try_admit_fast) of a call the caller knows has no class.
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn try_admit_unclassed_fast(&self, ask: Ask) -> Option<Grant> {
+        debug_assert!(ask.class.is_none());
         if !self.has_fast_lane() {
             return None;
         }

@@ -211,7 +211,8 @@ impl LlmBulkhead {
     }
 
     /// [`try_acquire_owned`](LlmBulkhead::try_acquire_owned) beyond its fast lane: the
-    /// windowed lane, else the general path. `timed` as for `try_acquire_general`.
+    /// windowed lane, the class lane, else the general path. `timed` as for
+    /// `try_acquire_general`.
     #[inline(never)]
     fn try_acquire_owned_general(
         &self,
@@ -221,14 +222,18 @@ impl LlmBulkhead {
     ) -> Result<OwnedPermit, AcquireError> {
         let timing = timed.map(Timing::start);
         let permit = |admission| OwnedPermit::new(Arc::clone(&self.core), admission);
-        // No class fast lane here: a class call is decided on the general path, as before the
-        // owned door had a fast lane (a second caller of the class lane made the optimizer
-        // stop inlining it into `try_acquire`'s general path: +35 instructions on its class
-        // calls).
-        if timing.is_none()
-            && let Some((grant, ledger)) = self.core.windowed_admission(&options)
-        {
-            return Ok(permit(Admission::new(grant, ledger)));
+        // The windowed lane, else the class lane (`LlmCore::class_admission`), chosen by the
+        // flag the windowed lane tests anyway: the windowed calls pay nothing for the class
+        // lane (tested after the windowed lane, it cost them 3).
+        if timing.is_none() {
+            let lane = if self.core.engine().has_window_lane() {
+                self.core.windowed_admission(&options)
+            } else {
+                self.core.class_admission(&options)
+            };
+            if let Some((grant, ledger)) = lane {
+                return Ok(permit(Admission::new(grant, ledger)));
+            }
         }
         let call = self.core.resolve(request, options)?;
         self.core.try_admit(call, timing, permit)

@@ -194,3 +194,76 @@ fn a_usage_report_beyond_the_shared_tokens_keeps_every_figure_exact() {
     assert_eq!(within.resources().borrowed_tokens, 0);
     assert_eq!(bulkhead.stats().token_budget.unwrap().in_flight_tokens, 20);
 }
+
+/// Every door admits a call within its class's floors the way `try_acquire` does (the class
+/// lane of `try_acquire_owned` and of the acquire futures' first poll): nothing borrowed,
+/// booked to its class, returned exactly; a second call of the class, beyond its floor,
+/// borrows on the general path; a call naming no class lands in the default one.
+#[test]
+fn every_door_admits_a_call_within_its_floors_alike() {
+    use async_bulkhead_llm::{AcquireOptions, LlmRequest, OwnedPermit, admission::Admission};
+    use futures::executor::block_on;
+
+    type Door = fn(&LlmBulkhead, AcquireOptions) -> OwnedPermit;
+    let doors: [(&str, Door); 2] = [
+        ("try_acquire_owned", |b, o| {
+            b.try_acquire_owned(&LlmRequest::new(), o).unwrap()
+        }),
+        ("acquire_owned", |b, o| {
+            block_on(b.acquire_owned(&LlmRequest::new(), o)).unwrap()
+        }),
+    ];
+    for (door, admit_with) in doors {
+        let bulkhead = floors_and_a_borrower();
+        let a = bulkhead.class("a").unwrap();
+        let within = |admission: &Admission| {
+            assert_eq!(admission.class(), Some(a), "{door}");
+            assert!(!admission.resources().borrowed_concurrency, "{door}");
+            assert_eq!(admission.resources().borrowed_tokens, 0, "{door}");
+            assert_eq!(
+                (
+                    admission.reservation().map(|r| r.reserved()),
+                    admission.held_tokens()
+                ),
+                (Some(30), 30),
+                "{door}"
+            );
+        };
+        let call = || tokens(in_class(&bulkhead, "a"), 10, 20);
+        let first = admit_with(&bulkhead, call());
+        within(&first);
+        // Awaited while `first` holds `a`'s floor: beyond it, `a` borrows a shared slot.
+        let second = block_on(bulkhead.acquire(&LlmRequest::new(), call())).unwrap();
+        assert!(second.resources().borrowed_concurrency, "{door}");
+        let stats = class_stats(&bulkhead, a);
+        assert_eq!(
+            (stats.in_flight, stats.admitted, stats.in_flight_tokens),
+            (2, 2, 60),
+            "{door}"
+        );
+        drop((first, second));
+        // Awaited alone, within the floor: the class lane of `acquire`'s first poll.
+        let third = block_on(bulkhead.acquire(&LlmRequest::new(), call())).unwrap();
+        within(&third);
+        drop(third);
+        // No class named: the default class (`c`), admitted on the general path.
+        let plain =
+            block_on(bulkhead.acquire(&LlmRequest::new(), tokens(AcquireOptions::new(), 1, 1)))
+                .unwrap();
+        assert_eq!(plain.class(), Some(bulkhead.class("c").unwrap()), "{door}");
+        drop(plain);
+        let stats = class_stats(&bulkhead, a);
+        assert_eq!(
+            (
+                stats.in_flight,
+                stats.admitted,
+                stats.released,
+                stats.in_flight_tokens
+            ),
+            (0, 3, 3, 0),
+            "{door}"
+        );
+        assert_eq!(stats.total_reserved, 90, "{door}");
+        assert!(idle(&bulkhead), "{door}");
+    }
+}
