@@ -250,9 +250,16 @@ fn cases() -> Vec<Case> {
         ),
         (
             "classes_await",
+            Box::new({
+                let b = with_classes.clone();
+                move || drop(black_box(ready(b.acquire(request, black_box(premium)))))
+            }),
+        ),
+        (
+            "classes_owned_await",
             Box::new(move || {
                 drop(black_box(ready(
-                    with_classes.acquire(request, black_box(premium)),
+                    with_classes.acquire_owned(request, black_box(premium)),
                 )))
             }),
         ),
