@@ -276,8 +276,8 @@ impl<'a> Acquire<'a, '_> {
     ) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;
         let permit = |admission| Permit::new(core, admission);
-        // The windowed lane (rate windows, no classes) and the class lane (a class call
-        // within its class's floors), as `try_acquire`'s, for a first poll nobody times.
+        // The windowed lane (rate windows, no classes), as `try_acquire`'s, for a first poll
+        // nobody times (a call naming its class took `poll_class_lane` before coming here).
         if timing.is_none()
             && let Step::Unresolved { options, .. } = &self.machine.step
             && let Some((grant, ledger)) = core.windowed_admission(options)
@@ -285,7 +285,6 @@ impl<'a> Acquire<'a, '_> {
             self.machine.step = Step::Done;
             return Poll::Ready(Ok(permit(Admission::new(grant, ledger))));
         }
-
         if self.machine.is_new() {
             let timing = match self.machine.step {
                 Step::Unresolved { .. } => timing,
@@ -303,7 +302,7 @@ impl<'a> Acquire<'a, '_> {
     /// The first poll of a call nobody times that names its class: the class lane
     /// (`LlmCore::class_admission`: a call within its class's floors), else the general path.
     /// Out of line, so that neither the fast lane nor the general path's lanes grow (in
-    /// `poll_general`, it cost `rate_window_await` 3 to 15). A call of the default class that
+    /// `poll_general`, it cost `rate_window_await` 3 to 49). A call of the default class that
     /// does not name it is decided on the general path.
     #[inline(never)]
     fn poll_class_lane(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit<'a>, AcquireError>> {
