@@ -209,10 +209,7 @@ impl Shard {
     #[cfg_attr(not(loom), inline(always))]
     fn bump_at(&self, index: usize, by: u64) {
         let cell = &self.0.global[index];
-        cell.store(
-            cell.load(Ordering::Relaxed).saturating_add(by),
-            Ordering::Release,
-        );
+        add(cell, by);
     }
 
     /// Counts one refusal for `reason` (the refusal path: indexed directly, no [`Counter`]
@@ -220,10 +217,7 @@ impl Shard {
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_rejected(&self, reason: RejectReason) {
         let cell = &self.0.global[REJECTED_AT + reason as usize];
-        cell.store(
-            cell.load(Ordering::Relaxed).saturating_add(1),
-            Ordering::Release,
-        );
+        add(cell, 1);
     }
 
     /// Adds `by` to class `class`'s `counter` (its arguments stay scalars: a [`Counter`] value
@@ -231,10 +225,7 @@ impl Shard {
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_class(&self, class: u16, counter: ClassCounter, by: u64) {
         let cell = &self.0.classes[usize::from(class) * ClassCounter::COUNT + counter.index()];
-        cell.store(
-            cell.load(Ordering::Relaxed).saturating_add(by),
-            Ordering::Release,
-        );
+        add(cell, by);
     }
 
     /// [`bump_class`](Shard::bump_class) of two counters of one class: the class's row found
@@ -250,28 +241,30 @@ impl Shard {
         let row = &self.0.classes[start..start + ClassCounter::COUNT];
         for (counter, by) in [(first, by_first), (second, by_second)] {
             let cell = &row[counter.index()];
-            cell.store(
-                cell.load(Ordering::Relaxed).saturating_add(by),
-                Ordering::Release,
-            );
+            add(cell, by);
         }
     }
 
-    /// Adds `by` to `counter`, saturating.
-    ///
-    /// Single-writer: only the thread the shard is attached to (or a holder of the hub's
-    /// fallback lock) calls this, so the plain load and store cannot lose an update. The load
-    /// is `Relaxed` (the writer reads its own latest value). The store is `Release` so that a
-    /// reader whose `Acquire` load sees a count also sees the admission-word update that came
-    /// before it (see `LlmBulkhead::stats`); on x86-64 both are plain moves.
+    /// Adds `by` to `counter`, saturating (see [`add`]).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump(&self, counter: Counter, by: u64) {
-        let cell = self.cell(counter);
-        cell.store(
-            cell.load(Ordering::Relaxed).saturating_add(by),
-            Ordering::Release,
-        );
+        add(self.cell(counter), by);
     }
+}
+
+/// Adds `by` to a shard's `cell`, saturating: every counter update goes through here.
+///
+/// Single-writer: only the thread the shard is attached to (or a holder of the hub's fallback
+/// lock) calls this, so the plain load and store cannot lose an update. The load is `Relaxed`
+/// (the writer reads its own latest value). The store is `Release` so that a reader whose
+/// `Acquire` load sees a count also sees the admission-word update that came before it (see
+/// `LlmBulkhead::stats`); on x86-64 both are plain moves.
+#[cfg_attr(not(loom), inline(always))]
+fn add(cell: &AtomicU64, by: u64) {
+    cell.store(
+        cell.load(Ordering::Relaxed).saturating_add(by),
+        Ordering::Release,
+    );
 }
 
 /// Shards per chunk of a hub.

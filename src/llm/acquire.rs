@@ -308,10 +308,10 @@ impl<'a> Acquire<'a, '_> {
     fn poll_class_lane(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;
         if let Step::Unresolved { options, .. } = &self.machine.step
-            && let Some((grant, ledger)) = core.class_admission(options)
+            && let Some(admission) = core.class_admission(options)
         {
             self.machine.step = Step::Done;
-            return Poll::Ready(Ok(Permit::new(core, Admission::new(grant, ledger))));
+            return Poll::Ready(Ok(Permit::new(core, admission)));
         }
         self.poll_general(cx, None)
     }

@@ -227,12 +227,14 @@ impl LlmBulkhead {
         // lane (tested after the windowed lane, it cost them 3).
         if timing.is_none() {
             let lane = if self.core.engine().has_window_lane() {
-                self.core.windowed_admission(&options)
+                self.core
+                    .windowed_admission(&options)
+                    .map(|(grant, ledger)| Admission::new(grant, ledger))
             } else {
                 self.core.class_admission(&options)
             };
-            if let Some((grant, ledger)) = lane {
-                return Ok(permit(Admission::new(grant, ledger)));
+            if let Some(admission) = lane {
+                return Ok(permit(admission));
             }
         }
         let call = self.core.resolve(request, options)?;

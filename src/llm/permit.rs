@@ -281,6 +281,14 @@ macro_rules! permit_methods {
             /// # Ok::<(), Box<dyn std::error::Error>>(())
             /// ```
             pub fn release(mut self, usage: Option<TokenUsage>) -> ReleaseReport {
+                self.release_in_place(usage)
+            }
+
+            /// [`release`](Self::release) where the permit is (a tenant's permit releases
+            /// both levels without moving them out): settled here, its drop then only lets
+            /// the bulkhead go.
+            #[inline]
+            pub(crate) fn release_in_place(&mut self, usage: Option<TokenUsage>) -> ReleaseReport {
                 let (core, admission) = self.core.parts();
                 admission.mark_settled();
                 core.settle(admission, usage)
@@ -300,17 +308,6 @@ macro_rules! permit_methods {
 
 permit_methods!(Permit<'_>);
 permit_methods!(OwnedPermit);
-
-impl OwnedPermit {
-    /// [`release`](OwnedPermit::release) where the permit is (a tenant's permit releasing both
-    /// levels without moving them out): settled here, its drop then only lets the bulkhead go.
-    #[inline]
-    pub(crate) fn release_in_place(&mut self, usage: Option<TokenUsage>) -> ReleaseReport {
-        let (core, admission) = self.core.parts();
-        admission.mark_settled();
-        core.settle(admission, usage)
-    }
-}
 
 impl fmt::Debug for Permit<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -440,21 +440,13 @@ impl LlmCore {
         }
     }
 
-    /// [`try_admit_class_fast`](LlmCore::try_admit_class_fast), returning the admission's
-    /// parts for the caller to build its result where it returns it (as
-    /// [`fast_admission`](LlmCore::fast_admission)): the class lane of the owned door and of
-    /// the acquire futures' first poll. `None`: nothing changed.
+    /// [`try_admit_class_fast`](LlmCore::try_admit_class_fast)'s admission itself, for a door
+    /// that builds its own result (the owned door, the acquire futures' first poll). `None`:
+    /// nothing changed.
     #[inline]
-    pub(crate) fn class_admission(&self, options: &AcquireOptions) -> Option<(Grant, Ledger)> {
-        let classes = self.engine.classes()?;
-        if self.engine.has_rate() {
-            // Classes with rate windows: the general path (as `Engine::try_admit_fast`).
-            return None;
-        }
-        let (mut ask, ledger) = fast_ask(self.engine.has_budget(), options).ok()?;
-        // A class that is not this bulkhead's is reported by the general path.
-        ask.class = Some(classes.resolve(options.class).ok()?);
-        Some((self.engine.try_admit_class_fast(ask)?, ledger))
+    pub(crate) fn class_admission(&self, options: &AcquireOptions) -> Option<Admission> {
+        self.try_admit_class_fast(options, |admission| admission)
+            .ok()
     }
 
     /// Admits `call` now or refuses it now (never queues), announcing the outcome, and makes

@@ -320,13 +320,11 @@ impl LlmBulkhead {
     ) -> Result<TenantPermit, AcquireError> {
         // Tested without deciding a sampling, as `acquire_within` tests it: the general path
         // decides the call's timing (once, where it starts), so the lane builds none.
-        if self.core.untimed()
-            && global.core.untimed()
-            && let Some(permit) = self.fast_within(global, &options)
-        {
+        let untimed = self.core.untimed() && global.core.untimed();
+        if untimed && let Some(permit) = self.fast_within(global, &options) {
             return Ok(permit);
         }
-        self.try_acquire_within_general(global, request, options)
+        self.try_acquire_within_general(global, request, options, untimed)
     }
 
     /// The fast lane of both `_within` doors ([`fast_within`]), its permit built in place.
@@ -340,17 +338,19 @@ impl LlmBulkhead {
 
     /// [`try_acquire_within`](LlmBulkhead::try_acquire_within) beyond its fast lane (a call
     /// to size, with a class, timed, or refused). The call's timing starts here, at both
-    /// levels.
+    /// levels. `tried`: the caller tried the fast lane (nobody listened at either level).
     #[inline(never)]
     fn try_acquire_within_general(
         &self,
         global: &LlmBulkhead,
         request: &LlmRequest,
         options: AcquireOptions,
+        tried: bool,
     ) -> Result<TenantPermit, AcquireError> {
         let (tenant_timing, global_timing) = (self.core.timing(), global.core.timing());
         // Sampled listeners, and this call sampled by neither: the fast lane after all.
-        if tenant_timing.is_none()
+        if !tried
+            && tenant_timing.is_none()
             && global_timing.is_none()
             && let Some(permit) = self.fast_within(global, &options)
         {
