@@ -146,13 +146,12 @@ impl Engine {
         let word = self.classes.as_ref()?.word(class);
         let backoff = Backoff::new();
         loop {
-            let (current, epoch, caps) = self.reserved_word(word, class)?;
+            let (current, epoch, floors) = self.reserved_word(word, class)?;
             let counts = ClassCounts::unpack(current);
             let tokens = counts.tokens.saturating_add(ask.reserved);
-            let within = counts.slots < caps.protected_slots
-                && tokens <= caps.protected_tokens
-                && caps.max_slots.is_none_or(|max| counts.slots < max)
-                && caps.max_tokens.is_none_or(|max| tokens <= max);
+            // Within the floors is within the class's ceilings too (a floor is at most its
+            // ceiling, see `read_floors`).
+            let within = counts.slots < floors.slots && tokens <= floors.tokens;
             // A normal-priority call may use the budget less its high-priority reserve, which
             // the reserved floors do not bound.
             if !within || (ask.priority != Priority::High && self.published.reserve(epoch) > 0) {
@@ -168,13 +167,14 @@ impl Engine {
 
     /// `class`'s word (`word`) as an operation within its floors may move it alone: its floors
     /// reserved, not locked, and last unlocked under the limits in force. Returns its value,
-    /// the epoch and the class's caps under it; `None` sends the operation to the locked path.
+    /// the epoch and the class's floors under it; `None` sends the operation to the locked
+    /// path.
     #[inline]
     pub(super) fn reserved_word(
         &self,
         word: &AtomicU64,
         class: AdmissionClass,
-    ) -> Option<(u64, u64, super::limits::ClassCaps)> {
+    ) -> Option<(u64, u64, super::limits::Floors)> {
         // Acquire: pairs with the Release store of the writer that last unlocked the class
         // (its counts, and the limits it published for the epoch in the word's bits).
         let current = word.load(Ordering::Acquire);
@@ -185,8 +185,8 @@ impl Engine {
         if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
             return None;
         }
-        let caps = self.published.read_class(epoch, usize::from(class.index()));
-        Some((current, epoch, caps))
+        let floors = self.published.read_floors(epoch, usize::from(class.index()));
+        Some((current, epoch, floors))
     }
 
     /// Commits an operation within its class's floors decided on `current` under `epoch`:
@@ -347,7 +347,7 @@ impl Engine {
         let word = self.class_table().word(class);
         let backoff = Backoff::new();
         loop {
-            let Some((current, epoch, caps)) = self.reserved_word(word, class) else {
+            let Some((current, epoch, floors)) = self.reserved_word(word, class) else {
                 return false;
             };
             let counts = ClassCounts::unpack(current);
@@ -355,7 +355,7 @@ impl Engine {
                 counts.slots > 0 && counts.tokens >= held,
                 "class count underflow"
             );
-            if counts.slots > caps.protected_slots || counts.tokens > caps.protected_tokens {
+            if counts.slots > floors.slots || counts.tokens > floors.tokens {
                 return false;
             }
             if self.commit_within_floors(word, current, current - ONE_SLOT - held, epoch) {

@@ -87,6 +87,14 @@ impl Bounds {
     }
 }
 
+/// A class's reserved floors under one epoch of the limits (see
+/// [`PublishedLimits::read_floors`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Floors {
+    pub(crate) slots: u32,
+    pub(crate) tokens: u64,
+}
+
 /// One class's limits as a decision reads them: floors (0 when omitted) and ceilings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ClassCaps {
@@ -570,6 +578,26 @@ impl PublishedLimits {
         } else {
             0
         }
+    }
+
+    /// Reads class `index`'s floors from the slot of `epoch` (trustworthy as [`read`] is):
+    /// its reserved slots and tokens, what a call within the floors is decided on. Its ceilings
+    /// are not read: a floor is at most its ceiling (checked by the limits' validation,
+    /// `ProtectedAboveMax`), so a count within a floor is within the ceiling too.
+    #[inline]
+    pub(crate) fn read_floors(&self, epoch: u64, index: usize) -> Floors {
+        let class = &self.slots[(epoch & 1) as usize].classes[index];
+        // Acquire: pairs with the Release stores in `store`, see the module docs.
+        let floors = Floors {
+            slots: class.concurrency.load(Ordering::Acquire) as u32,
+            tokens: class.protected_tokens.load(Ordering::Acquire),
+        };
+        debug_assert!({
+            let caps = self.read_class(epoch, index);
+            caps.max_slots.is_none_or(|max| floors.slots <= max)
+                && caps.max_tokens.is_none_or(|max| floors.tokens <= max)
+        });
+        floors
     }
 
     /// Reads class `index`'s limits from the slot of `epoch` (trustworthy as [`read`] is).
