@@ -366,10 +366,7 @@ impl Engine {
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn try_admit_fast(&self, ask: Ask) -> Option<Grant> {
         if ask.class.is_some() {
-            if self.windows.is_some() {
-                return None;
-            }
-            return self.try_admit_class_fast(ask);
+            return self.try_admit_class_fast::<false>(ask);
         }
         self.try_admit_unclassed_fast(ask)
     }

@@ -88,9 +88,24 @@ impl Engine {
     /// path without classes does not carry it. Inlined into each class lane whatever their
     /// number (called out of line from `try_acquire`'s general path, its class calls cost 35
     /// instructions more).
+    ///
+    /// `OUTLINED`: the admission itself ([`admit_within_floors`](Engine::admit_within_floors))
+    /// called out of line, for a lane in a large frame (`try_acquire`'s general path), where
+    /// inlined it would cost the frame's other paths. `None` on an engine with rate windows
+    /// (the general path decides its class calls).
     #[cfg_attr(not(loom), inline(always))]
-    pub(crate) fn try_admit_class_fast(&self, ask: crate::engine::Ask) -> Option<Grant> {
-        let revision = self.admit_within_floors(ask)?;
+    pub(crate) fn try_admit_class_fast<const OUTLINED: bool>(
+        &self,
+        ask: crate::engine::Ask,
+    ) -> Option<Grant> {
+        if self.windows.is_some() {
+            return None;
+        }
+        let revision = if OUTLINED {
+            self.admit_within_floors_outlined(ask)
+        } else {
+            self.admit_within_floors(ask)
+        }?;
         let class = ask.class?;
         // As `grant` (`count_class_admission`) for a call within its floors (it borrowed
         // nothing), in one visit to this thread's shard, inlined here.
@@ -140,7 +155,7 @@ impl Engine {
     /// [`commit_within_floors`](Engine::commit_within_floors)). `None` when the call must
     /// take the locked path (the floors are not reserved, the class is locked, the call would
     /// go beyond a floor, or it may use less than the whole budget).
-    #[inline]
+    #[cfg_attr(not(loom), inline(always))]
     pub(super) fn admit_within_floors(&self, ask: crate::engine::Ask) -> Option<u64> {
         let class = ask.class?;
         let word = self.classes.as_ref()?.word(class);
@@ -165,6 +180,12 @@ impl Engine {
         }
     }
 
+    /// [`admit_within_floors`](Engine::admit_within_floors), out of line.
+    #[inline(never)]
+    pub(super) fn admit_within_floors_outlined(&self, ask: crate::engine::Ask) -> Option<u64> {
+        self.admit_within_floors(ask)
+    }
+
     /// `class`'s word (`word`) as an operation within its floors may move it alone: its floors
     /// reserved, not locked, and last unlocked under the limits in force. Returns its value,
     /// the epoch and the class's floors under it; `None` sends the operation to the locked
@@ -185,7 +206,9 @@ impl Engine {
         if current & (EPOCH_MASK << EPOCH_SHIFT) != epoch_bits(epoch) {
             return None;
         }
-        let floors = self.published.read_floors(epoch, usize::from(class.index()));
+        let floors = self
+            .published
+            .read_floors(epoch, usize::from(class.index()));
         Some((current, epoch, floors))
     }
 

@@ -308,7 +308,7 @@ impl<'a> Acquire<'a, '_> {
     fn poll_class_lane(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;
         if let Step::Unresolved { options, .. } = &self.machine.step
-            && let Some(admission) = core.class_admission(options)
+            && let Some(admission) = core.class_admission::<false>(options)
         {
             self.machine.step = Step::Done;
             return Poll::Ready(Ok(Permit::new(core, admission)));

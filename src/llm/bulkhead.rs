@@ -149,6 +149,9 @@ impl LlmBulkhead {
         if !self.core.untimed() {
             return self.try_acquire_timed(request, options);
         }
+        if options.class.is_some() {
+            return self.try_acquire_classed(request, options);
+        }
         if let Ok(permit) = self
             .core
             .try_admit_fast(&options, |admission| Permit::new(&self.core, admission))
@@ -158,10 +161,32 @@ impl LlmBulkhead {
         self.try_acquire_general(request, options, None)
     }
 
+    /// [`try_acquire`](LlmBulkhead::try_acquire) of a call that names its class, nobody timing
+    /// it: the class lane (a call within its class's floors), else the general path. Its own
+    /// door, out of line and small (in the general path, whose frame is the crate's largest,
+    /// the class lane cost class calls about 50 instructions more, and inlined there it cost
+    /// every refusal 5-6).
+    #[inline(never)]
+    fn try_acquire_classed(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<Permit<'_>, AcquireError> {
+        if let Ok(permit) = self
+            .core
+            .try_admit_class_fast::<false, _>(&options, |admission| {
+                Permit::new(&self.core, admission)
+            })
+        {
+            return Ok(permit);
+        }
+        self.try_acquire_general(request, options, None)
+    }
+
     /// [`try_acquire`](LlmBulkhead::try_acquire) while someone listens to decisions: the
-    /// call's sampling decided, then the fast lane if nobody times the call after all (a
-    /// sampled listener, the call not sampled), else the general path. Out of line, so that
-    /// the fast lane of a bulkhead nobody listens to stays small.
+    /// call's sampling decided, then the class door or the fast lane if nobody times the call
+    /// after all (a sampled listener, the call not sampled), else the general path. Out of
+    /// line, so that the fast lane of a bulkhead nobody listens to stays small.
     #[inline(never)]
     fn try_acquire_timed(
         &self,
@@ -169,22 +194,26 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<Permit<'_>, AcquireError> {
         let timed = self.core.timed();
-        if timed.is_none()
-            && let Ok(permit) = self
+        if timed.is_none() {
+            if options.class.is_some() {
+                return self.try_acquire_classed(request, options);
+            }
+            if let Ok(permit) = self
                 .core
                 .try_admit_fast(&options, |admission| Permit::new(&self.core, admission))
-        {
-            return Ok(permit);
+            {
+                return Ok(permit);
+            }
         }
         self.try_acquire_general(request, options, timed)
     }
 
-    /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: a class call within
-    /// its class's floors on the class fast lane, a call on a bulkhead with rate windows on
-    /// the windowed lane, everything else (estimation, classes beyond their floors, timed
-    /// decisions, refusals) on the general path. Out of line, so that the fast lane stays
-    /// small. `timed`: the call's sampling, decided by the caller (see `LlmCore::timed`); its
-    /// timing starts here.
+    /// [`try_acquire`](LlmBulkhead::try_acquire) beyond its fast lane: a call of the default
+    /// class (which names none) within its class's floors on the class lane, a call on a
+    /// bulkhead with rate windows on the windowed lane, everything else (estimation, classes
+    /// beyond their floors, timed decisions, refusals) on the general path. Out of line, so
+    /// that the fast lane stays small. `timed`: the call's sampling, decided by the caller
+    /// (see `LlmCore::timed`); its timing starts here.
     #[inline(never)]
     fn try_acquire_general(
         &self,
@@ -193,10 +222,14 @@ impl LlmBulkhead {
         timed: Option<bool>,
     ) -> Result<Permit<'_>, AcquireError> {
         let timing = timed.map(Timing::start);
+        // The class lane's admission out of line (`OUTLINED`): inlined here, it cost every
+        // refusal 5-6 instructions.
         if timing.is_none()
             && let Ok(permit) = self
                 .core
-                .try_admit_class_fast(&options, |admission| Permit::new(&self.core, admission))
+                .try_admit_class_fast::<true, _>(&options, |admission| {
+                    Permit::new(&self.core, admission)
+                })
         {
             return Ok(permit);
         }
@@ -231,7 +264,7 @@ impl LlmBulkhead {
                     .windowed_admission(&options)
                     .map(|(grant, ledger)| Admission::new(grant, ledger))
             } else {
-                self.core.class_admission(&options)
+                self.core.class_admission::<true>(&options)
             };
             if let Some(admission) = lane {
                 return Ok(permit(admission));
@@ -249,14 +282,30 @@ impl LlmBulkhead {
         options: AcquireOptions,
     ) -> Result<OwnedPermit, AcquireError> {
         let timed = self.core.timed();
-        if timed.is_none()
-            && let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
+        if timed.is_none() {
+            if options.class.is_some() {
+                return self.try_acquire_owned_classed(request, options);
+            }
+            if let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
                 OwnedPermit::new(Arc::clone(&self.core), admission)
-            })
-        {
-            return Ok(permit);
+            }) {
+                return Ok(permit);
+            }
         }
         self.try_acquire_owned_general(request, options, timed)
+    }
+
+    /// [`try_acquire_classed`](LlmBulkhead::try_acquire_classed) of the owned door.
+    #[inline(never)]
+    fn try_acquire_owned_classed(
+        &self,
+        request: &LlmRequest,
+        options: AcquireOptions,
+    ) -> Result<OwnedPermit, AcquireError> {
+        if let Some(admission) = self.core.class_admission::<false>(&options) {
+            return Ok(OwnedPermit::new(Arc::clone(&self.core), admission));
+        }
+        self.try_acquire_owned_general(request, options, None)
     }
 
     /// Like [`try_acquire`](LlmBulkhead::try_acquire), returning an [`OwnedPermit`] that keeps
@@ -285,6 +334,9 @@ impl LlmBulkhead {
         // As `try_acquire`: the fast lane, then the rest out of line.
         if !self.core.untimed() {
             return self.try_acquire_owned_timed(request, options);
+        }
+        if options.class.is_some() {
+            return self.try_acquire_owned_classed(request, options);
         }
         if let Ok(permit) = self.core.try_admit_fast(&options, |admission| {
             OwnedPermit::new(Arc::clone(&self.core), admission)

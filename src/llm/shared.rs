@@ -425,7 +425,7 @@ impl LlmCore {
     /// reserved floors, for a call nobody times. `Err` (nothing changed) for anything else,
     /// as `try_admit_fast`.
     #[inline]
-    pub(crate) fn try_admit_class_fast<P>(
+    pub(crate) fn try_admit_class_fast<const OUTLINED: bool, P>(
         &self,
         options: &AcquireOptions,
         permit: impl FnOnce(Admission) -> P,
@@ -434,7 +434,7 @@ impl LlmCore {
         let (mut ask, ledger) = fast_ask(self.engine.has_budget(), options)?;
         // A class that is not this bulkhead's is reported by the general path.
         ask.class = Some(classes.resolve(options.class).map_err(|_| ())?);
-        match self.engine.try_admit_fast(ask) {
+        match self.engine.try_admit_class_fast::<OUTLINED>(ask) {
             Some(grant) => Ok(permit(Admission::new(grant, ledger))),
             None => Err(()),
         }
@@ -444,8 +444,11 @@ impl LlmCore {
     /// that builds its own result (the owned door, the acquire futures' first poll). `None`:
     /// nothing changed.
     #[inline]
-    pub(crate) fn class_admission(&self, options: &AcquireOptions) -> Option<Admission> {
-        self.try_admit_class_fast(options, |admission| admission)
+    pub(crate) fn class_admission<const OUTLINED: bool>(
+        &self,
+        options: &AcquireOptions,
+    ) -> Option<Admission> {
+        self.try_admit_class_fast::<OUTLINED, _>(options, |admission| admission)
             .ok()
     }
 

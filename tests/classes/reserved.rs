@@ -267,3 +267,59 @@ fn every_door_admits_a_call_within_its_floors_alike() {
         assert!(idle(&bulkhead), "{door}");
     }
 }
+
+#[test]
+fn the_try_doors_admit_named_and_default_class_calls_alike_heard_or_not() {
+    use std::num::NonZeroU32;
+
+    use async_bulkhead_llm::{AcquireOptions, LlmRequest, events::EventKind};
+
+    // A call that names its class takes the class door (`try_acquire_classed`); one of the
+    // default class, which names none, the general path's class lane; with a sampled
+    // listener, the timed door first (one call in four sampled, decided on the general path).
+    for listened in [false, true] {
+        let bulkhead = floors_and_a_borrower();
+        let _listener = listened.then(|| {
+            bulkhead.on_events_sampled([EventKind::Admit], NonZeroU32::new(4).unwrap(), |_| {})
+        });
+        let (a, c) = (bulkhead.class("a").unwrap(), bulkhead.class("c").unwrap());
+        let call = || tokens(in_class(&bulkhead, "a"), 10, 20);
+        let first = bulkhead.try_acquire(&LlmRequest::new(), call()).unwrap();
+        assert_eq!(first.class(), Some(a), "{listened}");
+        assert!(!first.resources().borrowed_concurrency, "{listened}");
+        assert_eq!(first.held_tokens(), 30, "{listened}");
+        drop(first);
+        let second = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), call())
+            .unwrap();
+        assert!(!second.resources().borrowed_concurrency, "{listened}");
+        // `a` at its floor: the next call borrows a shared slot.
+        let third = bulkhead.try_acquire(&LlmRequest::new(), call()).unwrap();
+        assert!(third.resources().borrowed_concurrency, "{listened}");
+        let plain = || tokens(AcquireOptions::new(), 1, 1);
+        let fourth = bulkhead.try_acquire(&LlmRequest::new(), plain()).unwrap();
+        let fifth = bulkhead
+            .try_acquire_owned(&LlmRequest::new(), plain())
+            .unwrap();
+        assert_eq!(
+            (fourth.class(), fifth.class()),
+            (Some(c), Some(c)),
+            "{listened}"
+        );
+        let stats = class_stats(&bulkhead, a);
+        assert_eq!(
+            (stats.in_flight, stats.admitted, stats.in_flight_tokens),
+            (2, 3, 60),
+            "{listened}"
+        );
+        assert_eq!(class_stats(&bulkhead, c).in_flight_tokens, 4, "{listened}");
+        drop((second, third, fourth, fifth));
+        let stats = class_stats(&bulkhead, a);
+        assert_eq!(
+            (stats.in_flight, stats.released, stats.total_reserved),
+            (0, 3, 90),
+            "{listened}"
+        );
+        assert!(idle(&bulkhead), "{listened}");
+    }
+}
