@@ -293,10 +293,18 @@ impl ExactLedger {
         };
         if let Some(size) = floor {
             let held = &inner.counters.floor_in_flight;
-            let taken = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-                now.checked_add(requested).filter(|&after| after <= size)
-            });
-            if taken.is_ok() {
+            // A CAS loop of its own (std deprecates `fetch_update`).
+            let mut now = held.load(Ordering::Acquire);
+            let taken = loop {
+                let Some(after) = now.checked_add(requested).filter(|&after| after <= size) else {
+                    break false;
+                };
+                match held.compare_exchange_weak(now, after, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break true,
+                    Err(actual) => now = actual,
+                }
+            };
+            if taken {
                 bump(&inner.counters.admitted_on_floor);
                 return Ok(GlobalPermit {
                     permit: Some(permit),

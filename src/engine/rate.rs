@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::support::sync::atomic::{AtomicU64, Ordering};
+use crate::support::sync::atomic::{AtomicU64, Ordering, update};
 use crate::support::sync::{Arc, Mutex, MutexGuard, lock, unmodeled};
 
 /// Where a bulkhead's rate windows read the time.
@@ -657,7 +657,7 @@ impl Words {
             (&self.requests, previous.requests(), next.requests()),
             (&self.tokens, previous.tokens(), next.tokens()),
         ] {
-            let _ = window.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+            let _ = update(window, |current| {
                 let ticks = current & TICKS;
                 Some(if old.limit == 0 || new.limit == 0 {
                     word(tag, 0)
@@ -850,7 +850,7 @@ fn judge(
 #[inline]
 fn give_back(window: &AtomicU64, units: u64) {
     if units > 0 {
-        let _ = window.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+        let _ = update(window, |current| {
             Some((current & !TICKS) | (current & TICKS).saturating_sub(units))
         });
     }

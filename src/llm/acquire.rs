@@ -357,12 +357,17 @@ impl Future for AcquireOwned {
             // nobody times, resolved when the future was made.
             if timing.is_none()
                 && let Step::Start { call, .. } = &self.machine.step
-                && call.class().is_none()
-                && let Some(grant) = core.engine().try_admit_unclassed_fast(call.ask())
             {
-                let admission = call.admission(grant, None);
-                self.machine.step = Step::Done;
-                return Poll::Ready(Ok(OwnedPermit::new(core, admission)));
+                // A class call (its class resolved when the future was made, the default
+                // class's included): the class lane, out of line.
+                if call.class().is_some() {
+                    return self.poll_class_lane(cx, core);
+                }
+                if let Some(grant) = core.engine().try_admit_unclassed_fast(call.ask()) {
+                    let admission = call.admission(grant, None);
+                    self.machine.step = Step::Done;
+                    return Poll::Ready(Ok(OwnedPermit::new(core, admission)));
+                }
             }
             return self.machine.start_in_place(
                 cx,
@@ -373,6 +378,32 @@ impl Future for AcquireOwned {
         }
         let done = self.machine.poll_waiting(cx, false);
         done.map_ok(|admission| OwnedPermit::new(Arc::clone(&self.machine.core), admission))
+    }
+}
+
+impl AcquireOwned {
+    /// The first poll of a class call nobody times: the class lane (a call within its class's
+    /// floors, on its class's word alone), else the general path. Out of line, so that the
+    /// poll of a call without a class stays small. `core`: the permit's own reference.
+    #[inline(never)]
+    fn poll_class_lane(
+        &mut self,
+        cx: &mut Context<'_>,
+        core: Arc<LlmCore>,
+    ) -> Poll<Result<OwnedPermit, AcquireError>> {
+        if let Step::Start { call, .. } = &self.machine.step
+            && let Some(grant) = core.engine().try_admit_class_fast::<false>(call.ask())
+        {
+            let admission = call.admission(grant, None);
+            self.machine.step = Step::Done;
+            return Poll::Ready(Ok(OwnedPermit::new(core, admission)));
+        }
+        self.machine.start_in_place(
+            cx,
+            None,
+            move |admission| OwnedPermit::new(core, admission),
+            |core, admission| OwnedPermit::new(Arc::clone(core), admission),
+        )
     }
 }
 

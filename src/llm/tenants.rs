@@ -71,7 +71,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::stats::Stats;
 use crate::support::contain::contain;
-use crate::support::sync::atomic::{AtomicU64, Ordering};
+use crate::support::sync::atomic::{AtomicU64, Ordering, update};
 use crate::support::sync::{Arc, Mutex, lock};
 use crate::vocabulary::error::{ConfigError, LimitsError};
 use crate::vocabulary::limits::{ApplyOutcome, Limits};
@@ -248,11 +248,7 @@ impl<K: Eq + Hash> Shared<K> {
     /// Takes a place for a new tenant if there is one below `max_tenants`.
     fn take_place(&self) -> bool {
         let max = self.max_tenants as u64;
-        self.count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok()
+        update(&self.count, |n| (n < max).then_some(n + 1)).is_ok()
     }
 
     /// Looks for room for a new key of shard `own`: in `own`, then in `hint` (where an earlier

@@ -102,6 +102,25 @@ pub(crate) mod atomic {
 
     #[cfg(loom)]
     pub(crate) use super::loom_u128::AtomicU128;
+
+    /// Moves `word` to `next(current)` with a CAS loop (`AcqRel` on success, `Acquire` on a
+    /// failure), as `fetch_update` does: the previous value, or `Err` with the value `next`
+    /// refused (it returned `None`). The crate's own loop, because std deprecates
+    /// `fetch_update` (renamed `try_update`, which the minimum supported Rust lacks).
+    #[inline]
+    pub(crate) fn update(
+        word: &AtomicU64,
+        mut next: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<u64, u64> {
+        let mut current = word.load(Ordering::Acquire);
+        while let Some(value) = next(current) {
+            match word.compare_exchange_weak(current, value, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(previous) => return Ok(previous),
+                Err(actual) => current = actual,
+            }
+        }
+        Err(current)
+    }
 }
 
 /// Loom has no 128-bit atomic: a loom-visible stand-in with the same operations, each one a
