@@ -71,10 +71,15 @@ fn budgeted() -> LlmBulkhead {
 
 /// Four classes with floors and a budget, as `benches/classes.rs`.
 fn classed() -> LlmBulkhead {
+    classed_by_default("standard")
+}
+
+/// [`classed`] with `default` the default class.
+fn classed_by_default(default: &str) -> LlmBulkhead {
     LlmBulkhead::builder("claude-sonnet-4", 1024)
         .token_budget(TokenBudget::new(1 << 34))
         .admission_classes(
-            AdmissionClasses::new("standard")
+            AdmissionClasses::new(default)
                 .class(
                     "premium",
                     ClassLimits::new()
@@ -136,6 +141,8 @@ fn cases() -> Vec<Case> {
     let no_budget = plain();
     let budget = budgeted();
     let with_classes = classed();
+    // The same classes, `premium` the default: a call that names no class is `premium`'s.
+    let premium_by_default = classed_by_default("premium");
     let premium = reservation().class(with_classes.class("premium").expect("configured"));
     let full = LlmBulkhead::builder("claude-sonnet-4", 1)
         .build()
@@ -253,6 +260,24 @@ fn cases() -> Vec<Case> {
             Box::new({
                 let b = with_classes.clone();
                 move || drop(black_box(ready(b.acquire(request, black_box(premium)))))
+            }),
+        ),
+        (
+            "classes_default",
+            Box::new({
+                let b = premium_by_default.clone();
+                move || drop(black_box(b.try_acquire(request, black_box(reservation()))))
+            }),
+        ),
+        (
+            "classes_default_await",
+            Box::new({
+                let b = premium_by_default;
+                move || {
+                    drop(black_box(ready(
+                        b.acquire(request, black_box(reservation())),
+                    )))
+                }
             }),
         ),
         (

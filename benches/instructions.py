@@ -38,6 +38,7 @@ CASES = [
     "no_budget", "tokio_try_acquire", "async_lock_try_acquire",
     "budget", "budget_sampled", "tokio_two_semaphores",
     "classes", "classes_owned", "classes_await", "classes_owned_await",
+    "classes_default", "classes_default_await",
     "await_budget", "await_no_budget", "tokio_acquire_await",
     "bulkhead_try_acquire", "bulkhead_await",
     "rejection_full", "rejection_closed", "rejection_rate", "tokio_rejection",

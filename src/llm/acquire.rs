@@ -255,6 +255,11 @@ impl<'a> Future for Acquire<'a, '_> {
                     self.machine.step = Step::Done;
                     return Poll::Ready(Ok(permit(Admission::new(grant, ledger))));
                 }
+                // A call of the default class, which names none (an engine with classes has
+                // no fast lane: `fast_admission` said `None` at its first test).
+                if core.engine().classes().is_some() {
+                    return self.poll_class_lane(cx);
+                }
             }
             return self.poll_general(cx, timing);
         }
@@ -299,11 +304,11 @@ impl<'a> Acquire<'a, '_> {
 }
 
 impl<'a> Acquire<'a, '_> {
-    /// The first poll of a call nobody times that names its class: the class lane
-    /// (`LlmCore::class_admission`: a call within its class's floors), else the general path.
-    /// Out of line, so that neither the fast lane nor the general path's lanes grow (in
-    /// `poll_general`, it cost `rate_window_await` 3 to 49). A call of the default class that
-    /// does not name it is decided on the general path.
+    /// The first poll of a class call nobody times (one that names its class, or of the
+    /// default class, tested after the fast lane): the class lane (`LlmCore::class_admission`:
+    /// a call within its class's floors), else the general path. Out of line, so that neither
+    /// the fast lane nor the general path's lanes grow (in `poll_general`, it cost
+    /// `rate_window_await` 3 to 49; the default class's test after the fast lane costs it 2).
     #[inline(never)]
     fn poll_class_lane(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit<'a>, AcquireError>> {
         let core = self.machine.core;

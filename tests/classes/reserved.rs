@@ -323,3 +323,83 @@ fn the_try_doors_admit_named_and_default_class_calls_alike_heard_or_not() {
         assert!(idle(&bulkhead), "{listened}");
     }
 }
+
+#[test]
+fn a_call_of_the_default_class_is_admitted_within_its_floors_by_every_door() {
+    use async_bulkhead_llm::{AcquireOptions, LlmRequest, OwnedPermit, Permit};
+    use futures::executor::block_on;
+
+    /// A permit of either door kind, held until dropped.
+    #[allow(dead_code)]
+    enum Held<'a> {
+        Borrowed(Permit<'a>),
+        Owned(OwnedPermit),
+    }
+
+    // `a` the default class, with a floor of 2 calls and 100 tokens.
+    let build = || {
+        LlmBulkhead::builder("m", 10)
+            .token_budget(TokenBudget::new(200))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class(
+                        "a",
+                        ClassLimits::new()
+                            .protected_concurrent(2)
+                            .protected_in_flight_tokens(100),
+                    )
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap()
+    };
+    let call = || tokens(AcquireOptions::new(), 10, 20);
+    let request = LlmRequest::new();
+    for door in [
+        "try_acquire",
+        "try_acquire_owned",
+        "acquire",
+        "acquire_owned",
+    ] {
+        let bulkhead = build();
+        let a = bulkhead.class("a").unwrap();
+        // Two calls within the floor, the third beyond it (borrowing a shared slot).
+        let mut borrowed = Vec::new();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let (class, resources, permit) = match door {
+                "try_acquire" => {
+                    let p = bulkhead.try_acquire(&request, call()).unwrap();
+                    (p.class(), p.resources(), Held::Borrowed(p))
+                }
+                "try_acquire_owned" => {
+                    let p = bulkhead.try_acquire_owned(&request, call()).unwrap();
+                    (p.class(), p.resources(), Held::Owned(p))
+                }
+                "acquire" => {
+                    let p = block_on(bulkhead.acquire(&request, call())).unwrap();
+                    (p.class(), p.resources(), Held::Borrowed(p))
+                }
+                _ => {
+                    let p = block_on(bulkhead.acquire_owned(&request, call())).unwrap();
+                    (p.class(), p.resources(), Held::Owned(p))
+                }
+            };
+            assert_eq!(class, Some(a), "{door}");
+            borrowed.push(resources.borrowed_concurrency);
+            held.push(permit);
+        }
+        assert_eq!(borrowed, [false, false, true], "{door}");
+        let stats = class_stats(&bulkhead, a);
+        assert_eq!((stats.in_flight, stats.in_flight_tokens), (3, 90), "{door}");
+        drop(held);
+        assert_eq!(class_stats(&bulkhead, a).in_flight_tokens, 0, "{door}");
+        assert!(idle(&bulkhead), "{door}");
+        let stats = class_stats(&bulkhead, a);
+        assert_eq!(
+            (stats.admitted, stats.released, stats.total_reserved),
+            (3, 3, 90),
+            "{door}"
+        );
+    }
+}
