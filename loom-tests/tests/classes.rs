@@ -543,6 +543,48 @@ fn a_call_within_its_floor_races_apply_limits_lowering_the_floor() {
     });
 }
 
+/// The release of a call within its class's floors races `apply_limits` that lowers the
+/// class's token floor from 50 to 5 below the call's 20 tokens. The release reads no limits:
+/// the class word says whether its counts are beyond the floors in force (the install sets
+/// that bit when it unlocks the word). Released before the install, the call gives back
+/// nothing shared; after it, the class is beyond its new floor and the release takes the
+/// locked path and gives back the 15 tokens it now borrows. A release on the class word alone
+/// after the install would leave those 15 shared tokens counted for good.
+#[test]
+fn a_release_within_its_floor_races_apply_limits_lowering_the_floor() {
+    loom::model(|| {
+        let bulkhead = LlmBulkhead::builder("m", 2)
+            .token_budget(TokenBudget::new(100))
+            .admission_classes(
+                AdmissionClasses::new("a")
+                    .class("a", floors(50))
+                    .class("b", ClassLimits::new()),
+            )
+            .build()
+            .unwrap();
+        let options = in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
+        let permit = try_admit(&bulkhead, options).expect("within a's floors");
+        assert_eq!(permit.resources().borrowed_tokens, 0);
+        let releaser = thread::spawn(move || drop(permit));
+        let control = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                let mut limits = bulkhead.limits();
+                limits.revision = 1;
+                limits.admission_classes = Some(
+                    ClassLimitsTable::new()
+                        .with("a", floors(5))
+                        .with("b", ClassLimits::new()),
+                );
+                assert!(bulkhead.apply_limits(limits).unwrap().is_applied());
+            })
+        };
+        releaser.join().unwrap();
+        control.join().unwrap();
+        assert_classes_idle(&bulkhead);
+    });
+}
+
 /// 2 slots, one class `a` with a floor of 1 call.
 fn one_class_with_a_floor_of_one_call() -> LlmBulkhead {
     LlmBulkhead::builder("m", 2)

@@ -7,7 +7,8 @@ use crossbeam_utils::Backoff;
 
 use super::assembly::Engine;
 use super::classes::{
-    ClassCounts, ClassGuard, Classes, EPOCH_SHIFT, LOCKED, ONE_SLOT, RESERVED, Returned, epoch_bits,
+    BEYOND, ClassCounts, ClassGuard, Classes, EPOCH_SHIFT, LOCKED, ONE_SLOT, RESERVED, Returned,
+    epoch_bits,
 };
 use super::grant::Grant;
 use super::limits::Bounds;
@@ -110,19 +111,23 @@ impl Engine {
         // As `grant` (`count_class_admission`) for a call within its floors (it borrowed
         // nothing), in one visit to this thread's shard, inlined here.
         let (index, reserved) = (class.index(), ask.reserved);
-        let id = super::local::with(&self.counters, move |sink| {
-            let id = sink.admit(reserved);
-            if reserved > 0 {
-                sink.bump_class_pair(
-                    index,
-                    (super::ClassCounter::Admitted, 1),
-                    (super::ClassCounter::Reserved, reserved),
-                );
-            } else {
-                sink.bump_class(index, super::ClassCounter::Admitted, 1);
-            }
-            id
-        });
+        let id = super::local::with(
+            &self.counters,
+            #[inline(always)]
+            move |sink| {
+                let id = sink.admit(reserved);
+                if reserved > 0 {
+                    sink.bump_class_pair(
+                        index,
+                        (super::ClassCounter::Admitted, 1),
+                        (super::ClassCounter::Reserved, reserved),
+                    );
+                } else {
+                    sink.bump_class(index, super::ClassCounter::Admitted, 1);
+                }
+                id
+            },
+        );
         Some(Grant::new(
             id,
             revision,
@@ -186,10 +191,11 @@ impl Engine {
         self.admit_within_floors(ask)
     }
 
-    /// `class`'s word (`word`) as an operation within its floors may move it alone: its floors
-    /// reserved, not locked, and last unlocked under the limits in force. Returns its value,
-    /// the epoch and the class's floors under it; `None` sends the operation to the locked
-    /// path.
+    /// `class`'s word (`word`) as an admission within its floors may move it alone: its
+    /// floors reserved, not locked, and last unlocked under the limits in force. Returns its
+    /// value, the epoch and the class's floors under it; `None` sends the admission to the
+    /// locked path. (A release within the floors reads no limits: see
+    /// [`release_within_floors`](Engine::release_within_floors).)
     #[inline]
     pub(super) fn reserved_word(
         &self,
@@ -212,7 +218,7 @@ impl Engine {
         Some((current, epoch, floors))
     }
 
-    /// Commits an operation within its class's floors decided on `current` under `epoch`:
+    /// Commits an admission within its class's floors decided on `current` under `epoch`:
     /// one CAS of the class word to `next`. A failure means another operation of the class
     /// moved the word (it made progress) or locked it: the caller decides again from a fresh
     /// read of the word, which sends it to the locked path (serialized with the holder) if
@@ -260,10 +266,13 @@ impl Engine {
             });
             match decided {
                 Ok(out) => {
-                    guard.set(ClassCounts {
-                        slots: view.slots + 1,
-                        tokens: view.tokens + ask.reserved,
-                    });
+                    guard.set(
+                        ClassCounts {
+                            slots: view.slots + 1,
+                            tokens: view.tokens + ask.reserved,
+                        },
+                        view.floors(),
+                    );
                     return Ok(out);
                 }
                 Err((Refusal::Budget | Refusal::NoSlot, state)) if state.floors_reserved() => {
@@ -329,10 +338,13 @@ impl Engine {
             });
             match moved {
                 Ok(()) => {
-                    guard.set(ClassCounts {
-                        slots: view.slots,
-                        tokens,
-                    });
+                    guard.set(
+                        ClassCounts {
+                            slots: view.slots,
+                            tokens,
+                        },
+                        view.floors(),
+                    );
                     grant.set_held(to);
                     return Ok(from);
                 }
@@ -364,25 +376,40 @@ impl Engine {
     /// Releases a class admission within its class's floors on its class's word alone, while
     /// the floors are reserved: one CAS, retried as
     /// [`admit_within_floors`](Engine::admit_within_floors) retries. `false` (nothing done)
-    /// when the release must take the locked path.
+    /// when the release must take the locked path: the class is locked, its floors are not
+    /// reserved, or its counts are beyond them ([`BEYOND`]).
+    ///
+    /// It reads no limits: the word says whether its counts are within the floors in force
+    /// (whoever unlocks it with new counts or new limits sets [`BEYOND`] from them, and the
+    /// operations on the word alone stay within them), so the CAS checks the decision with
+    /// the counts it is made on, whatever limits were installed since the word was read, and
+    /// needs no epoch check.
     #[inline]
     pub(super) fn release_within_floors(&self, class: AdmissionClass, held: u64) -> bool {
         let word = self.class_table().word(class);
         let backoff = Backoff::new();
+        // Acquire: as `reserved_word`'s load.
+        let mut current = word.load(Ordering::Acquire);
         loop {
-            let Some((current, epoch, floors)) = self.reserved_word(word, class) else {
-                return false;
-            };
-            let counts = ClassCounts::unpack(current);
-            debug_assert!(
-                counts.slots > 0 && counts.tokens >= held,
-                "class count underflow"
-            );
-            if counts.slots > floors.slots || counts.tokens > floors.tokens {
+            if current & (LOCKED | RESERVED | BEYOND) != RESERVED {
                 return false;
             }
-            if self.commit_within_floors(word, current, current - ONE_SLOT - held, epoch) {
-                return true;
+            debug_assert!(
+                {
+                    let counts = ClassCounts::unpack(current);
+                    counts.slots > 0 && counts.tokens >= held
+                },
+                "class count underflow"
+            );
+            // AcqRel: as `commit_within_floors`.
+            match word.compare_exchange(
+                current,
+                current - ONE_SLOT - held,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
             }
             backoff.spin();
         }
@@ -405,7 +432,7 @@ impl Engine {
             shared_slots,
             shared_tokens,
         );
-        guard.set(counts);
+        guard.set(counts, view.floors());
         if before.needs_attention_on_release() {
             self.after_class_release(before, after);
         }
@@ -496,7 +523,7 @@ impl Engine {
             drop(guard);
             return false;
         };
-        guard.set(counts);
+        guard.set(counts, view.floors());
         if before.has_waiters() && slot == 1 {
             self.pump();
         }
@@ -589,7 +616,12 @@ impl Engine {
     /// limits: the classes with a floor of calls reserve their floors iff `after` says so.
     pub(super) fn unlock_classes(&self, epoch: u64, after: State) {
         self.class_table().unlock_all(epoch, |index| {
-            after.floors_reserved() && self.published.read_class(epoch, index).protected_slots > 0
+            let caps = self.published.read_class(epoch, index);
+            let floors = ClassCounts {
+                slots: caps.protected_slots,
+                tokens: caps.protected_tokens,
+            };
+            (after.floors_reserved() && caps.protected_slots > 0, floors)
         });
     }
 

@@ -80,14 +80,21 @@
 //! `release_within_floors`), and the wide word is not touched at all. The class word:
 //!
 //! ```text
-//!   63       62         61 .. 51 (low bits)   50 ........... 35   34 ................... 0
-//! +--------+----------+---------------------+------------------+------------------------+
-//! | LOCKED | RESERVED |  LIMITS EPOCH       |  CALLS (16 bits) |   TOKENS (35 bits)     |
-//! +--------+----------+---------------------+------------------+------------------------+
+//!   63       62         61       60 .. 51 (low bits)   50 .......... 35   34 ............. 0
+//! +--------+----------+--------+---------------------+-----------------+------------------+
+//! | LOCKED | RESERVED | BEYOND |  LIMITS EPOCH       | CALLS (16 bits) | TOKENS (35 bits) |
+//! +--------+----------+--------+---------------------+-----------------+------------------+
 //! ```
 //!
 //! `RESERVED` says the class's floors are reserved; the epoch bits are those of the limits
-//! the word was last unlocked under by a writer of every class. The wide word's
+//! the word was last unlocked under by a writer of every class; `BEYOND` says the counts are
+//! beyond the class's floors in force (more calls or more tokens), written by whoever unlocks
+//! the word with new counts or new limits. An admission within the floors reads them (of the
+//! epoch in the word's bits) and keeps `BEYOND` clear; a release needs no limits at all: the
+//! class word with `RESERVED` and without `BEYOND` or `LOCKED` says its counts are within the
+//! floors in force, and its CAS checks that with the counts it takes the release from (limits
+//! change only under every class lock, and their writer sets `BEYOND` from the new floors as
+//! it unlocks each word). The wide word's
 //! `FLOORS RESERVED` bit (`super::state`) says the same of the whole engine, in the same CAS
 //! as the figures it qualifies, so a reader can tell which figures it holds.
 //!
@@ -126,7 +133,7 @@
 //! operation is between its lock and its store, so the wide word's plain figures equal the
 //! sums of the class counts there.
 //!
-//! The race the epoch bits settle: a fast call reads its class word, then the caps of the
+//! The race the epoch bits settle: a fast admission reads its class word, then the caps of the
 //! epoch it names, then CASes the word. An install in between locks the word and unlocks it
 //! with the new epoch's bits, so the CAS fails even when the counts and `RESERVED` are back
 //! where they were. Only 2^`EPOCH_BITS` installs within that window could bring the bits back
@@ -162,6 +169,12 @@ pub(super) const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
 /// Position of the low bits of the limits epoch the class word was last unlocked under by a
 /// writer of every class (see "Floors reserved").
 pub(super) const EPOCH_SHIFT: u32 = SLOT_SHIFT + 16;
+/// Set while the class's counts are beyond its floors (more calls or more tokens) under the
+/// limits in force: its releases give back shared capacity, so they take the locked path.
+/// Written by whoever unlocks the word with new counts or new limits (a guard's
+/// [`set`](ClassGuard::set), [`unlock_all`](Classes::unlock_all)), from the floors in force;
+/// the operations on the word alone keep it clear (they stay within the floors).
+pub(super) const BEYOND: u64 = 1 << 61;
 /// Set while the admission word counts the class at its floors at least: its calls within
 /// its floors are admitted and released on this word alone.
 pub(super) const RESERVED: u64 = 1 << 62;
@@ -169,7 +182,7 @@ pub(super) const RESERVED: u64 = 1 << 62;
 pub(super) const LOCKED: u64 = 1 << 63;
 
 const _: () = assert!(TOKEN_MASK == MAX_TOKENS && SLOT_MASK == MAX_SLOTS as u64);
-const _: () = assert!(EPOCH_SHIFT + 11 <= 62 && EPOCH_MASK < 1 << 11);
+const _: () = assert!(EPOCH_SHIFT + 10 <= 61 && EPOCH_MASK < 1 << 10);
 
 /// The low bits of `epoch` as a class word carries them.
 #[inline]
@@ -197,6 +210,16 @@ impl ClassCounts {
     fn pack(self) -> u64 {
         debug_assert!(self.slots <= MAX_SLOTS && self.tokens <= MAX_TOKENS);
         (u64::from(self.slots) << SLOT_SHIFT) | self.tokens
+    }
+
+    /// The word's [`BEYOND`] bit for these counts against a class's `floors` (its floors of
+    /// calls and of tokens, as counts).
+    fn beyond_bit(self, floors: ClassCounts) -> u64 {
+        if self.slots > floors.slots || self.tokens > floors.tokens {
+            BEYOND
+        } else {
+            0
+        }
     }
 }
 
@@ -275,7 +298,7 @@ impl Classes {
         ClassGuard {
             word,
             counts: ClassCounts::unpack(held),
-            bits: held & (RESERVED | (EPOCH_MASK << EPOCH_SHIFT)),
+            bits: held & (RESERVED | BEYOND | (EPOCH_MASK << EPOCH_SHIFT)),
         }
     }
 
@@ -294,14 +317,17 @@ impl Classes {
     }
 
     /// Releases every class [`lock_all`](Classes::lock_all) took, their counts unchanged,
-    /// marked with `epoch`'s low bits and reserving their floors where `reserves(index)`.
-    pub(super) fn unlock_all(&self, epoch: u64, reserves: impl Fn(usize) -> bool) {
+    /// marked with `epoch`'s low bits, reserving their floors where `floors(index)` says so
+    /// and [`BEYOND`] where their counts exceed the floors it gives (those of `epoch`, the
+    /// limits in force).
+    pub(super) fn unlock_all(&self, epoch: u64, floors: impl Fn(usize) -> (bool, ClassCounts)) {
         for (index, word) in self.words.iter().enumerate() {
             let counts = self.locked_counts(index);
-            let reserved = if reserves(index) { RESERVED } else { 0 };
+            let (reserves, floors) = floors(index);
+            let reserved = if reserves { RESERVED } else { 0 };
             // Release: as a guard's drop.
             word.store(
-                counts.pack() | epoch_bits(epoch) | reserved,
+                counts.pack() | epoch_bits(epoch) | reserved | counts.beyond_bit(floors),
                 Ordering::Release,
             );
         }
@@ -357,7 +383,8 @@ fn take(word: &AtomicU64) -> u64 {
 pub(crate) struct ClassGuard<'a> {
     word: &'a AtomicU64,
     counts: ClassCounts,
-    /// The word's epoch bits and `RESERVED`, written back as they were.
+    /// The word's epoch bits and `RESERVED`, written back as they were, and `BEYOND`, kept
+    /// with the counts it was written for.
     bits: u64,
 }
 
@@ -371,9 +398,11 @@ impl ClassGuard<'_> {
         self.bits & RESERVED != 0
     }
 
-    /// Writes `counts` and releases the lock.
-    pub(crate) fn set(mut self, counts: ClassCounts) {
+    /// Writes `counts` and releases the lock; `floors`: the class's floors under the limits
+    /// in force (stable while the lock is held), which set [`BEYOND`] for them.
+    pub(crate) fn set(mut self, counts: ClassCounts, floors: ClassCounts) {
         self.counts = counts;
+        self.bits = (self.bits & !BEYOND) | counts.beyond_bit(floors);
         // Drop stores them.
     }
 }

@@ -134,12 +134,16 @@ impl Counter {
 #[derive(Debug)]
 pub(crate) struct Shard(CachePadded<ShardCells>);
 
+/// One class's counters in a shard, in [`ClassCounter::index`] order.
+type ClassRow = [AtomicU64; ClassCounter::COUNT];
+
 #[derive(Debug)]
 struct ShardCells {
     /// The global counters, inline: the path without classes indexes them with constants.
     global: [AtomicU64; Counter::COUNT],
-    /// `ClassCounter::COUNT` per class (empty without classes).
-    classes: Box<[AtomicU64]>,
+    /// A row of `ClassCounter::COUNT` per class (empty without classes): a class's row is
+    /// found with one bounds check.
+    classes: Box<[ClassRow]>,
     /// This shard's id tag (immutable).
     tag: u64,
 }
@@ -149,8 +153,8 @@ impl Shard {
     fn new(classes: usize) -> Shard {
         Shard(CachePadded::new(ShardCells {
             global: core::array::from_fn(|_| AtomicU64::new(0)),
-            classes: (0..classes * ClassCounter::COUNT)
-                .map(|_| AtomicU64::new(0))
+            classes: (0..classes)
+                .map(|_| core::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
             tag: admission_id::new_tag(),
         }))
@@ -160,16 +164,14 @@ impl Shard {
     #[cfg_attr(not(loom), inline(always))]
     fn cell(&self, counter: Counter) -> &AtomicU64 {
         match counter {
-            Counter::Class(class, counter) => {
-                &self.0.classes[usize::from(class) * ClassCounter::COUNT + counter.index()]
-            }
+            Counter::Class(class, counter) => &self.0.classes[usize::from(class)][counter.index()],
             counter => &self.0.global[counter.index()],
         }
     }
 
     /// Every cell, global first, in [`Counter::index`] order.
     fn cells(&self) -> impl Iterator<Item = &AtomicU64> {
-        self.0.global.iter().chain(self.0.classes.iter())
+        self.0.global.iter().chain(self.0.classes.iter().flatten())
     }
 }
 
@@ -224,8 +226,7 @@ impl Shard {
     /// built and read back through memory costs a store-forwarding stall on the fast path).
     #[cfg_attr(not(loom), inline(always))]
     pub(crate) fn bump_class(&self, class: u16, counter: ClassCounter, by: u64) {
-        let cell = &self.0.classes[usize::from(class) * ClassCounter::COUNT + counter.index()];
-        add(cell, by);
+        add(&self.0.classes[usize::from(class)][counter.index()], by);
     }
 
     /// [`bump_class`](Shard::bump_class) of two counters of one class: the class's row found
@@ -237,8 +238,7 @@ impl Shard {
         (first, by_first): (ClassCounter, u64),
         (second, by_second): (ClassCounter, u64),
     ) {
-        let start = usize::from(class) * ClassCounter::COUNT;
-        let row = &self.0.classes[start..start + ClassCounter::COUNT];
+        let row = &self.0.classes[usize::from(class)];
         for (counter, by) in [(first, by_first), (second, by_second)] {
             let cell = &row[counter.index()];
             add(cell, by);

@@ -6,6 +6,7 @@
 //! budget, then concurrency (a limit of 0 never queues), then the queue length. Admission
 //! classes will slot their ceilings and floors in between budget and concurrency.
 
+use super::classes::ClassCounts;
 use super::limits::{Bounds, ClassCaps};
 use super::state::{MAX_TOKENS, State};
 use crate::vocabulary::admission_class::{AdmissionClass, Resources};
@@ -53,6 +54,14 @@ pub(crate) struct ClassView {
 }
 
 impl ClassView {
+    /// The class's floors of calls and of tokens, as counts.
+    pub(crate) fn floors(&self) -> ClassCounts {
+        ClassCounts {
+            slots: self.caps.protected_slots,
+            tokens: self.caps.protected_tokens,
+        }
+    }
+
     /// What the word counts for this class with `slots` calls in flight and `tokens` held:
     /// those, or its floors where they are more while its floors are reserved.
     #[inline]

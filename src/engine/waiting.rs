@@ -69,10 +69,13 @@ impl Engine {
             })
         });
         if out.is_ok() && admitted {
-            guard.set(ClassCounts {
-                slots: view.slots + 1,
-                tokens: view.tokens + ask.reserved,
-            });
+            guard.set(
+                ClassCounts {
+                    slots: view.slots + 1,
+                    tokens: view.tokens + ask.reserved,
+                },
+                view.floors(),
+            );
         } else {
             drop(guard);
         }

@@ -151,6 +151,61 @@ fn floors_moved_under_calls_in_flight_keep_the_shared_figures_exact() {
     assert!(!standard.resources().borrowed_concurrency);
 }
 
+/// A token floor lowered under a call in flight: the call's class is beyond its floors now,
+/// though its count of calls is within them, so its release gives back what it now borrows
+/// (under the class's lock, not on the class word alone). A floor raised again makes the next
+/// call's release one on the class word again.
+#[test]
+fn a_token_floor_lowered_under_a_call_in_flight_gets_its_borrowed_tokens_back() {
+    let bulkhead = floors_and_a_borrower();
+    let a = in_class(&bulkhead, "a");
+    let shared_tokens = |b: &LlmBulkhead| {
+        b.stats()
+            .admission_classes
+            .unwrap()
+            .shared
+            .token_budget
+            .unwrap()
+            .in_flight_tokens
+    };
+    let with_a_token_floor = |b: &LlmBulkhead, revision: u64, floor: u64| {
+        let mut next = b.limits();
+        next.revision = revision;
+        let a_floors = ClassLimits::new()
+            .protected_concurrent(1)
+            .protected_in_flight_tokens(floor);
+        let b_floors = ClassLimits::new()
+            .protected_concurrent(1)
+            .protected_in_flight_tokens(50);
+        next.admission_classes = Some(
+            ClassLimitsTable::new()
+                .with("a", a_floors)
+                .with("b", b_floors)
+                .with("c", ClassLimits::new()),
+        );
+        assert!(b.apply_limits(next).unwrap().is_applied());
+    };
+    let call = admit(&bulkhead, tokens(a, 10, 10));
+    assert_eq!(call.resources().borrowed_tokens, 0);
+    assert_eq!(shared_tokens(&bulkhead), 0);
+    with_a_token_floor(&bulkhead, 1, 5);
+    assert_eq!(shared_tokens(&bulkhead), 15, "20 held against a floor of 5");
+    drop(call);
+    assert_eq!(shared_tokens(&bulkhead), 0, "given back at the release");
+    assert_eq!(class_stats(&bulkhead, a.class.unwrap()).in_flight_tokens, 0);
+    assert!(idle(&bulkhead));
+    // Within the lowered floor, and then within the floor raised again.
+    drop(admit(&bulkhead, tokens(a, 2, 3)));
+    with_a_token_floor(&bulkhead, 2, 50);
+    let call = admit(&bulkhead, tokens(a, 10, 10));
+    assert_eq!(call.resources().borrowed_tokens, 0);
+    drop(call);
+    assert_eq!(shared_tokens(&bulkhead), 0);
+    assert!(idle(&bulkhead));
+    let stats = class_stats(&bulkhead, a.class.unwrap());
+    assert_eq!((stats.admitted, stats.released), (3, 3));
+}
+
 #[test]
 fn a_usage_report_beyond_the_shared_tokens_keeps_every_figure_exact() {
     let bulkhead = floors_and_a_borrower();
