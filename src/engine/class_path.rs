@@ -19,6 +19,17 @@ use crate::vocabulary::admission_class::{AdmissionClass, Resources};
 use crate::vocabulary::error::UsageError;
 use crate::vocabulary::priority::Priority;
 
+/// What one attempt of an admission within its class's floors did.
+#[derive(Clone, Copy, Debug)]
+enum Attempt {
+    /// Admitted, under the limits of this revision.
+    Committed(u64),
+    /// Nothing changed: the call takes the locked path.
+    Locked,
+    /// Nothing changed: the CAS lost to another operation within the class's floors.
+    Lost,
+}
+
 impl Engine {
     /// The classes, when the engine has them.
     #[inline]
@@ -148,7 +159,7 @@ impl Engine {
         &self,
         ask: crate::engine::Ask,
     ) -> Result<(u64, Resources), (Refusal, State, Bounds, ClassView)> {
-        match self.admit_within_floors(ask) {
+        match self.admit_within_floors_looped(ask) {
             Some(revision) => Ok((revision, Resources::NONE)),
             None => self.admit_class_locked(ask),
         }
@@ -160,28 +171,88 @@ impl Engine {
     /// [`commit_within_floors`](Engine::commit_within_floors)). `None` when the call must
     /// take the locked path (the floors are not reserved, the class is locked, the call would
     /// go beyond a floor, or it may use less than the whole budget).
+    ///
+    /// The first attempt inline, the retries out of line
+    /// ([`admit_within_floors_contended`](Engine::admit_within_floors_contended)): a retry
+    /// loop here kept its state in registers the common, uncontended call then lacked.
     #[cfg_attr(not(loom), inline(always))]
     pub(super) fn admit_within_floors(&self, ask: crate::engine::Ask) -> Option<u64> {
         let class = ask.class?;
         let word = self.classes.as_ref()?.word(class);
+        match self.attempt_within_floors(ask, class, word) {
+            Attempt::Committed(revision) => Some(revision),
+            Attempt::Locked => None,
+            Attempt::Lost => self.admit_within_floors_contended(ask, class, word),
+        }
+    }
+
+    /// [`admit_within_floors`](Engine::admit_within_floors) as one loop, for the general
+    /// path's class decision (`admit_class_now`; the first attempt and the retries apart cost
+    /// a windowed `acquire` 15 instructions there, by register allocation).
+    #[cfg_attr(not(loom), inline(always))]
+    fn admit_within_floors_looped(&self, ask: crate::engine::Ask) -> Option<u64> {
+        let class = ask.class?;
+        let word = self.classes.as_ref()?.word(class);
         let backoff = Backoff::new();
         loop {
-            let (current, epoch, floors) = self.reserved_word(word, class)?;
-            let counts = ClassCounts::unpack(current);
-            let tokens = counts.tokens.saturating_add(ask.reserved);
-            // Within the floors is within the class's ceilings too (a floor is at most its
-            // ceiling, see `read_floors`).
-            let within = counts.slots < floors.slots && tokens <= floors.tokens;
-            // A normal-priority call may use the budget less its high-priority reserve, which
-            // the reserved floors do not bound.
-            if !within || (ask.priority != Priority::High && self.published.reserve(epoch) > 0) {
-                return None;
+            match self.attempt_within_floors(ask, class, word) {
+                Attempt::Committed(revision) => return Some(revision),
+                Attempt::Locked => return None,
+                Attempt::Lost => backoff.spin(),
             }
-            let revision = self.published.revision(epoch);
-            if self.commit_within_floors(word, current, current + ONE_SLOT + ask.reserved, epoch) {
-                return Some(revision);
-            }
+        }
+    }
+
+    /// [`admit_within_floors`](Engine::admit_within_floors) after its first CAS lost to
+    /// another operation within the class's floors: decided again from a fresh read of the
+    /// word, after a backoff, until it commits or goes to the locked path.
+    #[cold]
+    #[inline(never)]
+    fn admit_within_floors_contended(
+        &self,
+        ask: crate::engine::Ask,
+        class: AdmissionClass,
+        word: &AtomicU64,
+    ) -> Option<u64> {
+        let backoff = Backoff::new();
+        loop {
             backoff.spin();
+            match self.attempt_within_floors(ask, class, word) {
+                Attempt::Committed(revision) => return Some(revision),
+                Attempt::Locked => return None,
+                Attempt::Lost => {}
+            }
+        }
+    }
+
+    /// One attempt of [`admit_within_floors`](Engine::admit_within_floors) for `ask`, of
+    /// `class`, whose word is `word`: `None` for the locked path, `Some(Err(Lost))` when its
+    /// CAS lost (nothing changed).
+    #[cfg_attr(not(loom), inline(always))]
+    fn attempt_within_floors(
+        &self,
+        ask: crate::engine::Ask,
+        class: AdmissionClass,
+        word: &AtomicU64,
+    ) -> Attempt {
+        let Some((current, epoch, floors)) = self.reserved_word(word, class) else {
+            return Attempt::Locked;
+        };
+        let counts = ClassCounts::unpack(current);
+        let tokens = counts.tokens.saturating_add(ask.reserved);
+        // Within the floors is within the class's ceilings too (a floor is at most its
+        // ceiling, see `read_floors`).
+        let within = counts.slots < floors.slots && tokens <= floors.tokens;
+        // A normal-priority call may use the budget less its high-priority reserve, which the
+        // reserved floors do not bound.
+        if !within || (ask.priority != Priority::High && self.published.reserve(epoch) > 0) {
+            return Attempt::Locked;
+        }
+        let revision = self.published.revision(epoch);
+        if self.commit_within_floors(word, current, current + ONE_SLOT + ask.reserved, epoch) {
+            Attempt::Committed(revision)
+        } else {
+            Attempt::Lost
         }
     }
 
@@ -387,32 +458,57 @@ impl Engine {
     #[inline]
     pub(super) fn release_within_floors(&self, class: AdmissionClass, held: u64) -> bool {
         let word = self.class_table().word(class);
-        let backoff = Backoff::new();
         // Acquire: as `reserved_word`'s load.
-        let mut current = word.load(Ordering::Acquire);
-        loop {
-            if current & (LOCKED | RESERVED | BEYOND) != RESERVED {
-                return false;
-            }
-            debug_assert!(
-                {
-                    let counts = ClassCounts::unpack(current);
-                    counts.slots > 0 && counts.tokens >= held
-                },
-                "class count underflow"
-            );
-            // AcqRel: as `commit_within_floors`.
-            match word.compare_exchange(
-                current,
-                current - ONE_SLOT - held,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-            backoff.spin();
+        let current = word.load(Ordering::Acquire);
+        match Engine::attempt_release_within_floors(word, current, held) {
+            Ok(released) => released,
+            Err(actual) => Engine::release_within_floors_contended(word, actual, held),
         }
+    }
+
+    /// [`release_within_floors`](Engine::release_within_floors) after its first CAS lost to
+    /// another operation within the class's floors (`actual`: the word it found), retried
+    /// after a backoff (out of line, as `admit_within_floors_contended`).
+    #[cold]
+    #[inline(never)]
+    fn release_within_floors_contended(word: &AtomicU64, mut actual: u64, held: u64) -> bool {
+        let backoff = Backoff::new();
+        loop {
+            backoff.spin();
+            match Engine::attempt_release_within_floors(word, actual, held) {
+                Ok(released) => return released,
+                Err(found) => actual = found,
+            }
+        }
+    }
+
+    /// One attempt of [`release_within_floors`](Engine::release_within_floors) on the word
+    /// read as `current`: `Ok(false)` for the locked path, `Ok(true)` released, `Err` with the
+    /// word found when the CAS lost (nothing changed).
+    #[cfg_attr(not(loom), inline(always))]
+    fn attempt_release_within_floors(
+        word: &AtomicU64,
+        current: u64,
+        held: u64,
+    ) -> Result<bool, u64> {
+        if current & (LOCKED | RESERVED | BEYOND) != RESERVED {
+            return Ok(false);
+        }
+        debug_assert!(
+            {
+                let counts = ClassCounts::unpack(current);
+                counts.slots > 0 && counts.tokens >= held
+            },
+            "class count underflow"
+        );
+        // AcqRel: as `commit_within_floors`; Acquire on failure: the word found is decided on.
+        word.compare_exchange(
+            current,
+            current - ONE_SLOT - held,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .map(|_| true)
     }
 
     /// The locked path of [`release_class_all`](Engine::release_class_all).
