@@ -330,7 +330,8 @@ impl Engine {
     ) -> crate::vocabulary::admission_id::IdParts {
         let class = class.index();
         local::with(&self.counters, move |sink| {
-            let id = sink.admit(reserved);
+            // The reservation is booked in the class's row only (see `counters`).
+            let id = sink.admit(0);
             sink.bump_class(class, ClassCounter::Admitted, 1);
             if reserved > 0 {
                 sink.bump_class(class, ClassCounter::Reserved, reserved);

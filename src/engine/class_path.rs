@@ -126,15 +126,16 @@ impl Engine {
             &self.counters,
             #[inline(always)]
             move |sink| {
-                let id = sink.admit(reserved);
+                // The reservation is booked in the class's row only (see `counters`).
+                let id = sink.admit(0);
                 if reserved > 0 {
-                    sink.bump_class_pair(
+                    sink.count_class_with(
                         index,
-                        (super::ClassCounter::Admitted, 1),
+                        super::ClassCounter::Admitted,
                         (super::ClassCounter::Reserved, reserved),
                     );
                 } else {
-                    sink.bump_class(index, super::ClassCounter::Admitted, 1);
+                    sink.count_class(index, super::ClassCounter::Admitted);
                 }
                 id
             },

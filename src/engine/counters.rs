@@ -4,6 +4,11 @@
 //! instruction and no shared cache line. Reading sums the shards. Slots are reused when threads
 //! exit, and a shard keeps its counts across owners, so the number of shards stays at the number
 //! of threads that used the crate at once.
+//!
+//! The ledger counters of an admission of a class (its reservation, and what its usage and
+//! release did to its hold: [`Counter::class_twin`]) are booked in its class's row only, and
+//! the global figure of each is the global cell (admissions without a class) plus every
+//! class's row ([`Totals::get`]): one bump per event, not two, on the class path.
 
 use crate::support::sync::unmodeled::OnceLock;
 
@@ -91,10 +96,12 @@ const HANDED_BACK_AT: usize = 7;
 const RETURNED_UNREPORTED_AT: usize = 8;
 
 impl Counter {
-    /// The class counter booked beside this ledger counter for an admission of a class.
+    /// The class counter that books this ledger counter for an admission of a class, in
+    /// place of the global one (see the module docs).
     #[inline]
     pub(crate) fn class_twin(self) -> Option<ClassCounter> {
         match self {
+            Counter::Reserved => Some(ClassCounter::Reserved),
             Counter::Consumed => Some(ClassCounter::Consumed),
             Counter::Refunded => Some(ClassCounter::Refunded),
             Counter::Overrun => Some(ClassCounter::Overrun),
@@ -177,6 +184,7 @@ impl Shard {
 
 impl Shard {
     /// Counts an admission of `reserved` tokens and mints its id. Single-writer, like `bump`.
+    /// An admission of a class passes 0: its reservation is booked in its class's row.
     #[inline]
     pub(crate) fn admit(&self, reserved: u64) -> IdParts {
         let admitted = &self.0.global[Counter::Admitted.index()];
@@ -229,20 +237,24 @@ impl Shard {
         add(&self.0.classes[usize::from(class)][counter.index()], by);
     }
 
-    /// [`bump_class`](Shard::bump_class) of two counters of one class: the class's row found
-    /// (and bounds-checked) once.
+    /// Counts one event of class `class` (`event`: an admission, a release) and adds `by` to
+    /// its `counter`: the class's row found (and bounds-checked) once.
     #[cfg_attr(not(loom), inline(always))]
-    pub(crate) fn bump_class_pair(
+    pub(crate) fn count_class_with(
         &self,
         class: u16,
-        (first, by_first): (ClassCounter, u64),
-        (second, by_second): (ClassCounter, u64),
+        event: ClassCounter,
+        (counter, by): (ClassCounter, u64),
     ) {
         let row = &self.0.classes[usize::from(class)];
-        for (counter, by) in [(first, by_first), (second, by_second)] {
-            let cell = &row[counter.index()];
-            add(cell, by);
-        }
+        count(&row[event.index()]);
+        add(&row[counter.index()], by);
+    }
+
+    /// Counts one event of class `class` (see [`count`]).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn count_class(&self, class: u16, event: ClassCounter) {
+        count(&self.0.classes[usize::from(class)][event.index()]);
     }
 
     /// Adds `by` to `counter`, saturating (see [`add`]).
@@ -263,6 +275,17 @@ impl Shard {
 fn add(cell: &AtomicU64, by: u64) {
     cell.store(
         cell.load(Ordering::Relaxed).saturating_add(by),
+        Ordering::Release,
+    );
+}
+
+/// Counts one event in a shard's `cell` (single-writer, orderings as [`add`]'s): `+ 1`, which
+/// cannot overflow in practice (2^64 events take 584 years at one per nanosecond), so unlike a
+/// sum of tokens it needs no saturation.
+#[cfg_attr(not(loom), inline(always))]
+fn count(cell: &AtomicU64) {
+    cell.store(
+        cell.load(Ordering::Relaxed).wrapping_add(1),
         Ordering::Release,
     );
 }
@@ -342,8 +365,16 @@ impl Hub {
 pub(crate) struct Totals(Vec<u64>);
 
 impl Totals {
+    /// `counter`'s total; for a ledger counter with a class twin, the global cell plus the
+    /// twin of every class (see the module docs).
     pub(crate) fn get(&self, counter: Counter) -> u64 {
-        self.0[counter.index()]
+        let global = self.0[counter.index()];
+        let Some(twin) = counter.class_twin() else {
+            return global;
+        };
+        self.0[Counter::COUNT..]
+            .chunks_exact(ClassCounter::COUNT)
+            .fold(global, |total, row| total.saturating_add(row[twin.index()]))
     }
 
     /// Refusals for `reason`.

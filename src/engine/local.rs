@@ -96,17 +96,27 @@ impl Sink<'_> {
         }
     }
 
-    /// Adds to two counters of class `class` (see [`Shard::bump_class_pair`]).
+    /// Counts an event of class `class` and adds to another of its counters (see
+    /// [`Shard::count_class_with`]).
     #[cfg_attr(not(loom), inline(always))]
-    pub(crate) fn bump_class_pair(
+    pub(crate) fn count_class_with(
         &self,
         class: u16,
-        first: (super::counters::ClassCounter, u64),
-        second: (super::counters::ClassCounter, u64),
+        event: super::counters::ClassCounter,
+        counter: (super::counters::ClassCounter, u64),
     ) {
         match self {
-            Sink::Own(shard) => shard.bump_class_pair(class, first, second),
-            Sink::Fallback(hub) => hub.fallback().bump_class_pair(class, first, second),
+            Sink::Own(shard) => shard.count_class_with(class, event, counter),
+            Sink::Fallback(hub) => hub.fallback().count_class_with(class, event, counter),
+        }
+    }
+
+    /// Counts an event of class `class` (see [`Shard::count_class`]).
+    #[cfg_attr(not(loom), inline(always))]
+    pub(crate) fn count_class(&self, class: u16, event: super::counters::ClassCounter) {
+        match self {
+            Sink::Own(shard) => shard.count_class(class, event),
+            Sink::Fallback(hub) => hub.fallback().count_class(class, event),
         }
     }
 

@@ -90,16 +90,16 @@ impl Engine {
     #[inline(never)]
     pub(super) fn release_class_unreported(&self, class: AdmissionClass, grant: &Grant) {
         let held = grant.held();
+        // The hold returned is booked in the class's row only (see `counters`).
         local::with(&self.counters, move |sink| {
             if held > 0 {
-                sink.bump_returned_unreported(held);
-                sink.bump_class_pair(
+                sink.count_class_with(
                     class.index(),
+                    ClassCounter::Released,
                     (ClassCounter::ReturnedUnreported, held),
-                    (ClassCounter::Released, 1),
                 );
             } else {
-                sink.bump_class(class.index(), ClassCounter::Released, 1);
+                sink.count_class(class.index(), ClassCounter::Released);
             }
         });
         self.release_class_admission(class, grant);
@@ -111,8 +111,16 @@ impl Engine {
         if grant.holds_slot() {
             self.release_class_all(class, grant.held());
         } else {
-            self.release_class(class, grant.held(), Returned::Tokens);
+            self.release_class_abandoned(class, grant.held());
         }
+    }
+
+    /// The hold of a class admission that abandoned its slot earlier, at its release: rare
+    /// (out of line, so that the common release falls through to its own path).
+    #[cold]
+    #[inline(never)]
+    fn release_class_abandoned(&self, class: AdmissionClass, held: u64) {
+        self.release_class(class, held, Returned::Tokens);
     }
 
     /// Returns `grant`'s slot now, keeping its hold until its release, if it borrowed its
@@ -188,15 +196,22 @@ impl Engine {
         });
     }
 
-    /// Bumps several counters in this thread's shard (one slot lookup), and for an admission
-    /// of `class` the class's twin of each (see [`Counter::class_twin`]).
+    /// Bumps several counters in this thread's shard (one slot lookup); for an admission of
+    /// `class`, the class's twin in place of each that has one (see [`Counter::class_twin`]).
     #[inline]
     pub(crate) fn count_all(&self, class: Option<AdmissionClass>, counts: &[(Counter, u64)]) {
-        local::with(&self.counters, move |sink| {
-            for &(counter, by) in counts {
-                sink.bump(counter, by);
-                if let (Some(class), Some(twin)) = (class, counter.class_twin()) {
-                    sink.bump_class(class.index(), twin, by);
+        local::with(&self.counters, move |sink| match class {
+            None => {
+                for &(counter, by) in counts {
+                    sink.bump(counter, by);
+                }
+            }
+            Some(class) => {
+                for &(counter, by) in counts {
+                    match counter.class_twin() {
+                        Some(twin) => sink.bump_class(class.index(), twin, by),
+                        None => sink.bump(counter, by),
+                    }
                 }
             }
         });
