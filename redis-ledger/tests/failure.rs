@@ -8,28 +8,9 @@ use std::time::{Duration, Instant};
 
 use async_bulkhead_llm::{LlmRequest, TokenUsage};
 use async_bulkhead_llm_redis::{
-    ExactLedger, FailurePolicy, GlobalPermit, LeasedLedger, LedgerConfig, LedgerError,
-    LedgerRefusal, StoreError,
+    ExactLedger, FailurePolicy, GlobalPermit, LeasedLedger, LedgerConfig, LedgerRefusal,
 };
-use common::{RedisServer, bulkhead, observe, reserve};
-
-/// Opens a ledger with `open`, again while its first commands time out (at most 20 tries): on
-/// a loaded machine a redis-server just started can take longer than these tests' short
-/// timeout to answer the opening (its scripts compiled), and the opening is not what they test.
-async fn opened<L, F>(mut open: impl FnMut() -> F) -> L
-where
-    F: std::future::Future<Output = Result<L, LedgerError>>,
-{
-    for _ in 0..20 {
-        match open().await {
-            Err(LedgerError::Store(StoreError::Timeout(_))) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            opened => return opened.unwrap(),
-        }
-    }
-    open().await.unwrap()
-}
+use common::{RedisServer, bulkhead, observe, opened, reserve};
 
 fn config(server: &RedisServer, ns: &str, policy: FailurePolicy) -> LedgerConfig {
     LedgerConfig::new(server.url(), ns, 10_000)

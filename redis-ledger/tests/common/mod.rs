@@ -8,6 +8,26 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Opens a ledger with `open`, again while its first commands time out (at most 20 tries): on
+/// a loaded machine a redis-server just started can take longer than these tests' short
+/// timeout to answer the opening (its scripts compiled), and the opening is not what they test.
+pub async fn opened<L, F>(mut open: impl FnMut() -> F) -> L
+where
+    F: std::future::Future<Output = Result<L, async_bulkhead_llm_redis::LedgerError>>,
+{
+    for _ in 0..20 {
+        match open().await {
+            Err(async_bulkhead_llm_redis::LedgerError::Store(
+                async_bulkhead_llm_redis::StoreError::Timeout(_),
+            )) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            opened => return opened.unwrap(),
+        }
+    }
+    open().await.unwrap()
+}
+
 /// A bulkhead of 64 slots and `budget` tokens.
 pub fn bulkhead(budget: u64) -> async_bulkhead_llm::LlmBulkhead {
     async_bulkhead_llm::LlmBulkhead::builder("m", 64)
