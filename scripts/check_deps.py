@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Licences and bans of every dependency, without network access (what `cargo deny check
-licenses bans` checks, on `cargo metadata --locked --offline` of the workspace).
+"""Licences and bans of every dependency (what `cargo deny check licenses bans` checks, on
+`cargo metadata --locked --offline` of the workspace; on a fresh machine the lock file's
+packages are fetched first).
 
 Licences: every package outside the workspace must declare a licence expression (SPDX: `OR`,
 `AND`, `WITH`, parentheses; the old `/` read as `OR`) that the allowed licences satisfy. The two
@@ -70,10 +71,22 @@ def satisfiable(expression):
     return value
 
 
+def read_metadata():
+    """`cargo metadata` of the workspace, every platform's packages included, read offline.
+    Offline, cargo needs every package of the lock file in its cache, the other platforms'
+    too (wasm's, Windows'), which a build on this one does not download: on a fresh machine
+    they are fetched first (`cargo fetch --locked`, from the lock file, nothing resolved)."""
+    command = ["cargo", "metadata", "--format-version", "1", "--locked", "--offline"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        subprocess.run(["cargo", "fetch", "--locked"], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
+        run = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True)
+    return json.loads(run.stdout)
+
+
 def main():
-    metadata = json.loads(subprocess.run(
-        ["cargo", "metadata", "--format-version", "1", "--locked", "--offline"],
-        cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+    metadata = read_metadata()
     members = set(metadata["workspace_members"])
     findings = []
     checked = 0
