@@ -442,12 +442,9 @@ fn floors(tokens: u64) -> ClassLimits {
         .protected_in_flight_tokens(tokens)
 }
 
-/// The two `apply_limits` models below: 2 slots, a budget of 100, class a with floors of 1 call
-/// and 50 tokens, class b none. A call of a for 20 tokens (within a's floors, so admitted on
-/// a's class word while the floors are reserved) races `apply_limits` installing `next` as
-/// revision 1. Returns the bulkhead and the call's permit (it fits under either revision).
-fn a_call_within_its_floor_racing(next: ClassLimitsTable) -> (LlmBulkhead, OwnedPermit) {
-    let bulkhead = LlmBulkhead::builder("m", 2)
+/// 2 slots, a budget of 100, class a with floors of 1 call and 50 tokens, class b none.
+fn a_with_floors_and_b() -> LlmBulkhead {
+    LlmBulkhead::builder("m", 2)
         .token_budget(TokenBudget::new(100))
         .admission_classes(
             AdmissionClasses::new("a")
@@ -455,7 +452,26 @@ fn a_call_within_its_floor_racing(next: ClassLimitsTable) -> (LlmBulkhead, Owned
                 .class("b", ClassLimits::new()),
         )
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A thread that installs `next` on `bulkhead` as revision 1.
+fn installing(bulkhead: &LlmBulkhead, next: ClassLimitsTable) -> thread::JoinHandle<()> {
+    let bulkhead = bulkhead.clone();
+    thread::spawn(move || {
+        let mut limits = bulkhead.limits();
+        limits.revision = 1;
+        limits.admission_classes = Some(next);
+        assert!(bulkhead.apply_limits(limits).unwrap().is_applied());
+    })
+}
+
+/// The two `apply_limits` models below: on [`a_with_floors_and_b`], a call of a for 20 tokens
+/// (within a's floors, so admitted on a's class word while the floors are reserved) races
+/// `apply_limits` installing `next` as revision 1. Returns the bulkhead and the call's permit
+/// (it fits under either revision).
+fn a_call_within_its_floor_racing(next: ClassLimitsTable) -> (LlmBulkhead, OwnedPermit) {
+    let bulkhead = a_with_floors_and_b();
     let caller = {
         let bulkhead = bulkhead.clone();
         thread::spawn(move || {
@@ -463,15 +479,7 @@ fn a_call_within_its_floor_racing(next: ClassLimitsTable) -> (LlmBulkhead, Owned
             try_admit(&bulkhead, options)
         })
     };
-    let control = {
-        let bulkhead = bulkhead.clone();
-        thread::spawn(move || {
-            let mut limits = bulkhead.limits();
-            limits.revision = 1;
-            limits.admission_classes = Some(next);
-            assert!(bulkhead.apply_limits(limits).unwrap().is_applied());
-        })
-    };
+    let control = installing(&bulkhead, next);
     let permit = caller.join().unwrap().expect("fits under either revision");
     control.join().unwrap();
     (bulkhead, permit)
@@ -553,32 +561,17 @@ fn a_call_within_its_floor_races_apply_limits_lowering_the_floor() {
 #[test]
 fn a_release_within_its_floor_races_apply_limits_lowering_the_floor() {
     loom::model(|| {
-        let bulkhead = LlmBulkhead::builder("m", 2)
-            .token_budget(TokenBudget::new(100))
-            .admission_classes(
-                AdmissionClasses::new("a")
-                    .class("a", floors(50))
-                    .class("b", ClassLimits::new()),
-            )
-            .build()
-            .unwrap();
+        let bulkhead = a_with_floors_and_b();
         let options = in_class(&bulkhead, "a").reservation(tokens(10, 10).reservation.unwrap());
         let permit = try_admit(&bulkhead, options).expect("within a's floors");
         assert_eq!(permit.resources().borrowed_tokens, 0);
         let releaser = thread::spawn(move || drop(permit));
-        let control = {
-            let bulkhead = bulkhead.clone();
-            thread::spawn(move || {
-                let mut limits = bulkhead.limits();
-                limits.revision = 1;
-                limits.admission_classes = Some(
-                    ClassLimitsTable::new()
-                        .with("a", floors(5))
-                        .with("b", ClassLimits::new()),
-                );
-                assert!(bulkhead.apply_limits(limits).unwrap().is_applied());
-            })
-        };
+        let control = installing(
+            &bulkhead,
+            ClassLimitsTable::new()
+                .with("a", floors(5))
+                .with("b", ClassLimits::new()),
+        );
         releaser.join().unwrap();
         control.join().unwrap();
         assert_classes_idle(&bulkhead);
