@@ -227,8 +227,8 @@ impl Engine {
     }
 
     /// One attempt of [`admit_within_floors`](Engine::admit_within_floors) for `ask`, of
-    /// `class`, whose word is `word`: `None` for the locked path, `Some(Err(Lost))` when its
-    /// CAS lost (nothing changed).
+    /// `class`, whose word is `word`: [`Attempt::Locked`] for the locked path,
+    /// [`Attempt::Lost`] when its CAS lost (nothing changed either way).
     #[cfg_attr(not(loom), inline(always))]
     fn attempt_within_floors(
         &self,
@@ -714,11 +714,8 @@ impl Engine {
     pub(super) fn unlock_classes(&self, epoch: u64, after: State) {
         self.class_table().unlock_all(epoch, |index| {
             let caps = self.published.read_class(epoch, index);
-            let floors = ClassCounts {
-                slots: caps.protected_slots,
-                tokens: caps.protected_tokens,
-            };
-            (after.floors_reserved() && caps.protected_slots > 0, floors)
+            let reserves = after.floors_reserved() && caps.protected_slots > 0;
+            (reserves, super::policy::floors_of(&caps))
         });
     }
 

@@ -53,13 +53,19 @@ pub(crate) struct ClassView {
     pub(crate) reserved: bool,
 }
 
+/// A class's floors of calls and of tokens under `caps`, as counts (what the class word's
+/// `BEYOND` bit is written from).
+pub(crate) fn floors_of(caps: &ClassCaps) -> ClassCounts {
+    ClassCounts {
+        slots: caps.protected_slots,
+        tokens: caps.protected_tokens,
+    }
+}
+
 impl ClassView {
     /// The class's floors of calls and of tokens, as counts.
     pub(crate) fn floors(&self) -> ClassCounts {
-        ClassCounts {
-            slots: self.caps.protected_slots,
-            tokens: self.caps.protected_tokens,
-        }
+        floors_of(&self.caps)
     }
 
     /// What the word counts for this class with `slots` calls in flight and `tokens` held:
